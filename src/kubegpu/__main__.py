@@ -1,0 +1,3 @@
+from kubegpu.cli.main import main
+
+main()

@@ -1,0 +1,1 @@
+"""The ``kubegpu`` command line: one subcommand per role."""

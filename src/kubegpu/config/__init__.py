@@ -1,0 +1,1 @@
+"""Versioned configuration model, file loading and flag > env > file > default precedence."""

@@ -1,0 +1,102 @@
+"""What a node's GPUs are: an immutable inventory snapshot.
+
+Every edge (NVML, the fake backend, the device plugin, labels, the exporter) speaks these
+types; wire types (protobuf, Kubernetes JSON, NVML structs) are converted at the edge. Fields
+that a driver cannot report are ``None``, never a sentinel that could leak into arithmetic.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import NewType
+
+GpuUuid = NewType("GpuUuid", str)
+
+
+class PcieLink(enum.IntEnum):
+    """How two GPUs reach each other over PCIe, best first when compared with ``>``.
+
+    Names follow ``nvidia-smi topo -m`` (NVML's ``nvmlGpuTopologyLevel_t`` in reverse order):
+    a higher value is a closer, faster path.
+    """
+
+    SYS = 10  # crosses the inter-socket link (QPI/UPI/Infinity Fabric)
+    NODE = 20  # same NUMA node, across host bridges
+    PHB = 30  # through one PCIe host bridge
+    PXB = 40  # through several PCIe switches, no host bridge
+    PIX = 50  # through one PCIe switch
+    BOARD = 60  # same board (multi-GPU cards)
+
+
+@dataclass(frozen=True)
+class GpuLink:
+    """The connection between one pair of GPUs."""
+
+    pcie: PcieLink
+    nvlinks: int = 0  # number of NVLink lanes joining the pair; 0 = none
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    """One physical GPU as the node sees it."""
+
+    index: int
+    uuid: GpuUuid
+    product_name: str
+    memory_total_mib: int
+    pci_bus_id: str
+    minor_number: int
+    compute_capability: tuple[int, int] | None = None
+    numa_node: int | None = None
+    mig_enabled: bool | None = None
+
+    @property
+    def device_node(self) -> str:
+        """The character device the container needs, e.g. ``/dev/nvidia3``."""
+        return f"/dev/nvidia{self.minor_number}"
+
+
+def _pair_key(a: GpuUuid, b: GpuUuid) -> tuple[GpuUuid, GpuUuid]:
+    return (a, b) if a <= b else (b, a)
+
+
+@dataclass(frozen=True)
+class NodeInventory:
+    """Everything about a node's GPUs read in one refresh.
+
+    ``links`` holds one entry per unordered pair of GPUs; use :meth:`link` to look one up.
+    """
+
+    gpus: tuple[GpuDevice, ...]
+    links: Mapping[tuple[GpuUuid, GpuUuid], GpuLink] = field(default_factory=dict)
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None  # e.g. "12.4"
+
+    def __post_init__(self) -> None:
+        # Normalise pair order once so lookups never depend on which GPU came first.
+        normalised = {_pair_key(a, b): link for (a, b), link in self.links.items()}
+        object.__setattr__(self, "links", normalised)
+
+    def __iter__(self) -> Iterator[GpuDevice]:
+        return iter(self.gpus)
+
+    def __len__(self) -> int:
+        return len(self.gpus)
+
+    def by_uuid(self, uuid: GpuUuid) -> GpuDevice:
+        for gpu in self.gpus:
+            if gpu.uuid == uuid:
+                return gpu
+        raise KeyError(uuid)
+
+    def by_index(self, index: int) -> GpuDevice:
+        for gpu in self.gpus:
+            if gpu.index == index:
+                return gpu
+        raise KeyError(index)
+
+    def link(self, a: GpuUuid, b: GpuUuid) -> GpuLink | None:
+        """The link between two distinct GPUs, or ``None`` when topology is unknown."""
+        return self.links.get(_pair_key(a, b))

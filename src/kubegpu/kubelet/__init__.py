@@ -1,0 +1,1 @@
+"""kubelet edge: device plugin and podresources gRPC APIs, registration and lifecycle."""

@@ -1,0 +1,1 @@
+"""Placement engine: pure cluster state, requests, feasibility, scoring and GPU choice."""

@@ -1,0 +1,1 @@
+"""Trace replay (`kubegpu simulate`): the FGD paper's method over the placement engine."""
