@@ -1,0 +1,1 @@
+"""Device plugin API (proto package ``v1beta1``)."""

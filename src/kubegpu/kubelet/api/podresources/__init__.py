@@ -1,0 +1,1 @@
+"""PodResources API (proto package ``v1``)."""
