@@ -1,0 +1,503 @@
+"""The placement engine: feasibility, node scores and card choice over a whole cluster at once.
+
+One :class:`PlacementEngine` holds the cluster as numpy arrays (one row per node, one column
+per card slot), so a policy scores every node with a handful of vector operations; binding a
+pod updates one row. The scheduler extender (filter / prioritize / bind), the device plugin's
+preferred allocation and the trace simulator all go through this class, so what we measure
+offline is what runs live.
+
+Node order: rows are sorted by (rank, name) once, so "highest score, ties to the smallest
+rank" is simply the first maximum (``np.argmax``). Card order: columns are the node's cards
+sorted by device index, so "lowest index" is the first column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from kubegpu.placement.fragmentation import (
+    FragmentationMemo,
+    TypicalWorkload,
+    sigmoid_score,
+    whole_card_sorted_after,
+)
+from kubegpu.placement.model import MILLI_PER_GPU, Fit, NodeState, Placement, PodRequest
+from kubegpu.placement.policies import GpuChoice, NodeScore, PolicySpec, get_policy
+
+IntArray = npt.NDArray[np.int64]
+
+# Normalisers of the paper's DotProd and BestFit: the largest node spec in the openb cluster
+# (128 cores, 8 cards), fixed rather than per-cluster so scores do not shift as nodes join.
+MAX_SPEC_CPU_MILLI = 128_000
+MAX_SPEC_GPU_MILLI = 8 * MILLI_PER_GPU
+_NO_CARD = -1  # free milli of a card slot the node does not have: never fits anything
+_UNTRACKED_MEMORY = np.iinfo(np.int64).max // 4
+
+_PodKey = tuple[int, int, int, frozenset[str]]
+_StateKey = tuple[int, tuple[int, ...], str]
+
+
+class PlacementEngine:
+    """A cluster's free resources plus one policy.
+
+    ``workload`` is the target workload FGD and Kubegpu measure fragmentation against (required
+    for them, ignored otherwise). ``seed`` drives the Random policy only.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeState],
+        policy: PolicySpec | str,
+        workload: TypicalWorkload | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.policy = get_policy(policy) if isinstance(policy, str) else policy
+        if self.policy.node_score in (NodeScore.FGD, NodeScore.KUBEGPU) and workload is None:
+            raise ValueError(f"policy {self.policy.name} needs a target workload")
+        self._rng = np.random.default_rng(seed)
+        ordered = sorted(nodes, key=lambda n: (n.rank, n.name))
+        n = len(ordered)
+        width = max((len(node.gpus) for node in ordered), default=0)
+        self.names: list[str] = [node.name for node in ordered]
+        self._row: dict[str, int] = {name: i for i, name in enumerate(self.names)}
+        if len(self._row) != n:
+            raise ValueError("node names must be unique")
+        self.models: list[str] = [node.gpu_model for node in ordered]
+        self.cpu_capacity = np.array([x.cpu_capacity_milli for x in ordered], dtype=np.int64)
+        self.cpu_free = np.array([x.cpu_free_milli for x in ordered], dtype=np.int64)
+        self.memory_free = np.array([x.memory_free_mib for x in ordered], dtype=np.int64)
+        self.gpu_count = np.array([len(x.gpus) for x in ordered], dtype=np.int64)
+        self.card_free = np.full((n, width), _NO_CARD, dtype=np.int64)
+        self.card_memory = np.full((n, width), _NO_CARD, dtype=np.int64)
+        self.card_index: list[tuple[int, ...]] = []
+        for i, node in enumerate(ordered):
+            gpus = sorted(node.gpus, key=lambda g: g.index)
+            self.card_index.append(tuple(g.index for g in gpus))
+            for j, gpu in enumerate(gpus):
+                self.card_free[i, j] = gpu.free_milli
+                mem = gpu.free_memory_mib
+                self.card_memory[i, j] = _UNTRACKED_MEMORY if mem is None else mem
+        self.affinity: list[dict[str, int]] = [dict(x.affinity_counts) for x in ordered]
+        self._affinity_arrays: dict[str, IntArray] = {}
+        self.distinct_tags = np.array([len(a) for a in self.affinity], dtype=np.int64)
+        self.gpu_free_total = np.zeros(n, dtype=np.int64)
+        self.full_cards = np.zeros(n, dtype=np.int64)
+        self.largest_card = np.zeros(n, dtype=np.int64)
+        self._model_masks: dict[frozenset[str], npt.NDArray[np.bool_]] = {}
+        # Fragmentation state: each row's (free CPU, sorted free milli, model) is interned to a
+        # small id, and per pod class a table maps id -> FGD score (-1 = not computed yet).
+        self.memo = FragmentationMemo(workload) if workload is not None else None
+        self._state_ids: dict[_StateKey, int] = {}
+        self._state_keys: list[_StateKey] = []
+        self.state_id = np.zeros(n, dtype=np.int64)
+        self._score_tables: dict[_PodKey, npt.NDArray[np.int16]] = {}
+        for i in range(n):
+            self._refresh_row(i)
+
+    # ----------------------------------------------------------------- bookkeeping
+    def _refresh_row(self, i: int) -> None:
+        free = self.card_free[i, : self.gpu_count[i]]
+        self.gpu_free_total[i] = int(free.sum())
+        self.full_cards[i] = int((free == MILLI_PER_GPU).sum())
+        self.largest_card[i] = int(free.max()) if free.size else _NO_CARD
+        for tag, array in self._affinity_arrays.items():
+            array[i] = self.affinity[i].get(tag, 0)
+        self.distinct_tags[i] = len(self.affinity[i])
+        if self.memo is not None:
+            key = (int(self.cpu_free[i]), tuple(sorted(free.tolist())), self.models[i])
+            sid = self._state_ids.get(key)
+            if sid is None:
+                sid = len(self._state_keys)
+                self._state_ids[key] = sid
+                self._state_keys.append(key)
+            self.state_id[i] = sid
+
+    def row_of(self, node: str) -> int:
+        try:
+            return self._row[node]
+        except KeyError:
+            raise KeyError(f"unknown node {node!r}") from None
+
+    def node_state(self, node: str) -> NodeState:
+        """The engine's current view of one node, as a value."""
+        from kubegpu.placement.model import GpuState
+
+        i = self.row_of(node)
+        gpus = tuple(
+            GpuState(
+                index,
+                int(self.card_free[i, j]),
+                None
+                if self.card_memory[i, j] >= _UNTRACKED_MEMORY // 2
+                else int(self.card_memory[i, j]),
+            )
+            for j, index in enumerate(self.card_index[i])
+        )
+        return NodeState(
+            node,
+            int(self.cpu_capacity[i]),
+            int(self.cpu_free[i]),
+            int(self.memory_free[i]),
+            self.models[i],
+            gpus,
+            rank=i,
+            affinity_counts=dict(self.affinity[i]),
+        )
+
+    # ----------------------------------------------------------------- feasibility
+    def _model_mask(self, models: frozenset[str]) -> npt.NDArray[np.bool_]:
+        mask = self._model_masks.get(models)
+        if mask is None:
+            mask = np.array([m in models for m in self.models], dtype=bool)
+            self._model_masks[models] = mask
+        return mask
+
+    def _eligible_cards(self, rows: IntArray, pod: PodRequest) -> npt.NDArray[np.bool_]:
+        """Per (row, card): can this card take one of the pod's cards?"""
+        free = self.card_free[rows]
+        if pod.gpu_milli >= MILLI_PER_GPU:
+            whole: npt.NDArray[np.bool_] = free == MILLI_PER_GPU  # whole cards: fully free only
+            return whole
+        ok: npt.NDArray[np.bool_] = free >= pod.gpu_milli
+        if pod.gpu_memory_mib is not None:
+            ok &= self.card_memory[rows] >= pod.gpu_memory_mib
+        return ok
+
+    def feasible_rows(self, pod: PodRequest) -> IntArray:
+        """Rows (in tie-break order) of the nodes the pod fits on."""
+        mask = (self.cpu_free >= pod.cpu_milli) & (self.memory_free >= pod.memory_mib)
+        if pod.gpu_count:
+            if pod.gpu_models:
+                mask &= self._model_mask(pod.gpu_models)
+            if pod.gpu_milli >= MILLI_PER_GPU:
+                mask &= self.full_cards >= pod.gpu_count
+            else:
+                mask &= self.largest_card >= pod.gpu_milli
+                if pod.gpu_memory_mib is not None:
+                    rows = np.flatnonzero(mask)
+                    keep = self._eligible_cards(rows, pod).any(axis=1)
+                    return rows[keep]
+        return np.flatnonzero(mask)
+
+    def explain(self, node: str, pod: PodRequest) -> Fit:
+        """Whether ``pod`` fits ``node`` now, and if not, the first reason why."""
+        i = self.row_of(node)
+        cpu, memory = int(self.cpu_free[i]), int(self.memory_free[i])
+        if cpu < pod.cpu_milli:
+            return Fit(node, False, f"{node}: {cpu} milli-CPU free, pod needs {pod.cpu_milli}")
+        if memory < pod.memory_mib:
+            return Fit(node, False, f"{node}: {memory} MiB memory free, pod needs {pod.memory_mib}")
+        if pod.gpu_count == 0:
+            return Fit(node, True)
+        if self.gpu_count[i] == 0:
+            return Fit(node, False, f"{node}: has no GPU")
+        if not pod.allows_model(self.models[i]):
+            allowed = "|".join(sorted(pod.gpu_models))
+            return Fit(node, False, f"{node}: GPU model {self.models[i]}, pod allows {allowed}")
+        free = self.card_free[i, : self.gpu_count[i]]
+        if pod.gpu_milli >= MILLI_PER_GPU:
+            whole = int((free == MILLI_PER_GPU).sum())
+            if whole < pod.gpu_count:
+                return Fit(node, False, f"{node}: needs {pod.gpu_count} whole GPUs, {whole} free")
+            return Fit(node, True)
+        if int(free.max()) < pod.gpu_milli:
+            return Fit(
+                node,
+                False,
+                f"{node}: largest free card share is {int(free.max())} milli, "
+                f"pod needs {pod.gpu_milli}",
+            )
+        if pod.gpu_memory_mib is not None:
+            memory_cards = self.card_memory[i, : self.gpu_count[i]]
+            fits = (free >= pod.gpu_milli) & (memory_cards >= pod.gpu_memory_mib)
+            if not fits.any():
+                best = int(memory_cards[free >= pod.gpu_milli].max())
+                return Fit(
+                    node,
+                    False,
+                    f"{node}: largest free card has {best} MiB, pod needs {pod.gpu_memory_mib} MiB",
+                )
+        return Fit(node, True)
+
+    # ----------------------------------------------------------------- scoring
+    def scores(self, pod: PodRequest, rows: IntArray) -> IntArray:
+        """The policy's integer score (higher is better) of each of ``rows``, all feasible."""
+        kind = self.policy.node_score
+        if rows.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        if kind is NodeScore.RANDOM:
+            out = np.zeros(rows.size, dtype=np.int64)
+            out[int(self._rng.integers(rows.size))] = 100
+            return out
+        if kind is NodeScore.DOT_PROD:
+            return self._dot_prod(pod, rows)
+        if kind is NodeScore.GPU_CLUSTERING:
+            return self._gpu_clustering(pod, rows)
+        if kind is NodeScore.GPU_PACKING:
+            return self._gpu_packing(pod, rows)
+        if kind is NodeScore.BEST_FIT:
+            return _min_max_normalise(self._best_fit_raw(pod, rows))
+        if kind is NodeScore.FGD:
+            return self._fgd(pod, rows)
+        return self._kubegpu(pod, rows)
+
+    def _dot_prod(self, pod: PodRequest, rows: IntArray) -> IntArray:
+        # Node vector (free CPU, free GPU) and pod vector, both divided by the max spec; the
+        # smallest dot product wins (score = 100·(1 − dot/2)), i.e. the fullest node.
+        dot = (self.cpu_free[rows] / MAX_SPEC_CPU_MILLI) * (pod.cpu_milli / MAX_SPEC_CPU_MILLI)
+        dot = dot + (self.gpu_free_total[rows] / MAX_SPEC_GPU_MILLI) * (
+            pod.total_gpu_milli / MAX_SPEC_GPU_MILLI
+        )
+        return (100.0 * (1.0 - dot / 2.0)).astype(np.int64)
+
+    def _gpu_clustering(self, pod: PodRequest, rows: IntArray) -> IntArray:
+        if pod.gpu_count == 0:
+            return np.zeros(rows.size, dtype=np.int64)
+        tag = pod.affinity_tag
+        counts = self._affinity_arrays.get(tag)
+        if counts is None:
+            counts = np.array([a.get(tag, 0) for a in self.affinity], dtype=np.int64)
+            self._affinity_arrays[tag] = counts
+        used = 25 * (MAX_SPEC_GPU_MILLI - self.gpu_free_total[rows]) // MAX_SPEC_GPU_MILLI
+        has = counts[rows] > 0
+        tags = self.distinct_tags[rows]
+        base = np.where(has, np.where(tags == 1, 75, 50), np.where(tags == 0, 25, 0))
+        return (base + used).astype(np.int64)
+
+    def _gpu_packing(self, pod: PodRequest, rows: IntArray) -> IntArray:
+        if pod.gpu_count == 0:
+            return np.zeros(rows.size, dtype=np.int64)
+        full = self.full_cards[rows]
+        idle = full == self.gpu_count[rows]
+        if pod.gpu_milli >= MILLI_PER_GPU:
+            # Only fully free cards qualify: "open up" k cards on a used node.
+            used = np.full(rows.size, max(50 - pod.gpu_count, 33), dtype=np.int64)
+        else:
+            eligible = self._eligible_cards(rows, pod)
+            best = np.where(eligible, self.card_free[rows], MILLI_PER_GPU + 1).min(axis=1)
+            shared = np.maximum(100 - (best * 100 // MILLI_PER_GPU) // 10, 50)
+            used = np.where(best == MILLI_PER_GPU, max(50 - 1, 33), shared)
+        return np.where(idle, np.maximum(33 - full, full), used).astype(np.int64)
+
+    def _best_fit_raw(self, pod: PodRequest, rows: IntArray) -> npt.NDArray[np.float64]:
+        # The simulator's float order: Σ_i (free_i − req_i) / maxSpec_i · 0.5, then (1 − s)·100.
+        s = (self.cpu_free[rows] - pod.cpu_milli) / MAX_SPEC_CPU_MILLI * 0.5
+        s = s + (self.gpu_free_total[rows] - pod.total_gpu_milli) / MAX_SPEC_GPU_MILLI * 0.5
+        return (1.0 - s) * 100.0
+
+    # --- fragmentation (FGD) -------------------------------------------------
+    def _state_score(self, key: _StateKey, pod: PodRequest) -> int:
+        """FGD score of a node in state ``key`` for ``pod`` (best card for a share)."""
+        assert self.memo is not None
+        cpu, free, model = key
+        before = self.memo.fragment(cpu, free, model)
+        cpu_after = cpu - pod.cpu_milli
+        if not pod.is_gpu_share:
+            after = whole_card_sorted_after(free, pod.gpu_count)
+            return sigmoid_score(before, self.memo.fragment(cpu_after, after, model))
+        best = -1
+        previous = -1
+        for pos, value in enumerate(free):
+            if value < pod.gpu_milli or value == previous:
+                continue
+            previous = value
+            after = _replace_sorted(free, pos, value - pod.gpu_milli)
+            best = max(best, sigmoid_score(before, self.memo.fragment(cpu_after, after, model)))
+        return best
+
+    def _fgd(self, pod: PodRequest, rows: IntArray) -> IntArray:
+        if pod.gpu_memory_mib is not None:
+            # Card memory makes card eligibility row-specific: no shared cache.
+            return np.array([self._fgd_row(int(i), pod)[0] for i in rows], dtype=np.int64)
+        key: _PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
+        table = self._score_tables.get(key)
+        needed = len(self._state_keys)
+        if table is None or table.size < needed:
+            grown = np.full(max(needed * 2, 1024), -1, dtype=np.int16)
+            if table is not None:
+                grown[: table.size] = table
+            table = grown
+            self._score_tables[key] = table
+        ids = self.state_id[rows]
+        out = table[ids]
+        missing = out < 0
+        if missing.any():
+            for sid in np.unique(ids[missing]).tolist():
+                table[sid] = self._state_score(self._state_keys[sid], pod)
+            out = table[ids]
+        return out.astype(np.int64)
+
+    def _fgd_row(self, i: int, pod: PodRequest) -> tuple[int, tuple[int, ...]]:
+        """FGD score of row ``i`` and the card columns it would use (first best card)."""
+        assert self.memo is not None
+        count = int(self.gpu_count[i])
+        free_cols = self.card_free[i, :count].tolist()
+        sorted_free = tuple(sorted(free_cols))
+        cpu, model = int(self.cpu_free[i]), self.models[i]
+        if not pod.is_gpu_share:
+            score = self._state_score((cpu, sorted_free, model), pod)
+            return score, self._lowest_full_cards(i, pod.gpu_count)
+        before = self.memo.fragment(cpu, sorted_free, model)
+        eligible = self._eligible_cards(np.array([i]), pod)[0]
+        best_score, best_col = -1, -1
+        by_value: dict[int, int] = {}
+        for col in range(count):
+            if not eligible[col]:
+                continue
+            value = free_cols[col]
+            known = by_value.get(value)
+            if known is None:
+                pos = sorted_free.index(value)
+                after = _replace_sorted(sorted_free, pos, value - pod.gpu_milli)
+                known = sigmoid_score(before, self.memo.fragment(cpu - pod.cpu_milli, after, model))
+                by_value[value] = known
+            score = known
+            if score > best_score:  # strictly greater: the lowest index wins ties
+                best_score, best_col = score, col
+        return best_score, (best_col,)
+
+    def _kubegpu(self, pod: PodRequest, rows: IntArray) -> IntArray:
+        return self._fgd(pod, rows)
+
+    # ----------------------------------------------------------------- card choice
+    def _lowest_full_cards(self, i: int, k: int) -> tuple[int, ...]:
+        cols = np.flatnonzero(self.card_free[i] == MILLI_PER_GPU)[:k]
+        return tuple(int(c) for c in cols)
+
+    def pick_columns(self, i: int, pod: PodRequest) -> tuple[int, ...]:
+        """Card columns of row ``i`` the policy gives ``pod`` (which must fit there)."""
+        if pod.gpu_count == 0:
+            return ()
+        choice = self.policy.gpu_choice
+        if pod.gpu_milli >= MILLI_PER_GPU:
+            # Whole cards: every policy takes the lowest-index fully free ones.
+            return self._lowest_full_cards(i, pod.gpu_count)
+        eligible = self._eligible_cards(np.array([i]), pod)[0]
+        if choice is GpuChoice.RANDOM:
+            cols = np.flatnonzero(eligible)
+            return (int(cols[int(self._rng.integers(cols.size))]),)
+        if choice is GpuChoice.BEST_FIT:
+            masked = np.where(eligible, self.card_free[i], MILLI_PER_GPU + 1)
+            return (int(masked.argmin()),)  # argmin: first (lowest-index) of the tightest
+        return self._fgd_row(i, pod)[1]
+
+    # ----------------------------------------------------------------- mutation
+    def allocate_row(self, i: int, pod: PodRequest, cols: tuple[int, ...]) -> None:
+        self._change_row(i, pod, cols, -1)
+
+    def release_row(self, i: int, pod: PodRequest, cols: tuple[int, ...]) -> None:
+        self._change_row(i, pod, cols, +1)
+
+    def _change_row(self, i: int, pod: PodRequest, cols: tuple[int, ...], sign: int) -> None:
+        if len(cols) != pod.gpu_count:
+            raise ValueError(f"pod {pod.name} needs {pod.gpu_count} cards, got {len(cols)}")
+        self.cpu_free[i] += sign * pod.cpu_milli
+        self.memory_free[i] += sign * pod.memory_mib
+        for col in cols:
+            value = int(self.card_free[i, col]) + sign * pod.gpu_milli
+            if not 0 <= value <= MILLI_PER_GPU or col >= self.gpu_count[i]:
+                raise ValueError(f"node {self.names[i]}: card {col} cannot hold pod {pod.name}")
+            self.card_free[i, col] = value
+            if pod.gpu_memory_mib is not None:
+                self.card_memory[i, col] += sign * pod.gpu_memory_mib
+        if pod.gpu_count:
+            tag = pod.affinity_tag
+            counts = self.affinity[i]
+            counts[tag] = counts.get(tag, 0) - sign
+            if counts[tag] <= 0:
+                del counts[tag]
+        self._refresh_row(i)
+
+    # ----------------------------------------------------------------- public, by name
+    def filter(self, pod: PodRequest) -> list[Fit]:
+        """Every node's fit for ``pod``, with a reason for each node it does not fit."""
+        feasible = set(self.feasible_rows(pod).tolist())
+        return [
+            Fit(name, True) if i in feasible else self.explain(name, pod)
+            for i, name in enumerate(self.names)
+        ]
+
+    def score(self, pod: PodRequest, nodes: Sequence[str] | None = None) -> dict[str, int]:
+        """Policy score (0…100, higher is better) of the given nodes the pod fits on.
+
+        Scores are relative to the scored set (BestFit normalises over it), as in the
+        scheduler framework; nodes the pod does not fit get no entry.
+        """
+        rows = self.feasible_rows(pod)
+        if nodes is not None:
+            wanted = {self.row_of(n) for n in nodes}
+            rows = rows[np.isin(rows, list(wanted))]
+        return dict(
+            zip((self.names[i] for i in rows), self.scores(pod, rows).tolist(), strict=True)
+        )
+
+    def pick_gpus(self, node: str, pod: PodRequest) -> tuple[int, ...]:
+        """Device indices on ``node`` the policy gives ``pod``; raises if it does not fit."""
+        fit = self.explain(node, pod)
+        if not fit.fits:
+            raise ValueError(fit.reason)
+        i = self.row_of(node)
+        return tuple(self.card_index[i][c] for c in self.pick_columns(i, pod))
+
+    def choose(self, pod: PodRequest) -> Placement | None:
+        """Best node and cards for ``pod`` (not bound); ``None`` if it fits nowhere."""
+        found = self._choose_row(pod)
+        if found is None:
+            return None
+        i, cols, score = found
+        return Placement(self.names[i], tuple(self.card_index[i][c] for c in cols), score)
+
+    def _choose_row(self, pod: PodRequest) -> tuple[int, tuple[int, ...], int] | None:
+        rows = self.feasible_rows(pod)
+        if rows.size == 0:
+            return None
+        scores = self.scores(pod, rows)
+        best = int(scores.argmax())  # first maximum = smallest rank among the best
+        i = int(rows[best])
+        return i, self.pick_columns(i, pod), int(scores[best])
+
+    def place(self, pod: PodRequest) -> Placement | None:
+        """Choose and bind in one step (the simulator's loop); ``None`` if unschedulable."""
+        found = self._choose_row(pod)
+        if found is None:
+            return None
+        i, cols, score = found
+        self.allocate_row(i, pod, cols)
+        return Placement(self.names[i], tuple(self.card_index[i][c] for c in cols), score)
+
+    def allocate(self, node: str, pod: PodRequest, gpu_indices: tuple[int, ...]) -> None:
+        """Record that ``pod`` is bound to ``node`` on ``gpu_indices`` (device indices)."""
+        i = self.row_of(node)
+        self.allocate_row(i, pod, tuple(self.card_index[i].index(g) for g in gpu_indices))
+
+    def release(self, node: str, pod: PodRequest, gpu_indices: tuple[int, ...]) -> None:
+        """Record that ``pod`` left ``node``, freeing ``gpu_indices``."""
+        i = self.row_of(node)
+        self.release_row(i, pod, tuple(self.card_index[i].index(g) for g in gpu_indices))
+
+    @property
+    def gpu_used_milli(self) -> int:
+        return int(self.gpu_count.sum()) * MILLI_PER_GPU - int(self.gpu_free_total.sum())
+
+
+def _replace_sorted(values: tuple[int, ...], pos: int, new: int) -> tuple[int, ...]:
+    """``values`` (sorted) with the element at ``pos`` lowered to ``new``, still sorted."""
+    out = list(values)
+    del out[pos]
+    lo = 0
+    while lo < len(out) and out[lo] < new:
+        lo += 1
+    out.insert(lo, new)
+    return tuple(out)
+
+
+def _min_max_normalise(raw: npt.NDArray[np.float64]) -> IntArray:
+    """The framework's NormalizeScore: truncate, then (s − min)·100 div (max − min), or all 0."""
+    scores = raw.astype(np.int64)
+    low, high = int(scores.min()), int(scores.max())
+    if high == low:
+        return np.zeros(scores.size, dtype=np.int64)
+    return (scores - low) * 100 // (high - low)

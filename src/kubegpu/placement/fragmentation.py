@@ -1,0 +1,166 @@
+"""FGD's fragmentation measure: how much of a node's free GPU the expected workload cannot use.
+
+Weng et al. (ATC'23) define a node's fragment as the expectation, over a "typical" pod drawn
+from the target workload, of the free milli-GPU that pod could not use there. The typical
+workload and the per-node measure follow the paper simulator's definitions (see
+``shared/specs/fgd-methodology.md`` §6), including the order in which it accumulates floats,
+because the score truncates to integers and a last-bit difference can flip a tie.
+
+A node's fragment depends only on (free CPU, multiset of per-card free milli, card model), so
+:class:`FragmentationMemo` caches it on exactly that key: after a few hundred pods almost every
+lookup is a hit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
+
+# Fragment categories in the simulator's accumulation order (Q3 "satisfied" is index 2 and is
+# not fragment). The final sum runs over the others in index order.
+_Q1_LACK_BOTH, _Q2_LACK_GPU, _Q3_SATISFIED, _Q4_LACK_CPU, _XL, _XR, _NO_ACCESS = range(7)
+_FRAGMENT_CATEGORIES = (_Q1_LACK_BOTH, _Q2_LACK_GPU, _Q4_LACK_CPU, _XL, _XR, _NO_ACCESS)
+
+
+@dataclass(frozen=True)
+class TypicalPod:
+    """One class of the target workload and its probability ``weight``."""
+
+    cpu_milli: int
+    gpu_milli: int  # per card; 0 for CPU-only pods
+    gpu_count: int
+    gpu_models: frozenset[str]
+    weight: float
+
+
+@dataclass(frozen=True)
+class TypicalWorkload:
+    """The target workload FGD measures fragmentation against."""
+
+    pods: tuple[TypicalPod, ...]
+
+    @classmethod
+    def from_pods(
+        cls, pods: Iterable[PodRequest], popularity_percent: float = 95.0
+    ) -> TypicalWorkload:
+        """Most popular pod classes covering ``popularity_percent`` of ``pods``.
+
+        Classes are (CPU, per-card milli, card count, models); memory is ignored, as in the
+        paper. Ties in popularity are ordered by the class tuple, descending, so the result
+        does not depend on input order.
+        """
+        counts: Counter[tuple[int, int, int, str]] = Counter(
+            (p.cpu_milli, p.gpu_milli, p.gpu_count, "|".join(sorted(p.gpu_models))) for p in pods
+        )
+        if not counts:
+            return cls(())
+        total = float(sum(counts.values()))
+        ordered = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
+        expected = popularity_percent * total / 100.0
+        cumulative = 0.0
+        kept: list[tuple[tuple[int, int, int, str], float]] = []
+        for key, count in ordered:
+            if cumulative >= expected:
+                break
+            cumulative += count
+            kept.append((key, count / total))
+        if len(kept) < len(ordered):
+            # Renormalise exactly like the simulator: (count/total) / (cumulative/total).
+            kept = [(key, share / (cumulative / total)) for key, share in kept]
+        return cls(
+            tuple(
+                TypicalPod(cpu, milli, number, frozenset(m for m in models.split("|") if m), w)
+                for (cpu, milli, number, models), w in kept
+            )
+        )
+
+    @classmethod
+    def from_weights(
+        cls, weighted: Iterable[tuple[PodRequest, float]], min_weight: float = 0.0
+    ) -> TypicalWorkload:
+        """A workload from explicit (pod class, weight) pairs, weights renormalised to 1."""
+        merged: dict[tuple[int, int, int, frozenset[str]], float] = {}
+        for pod, weight in weighted:
+            key = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
+            merged[key] = merged.get(key, 0.0) + weight
+        kept = {k: w for k, w in merged.items() if w > min_weight}
+        total = sum(kept.values())
+        ordered = sorted(kept.items(), key=lambda kv: (-kv[1], kv[0][:3]))
+        return cls(
+            tuple(TypicalPod(c, m, n, models, w / total) for (c, m, n, models), w in ordered)
+        )
+
+
+def node_fragment_milli(
+    cpu_free_milli: int, gpu_free_milli: Iterable[int], gpu_model: str, workload: TypicalWorkload
+) -> float:
+    """Expected free milli-GPU on this node that a typical pod could not use (FGD's F(n)).
+
+    Per typical pod: CPU-only pods, pods not allowed on this card model, and pods that do not
+    fit (cards or CPU) count the whole free GPU as fragment; pods that fit count only the cards
+    too small for them.
+    """
+    free = tuple(gpu_free_milli)
+    total = sum(free)
+    data = [0.0] * 7
+    for t in workload.pods:
+        if t.gpu_milli == 0:
+            data[_XL if cpu_free_milli >= t.cpu_milli else _XR] += t.weight * float(total)
+            continue
+        if t.gpu_models and gpu_model not in t.gpu_models:
+            data[_NO_ACCESS] += t.weight * float(total)
+            continue
+        cards_fit = sum(1 for g in free if g >= t.gpu_milli) >= t.gpu_count
+        cpu_fits = cpu_free_milli >= t.cpu_milli
+        if cards_fit and cpu_fits:
+            too_small = sum(g for g in free if g < t.gpu_milli)
+            data[_Q2_LACK_GPU] += t.weight * float(too_small)
+            data[_Q3_SATISFIED] += t.weight * float(total - too_small)
+        elif cards_fit:
+            data[_Q4_LACK_CPU] += t.weight * float(total)
+        elif cpu_fits:
+            data[_Q2_LACK_GPU] += t.weight * float(total)
+        else:
+            data[_Q1_LACK_BOTH] += t.weight * float(total)
+    out = 0.0
+    for category in _FRAGMENT_CATEGORIES:
+        out += data[category]
+    return out
+
+
+class FragmentationMemo:
+    """Caches :func:`node_fragment_milli` on (free CPU, sorted free milli, model).
+
+    Holds only plain data; it is a cache, so sharing one across calls is safe as long as the
+    workload does not change (it is fixed at construction).
+    """
+
+    def __init__(self, workload: TypicalWorkload) -> None:
+        self.workload = workload
+        self._cache: dict[tuple[int, tuple[int, ...], str], float] = {}
+
+    def fragment(self, cpu_free_milli: int, sorted_free: tuple[int, ...], model: str) -> float:
+        key = (cpu_free_milli, sorted_free, model)
+        value = self._cache.get(key)
+        if value is None:
+            value = node_fragment_milli(cpu_free_milli, sorted_free, model, self.workload)
+            self._cache[key] = value
+        return value
+
+
+def sigmoid_score(fragment_before: float, fragment_after: float) -> int:
+    """FGD's node score: trunc(100 · σ((F − F') / 1000)); 50 when nothing changes."""
+    return int(1.0 / (1.0 + math.exp(-((fragment_before - fragment_after) / 1000))) * 100.0)
+
+
+def whole_card_sorted_after(sorted_free: tuple[int, ...], gpu_count: int) -> tuple[int, ...]:
+    """Free milli, sorted, after taking ``gpu_count`` fully free cards."""
+    out = list(sorted_free)
+    for _ in range(gpu_count):
+        out.remove(MILLI_PER_GPU)
+        out.insert(0, 0)
+    return tuple(out)
