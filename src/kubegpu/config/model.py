@@ -1,0 +1,196 @@
+"""The node agent's versioned configuration file (``version: v1``) as validated models.
+
+The shape follows NVIDIA's device plugin config (``flags``, ``flags.plugin``,
+``sharing.timeSlicing``, ``resources.gpus``) wherever the concepts match, so a user can carry
+their file over; what NVIDIA parses and then silently ignores (per-resource ``rename`` and
+``devices``, custom resource names) is honoured here. Every model forbids unknown fields, so a
+typo is an error naming the field instead of a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+DEFAULT_VENDOR_DOMAIN = "nvidia.com"
+DEFAULT_RESOURCE = "nvidia.com/gpu"
+
+DeviceListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
+ENVVAR_ONLY: list[DeviceListStrategy] = ["envvar"]
+CDI_STRATEGIES: frozenset[str] = frozenset({"cdi-annotations", "cdi-cri"})
+
+# Name part of an extended resource: a DNS-1123-ish label with dots, at most 63 characters.
+_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def qualify_resource_name(name: str) -> str:
+    """``gpu`` → ``nvidia.com/gpu`` (NVIDIA's convention); full names are checked as the kubelet
+    does for extended resources: a domain that is not ``kubernetes.io``, no ``requests.``."""
+    full = name if "/" in name else f"{DEFAULT_VENDOR_DOMAIN}/{name}"
+    domain, _, part = full.partition("/")
+    if (
+        not _DOMAIN.match(domain)
+        or domain == "kubernetes.io"
+        or domain.endswith(".kubernetes.io")
+        or full.startswith("requests.")
+        or not _NAME_PART.match(part)
+    ):
+        raise ValueError(f"not a valid extended resource name: {name!r}")
+    return full
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class PluginFlags(_Model):
+    pass_device_specs: bool = False
+    device_list_strategy: list[DeviceListStrategy] = Field(default_factory=lambda: ENVVAR_ONLY[:])
+    # NVIDIA spells it with a capital ID, which the camelCase generator would not produce.
+    device_id_strategy: Literal["uuid", "index"] = Field(default="uuid", alias="deviceIDStrategy")
+    cdi_annotation_prefix: str = "cdi.k8s.io/"
+    # CDI spec files go here; the kind is also the prefix of every CDI device name we return.
+    cdi_dir: str = "/var/run/cdi"
+    cdi_kind: str = "nvidia.com/gpu"
+    # Host root under which device nodes live (a containerised driver puts them elsewhere).
+    dev_root: str = "/"
+    shared_devices_allocation_policy: Literal["distributed", "packed"] = "distributed"
+    # Ask the kubelet to call PreStartContainer (a no-op that logs) before every start.
+    pre_start_container: bool = False
+
+    @field_validator("device_list_strategy", mode="before")
+    @classmethod
+    def _accept_string(cls, value: object) -> object:
+        # NVIDIA accepts one string, a comma list, or a YAML list.
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @field_validator("device_list_strategy")
+    @classmethod
+    def _not_empty(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("at least one device list strategy is required")
+        return list(dict.fromkeys(value))
+
+    @field_validator("cdi_kind")
+    @classmethod
+    def _vendor_class(cls, value: str) -> str:
+        vendor, _, klass = value.partition("/")
+        if not vendor or not klass or "/" in klass or "=" in value:
+            raise ValueError(f"CDI kind must look like vendor.com/class, got {value!r}")
+        return value
+
+
+class Flags(_Model):
+    # Only "none" for now: MIG devices are not advertised (MIG GPUs count as whole GPUs).
+    mig_strategy: Literal["none"] = "none"
+    fail_on_init_error: bool = True
+    plugin: PluginFlags = Field(default_factory=PluginFlags)
+
+
+class GpuResource(_Model):
+    """GPUs whose product name matches ``pattern`` (shell glob) are advertised as ``name``."""
+
+    pattern: str = "*"
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _qualify(cls, value: str) -> str:
+        return qualify_resource_name(value)
+
+
+class Resources(_Model):
+    gpus: list[GpuResource] = Field(
+        default_factory=lambda: [GpuResource(pattern="*", name=DEFAULT_RESOURCE)]
+    )
+
+    @field_validator("gpus")
+    @classmethod
+    def _not_empty(cls, value: list[GpuResource]) -> list[GpuResource]:
+        if not value:
+            raise ValueError("at least one GPU resource is required")
+        return value
+
+
+class SharedResource(_Model):
+    name: str
+    replicas: int = Field(ge=1)
+    rename: str | None = None
+    # all GPUs of the resource, the first N by index, or a list of indices / UUIDs.
+    devices: Literal["all"] | int | list[int | str] = "all"
+
+    @field_validator("name", "rename")
+    @classmethod
+    def _qualify(cls, value: str | None) -> str | None:
+        return None if value is None else qualify_resource_name(value)
+
+    @field_validator("devices")
+    @classmethod
+    def _positive_count(cls, value: object) -> object:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"a device count must be at least 1, got {value}")
+        return value
+
+
+class TimeSlicing(_Model):
+    rename_by_default: bool = False
+    fail_requests_greater_than_one: bool = False
+    resources: list[SharedResource] = Field(default_factory=list)
+
+
+class Sharing(_Model):
+    time_slicing: TimeSlicing = Field(default_factory=TimeSlicing)
+
+
+class Health(_Model):
+    """Health-check knobs; NVIDIA's ``DP_DISABLE_HEALTHCHECKS`` / ``DP_ENABLE_HEALTHCHECKS``
+    environment variables are honoured on top of these."""
+
+    disabled: bool = False
+    # Xids ignored in addition to the application Xids (13, 31, 43, 45, 68, 109).
+    ignored_xids: list[int] = Field(default_factory=list)
+    # Xids treated as fatal even when ignored by default or above.
+    critical_xids: list[int] = Field(default_factory=list)
+    # Report a GPU Healthy again after this many clean checks; None = never (NVIDIA's default).
+    recover_after_healthy_checks: int | None = Field(default=None, ge=1)
+
+
+class AgentConfig(_Model):
+    version: Literal["v1"] = "v1"
+    flags: Flags = Field(default_factory=Flags)
+    resources: Resources = Field(default_factory=Resources)
+    sharing: Sharing = Field(default_factory=Sharing)
+    health: Health = Field(default_factory=Health)
+
+    @model_validator(mode="after")
+    def _shared_resources_exist(self) -> AgentConfig:
+        known = {r.name for r in self.resources.gpus}
+        seen: set[str] = set()
+        for i, shared in enumerate(self.sharing.time_slicing.resources):
+            where = f"sharing.timeSlicing.resources.{i}"
+            if shared.name not in known:
+                raise ValueError(
+                    f"{where}.name: {shared.name!r} is not one of the GPU resources {sorted(known)}"
+                )
+            if shared.name in seen:
+                raise ValueError(f"{where}.name: {shared.name!r} is shared twice")
+            seen.add(shared.name)
+            renamed = shared.rename is not None or self.sharing.time_slicing.rename_by_default
+            if shared.devices != "all" and not renamed:
+                # Otherwise shared and unshared GPUs would mix under one resource name.
+                raise ValueError(
+                    f"{where}.devices: sharing a subset of GPUs needs rename or renameByDefault"
+                )
+        return self
+
+    @property
+    def uses_cdi(self) -> bool:
+        return bool(CDI_STRATEGIES & set(self.flags.plugin.device_list_strategy))

@@ -1,0 +1,396 @@
+"""The node agent's lifecycle: one supervisor that owns every task, socket and thread.
+
+It serves each resource, registers it, and keeps it registered: when the kubelet restarts it
+deletes every socket in its directory and recreates ``kubelet.sock``, and never reconnects on
+its own, so we watch the directory (a cheap ``stat`` poll, which also works on filesystems
+without inotify) and, on a new ``kubelet.sock`` or a missing socket of ours, stop the old
+server (ending its stream), bind a fresh socket and register again. Registration failures are
+retried with a bounded exponential backoff given as data. Signals arrive as events on the same
+queue: SIGHUP reloads the config, SIGTERM/SIGINT stop everything and remove what we created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from kubegpu.config.load import ConfigError, load_config, render_config
+from kubegpu.config.model import AgentConfig, Health
+from kubegpu.core.gpu import GpuUuid, NodeInventory
+from kubegpu.core.health import HealthCheckPolicy
+from kubegpu.inventory.backend import GpuBackend
+from kubegpu.kubelet import cdi
+from kubegpu.kubelet.plugin import (
+    KUBELET_SOCKET,
+    DevicePluginServicer,
+    HealthBoard,
+    PluginServer,
+)
+from kubegpu.kubelet.resources import PlanError, ResourcePlan, all_gpus, build_plans
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Delay before retry ``attempt`` (0-based): ``initial_s * factor**attempt``, capped."""
+
+    initial_s: float = 0.1
+    factor: float = 2.0
+    max_s: float = 5.0
+
+    def delay(self, attempt: int) -> float:
+        return min(self.max_s, self.initial_s * self.factor ** min(attempt, 64))
+
+
+async def retry_with_backoff(
+    operation: Callable[[], Awaitable[T]],
+    backoff: Backoff,
+    *,
+    describe: str,
+    sleep: Sleep = asyncio.sleep,
+    retry_on: tuple[type[BaseException], ...] = (Exception,),
+) -> T:
+    """Run ``operation`` until it succeeds, sleeping ``backoff.delay(n)`` after failure n.
+
+    Never gives up: a node agent that stops trying leaves the node without GPUs; the delay is
+    bounded so a kubelet that comes back is noticed within ``max_s``.
+    """
+    attempt = 0
+    while True:
+        try:
+            return await operation()
+        except retry_on as err:
+            delay = backoff.delay(attempt)
+            log.warning(
+                "%s failed (attempt %d): %s; retrying in %.2fs",
+                describe,
+                attempt + 1,
+                _short(err),
+                delay,
+            )
+            await sleep(delay)
+            attempt += 1
+
+
+def _short(err: BaseException) -> str:
+    details = getattr(err, "details", None)
+    text = details() if callable(details) else str(err)
+    return str(text).splitlines()[0] if text else type(err).__name__
+
+
+class Event(enum.Enum):
+    STOP = "stop"
+    RELOAD = "reload"
+    KUBELET_RESTARTED = "kubelet-restarted"
+    SOCKET_LOST = "socket-lost"
+
+
+def socket_identity(path: Path) -> tuple[int, int] | None:
+    """(inode, ctime) of a file, or None when it is missing: a recreated file differs."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
+
+
+class Monitor(Protocol):
+    def start(self) -> None: ...
+    def stop(self, timeout_s: float = 5.0) -> None: ...
+
+
+HealthCallback = Callable[[GpuUuid, bool, str], None]
+MonitorFactory = Callable[
+    [GpuBackend, NodeInventory, HealthCheckPolicy, HealthCallback, str], Monitor
+]
+
+
+def default_monitor_factory(
+    backend: GpuBackend,
+    inventory: NodeInventory,
+    policy: HealthCheckPolicy,
+    on_change: HealthCallback,
+    node_name: str,
+) -> Monitor:
+    from kubegpu.inventory.health import HealthMonitor
+
+    return HealthMonitor(backend, inventory, policy, on_change, node_name=node_name)
+
+
+def health_policy(health: Health, env: Mapping[str, str]) -> HealthCheckPolicy:
+    """NVIDIA's ``DP_*_HEALTHCHECKS`` environment first, then the config file's knobs on top."""
+    base = HealthCheckPolicy.from_nvidia_env(
+        env, recover_after_healthy_checks=health.recover_after_healthy_checks
+    )
+    return dataclasses.replace(
+        base,
+        disabled=base.disabled or health.disabled,
+        disabled_xids=base.disabled_xids | frozenset(health.ignored_xids),
+        enabled_xids=base.enabled_xids | frozenset(health.critical_xids),
+    )
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    kubelet_dir: Path
+    node_name: str = ""
+    config_path: Path | None = None
+    # Flag and environment values, applied over the file again on every reload.
+    overrides: Mapping[str, object] = field(default_factory=dict)
+    poll_interval_s: float = 0.1
+    backoff: Backoff = Backoff()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+class Agent:
+    """Serves every resource plan of the node until told to stop; ``run()`` returns 0."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        config: AgentConfig,
+        backend: GpuBackend,
+        *,
+        monitor_factory: MonitorFactory = default_monitor_factory,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self.settings = settings
+        self.config = config
+        self.backend = backend
+        self.node = settings.node_name or "-"
+        self._monitor_factory = monitor_factory
+        self._sleep = sleep
+        self.inventory = backend.snapshot()
+        self.plans: list[ResourcePlan] = build_plans(config, self.inventory)
+        self.board = HealthBoard()
+        self.servers: list[PluginServer] = []
+        self.registrations: dict[str, asyncio.Task[None]] = {}
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self._monitor: Monitor | None = None
+        self._cdi_kind: str | None = None
+        self._kubelet_socket: tuple[int, int] | None = None
+        self.registered_count = 0  # successful Register calls, for logs and tests
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self.settings.kubelet_dir / KUBELET_SOCKET
+
+    # -- public entry ----------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        signals = {
+            signal.SIGTERM: Event.STOP,
+            signal.SIGINT: Event.STOP,
+            signal.SIGHUP: Event.RELOAD,
+        }
+        for sig, event in signals.items():
+            loop.add_signal_handler(sig, self.events.put_nowait, event)
+        watcher = asyncio.create_task(self._watch(), name="watch-kubelet-dir")
+        try:
+            self._start_health()
+            self._write_cdi()
+            self._kubelet_socket = socket_identity(self.kubelet_socket)
+            await self._start_servers()
+            while True:
+                event = await self.events.get()
+                pending = [event]
+                while not self.events.empty():
+                    pending.append(self.events.get_nowait())
+                if Event.STOP in pending:
+                    log.info("node %s: stopping", self.node)
+                    break
+                if Event.RELOAD in pending:
+                    await self._reload()
+                elif Event.KUBELET_RESTARTED in pending:
+                    log.info("node %s: kubelet restarted; re-registering", self.node)
+                    await self._restart_servers()
+                elif Event.SOCKET_LOST in pending:
+                    await self._restart_lost_servers()
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            await self._stop_servers()
+            await self._stop_health()
+            self._remove_cdi()
+        return 0
+
+    # -- watching ----------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.poll_interval_s)
+            current = socket_identity(self.kubelet_socket)
+            if current != self._kubelet_socket:
+                self._kubelet_socket = current
+                if current is not None:
+                    self.events.put_nowait(Event.KUBELET_RESTARTED)
+                    continue
+                log.warning("node %s: %s disappeared; waiting", self.node, self.kubelet_socket)
+            if any(not s.socket_intact() for s in self.servers):
+                self.events.put_nowait(Event.SOCKET_LOST)
+
+    # -- servers -------------------------------------------------------------------------------
+
+    def _servicer(self, plan: ResourcePlan) -> DevicePluginServicer:
+        return DevicePluginServicer(plan, self.inventory, self.config, self.board, self.node)
+
+    async def _start_servers(self) -> None:
+        if not self.plans:
+            log.warning("node %s: no GPU matches any resource; advertising nothing", self.node)
+        for plan in self.plans:
+            server = PluginServer(self._servicer(plan), self.settings.kubelet_dir)
+            await server.start()
+            self.servers.append(server)
+            self._register_later(server)
+
+    def _register_later(self, server: PluginServer) -> None:
+        old = self.registrations.pop(server.resource_name, None)
+        if old is not None:
+            old.cancel()
+
+        async def register() -> None:
+            await retry_with_backoff(
+                server.register,
+                self.settings.backoff,
+                describe=f"node {self.node} resource {server.resource_name}: register",
+                sleep=self._sleep,
+            )
+            self.registered_count += 1
+
+        self.registrations[server.resource_name] = asyncio.create_task(
+            register(), name=f"register {server.resource_name}"
+        )
+
+    async def _stop_servers(self) -> None:
+        tasks = list(self.registrations.values())
+        self.registrations.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        servers, self.servers = self.servers, []
+        for server in servers:
+            await server.stop()
+
+    async def _restart_servers(self) -> None:
+        # Stop (closing the old stream), fresh socket, register: the order the kubelet needs.
+        await self._stop_servers()
+        await self._start_servers()
+
+    async def _restart_lost_servers(self) -> None:
+        for i, server in enumerate(self.servers):
+            if server.socket_intact():
+                continue
+            log.warning(
+                "node %s resource %s: socket %s was removed; recreating and re-registering",
+                self.node,
+                server.resource_name,
+                server.socket_path,
+            )
+            task = self.registrations.pop(server.resource_name, None)
+            if task is not None:
+                task.cancel()
+            await server.stop()
+            fresh = PluginServer(self._servicer(server.servicer.plan), self.settings.kubelet_dir)
+            await fresh.start()
+            self.servers[i] = fresh
+            self._register_later(fresh)
+
+    # -- health --------------------------------------------------------------------------------
+
+    def _start_health(self) -> None:
+        loop = asyncio.get_running_loop()
+        policy = health_policy(self.config.health, self.settings.env)
+
+        def on_change(uuid: GpuUuid, healthy: bool, reason: str) -> None:
+            # Called from a monitor thread; the board lives on the loop.
+            loop.call_soon_threadsafe(self._apply_health, uuid, healthy, reason)
+
+        self._monitor = self._monitor_factory(
+            self.backend, self.inventory, policy, on_change, self.node
+        )
+        self._monitor.start()
+
+    def _apply_health(self, uuid: GpuUuid, healthy: bool, reason: str) -> None:
+        if not self.board.set(uuid, healthy, reason):
+            return
+        ids = [d.device_id for p in self.plans for d in p.devices if d.gpu.uuid == uuid]
+        resources = sorted(
+            {p.resource_name for p in self.plans if any(g.uuid == uuid for g in p.gpus)}
+        )
+        log.log(
+            logging.INFO if healthy else logging.WARNING,
+            "node %s resource %s: GPU %s is %s (%s); devices %s",
+            self.node,
+            ",".join(resources) or "-",
+            uuid,
+            "Healthy" if healthy else "Unhealthy",
+            reason,
+            ",".join(ids),
+        )
+
+    async def _stop_health(self) -> None:
+        monitor, self._monitor = self._monitor, None
+        if monitor is not None:
+            await asyncio.get_running_loop().run_in_executor(None, monitor.stop)
+
+    # -- CDI -------------------------------------------------------------------------------------
+
+    def _write_cdi(self) -> None:
+        plugin = self.config.flags.plugin
+        if not self.config.uses_cdi:
+            return
+        spec = cdi.cdi_spec(
+            all_gpus(self.plans), plugin.cdi_kind, plugin.device_id_strategy, plugin.dev_root
+        )
+        path = cdi.write_spec(Path(plugin.cdi_dir), spec)
+        self._cdi_kind = plugin.cdi_kind
+        log.info("node %s: wrote CDI spec %s (%d GPUs)", self.node, path, len(spec["devices"]) - 1)
+
+    def _remove_cdi(self) -> None:
+        if self._cdi_kind is not None:
+            cdi.remove_spec(Path(self.config.flags.plugin.cdi_dir), self._cdi_kind)
+            self._cdi_kind = None
+
+    # -- reload ----------------------------------------------------------------------------------
+
+    async def _reload(self) -> None:
+        try:
+            new = load_config(self.settings.config_path, self.settings.overrides)
+            plans = build_plans(new, self.inventory)
+        except (ConfigError, PlanError) as err:
+            log.error(
+                "node %s: config reload rejected, keeping the running config: %s", self.node, err
+            )
+            return
+        if new == self.config:
+            log.info("node %s: config reloaded; unchanged", self.node)
+            return
+        log.info("node %s: config changed; restarting with %s", self.node, render_config(new))
+        await self._stop_servers()
+        self._remove_cdi()
+        health_changed = new.health != self.config.health
+        self.config, self.plans = new, plans
+        if health_changed:
+            await self._stop_health()
+            self._start_health()
+        self._write_cdi()
+        await self._start_servers()

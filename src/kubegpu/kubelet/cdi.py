@@ -1,0 +1,77 @@
+"""The CDI spec file that lets a CDI-enabled runtime resolve the names ``Allocate`` returns.
+
+Written only when a CDI device-list strategy is on, atomically (temp file + rename in the same
+directory) so the runtime never reads half a spec, and removed when the agent exits. Device
+names follow the device-id strategy so they match what ``Allocate`` hands out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kubegpu.core.gpu import GpuDevice
+from kubegpu.kubelet.resources import CONTROL_DEVICE_NODES, host_path
+
+CDI_VERSION = "0.6.0"
+
+
+def cdi_spec(
+    gpus: Sequence[GpuDevice], kind: str, id_strategy: str, dev_root: str = "/"
+) -> dict[str, Any]:
+    """One device per GPU (its ``/dev/nvidiaN``) plus ``all``; control nodes for every one."""
+
+    def node(path: str) -> dict[str, str]:
+        entry = {"path": path}
+        if dev_root not in ("", "/"):
+            entry["hostPath"] = host_path(dev_root, path)
+        return entry
+
+    devices = [
+        {
+            "name": gpu.uuid if id_strategy == "uuid" else str(gpu.index),
+            "containerEdits": {"deviceNodes": [node(gpu.device_node)]},
+        }
+        for gpu in sorted(gpus, key=lambda g: g.index)
+    ]
+    devices.append(
+        {
+            "name": "all",
+            "containerEdits": {"deviceNodes": [node(g.device_node) for g in gpus]},
+        }
+    )
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": kind,
+        "devices": devices,
+        "containerEdits": {"deviceNodes": [node(p) for p in CONTROL_DEVICE_NODES]},
+    }
+
+
+def spec_path(cdi_dir: Path, kind: str) -> Path:
+    """``nvidia.com/gpu`` → ``<dir>/kubegpu-nvidia.com-gpu.json``."""
+    return cdi_dir / f"kubegpu-{kind.replace('/', '-')}.json"
+
+
+def write_spec(cdi_dir: Path, spec: dict[str, Any]) -> Path:
+    cdi_dir.mkdir(parents=True, exist_ok=True)
+    target = spec_path(cdi_dir, str(spec["kind"]))
+    fd, tmp = tempfile.mkstemp(prefix=".kubegpu-", suffix=".tmp", dir=cdi_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(spec, f, indent=2)
+            f.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def remove_spec(cdi_dir: Path, kind: str) -> None:
+    spec_path(cdi_dir, kind).unlink(missing_ok=True)

@@ -1,0 +1,179 @@
+"""``kubegpu device-plugin``: the node agent's composition root.
+
+Reads settings (flag > ``KUBEGPU_*`` / NVIDIA's env names > config file > defaults), opens the
+GPU backend, and runs the :class:`~kubegpu.kubelet.agent.Agent` until SIGTERM. Exit codes: 0 on
+a requested stop, 1 when the GPU backend cannot be opened, 2 for an invalid config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+
+# option name -> config path it overrides; None means "not given", so the file's value stays.
+_OVERRIDES: dict[str, str] = {
+    "mig_strategy": "flags.migStrategy",
+    "fail_on_init_error": "flags.failOnInitError",
+    "pass_device_specs": "flags.plugin.passDeviceSpecs",
+    "device_list_strategy": "flags.plugin.deviceListStrategy",
+    "device_id_strategy": "flags.plugin.deviceIDStrategy",
+    "cdi_dir": "flags.plugin.cdiDir",
+    "dev_root": "flags.plugin.devRoot",
+    "shared_devices_allocation_policy": "flags.plugin.sharedDevicesAllocationPolicy",
+    "pre_start_container": "flags.plugin.preStartContainer",
+}
+
+
+def _env(name: str, *nvidia: str) -> list[str]:
+    # Our prefix first, then the name NVIDIA's plugin reads, so its manifests keep working.
+    return [f"KUBEGPU_{name}", *nvidia]
+
+
+def _open_backend(kind: str, fake_gpus: str | None, fake_control: Path | None) -> Any:
+    from kubegpu.inventory.select import open_backend
+
+    return open_backend(kind, fake_gpus=fake_gpus, fake_control=fake_control)
+
+
+async def _wait_for_stop() -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+@click.command("device-plugin")
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "nvml", "fake"]),
+    default="auto",
+    show_default=True,
+    envvar=_env("BACKEND"),
+    help="GPU backend; auto uses NVML and fails clearly when it cannot load.",
+)
+@click.option(
+    "--fake-gpus",
+    envvar=_env("FAKE_GPUS"),
+    help="Fake backend: a preset name (e.g. 8xA100-80GB-NVLink) or a YAML spec path.",
+)
+@click.option(
+    "--fake-control",
+    type=click.Path(path_type=Path),
+    envvar=_env("FAKE_CONTROL"),
+    help="Fake backend: unix socket for injecting Xids / losing GPUs from outside.",
+)
+@click.option(
+    "--kubelet-dir",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_KUBELET_DIR,
+    show_default=True,
+    envvar=_env("KUBELET_DIR"),
+    help="Directory holding kubelet.sock; our sockets go here too.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    envvar=_env("CONFIG", "CONFIG_FILE"),
+    help="Versioned config file (version: v1); SIGHUP re-reads it.",
+)
+@click.option("--node-name", envvar=_env("NODE_NAME", "NODE_NAME"), default="", help="For logs.")
+@click.option(
+    "--mig-strategy", type=click.Choice(["none"]), envvar=_env("MIG_STRATEGY", "MIG_STRATEGY")
+)
+@click.option(
+    "--fail-on-init-error/--no-fail-on-init-error",
+    default=None,
+    envvar=_env("FAIL_ON_INIT_ERROR", "FAIL_ON_INIT_ERROR"),
+    help="If off, a backend that cannot start is logged and the agent idles (non-GPU nodes).",
+)
+@click.option(
+    "--pass-device-specs/--no-pass-device-specs",
+    default=None,
+    envvar=_env("PASS_DEVICE_SPECS", "PASS_DEVICE_SPECS"),
+)
+@click.option(
+    "--device-list-strategy",
+    envvar=_env("DEVICE_LIST_STRATEGY", "DEVICE_LIST_STRATEGY"),
+    help="Comma list of envvar, volume-mounts, cdi-annotations, cdi-cri.",
+)
+@click.option(
+    "--device-id-strategy",
+    type=click.Choice(["uuid", "index"]),
+    envvar=_env("DEVICE_ID_STRATEGY", "DEVICE_ID_STRATEGY"),
+)
+@click.option("--cdi-dir", envvar=_env("CDI_DIR"), help="Where the CDI spec file is written.")
+@click.option("--dev-root", envvar=_env("DEV_ROOT", "NVIDIA_DEV_ROOT"))
+@click.option(
+    "--shared-devices-allocation-policy",
+    type=click.Choice(["distributed", "packed"]),
+    envvar=_env("SHARED_DEVICES_ALLOCATION_POLICY", "SHARED_DEVICES_ALLOCATION_POLICY"),
+)
+@click.option(
+    "--pre-start-container/--no-pre-start-container",
+    default=None,
+    envvar=_env("PRE_START_CONTAINER"),
+)
+def device_plugin(
+    backend: str,
+    fake_gpus: str | None,
+    fake_control: Path | None,
+    kubelet_dir: Path,
+    config_path: Path | None,
+    node_name: str,
+    **flags: Any,
+) -> None:
+    """Run the kubelet device plugin (node agent) for this node's GPUs."""
+    from kubegpu.config.load import ConfigError, load_config, render_config
+    from kubegpu.inventory.backend import InventoryError
+    from kubegpu.kubelet.agent import Agent, AgentSettings, health_policy
+    from kubegpu.kubelet.resources import PlanError
+
+    node = node_name or "-"
+    overrides = {_OVERRIDES[k]: v for k, v in flags.items() if v is not None}
+    try:
+        config = load_config(config_path, overrides)
+    except ConfigError as err:
+        click.echo(f"kubegpu device-plugin: {err}", err=True)
+        sys.exit(2)
+    log.info("node %s: resolved config %s", node, render_config(config))
+
+    try:
+        gpu_backend = _open_backend(backend, fake_gpus, fake_control)
+    except (InventoryError, ValueError, OSError) as err:
+        if config.flags.fail_on_init_error:
+            click.echo(f"kubegpu device-plugin: {err}", err=True)
+            sys.exit(1)
+        log.error("node %s: %s; failOnInitError=false, idling until stopped", node, err)
+        asyncio.run(_wait_for_stop())
+        sys.exit(0)
+
+    settings = AgentSettings(
+        kubelet_dir=kubelet_dir,
+        node_name=node_name,
+        config_path=config_path,
+        overrides=overrides,
+        env=dict(os.environ),
+    )
+    try:
+        try:
+            health_policy(config.health, settings.env)  # a bad DP_*_HEALTHCHECKS token
+            agent = Agent(settings, config, gpu_backend)
+        except (PlanError, ValueError) as err:
+            click.echo(f"kubegpu device-plugin: invalid config: {err}", err=True)
+            sys.exit(2)
+        sys.exit(asyncio.run(agent.run()))
+    finally:
+        gpu_backend.close()

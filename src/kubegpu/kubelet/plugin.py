@@ -1,0 +1,285 @@
+"""The device plugin gRPC edge: one asyncio gRPC server per advertised resource.
+
+The servicer is thin: it converts protobuf to our values, asks the :class:`ResourcePlan` (and,
+through it, the placement module), and converts back; domain errors become gRPC statuses here
+and nowhere else. Health lives in one :class:`HealthBoard` keyed by physical GPU, so every
+stream of every resource sees a change at once and every id of a GPU (replicas included) flips
+together. Everything runs on one asyncio loop, so an open ``ListAndWatch`` stream costs a
+suspended coroutine, not a worker thread, and never starves ``Allocate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from kubegpu.config.model import AgentConfig
+from kubegpu.core.gpu import GpuUuid, NodeInventory
+from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from kubegpu.kubelet.resources import (
+    AllocationError,
+    ContainerAllocation,
+    DeviceState,
+    ResourcePlan,
+)
+from kubegpu.placement.topology import PreferenceError, ReplicaPolicy
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+# The kubelet itself gives up dialing us after 10 s; waiting longer for it is pointless.
+REGISTER_TIMEOUT_S = 10.0
+
+
+class HealthBoard:
+    """Which physical GPUs are unhealthy (and why), with a wake-up for every change.
+
+    Only touched from the event loop; monitor threads hand changes over with
+    ``loop.call_soon_threadsafe``.
+    """
+
+    def __init__(self) -> None:
+        self.unhealthy: dict[GpuUuid, str] = {}
+        self.version = 0
+        self._changed = asyncio.Event()
+
+    def set(self, uuid: GpuUuid, healthy: bool, reason: str) -> bool:
+        """Record a GPU's health; True (and waiters woken) only when it actually changed."""
+        if healthy == (uuid not in self.unhealthy):
+            return False
+        if healthy:
+            del self.unhealthy[uuid]
+        else:
+            self.unhealthy[uuid] = reason
+        self.version += 1
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+        return True
+
+    async def wait_for_change(self, seen_version: int) -> int:
+        while self.version == seen_version:
+            await self._changed.wait()
+        return self.version
+
+
+def _device_message(state: DeviceState) -> api_pb2.Device:
+    device = api_pb2.Device(ID=state.device_id, health=HEALTHY if state.healthy else UNHEALTHY)
+    if state.numa_node is not None:
+        device.topology.nodes.add(ID=state.numa_node)
+    return device
+
+
+def _allocate_message(alloc: ContainerAllocation) -> api_pb2.ContainerAllocateResponse:
+    return api_pb2.ContainerAllocateResponse(
+        envs=alloc.envs,
+        annotations=alloc.annotations,
+        mounts=[
+            api_pb2.Mount(container_path=m.container_path, host_path=m.host_path, read_only=True)
+            for m in alloc.mounts
+        ],
+        devices=[
+            api_pb2.DeviceSpec(
+                container_path=d.container_path, host_path=d.host_path, permissions=d.permissions
+            )
+            for d in alloc.device_nodes
+        ],
+        cdi_devices=[api_pb2.CDIDevice(name=n) for n in alloc.cdi_devices],
+    )
+
+
+class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
+    def __init__(
+        self,
+        plan: ResourcePlan,
+        inventory: NodeInventory,
+        config: AgentConfig,
+        board: HealthBoard,
+        node_name: str,
+    ) -> None:
+        self.plan = plan
+        self.inventory = inventory
+        self.config = config
+        self.board = board
+        self.node = node_name
+        self.policy = ReplicaPolicy(config.flags.plugin.shared_devices_allocation_policy)
+
+    async def GetDevicePluginOptions(
+        self, request: api_pb2.Empty, context: aio.ServicerContext[Any, Any]
+    ) -> api_pb2.DevicePluginOptions:
+        return api_pb2.DevicePluginOptions(
+            pre_start_required=self.config.flags.plugin.pre_start_container,
+            get_preferred_allocation_available=True,
+        )
+
+    async def ListAndWatch(
+        self, request: api_pb2.Empty, context: aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        # Full list at once, then a full list after every change; the stream never ends on
+        # its own because the kubelet treats an ended stream as a dead plugin.
+        version = self.board.version
+        last: list[DeviceState] | None = None
+        while True:
+            states = self.plan.states(self.board.unhealthy.keys())
+            if states != last:
+                bad = [s.device_id for s in states if not s.healthy]
+                log.info(
+                    "node %s resource %s: sending %d devices (%d unhealthy%s)",
+                    self.node,
+                    self.plan.resource_name,
+                    len(states),
+                    len(bad),
+                    f": {', '.join(bad[:8])}{'…' if len(bad) > 8 else ''}" if bad else "",
+                )
+                yield api_pb2.ListAndWatchResponse(devices=[_device_message(s) for s in states])
+                last = states
+            version = await self.board.wait_for_change(version)
+
+    async def GetPreferredAllocation(
+        self, request: api_pb2.PreferredAllocationRequest, context: aio.ServicerContext[Any, Any]
+    ) -> api_pb2.PreferredAllocationResponse:
+        response = api_pb2.PreferredAllocationResponse()
+        for creq in request.container_requests:
+            try:
+                ids = self.plan.preferred(
+                    self.inventory,
+                    list(creq.available_deviceIDs),
+                    list(creq.must_include_deviceIDs),
+                    creq.allocation_size,
+                    self.policy,
+                )
+            except (AllocationError, PreferenceError) as err:
+                log.warning(
+                    "node %s resource %s: preferred allocation refused: %s",
+                    self.node,
+                    self.plan.resource_name,
+                    err,
+                )
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            response.container_responses.add(deviceIDs=ids)
+        return response
+
+    async def Allocate(
+        self, request: api_pb2.AllocateRequest, context: aio.ServicerContext[Any, Any]
+    ) -> api_pb2.AllocateResponse:
+        response = api_pb2.AllocateResponse()
+        for creq in request.container_requests:
+            try:
+                alloc = self.plan.allocate(self.config, list(creq.devices_ids))
+            except AllocationError as err:
+                log.warning(
+                    "node %s resource %s: allocate refused: %s",
+                    self.node,
+                    self.plan.resource_name,
+                    err,
+                )
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            log.info(
+                "node %s resource %s: allocated devices %s",
+                self.node,
+                self.plan.resource_name,
+                ",".join(creq.devices_ids),
+            )
+            response.container_responses.append(_allocate_message(alloc))
+        return response
+
+    async def PreStartContainer(
+        self, request: api_pb2.PreStartContainerRequest, context: aio.ServicerContext[Any, Any]
+    ) -> api_pb2.PreStartContainerResponse:
+        log.info(
+            "node %s resource %s: pre-start for devices %s (nothing to do)",
+            self.node,
+            self.plan.resource_name,
+            ",".join(request.devices_ids),
+        )
+        return api_pb2.PreStartContainerResponse()
+
+
+class PluginServer:
+    """Serves one resource on ``<kubelet_dir>/<plan.socket_name>`` and registers it."""
+
+    def __init__(
+        self,
+        servicer: DevicePluginServicer,
+        kubelet_dir: Path,
+        *,
+        stop_grace_s: float = 0.2,
+    ) -> None:
+        self.servicer = servicer
+        self.kubelet_dir = kubelet_dir
+        self.socket_path = kubelet_dir / servicer.plan.socket_name
+        self.stop_grace_s = stop_grace_s
+        self._server: aio.Server | None = None
+        self.socket_inode: int | None = None
+
+    @property
+    def resource_name(self) -> str:
+        return self.servicer.plan.resource_name
+
+    async def start(self) -> None:
+        """Bind a fresh socket (removing a stale file first) and serve."""
+        self.kubelet_dir.mkdir(parents=True, exist_ok=True)
+        self.socket_path.unlink(missing_ok=True)
+        server = aio.server()
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        await server.start()
+        self._server = server
+        self.socket_inode = os.stat(self.socket_path).st_ino
+        log.info(
+            "node %s resource %s: serving on %s",
+            self.servicer.node,
+            self.resource_name,
+            self.socket_path,
+        )
+
+    async def register(self) -> None:
+        """Call the kubelet's ``Register``; raises ``grpc.aio.AioRpcError`` or ``OSError``."""
+        request = api_pb2.RegisterRequest(
+            version=API_VERSION,
+            endpoint=self.socket_path.name,
+            resource_name=self.resource_name,
+            options=api_pb2.DevicePluginOptions(
+                pre_start_required=self.servicer.config.flags.plugin.pre_start_container,
+                get_preferred_allocation_available=True,
+            ),
+        )
+        kubelet_socket = self.kubelet_dir / KUBELET_SOCKET
+        async with aio.insecure_channel(f"unix://{kubelet_socket}") as channel:
+            stub = api_pb2_grpc.RegistrationStub(channel)
+            await stub.Register(request, timeout=REGISTER_TIMEOUT_S, wait_for_ready=False)
+        log.info(
+            "node %s resource %s: registered with the kubelet (endpoint %s, %d devices)",
+            self.servicer.node,
+            self.resource_name,
+            self.socket_path.name,
+            len(self.servicer.plan.devices),
+        )
+
+    async def stop(self, *, remove_socket: bool = True) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            # Ending the stream is what the kubelet needs to see before a re-registration.
+            await server.stop(self.stop_grace_s)
+        if remove_socket:
+            try:
+                if os.stat(self.socket_path).st_ino == self.socket_inode:
+                    self.socket_path.unlink()
+            except FileNotFoundError:
+                pass
+
+    def socket_intact(self) -> bool:
+        """Our socket file still exists and is the one we bound."""
+        try:
+            return os.stat(self.socket_path).st_ino == self.socket_inode
+        except FileNotFoundError:
+            return False

@@ -1,0 +1,270 @@
+"""What the device plugin advertises and hands out, as our own values (no protobuf here).
+
+A :class:`ResourcePlan` is one extended resource (``nvidia.com/gpu``, ``nvidia.com/gpu.shared``,
+a per-model name…) served on its own socket: its device ids, which GPU each id maps to, and the
+rules for answering ``Allocate``. Plans are built from the config and an inventory snapshot and
+are immutable; a config reload or a new inventory builds new plans. The gRPC servicer only
+converts these values to and from the wire.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from kubegpu.config.model import CDI_STRATEGIES, AgentConfig, SharedResource
+from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
+from kubegpu.placement.topology import (
+    ReplicaId,
+    ReplicaPolicy,
+    best_gpu_set,
+    pick_replicas,
+)
+
+REPLICA_SEPARATOR = "::"
+# Device nodes every GPU container needs besides its /dev/nvidiaN.
+CONTROL_DEVICE_NODES: tuple[str, ...] = (
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+)
+# The nvidia-container-toolkit's convention for the volume-mounts strategy.
+VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
+
+
+class AllocationError(ValueError):
+    """The kubelet asked for something we cannot give (mapped to INVALID_ARGUMENT)."""
+
+
+class PlanError(ValueError):
+    """The config cannot be applied to this node's GPUs (e.g. ``devices`` names no GPU)."""
+
+
+@dataclass(frozen=True)
+class AdvertisedDevice:
+    """One device id the kubelet sees, and the physical GPU behind it."""
+
+    device_id: str
+    gpu: GpuDevice
+    replica: int | None = None  # time-slicing replica number; None for a whole GPU
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    device_id: str
+    healthy: bool
+    numa_node: int | None
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    container_path: str
+    host_path: str
+    permissions: str = "rw"
+
+
+@dataclass(frozen=True)
+class BindMount:
+    container_path: str
+    host_path: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class ContainerAllocation:
+    """Everything one container gets for one resource (the kubelet caches it per container)."""
+
+    envs: dict[str, str] = field(default_factory=dict)
+    mounts: tuple[BindMount, ...] = ()
+    device_nodes: tuple[DeviceNode, ...] = ()
+    annotations: dict[str, str] = field(default_factory=dict)
+    cdi_devices: tuple[str, ...] = ()
+
+
+def socket_name_for(resource_name: str) -> str:
+    """``nvidia.com/gpu`` → ``kubegpu-nvidia.com_gpu.sock`` (unique per resource)."""
+    return f"kubegpu-{resource_name.replace('/', '_')}.sock"
+
+
+def replica_id(uuid: GpuUuid, replica: int) -> str:
+    return f"{uuid}{REPLICA_SEPARATOR}{replica}"
+
+
+@dataclass(frozen=True)
+class ResourcePlan:
+    resource_name: str
+    devices: tuple[AdvertisedDevice, ...]
+    shared: bool = False
+    fail_requests_greater_than_one: bool = False
+
+    @property
+    def socket_name(self) -> str:
+        return socket_name_for(self.resource_name)
+
+    @property
+    def gpus(self) -> tuple[GpuDevice, ...]:
+        return tuple({d.gpu.uuid: d.gpu for d in self.devices}.values())
+
+    @cached_property
+    def _by_id(self) -> dict[str, AdvertisedDevice]:
+        return {d.device_id: d for d in self.devices}
+
+    def lookup(self, device_id: str) -> AdvertisedDevice:
+        try:
+            return self._by_id[device_id]
+        except KeyError:
+            raise AllocationError(
+                f"unknown device id {device_id!r} for resource {self.resource_name}"
+            ) from None
+
+    def states(self, unhealthy: Collection[GpuUuid]) -> list[DeviceState]:
+        """Every id with its health: all ids of an unhealthy GPU are unhealthy, replicas too."""
+        return [
+            DeviceState(d.device_id, d.gpu.uuid not in unhealthy, d.gpu.numa_node)
+            for d in self.devices
+        ]
+
+    def preferred(
+        self,
+        inventory: NodeInventory,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
+        policy: ReplicaPolicy,
+    ) -> tuple[str, ...]:
+        """The ids we would like the kubelet to pick (topology-aware for whole GPUs)."""
+        for device_id in [*available, *must_include]:
+            self.lookup(device_id)
+        if self.shared:
+            replicas = [ReplicaId(d.device_id, d.gpu.uuid, d.replica or 0) for d in self.devices]
+            return pick_replicas(replicas, available, must_include, size, policy)
+        uuid_to_id = {d.gpu.uuid: d.device_id for d in self.devices}
+        choice = best_gpu_set(
+            inventory,
+            [self.lookup(i).gpu.uuid for i in available],
+            [self.lookup(i).gpu.uuid for i in must_include],
+            size,
+        )
+        return tuple(uuid_to_id[u] for u in choice.uuids)
+
+    def allocate(self, config: AgentConfig, device_ids: Sequence[str]) -> ContainerAllocation:
+        """One container's response; replica ids resolve to their GPU, duplicates collapse."""
+        if not device_ids:
+            raise AllocationError(f"empty device list for resource {self.resource_name}")
+        gpus_by_uuid = {self.lookup(i).gpu.uuid: self.lookup(i).gpu for i in device_ids}
+        if self.shared and self.fail_requests_greater_than_one and len(device_ids) > 1:
+            raise AllocationError(
+                "invalid request: maximum request size for shared resources is 1, "
+                f"got {len(device_ids)} for {self.resource_name}"
+            )
+        # Index order, so the answer never depends on the order the kubelet sent the ids in.
+        gpus = sorted(gpus_by_uuid.values(), key=lambda g: g.index)
+        plugin = config.flags.plugin
+        names = [g.uuid if plugin.device_id_strategy == "uuid" else str(g.index) for g in gpus]
+        strategies = set(plugin.device_list_strategy)
+        envs: dict[str, str] = {}
+        mounts: list[BindMount] = []
+        annotations: dict[str, str] = {}
+        cdi: tuple[str, ...] = ()
+        if "envvar" in strategies:
+            envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(names)
+        if "volume-mounts" in strategies:
+            envs["NVIDIA_VISIBLE_DEVICES"] = VOLUME_MOUNTS_ROOT
+            mounts = [BindMount(f"{VOLUME_MOUNTS_ROOT}/{n}", "/dev/null") for n in names]
+        if strategies & CDI_STRATEGIES:
+            cdi_names = tuple(f"{plugin.cdi_kind}={n}" for n in names)
+            if "cdi-cri" in strategies:
+                cdi = cdi_names
+            if "cdi-annotations" in strategies:
+                key = f"{plugin.cdi_annotation_prefix}kubegpu-device-plugin_{self.socket_stem}"
+                annotations[key] = ",".join(cdi_names)
+        nodes: tuple[DeviceNode, ...] = ()
+        if plugin.pass_device_specs:
+            paths = [*CONTROL_DEVICE_NODES, *(g.device_node for g in gpus)]
+            nodes = tuple(DeviceNode(p, host_path(plugin.dev_root, p)) for p in paths)
+        return ContainerAllocation(envs, tuple(mounts), nodes, annotations, cdi)
+
+    @property
+    def socket_stem(self) -> str:
+        return self.socket_name.removeprefix("kubegpu-").removesuffix(".sock")
+
+
+def host_path(dev_root: str, path: str) -> str:
+    return path if dev_root in ("", "/") else dev_root.rstrip("/") + path
+
+
+def _select(shared: SharedResource, gpus: Sequence[GpuDevice]) -> list[GpuDevice]:
+    if shared.devices == "all":
+        return list(gpus)
+    if isinstance(shared.devices, int):
+        return list(gpus[: shared.devices])
+    chosen: list[GpuDevice] = []
+    for ref in shared.devices:
+        match = [
+            g
+            for g in gpus
+            if (isinstance(ref, int) and g.index == ref)
+            or (isinstance(ref, str) and (g.uuid == ref or ref == str(g.index)))
+        ]
+        if not match:
+            raise PlanError(
+                f"sharing.timeSlicing.resources[{shared.name}].devices: {ref!r} is not a GPU "
+                f"of resource {shared.name} on this node"
+            )
+        chosen.extend(g for g in match if g not in chosen)
+    return chosen
+
+
+def build_plans(config: AgentConfig, inventory: NodeInventory) -> list[ResourcePlan]:
+    """One plan per advertised resource name; GPUs go to the first resource whose pattern
+    matches their product name, and resources with no GPU are not advertised."""
+    by_resource: dict[str, list[GpuDevice]] = {r.name: [] for r in config.resources.gpus}
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        for res in config.resources.gpus:
+            if fnmatch.fnmatchcase(gpu.product_name, res.pattern):
+                by_resource[res.name].append(gpu)
+                break
+    slicing = config.sharing.time_slicing
+    sharing = {s.name: s for s in slicing.resources}
+    plans: list[ResourcePlan] = []
+    for name, gpus in by_resource.items():
+        shared = sharing.get(name)
+        if shared is None:
+            whole = gpus
+            shared_gpus: list[GpuDevice] = []
+        else:
+            shared_gpus = _select(shared, gpus)
+            whole = [g for g in gpus if g not in shared_gpus]
+        if whole:
+            devices = tuple(AdvertisedDevice(g.uuid, g) for g in whole)
+            plans.append(ResourcePlan(name, devices))
+        if shared is not None and shared_gpus:
+            shared_name = shared.rename or (f"{name}.shared" if slicing.rename_by_default else name)
+            devices = tuple(
+                AdvertisedDevice(replica_id(g.uuid, k), g, k)
+                for g in shared_gpus
+                for k in range(shared.replicas)
+            )
+            plans.append(
+                ResourcePlan(
+                    shared_name,
+                    devices,
+                    shared=True,
+                    fail_requests_greater_than_one=slicing.fail_requests_greater_than_one,
+                )
+            )
+    names = [p.resource_name for p in plans]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise PlanError(f"resource {dupes[0]} would be advertised twice; check rename settings")
+    return plans
+
+
+def all_gpus(plans: Iterable[ResourcePlan]) -> list[GpuDevice]:
+    seen: dict[GpuUuid, GpuDevice] = {}
+    for p in plans:
+        for g in p.gpus:
+            seen.setdefault(g.uuid, g)
+    return sorted(seen.values(), key=lambda g: g.index)
