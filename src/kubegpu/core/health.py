@@ -7,6 +7,7 @@ fake backend and the tests all apply the same rule.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kubegpu.core.gpu import GpuUuid
@@ -31,3 +32,147 @@ class HealthEvent:
     uuid: GpuUuid | None
     xid: int | None = None
     detail: str = ""
+
+
+# What well-known Xids mean, for log lines and unhealthy reasons an admin can act on. Not a
+# policy input: an Xid missing here is still judged by :class:`HealthCheckPolicy`.
+XID_DESCRIPTIONS: dict[int, str] = {
+    13: "graphics engine exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    45: "preemptive cleanup, due to previous errors",
+    48: "double-bit ECC error",
+    61: "internal micro-controller breakpoint/warning",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure",
+    68: "video processor exception",
+    69: "graphics engine class error",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    109: "context switch timeout",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+}
+
+
+def describe_xid(xid: int | None) -> str:
+    """``"Xid 79 (GPU has fallen off the bus)"``; unknown codes keep just the number."""
+    if xid is None:
+        return "Xid (code unknown)"
+    meaning = XID_DESCRIPTIONS.get(xid)
+    return f"Xid {xid} ({meaning})" if meaning else f"Xid {xid}"
+
+
+def describe_event(event: HealthEvent) -> str:
+    """A one-line reason for logs and for the device plugin's unhealthy message."""
+    if event.kind is HealthEventKind.XID:
+        text = describe_xid(event.xid)
+    elif event.kind is HealthEventKind.LOST:
+        text = "GPU lost (not answering; fallen off the bus?)"
+    else:
+        text = "GPU answers again"
+    return f"{text}: {event.detail}" if event.detail else text
+
+
+# Tokens NVIDIA's plugin treats as "every Xid" in DP_DISABLE_HEALTHCHECKS/DP_ENABLE_HEALTHCHECKS.
+_ALL_TOKENS = frozenset({"all", "xids"})
+
+
+@dataclass(frozen=True)
+class HealthCheckPolicy:
+    """Which health events make a GPU unusable, and whether it may come back on its own.
+
+    Precedence follows NVIDIA's device plugin: an Xid explicitly enabled (or "enable all") is
+    critical even when ignored by default or disabled; otherwise an Xid that is ignored, disabled,
+    or covered by "disable all" is not critical; every other Xid is critical.
+    """
+
+    disabled: bool = False  # no health checking at all (nothing is watched)
+    ignored_xids: frozenset[int] = APPLICATION_XIDS
+    disabled_xids: frozenset[int] = frozenset()  # extra Xids to ignore
+    all_xids_disabled: bool = False  # "disable all" with an enable list: an allow-list
+    enabled_xids: frozenset[int] = frozenset()  # critical whatever the lists above say
+    all_xids_enabled: bool = False
+    # None: an unhealthy GPU stays unhealthy until the agent restarts (NVIDIA's behaviour,
+    # because a flapping GPU that fails jobs is worse than one taken out of the pool).
+    recover_after_healthy_checks: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.recover_after_healthy_checks is not None and self.recover_after_healthy_checks < 1:
+            raise ValueError(
+                "recover_after_healthy_checks must be at least 1 or None, "
+                f"got {self.recover_after_healthy_checks}"
+            )
+
+    @classmethod
+    def from_nvidia_env(
+        cls, env: Mapping[str, str], *, recover_after_healthy_checks: int | None = None
+    ) -> HealthCheckPolicy:
+        """Read ``DP_DISABLE_HEALTHCHECKS`` / ``DP_ENABLE_HEALTHCHECKS`` as NVIDIA documents them.
+
+        ``DP_DISABLE_HEALTHCHECKS``: ``all`` or ``xids`` disables health checking, a comma list
+        adds Xids to the ignore list. ``DP_ENABLE_HEALTHCHECKS``: a comma list (or ``all``) of
+        Xids that are critical whatever else says; with ``DP_DISABLE_HEALTHCHECKS=all`` it is an
+        allow-list. Unlike NVIDIA's plugin, which drops tokens it cannot parse, a bad token is a
+        ``ValueError`` naming it: a typo must not silently change which GPUs leave the pool.
+        """
+        disable_all, disabled = _parse_xid_list("DP_DISABLE_HEALTHCHECKS", env)
+        enable_all, enabled = _parse_xid_list("DP_ENABLE_HEALTHCHECKS", env)
+        anything_enabled = enable_all or bool(enabled)
+        return cls(
+            disabled=disable_all and not anything_enabled,
+            disabled_xids=disabled,
+            all_xids_disabled=disable_all,
+            enabled_xids=enabled,
+            all_xids_enabled=enable_all,
+            recover_after_healthy_checks=recover_after_healthy_checks,
+        )
+
+    def is_xid_critical(self, xid: int | None) -> bool:
+        if self.disabled:
+            return False
+        if xid is None:
+            # An Xid event whose code could not be read: assume the worst, as NVIDIA does for
+            # events it cannot attribute.
+            return True
+        if self.all_xids_enabled or xid in self.enabled_xids:
+            return True
+        return not (self.all_xids_disabled or xid in self.disabled_xids or xid in self.ignored_xids)
+
+    def is_critical(self, event: HealthEvent) -> bool:
+        """Whether ``event`` makes its GPU unusable under this policy."""
+        if self.disabled:
+            return False
+        if event.kind is HealthEventKind.LOST:
+            # A GPU that stopped answering is unusable whatever the Xid lists say; only turning
+            # health checks off entirely ignores it.
+            return True
+        if event.kind is HealthEventKind.RECOVERED:
+            return False
+        return self.is_xid_critical(event.xid)
+
+
+def _parse_xid_list(name: str, env: Mapping[str, str]) -> tuple[bool, frozenset[int]]:
+    raw = env.get(name, "")
+    everything = False
+    xids: set[int] = set()
+    for token in (part.strip().lower() for part in raw.split(",")):
+        if not token:
+            continue
+        if token in _ALL_TOKENS:
+            everything = True
+            continue
+        try:
+            xid = int(token)
+        except ValueError:
+            raise ValueError(
+                f"{name}={raw!r}: {token!r} is neither an Xid number nor one of 'all', 'xids'"
+            ) from None
+        if xid <= 0:
+            raise ValueError(f"{name}={raw!r}: Xid {xid} is not a positive number")
+        xids.add(xid)
+    return everything, frozenset(xids)

@@ -1,0 +1,1 @@
+"""Fake GPU node specs shipped with the package (see :mod:`kubegpu.inventory.spec`)."""
