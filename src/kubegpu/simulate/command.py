@@ -1,0 +1,379 @@
+"""``kubegpu simulate``: replay traces by the FGD paper's method and compare with its table.
+
+Runs every (pods CSV × policy × seed), in worker processes with ``--jobs``, writes
+``allocation.csv`` in the paper artifact's layout, ``runs.csv`` (wall time and failed pods per
+run), a PNG of the mean curves, and prints the allocation ratio at 100 % arrived.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import logging
+import os
+import resource
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from kubegpu.placement.model import NodeState
+from kubegpu.placement.policies import POLICIES, PolicySpec, get_policy
+from kubegpu.simulate.arrivals import Arrivals, generate_arrivals, load_fixture
+from kubegpu.simulate.replay import COLUMNS, discretise, replay, typical_workload
+from kubegpu.simulate.traces import TraceError, TracePod, load_nodes, load_pods
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Job:
+    nodes: Path
+    pods: Path
+    arrivals: Path | None  # fixture file, or None to generate from the seed
+    policy: str
+    seed: int
+    inflation: float
+
+    @property
+    def workload(self) -> str:
+        return self.pods.stem
+
+
+@dataclass(frozen=True)
+class JobResult:
+    job: Job
+    columns: list[float | None]
+    total_gpus: int
+    failed_pods: int
+    wall_s: float
+    max_rss_mib: float
+
+
+@functools.lru_cache(maxsize=4)
+def _nodes(path: Path) -> list[NodeState]:
+    return load_nodes(path)
+
+
+@functools.lru_cache(maxsize=4)
+def _pods(path: Path) -> list[TracePod]:
+    return load_pods(path)
+
+
+def run_job(job: Job) -> JobResult:
+    """One replay; reads (and caches per process) the traces it needs."""
+    started = time.perf_counter()
+    nodes = _nodes(job.nodes)
+    pods = _pods(job.pods)
+    arrivals: Arrivals
+    if job.arrivals is not None:
+        arrivals = load_fixture(job.arrivals, pods, nodes)
+    else:
+        arrivals = generate_arrivals(pods, nodes, job.seed, job.inflation)
+    spec = get_policy(job.policy)
+    workload = typical_workload([p.request for p in pods])
+    result = replay(nodes, arrivals, spec, workload, job.seed)
+    columns = discretise(result)
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return JobResult(
+        job,
+        columns,
+        result.total_gpus,
+        result.failed_pods,
+        time.perf_counter() - started,
+        rss_mib,
+    )
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``42-51`` or ``42,45,50`` (or a mix) → sorted unique seeds."""
+    seeds: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        low, sep, high = part.partition("-")
+        try:
+            if sep:
+                seeds.update(range(int(low), int(high) + 1))
+            else:
+                seeds.add(int(part))
+        except ValueError:
+            raise click.BadParameter(f"not a seed or range: {part!r}") from None
+    if not seeds:
+        raise click.BadParameter("no seeds")
+    return sorted(seeds)
+
+
+def parse_policies(text: str) -> list[PolicySpec]:
+    specs: list[PolicySpec] = []
+    for part in text.split(","):
+        if part.strip().lower() == "all":
+            specs.extend(POLICIES.values())
+            continue
+        try:
+            specs.append(get_policy(part))
+        except KeyError as exc:
+            raise click.BadParameter(str(exc.args[0])) from None
+    return list(dict.fromkeys(specs))
+
+
+PaperTable = dict[tuple[str, str], dict[int, list[float]]]
+
+
+def read_paper(path: Path) -> PaperTable:
+    """(workload, label) → seed → columns 0…130, from the paper artifact's CSV."""
+    out: PaperTable = defaultdict(dict)
+    with path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        for row in reader:
+            try:
+                values = [float(row[str(x)]) for x in COLUMNS]
+                seed = int(row["seed"])
+                key = (row["workload"], row["sc_policy"])
+            except (KeyError, ValueError, TypeError):
+                raise TraceError(path, reader.line_num, "", "bad paper row") from None
+            out[key][seed] = values
+    return out
+
+
+def _write_allocation(out: Path, results: Sequence[JobResult], inflation: float) -> Path:
+    path = out / "allocation.csv"
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["workload", "sc_policy", "tune", "seed", "total_gpus", *COLUMNS])
+        for r in sorted(
+            results, key=lambda r: (r.job.workload, get_policy(r.job.policy).label, r.job.seed)
+        ):
+            writer.writerow(
+                [
+                    r.job.workload,
+                    get_policy(r.job.policy).label,
+                    inflation,
+                    r.job.seed,
+                    r.total_gpus,
+                    *("" if v is None else v for v in r.columns),
+                ]
+            )
+    runs = out / "runs.csv"
+    with runs.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["workload", "sc_policy", "seed", "failed_pods", "wall_s", "max_rss_mib"])
+        for r in results:
+            writer.writerow(
+                [
+                    r.job.workload,
+                    get_policy(r.job.policy).label,
+                    r.job.seed,
+                    r.failed_pods,
+                    f"{r.wall_s:.2f}",
+                    f"{r.max_rss_mib:.1f}",
+                ]
+            )
+    return path
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _summary(results: Sequence[JobResult], paper: PaperTable) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    grouped: dict[tuple[str, str], list[JobResult]] = defaultdict(list)
+    for r in results:
+        grouped[(r.job.workload, get_policy(r.job.policy).label)].append(r)
+    table = Table(title="GPU allocation ratio (%) at 100 % arrived, mean over seeds")
+    for name in ("workload", "policy", "seeds", "ours", "paper", "Δ", "exact rows"):
+        table.add_column(name, justify="left" if name in ("workload", "policy") else "right")
+    for (workload, label), rs in sorted(grouped.items()):
+        ours = _mean([r.columns[100] or 0.0 for r in rs])
+        published = paper.get((workload, label), {})
+        if published:
+            # Compare over the same seeds when the paper has them all, else over all of its.
+            same = [published[r.job.seed][100] for r in rs if r.job.seed in published]
+            theirs = _mean(same if len(same) == len(rs) else [v[100] for v in published.values()])
+            exact = sum(1 for r in rs if published.get(r.job.seed) == r.columns)
+            cells = [f"{theirs:.2f}", f"{ours - theirs:+.2f}", f"{exact}/{len(rs)}"]
+        else:
+            cells = ["–", "–", "–"]
+        short = workload.removeprefix("openb_pod_list_")
+        table.add_row(short, label, str(len(rs)), f"{ours:.2f}", *cells)
+    Console().print(table)
+
+
+def _plot(out: Path, results: Sequence[JobResult]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = sorted({r.job.workload for r in results})
+    cols = min(4, len(workloads))
+    rows = (len(workloads) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.5 * rows), squeeze=False)
+    for ax, workload in zip(axes.flat, workloads, strict=False):
+        by_policy: dict[str, list[list[float | None]]] = defaultdict(list)
+        for r in results:
+            if r.job.workload == workload:
+                by_policy[get_policy(r.job.policy).label].append(r.columns)
+        for label, curves in sorted(by_policy.items()):
+            xs = [x for x in COLUMNS if all(c[x] is not None for c in curves)]
+            ys = [_mean([float(c[x] or 0.0) for c in curves]) for x in xs]
+            ax.plot(xs, ys, label=label, linewidth=1)
+        ax.set_title(workload.removeprefix("openb_pod_list_"))
+        ax.set_xlabel("arrived GPU demand (% of capacity)")
+        ax.set_ylabel("GPU allocation ratio (%)")
+        ax.set_xlim(60, 130)
+        ax.set_ylim(60, 100)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(workloads) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "allocation.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+@click.command("simulate")
+@click.option(
+    "--nodes",
+    "nodes_csv",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Node list CSV (sn, cpu_milli, memory_mib, gpu, model).",
+)
+@click.option(
+    "--pods",
+    "pods_csvs",
+    required=True,
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Pod list CSV; repeat for several workloads.",
+)
+@click.option(
+    "--policy",
+    "policies",
+    default="kubegpu",
+    show_default=True,
+    help="Comma-separated policies (random, dotprod, gpuclustering, gpupacking, bestfit, "
+    "fgd, kubegpu, or 'all').",
+)
+@click.option("--seeds", default="42-51", show_default=True, help="e.g. 42-51 or 42,44")
+@click.option(
+    "--inflation",
+    default=1.3,
+    show_default=True,
+    type=float,
+    help="Arrived GPU demand as a multiple of capacity.",
+)
+@click.option(
+    "--arrivals",
+    "arrivals_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Directory of <pods stem>_seed<S>.txt.gz arrival fixtures.",
+)
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path))
+@click.option("--jobs", default=1, show_default=True, type=click.IntRange(1, 64))
+@click.option(
+    "--paper",
+    "paper_csv",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="The paper's allocation CSV, to compare against.",
+)
+@click.option("--plot/--no-plot", default=True, show_default=True)
+@click.pass_context
+def simulate(
+    ctx: click.Context,
+    nodes_csv: Path,
+    pods_csvs: tuple[Path, ...],
+    policies: str,
+    seeds: str,
+    inflation: float,
+    arrivals_dir: Path | None,
+    out_dir: Path,
+    jobs: int,
+    paper_csv: Path | None,
+    plot: bool,
+) -> None:
+    """Replay GPU traces through the placement engine by the FGD paper's method."""
+    specs = parse_policies(policies)
+    seed_list = parse_seeds(seeds)
+    try:
+        nodes = load_nodes(nodes_csv)
+        pods_by_file = {p: load_pods(p) for p in pods_csvs}
+        paper = read_paper(paper_csv) if paper_csv is not None else {}
+    except TraceError as exc:
+        click.echo(f"error: {exc}", err=True)
+        ctx.exit(2)
+        return
+    work: list[Job] = []
+    for pods_csv in pods_csvs:
+        for seed in seed_list:
+            fixture = None
+            if arrivals_dir is not None:
+                fixture = arrivals_dir / f"{pods_csv.stem}_seed{seed}.txt.gz"
+                if not fixture.is_file():
+                    click.echo(f"error: {fixture}: no arrival fixture for seed {seed}", err=True)
+                    ctx.exit(2)
+                    return
+                try:  # validate once here, so workers never fail on input
+                    load_fixture(fixture, pods_by_file[pods_csv], nodes)
+                except TraceError as exc:
+                    click.echo(f"error: {exc}", err=True)
+                    ctx.exit(2)
+                    return
+            for spec in specs:
+                work.append(Job(nodes_csv, pods_csv, fixture, spec.name, seed, inflation))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log.info(
+        "simulating %d runs (%d workloads × %d policies × %d seeds) with %d jobs",
+        len(work),
+        len(pods_csvs),
+        len(specs),
+        len(seed_list),
+        jobs,
+    )
+    results = _run_all(work, jobs)
+    path = _write_allocation(out_dir, results, inflation)
+    click.echo(f"wrote {path}")
+    _summary(results, paper)
+    if plot:
+        click.echo(f"wrote {_plot(out_dir, results)}")
+
+
+def _run_all(work: Sequence[Job], jobs: int) -> list[JobResult]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    # Heavy runs first so the last worker is not left with one long job.
+    ordered = sorted(work, key=lambda j: (j.policy not in ("fgd", "kubegpu"), j.workload))
+    results: list[JobResult] = []
+    columns = (
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, transient=False, disable=not sys.stderr.isatty()) as progress:
+        task = progress.add_task("replaying", total=len(ordered))
+        if jobs == 1:
+            for job in ordered:
+                results.append(run_job(job))
+                progress.advance(task)
+            return results
+        with ProcessPoolExecutor(max_workers=min(jobs, os.cpu_count() or 1)) as pool:
+            futures: list[Future[JobResult]] = [pool.submit(run_job, j) for j in ordered]
+            for future in as_completed(futures):
+                results.append(future.result())
+                progress.advance(task)
+    return results
