@@ -1,0 +1,1 @@
+"""Tests of the kubelet stand-ins shipped in kubegpu.testing."""
