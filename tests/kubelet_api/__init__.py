@@ -1,0 +1,1 @@
+"""Tests of the generated kubelet wire API modules."""
