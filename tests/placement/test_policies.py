@@ -1,0 +1,141 @@
+"""Each policy on small clusters where the right node and card are obvious by hand."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from kubegpu.placement.engine import PlacementEngine
+from kubegpu.placement.fragmentation import TypicalWorkload
+from kubegpu.placement.model import GpuState, NodeState, PodRequest
+from kubegpu.placement.policies import POLICIES, get_policy
+
+WHOLE_CARD_WORKLOAD = TypicalWorkload.from_pods([PodRequest(1000, 0, 1, 1000)])
+
+
+def node(
+    name: str,
+    free: tuple[int, ...],
+    cpu_free: int = 64_000,
+    rank: int = 0,
+    model: str = "T4",
+    tags: dict[str, int] | None = None,
+    memory: tuple[int, ...] | None = None,
+) -> NodeState:
+    gpus = tuple(GpuState(i, f, None if memory is None else memory[i]) for i, f in enumerate(free))
+    return NodeState(name, 64_000, cpu_free, 256_000, model, gpus, rank, tags or {})
+
+
+def share(milli: int, cpu: int = 1000, **kw: object) -> PodRequest:
+    return PodRequest(cpu, 1024, 1, milli, **kw)  # type: ignore[arg-type]
+
+
+def engine(
+    nodes: list[NodeState], policy: str, workload: TypicalWorkload | None = None
+) -> PlacementEngine:
+    return PlacementEngine(nodes, policy, workload or WHOLE_CARD_WORKLOAD, seed=7)
+
+
+def test_best_fit_takes_the_node_with_least_left_after_placement() -> None:
+    nodes = [node("roomy", (1000, 1000)), node("tight", (1000, 200), cpu_free=4000)]
+    placement = engine(nodes, "bestfit").choose(share(200))
+    assert placement is not None
+    assert (placement.node, placement.gpu_indices) == ("tight", (1,))
+
+
+def test_best_fit_scores_are_min_max_normalised_over_feasible_nodes() -> None:
+    nodes = [node("roomy", (1000, 1000)), node("tight", (1000, 200), cpu_free=4000)]
+    assert engine(nodes, "bestfit").score(share(200)) == {"roomy": 0, "tight": 100}
+
+
+def test_dot_prod_prefers_the_fullest_node_along_the_requested_dimensions() -> None:
+    nodes = [node("empty", (1000,) * 8), node("busy", (1000, 0, 0, 0), cpu_free=8000)]
+    scores = engine(nodes, "dotprod").score(PodRequest(8000, 0, 1, 1000))
+    # dot = 64000/128000·8000/128000 + 8000/8000·1000/8000 = 0.15625 → 100·(1 − 0.078125) = 92
+    assert scores["empty"] == 92
+    assert scores["busy"] > scores["empty"]
+
+
+def test_gpu_packing_prefers_a_partly_used_card_then_a_used_node_then_an_idle_node() -> None:
+    nodes = [
+        node("idle", (1000,) * 8, rank=0),
+        node("used-node", (1000, 0), rank=1),
+        node("shared-card", (1000, 600), rank=2),
+    ]
+    scores = engine(nodes, "gpupacking").score(share(500))
+    # idle 8-card node: max(33 − 8, 8) = 25; new card on a used node: 50 − 1 = 49;
+    # shared card with 600 free: 100 − (60 div 10) = 94.
+    assert scores == {"idle": 25, "used-node": 49, "shared-card": 94}
+
+
+def test_gpu_packing_gives_cpu_only_pods_zero_so_rank_decides() -> None:
+    nodes = [node("b", (1000,), rank=1), node("a", (0,), rank=0)]
+    placement = engine(nodes, "gpupacking").choose(PodRequest(1000, 1024))
+    assert placement is not None and placement.node == "a"
+
+
+def test_gpu_clustering_joins_nodes_hosting_only_the_same_pod_class() -> None:
+    nodes = [
+        node("mixed", (1000, 500), rank=0, tags={"share-gpu": 1, "1-gpu": 1}),
+        node("same", (1000, 500), rank=1, tags={"share-gpu": 1}),
+        node("other", (1000, 500), rank=2, tags={"1-gpu": 1}),
+        node("idle", (1000, 1000), rank=3),
+    ]
+    scores = engine(nodes, "gpuclustering").score(share(300))
+    used = 25 * (8000 - 1500) // 8000  # = 20
+    assert scores == {
+        "mixed": 50 + used,
+        "same": 75 + used,
+        "other": used,
+        "idle": 25 + 25 * 6000 // 8000,
+    }
+
+
+def test_fgd_fills_an_already_fragmented_card_instead_of_breaking_a_whole_one() -> None:
+    # The target workload only has whole-card pods, so 600 free milli on a card is fragment.
+    nodes = [node("whole", (1000,), rank=0), node("fragmented", (600,), rank=1)]
+    eng = engine(nodes, "fgd")
+    scores = eng.score(share(300))
+    # fragmented: F 600 → 300, score trunc(100·σ(0.3)) = 57; whole: F 0 → 700, σ(−0.7) → 33.
+    assert scores == {"whole": 33, "fragmented": 57}
+    assert eng.choose(share(300)) is not None
+    assert eng.place(share(300)).node == "fragmented"  # type: ignore[union-attr]
+
+
+def test_fgd_picks_the_card_that_leaves_the_least_fragment_within_a_node() -> None:
+    nodes = [node("n", (1000, 700, 1000))]
+    assert engine(nodes, "fgd").pick_gpus("n", share(700)) == (1,)
+
+
+def test_random_only_ever_picks_feasible_nodes_and_spreads_over_them() -> None:
+    nodes = [node("a", (1000,)), node("b", (1000,)), node("full", (0,))]
+    eng = engine(nodes, "random")
+    picks = Counter(eng.choose(share(500)).node for _ in range(200))  # type: ignore[union-attr]
+    assert set(picks) == {"a", "b"}
+    assert min(picks.values()) > 50
+
+
+def test_equal_scores_go_to_the_smallest_rank_whatever_the_input_order() -> None:
+    nodes = [node("zz", (1000,), rank=0), node("aa", (1000,), rank=5)]
+    for policy in ("dotprod", "gpupacking", "bestfit", "fgd", "gpuclustering"):
+        placement = engine(list(reversed(nodes)), policy).choose(share(250))
+        assert placement is not None and placement.node == "zz", policy
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_whole_card_pods_take_the_lowest_index_free_cards(policy: str) -> None:
+    nodes = [node("n", (1000, 300, 1000, 1000))]
+    assert engine(nodes, policy).pick_gpus("n", PodRequest(2000, 0, 2, 1000)) == (0, 2)
+
+
+@pytest.mark.parametrize("policy", ["dotprod", "gpuclustering", "gpupacking", "bestfit"])
+def test_best_fit_card_choice_takes_the_tightest_card_lowest_index_on_ties(policy: str) -> None:
+    nodes = [node("n", (1000, 400, 300, 300))]
+    assert engine(nodes, policy).pick_gpus("n", share(250)) == (2,)
+
+
+def test_policy_lookup_accepts_cli_names_and_paper_labels() -> None:
+    assert get_policy("06-FGD") is get_policy("fgd") is get_policy("FGD")
+    with pytest.raises(KeyError, match="unknown policy"):
+        get_policy("tetris")
