@@ -1,0 +1,160 @@
+"""``kubegpu exporter``: the exporter as its own process (composition root).
+
+Opens the GPU backend (NVML or fake), the metrics source that goes with it, the kubelet's
+PodResources socket and the pod log directory, starts :func:`start_exporter` and serves until
+SIGTERM/SIGINT. Exit codes: 0 on a requested stop, 1 when the GPU backend cannot be opened.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kubegpu.core.metrics import MetricsSource
+
+log = logging.getLogger(__name__)
+
+
+def open_backend(kind: str, fake_gpus: str | None) -> Any:
+    """The GPU backend for ``--backend``: a fake node from a preset/spec file, or NVML."""
+    if kind == "fake" or (kind == "auto" and fake_gpus):
+        from kubegpu.inventory.fake import FakeGpuBackend
+
+        return FakeGpuBackend.from_spec(fake_gpus or "8xA100-80GB-NVLink")
+    from kubegpu.inventory.select import open_backend as select_backend  # type: ignore[import-not-found,unused-ignore]
+
+    return select_backend(kind, fake_gpus=fake_gpus, fake_control=None)
+
+
+def metrics_source_for(backend: Any) -> MetricsSource:
+    if getattr(backend, "name", "") == "fake":
+        from kubegpu.inventory.fake_metrics import FakeMetricsSource
+
+        return FakeMetricsSource(backend.snapshot())
+    from kubegpu.inventory.nvml_metrics import NvmlMetricsSource
+
+    return NvmlMetricsSource()
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise click.BadParameter(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+@click.command("exporter")
+@click.option("--listen", default="127.0.0.1:9400", show_default=True, help="HOST:PORT to serve.")
+@click.option(
+    "--backend", type=click.Choice(["auto", "nvml", "fake"]), default="auto", show_default=True
+)
+@click.option("--fake-gpus", default=None, help="Fake node: preset name or spec file.")
+@click.option(
+    "--pod-resources-socket",
+    type=click.Path(path_type=Path),
+    default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+    show_default=True,
+    help="The kubelet's PodResources socket; per-pod metrics are absent if unreachable.",
+)
+@click.option("--no-pod-resources", is_flag=True, help="Do not query the kubelet.")
+@click.option(
+    "--pod-log-dir",
+    type=click.Path(path_type=Path),
+    default=Path("/var/log/pods"),
+    show_default=True,
+    help="Kubelet pod log root, used to name pods by UID.",
+)
+@click.option(
+    "--proc",
+    type=click.Path(path_type=Path),
+    default=Path("/proc"),
+    show_default=True,
+    help="procfs root (the host's, with hostPID).",
+)
+@click.option(
+    "--node-name",
+    envvar=["KUBEGPU_NODE_NAME", "NODE_NAME"],
+    default=None,
+    help="Node name for the node label (default: hostname).",
+)
+@click.option(
+    "--interval", type=float, default=10.0, show_default=True, help="Seconds between refreshes."
+)
+@click.option(
+    "--read-timeout",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Longest wait for one NVML read; older data is served meanwhile.",
+)
+def exporter_command(
+    listen: str,
+    backend: str,
+    fake_gpus: str | None,
+    pod_resources_socket: Path,
+    no_pod_resources: bool,
+    pod_log_dir: Path,
+    proc: Path,
+    node_name: str | None,
+    interval: float,
+    read_timeout: float,
+) -> None:
+    """Serve per-GPU and per-pod GPU metrics for Prometheus on /metrics."""
+    from kubegpu.exporter.health import HealthFeed
+    from kubegpu.exporter.pods import KubeletPodResources, PodLogDirectory
+    from kubegpu.exporter.server import ExporterSettings, start_exporter
+    from kubegpu.inventory.backend import InventoryError
+
+    host, port = parse_listen(listen)
+    node = node_name or socket.gethostname()
+    try:
+        gpu_backend = open_backend(backend, fake_gpus)
+        inventory = gpu_backend.snapshot()
+    except (InventoryError, ValueError) as exc:
+        log.error("cannot open the GPU backend: %s", exc)
+        sys.exit(1)
+    metrics = metrics_source_for(gpu_backend)
+    health = HealthFeed()
+    health.watch(gpu_backend, [gpu.uuid for gpu in inventory.gpus])
+    settings = ExporterSettings(
+        node_name=node,
+        listen_host=host,
+        listen_port=port,
+        interval_s=interval,
+        read_timeout_s=read_timeout,
+        stale_after_s=max(60.0, 6 * interval),
+        proc=proc,
+    )
+    log.info(
+        "exporter settings: node=%s listen=%s:%d backend=%s pod_resources=%s pod_log_dir=%s",
+        node,
+        host,
+        port,
+        gpu_backend.name,
+        "off" if no_pod_resources else pod_resources_socket,
+        pod_log_dir,
+    )
+    running = start_exporter(
+        settings,
+        inventory=gpu_backend.snapshot,
+        metrics=metrics,
+        pod_resources=None if no_pod_resources else KubeletPodResources(pod_resources_socket),
+        pod_directory=PodLogDirectory(pod_log_dir),
+        health=health,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    click.echo(f"serving {running.url}/metrics", err=True)
+    stop.wait()
+    running.stop()
+    health.close()
+    metrics.close()
+    gpu_backend.close()

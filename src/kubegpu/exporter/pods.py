@@ -1,0 +1,149 @@
+"""What the exporter needs to know about the node's pods, each behind a small protocol.
+
+* :class:`PodResourcesSource` — which container holds which device ID. The real one is the
+  kubelet's PodResources v1 ``List`` over its unix socket (:class:`KubeletPodResources`).
+* :class:`PodDirectory` — pod UID to namespace/name, because cgroups name pods by UID and
+  PodResources by name. The real one reads the kubelet's log directory
+  ``/var/log/pods/<namespace>_<name>_<uid>`` (names and namespaces cannot contain ``_``, so
+  the split is unambiguous), which needs no API-server access.
+* :class:`PodShareLookup` — the share of a GPU each pod was granted on shared GPUs. The format
+  of the share annotation belongs to the sharing feature, which supplies the real lookup;
+  until then :class:`NoShares` is the default and :class:`StaticShares` serves tests.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from kubegpu.core.metrics import DeviceAssignment, PodGpuShare, PodKey
+
+log = logging.getLogger(__name__)
+
+DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+DEFAULT_POD_LOG_DIR = Path("/var/log/pods")
+
+
+class PodResourcesSource(Protocol):
+    def list_assignments(self) -> tuple[DeviceAssignment, ...]:
+        """Every device ID held by every container of every active pod on the node."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class PodDirectory(Protocol):
+    def pods_by_uid(self) -> Mapping[str, PodKey]: ...
+
+
+class PodShareLookup(Protocol):
+    def shares(self) -> Mapping[PodKey, Sequence[PodGpuShare]]:
+        """Shares of the node's pods that run on shared GPUs (pods without one are absent)."""
+        ...
+
+
+class KubeletPodResources:
+    """PodResources v1 ``List`` over the kubelet's unix socket.
+
+    dcgm-exporter's pattern: one ``List`` per refresh with a deadline. The kubelet rate-limits
+    this API (100/s, burst 10, shared by every caller on the node), which a refresh every few
+    seconds stays far below. The kubelet re-creates its socket on restart; gRPC reconnects to
+    the path by itself.
+    """
+
+    def __init__(self, socket_path: Path = DEFAULT_POD_RESOURCES_SOCKET, timeout_s: float = 5.0):
+        import grpc
+
+        from kubegpu.kubelet.api.podresources.v1 import api_pb2, api_pb2_grpc
+
+        self.socket_path = socket_path
+        self.timeout_s = timeout_s
+        self._pb = api_pb2
+        self._channel: Any = grpc.insecure_channel(f"unix://{socket_path}")
+        self._stub: Any = api_pb2_grpc.PodResourcesListerStub(self._channel)
+
+    def list_assignments(self) -> tuple[DeviceAssignment, ...]:
+        response = self._stub.List(self._pb.ListPodResourcesRequest(), timeout=self.timeout_s)
+        return assignments_from_list_response(response)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def assignments_from_list_response(response: Any) -> tuple[DeviceAssignment, ...]:
+    """Convert a ``ListPodResourcesResponse`` into our values. The kubelet writes one
+    ``ContainerDevices`` entry per device ID (and NUMA node), so entries are flattened, never
+    assumed to be one per resource."""
+    found: list[DeviceAssignment] = []
+    for pod in response.pod_resources:
+        key = PodKey(namespace=pod.namespace, name=pod.name)
+        for container in pod.containers:
+            for devices in container.devices:
+                for device_id in devices.device_ids:
+                    found.append(
+                        DeviceAssignment(
+                            pod=key,
+                            container=container.name,
+                            resource_name=devices.resource_name,
+                            device_id=device_id,
+                        )
+                    )
+    # The same ID can appear once per NUMA node; keep one.
+    return tuple(dict.fromkeys(found))
+
+
+class StaticPodResources:
+    """Fixed assignments (for tests and demos)."""
+
+    def __init__(self, assignments: Sequence[DeviceAssignment] = ()) -> None:
+        self.assignments = tuple(assignments)
+
+    def list_assignments(self) -> tuple[DeviceAssignment, ...]:
+        return self.assignments
+
+    def close(self) -> None:
+        pass
+
+
+class PodLogDirectory:
+    def __init__(self, root: Path = DEFAULT_POD_LOG_DIR) -> None:
+        self.root = root
+
+    def pods_by_uid(self) -> dict[str, PodKey]:
+        found: dict[str, PodKey] = {}
+        try:
+            entries = list(self.root.iterdir())
+        except OSError as exc:
+            log.debug("cannot list pod log directory %s: %s", self.root, exc)
+            return found
+        for entry in entries:
+            parts = entry.name.split("_")
+            if len(parts) == 3 and all(parts):
+                namespace, name, uid = parts
+                found[uid.lower()] = PodKey(namespace=namespace, name=name)
+        return found
+
+
+class StaticPodDirectory:
+    def __init__(self, pods: Mapping[str, PodKey]) -> None:
+        self.pods = dict(pods)
+
+    def pods_by_uid(self) -> Mapping[str, PodKey]:
+        return self.pods
+
+
+class NoShares:
+    def shares(self) -> Mapping[PodKey, Sequence[PodGpuShare]]:
+        return {}
+
+
+class StaticShares:
+    """Scriptable shares for tests; replace the mapping to change them."""
+
+    def __init__(self, shares: Mapping[PodKey, Sequence[PodGpuShare]] | None = None) -> None:
+        self.current: dict[PodKey, Sequence[PodGpuShare]] = dict(shares or {})
+
+    def shares(self) -> Mapping[PodKey, Sequence[PodGpuShare]]:
+        return self.current

@@ -1,0 +1,176 @@
+"""Serving the exporter over HTTP, and the composition root the CLI and node agent call.
+
+``/metrics`` is prometheus_client's own WSGI app over an explicit registry (never the global
+one), so content negotiation between the text format and OpenMetrics (by ``Accept``) and gzip
+are the library's. ``/healthz`` answers 200 while the snapshot is fresher than
+``stale_after_s`` and 503 otherwise, so a liveness probe restarts an exporter whose NVML reads
+are stuck.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+from kubegpu.core.gpu import NodeInventory
+from kubegpu.core.health import HealthEvent
+from kubegpu.core.metrics import MetricsSource
+from kubegpu.exporter.cgroups import ProcPodResolver
+from kubegpu.exporter.collector import GpuCollector
+from kubegpu.exporter.health import HealthFeed
+from kubegpu.exporter.pods import PodDirectory, PodResourcesSource, PodShareLookup
+from kubegpu.exporter.refresher import Refresher
+
+log = logging.getLogger(__name__)
+
+StartResponse = Callable[..., Any]
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a slow client must not keep the process alive
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http: " + format, *args)
+
+
+def make_app(
+    registry: CollectorRegistry, refresher: Refresher, stale_after_s: float
+) -> Callable[[dict[str, Any], StartResponse], Iterable[bytes]]:
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path == "/metrics":
+            return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+        if path == "/healthz":
+            latest = refresher.latest()
+            since = refresher.started_at if latest is None else latest.taken_at
+            age = refresher.clock() - since
+            fresh = age <= stale_after_s
+            status = "200 OK" if fresh else "503 Service Unavailable"
+            body = f"{'ok' if fresh else 'stale'}: snapshot age {age:.1f}s\n".encode()
+            start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+            return [body]
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"kubegpu exporter: see /metrics and /healthz\n"]
+
+    return app
+
+
+@dataclass
+class ExporterSettings:
+    node_name: str
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 9400  # 0 picks a free port (tests)
+    interval_s: float = 10.0
+    read_timeout_s: float = 5.0
+    stale_after_s: float = 60.0
+    proc: Path = field(default_factory=lambda: Path("/proc"))
+
+
+class RunningExporter:
+    """A started exporter: refresher thread plus HTTP server thread. Stop with :meth:`stop`."""
+
+    def __init__(
+        self,
+        refresher: Refresher,
+        registry: CollectorRegistry,
+        server: _ThreadingServer,
+        health: HealthFeed,
+    ) -> None:
+        self.refresher = refresher
+        self.registry = registry
+        self.health = health
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, name="kubegpu-exporter-http", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = self._server.server_address[0]
+        host = host.decode() if isinstance(host, bytes) else host
+        return f"http://{host}:{self.port}"
+
+    def record_health_event(self, event: HealthEvent) -> None:
+        """For the node agent: feed the events its own health loop sees."""
+        self.health.record(event)
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5.0)
+        self.refresher.stop()
+
+
+def build_registry(refresher: Refresher, health: HealthFeed) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(GpuCollector(refresher, health=health.tally, clock=refresher.clock))
+    return registry
+
+
+def start_exporter(
+    settings: ExporterSettings,
+    *,
+    inventory: Callable[[], NodeInventory],
+    metrics: MetricsSource,
+    pod_resources: PodResourcesSource | None = None,
+    pod_directory: PodDirectory | None = None,
+    shares: PodShareLookup | None = None,
+    health: HealthFeed | None = None,
+    clock: Callable[[], float] = time.time,
+) -> RunningExporter:
+    """Start the refresher and the HTTP server in daemon threads and return at once.
+
+    The node agent calls this with its own backend's ``snapshot`` and forwards its health
+    events through :meth:`RunningExporter.record_health_event`; the CLI does the same with a
+    :class:`HealthFeed` that watches the backend itself.
+    """
+    health = health or HealthFeed()
+    refresher = Refresher(
+        node=settings.node_name,
+        inventory=inventory,
+        metrics=metrics,
+        pod_resources=pod_resources,
+        pod_directory=pod_directory,
+        shares=shares,
+        pids=ProcPodResolver(settings.proc),
+        clock=clock,
+        interval_s=settings.interval_s,
+        read_timeout_s=settings.read_timeout_s,
+    )
+    registry = build_registry(refresher, health)
+    app = make_app(registry, refresher, settings.stale_after_s)
+    server = make_server(
+        settings.listen_host,
+        settings.listen_port,
+        app,
+        server_class=_ThreadingServer,
+        handler_class=_QuietHandler,
+    )
+    refresher.start()
+    running = RunningExporter(refresher, registry, server, health)
+    log.info(
+        "node %s: exporter serving %s/metrics (refresh every %.0fs, NVML timeout %.1fs)",
+        settings.node_name,
+        running.url,
+        settings.interval_s,
+        settings.read_timeout_s,
+    )
+    return running

@@ -1,0 +1,126 @@
+"""Live GPU metrics read from NVML: the only place outside the NVML backend that calls pynvml.
+
+One :meth:`NvmlMetricsSource.read_metrics` reads every GPU once and freezes the result. A query
+the GPU or driver does not support (``NVML_ERROR_NOT_SUPPORTED``), or that we may not make
+(``NO_PERMISSION``, common for per-process memory inside a container), becomes ``None`` so the
+metric is absent instead of a misleading zero. NVML calls can block for a long time on a wedged
+GPU; callers must not call this on a latency-sensitive path (the exporter calls it from a
+background refresher).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kubegpu.core.gpu import GpuUuid
+from kubegpu.core.metrics import GpuMetrics, ProcessGpuMemory
+from kubegpu.inventory.backend import InventoryError
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlMetricsSource:
+    name = "nvml"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._nvml: Any = None
+
+    def _init(self) -> Any:
+        if self._nvml is None:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+            except Exception as exc:  # pynvml raises NVMLError subclasses or OSError
+                raise InventoryError(
+                    f"cannot initialise NVML: {exc}",
+                    hint="is the NVIDIA driver loaded and libnvidia-ml.so.1 visible "
+                    "(container toolkit, NVIDIA_VISIBLE_DEVICES)?",
+                ) from exc
+            self._nvml = pynvml
+        return self._nvml
+
+    def _optional(self, uuid: str, what: str, call: Callable[[], _T]) -> _T | None:
+        nvml = self._nvml
+        try:
+            return call()
+        except nvml.NVMLError as exc:
+            unsupported = (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_NO_PERMISSION)
+            if getattr(exc, "value", None) not in unsupported:
+                log.warning("gpu %s: reading %s failed: %s", uuid, what, exc)
+            return None
+
+    def read_metrics(self) -> tuple[GpuMetrics, ...]:
+        with self._lock:
+            nvml = self._init()
+            count = nvml.nvmlDeviceGetCount()
+            return tuple(
+                self._read_one(nvml, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)
+            )
+
+    def _read_one(self, nvml: Any, handle: Any) -> GpuMetrics:
+        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        opt = self._optional
+        util = opt(uuid, "utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
+        memory = opt(uuid, "memory info", lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+        temperature = opt(
+            uuid,
+            "temperature",
+            lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
+        )
+        power_mw = opt(uuid, "power", lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+        sm_mhz = opt(
+            uuid, "SM clock", lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)
+        )
+
+        def ecc(kind: int) -> int | None:
+            # Volatile counters (since the driver loaded): a reset reads as a counter reset,
+            # which Prometheus handles; aggregate counters lag until the next InfoROM flush.
+            return opt(
+                uuid,
+                "ECC errors",
+                lambda: int(nvml.nvmlDeviceGetTotalEccErrors(handle, kind, nvml.NVML_VOLATILE_ECC)),
+            )
+
+        procs = opt(uuid, "processes", lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        processes = None
+        if procs is not None:
+            processes = tuple(
+                ProcessGpuMemory(
+                    pid=int(p.pid),
+                    # pynvml reports an unknown per-process usage as None
+                    used_memory_bytes=None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+                )
+                for p in procs
+            )
+        return GpuMetrics(
+            uuid=GpuUuid(uuid),
+            utilization_ratio=None if util is None else util.gpu / 100.0,
+            memory_used_bytes=None if memory is None else int(memory.used),
+            memory_total_bytes=None if memory is None else int(memory.total),
+            temperature_celsius=None if temperature is None else float(temperature),
+            power_watts=None if power_mw is None else power_mw / 1000.0,
+            sm_clock_hertz=None if sm_mhz is None else sm_mhz * 1e6,
+            ecc_corrected_total=ecc(nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+            ecc_uncorrected_total=ecc(nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+            processes=processes,
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._nvml is not None:
+                try:
+                    self._nvml.nvmlShutdown()
+                except self._nvml.NVMLError as exc:
+                    log.debug("nvmlShutdown failed: %s", exc)
+                self._nvml = None
