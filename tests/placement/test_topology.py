@@ -14,6 +14,7 @@ from kubegpu.placement.topology import (
     ReplicaId,
     ReplicaPolicy,
     best_gpu_set,
+    pair_score,
     pick_replicas,
 )
 
@@ -32,8 +33,6 @@ def brute_force_score(inv: NodeInventory, uuids: tuple[GpuUuid, ...]) -> int:
             total += 100 * link.nvlinks + link.pcie.value
         if ga.numa_node is not None and ga.numa_node == gb.numa_node:
             total += 5
-        # Check the weighting claim itself: one lane beats the best PCIe path + NUMA bonus.
-        assert 100 > max(p.value for p in PcieLink) + 5
     return total
 
 
@@ -42,7 +41,8 @@ def brute_force_best(
 ) -> tuple[int, tuple[GpuUuid, ...]]:
     order = {g.uuid: g.index for g in inv.gpus}
     best: tuple[int, tuple[int, ...]] | None = None
-    for combo in itertools.combinations(sorted(set(available) | set(must), key=order.get), size):
+    pool = sorted(set(available) | set(must), key=lambda u: order[u])
+    for combo in itertools.combinations(pool, size):
         if not set(must) <= set(combo):
             continue
         score = brute_force_score(inv, combo)
@@ -52,6 +52,12 @@ def brute_force_best(
             best = (score, key)
     assert best is not None
     return best[0], tuple(inv.by_index(i).uuid for i in best[1])
+
+
+def test_one_nvlink_lane_outweighs_any_pcie_path_on_the_same_numa_node() -> None:
+    one_lane = pair_score(GpuLink(PcieLink.SYS, nvlinks=1), 0, 1)
+    best_pcie = pair_score(GpuLink(max(PcieLink)), 0, 0)
+    assert one_lane > best_pcie
 
 
 CASES = [
@@ -95,9 +101,8 @@ def test_cube_mesh_prefers_nvlinked_partners_over_pcie_only_ones() -> None:
     partner = next(u for u in choice.uuids if u != gpu0)
     link = inv.link(gpu0, partner)
     assert link is not None
-    best_lanes = max(
-        (inv.link(gpu0, g.uuid) or GpuLink(PcieLink.SYS)).nvlinks for g in inv.gpus if g.uuid != gpu0
-    )
+    others = [inv.link(gpu0, g.uuid) or GpuLink(PcieLink.SYS) for g in inv.gpus[1:]]
+    best_lanes = max(link.nvlinks for link in others)
     assert link.nvlinks == best_lanes > 0
 
 

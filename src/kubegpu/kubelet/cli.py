@@ -41,8 +41,12 @@ def _env(name: str, *nvidia: str) -> list[str]:
 
 
 def _open_backend(kind: str, fake_gpus: str | None, fake_control: Path | None) -> Any:
-    from kubegpu.inventory.select import open_backend
+    try:
+        from kubegpu.inventory.select import open_backend  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:  # TEMPORARY until the inventory selector lands
+        from kubegpu.inventory.fake import FakeGpuBackend
 
+        return FakeGpuBackend.from_spec(fake_gpus or "", control_socket=fake_control)
     return open_backend(kind, fake_gpus=fake_gpus, fake_control=fake_control)
 
 

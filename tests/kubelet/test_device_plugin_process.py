@@ -1,0 +1,179 @@
+"""The device plugin as a separate process, driven through the kubelet emulator."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from kubegpu.core.gpu import GpuUuid
+from kubegpu.inventory.fake import send_fake_gpu_command
+from kubegpu.inventory.spec import resolve_fake_spec
+from kubegpu.testing.kubelet import AllocationError, DeviceState
+from tests.kubelet.conftest import RESOURCE, Node, PluginProcess
+
+A100 = resolve_fake_spec("8xA100-80GB-NVLink").inventory
+UUIDS = [g.uuid for g in A100.gpus]
+
+
+def link_score(combo: tuple[str, ...]) -> int:
+    """Total pairwise score, written apart from the plugin: 100 per NVLink lane + PCIe level,
+    +5 when both GPUs sit on the same NUMA node."""
+    total = 0
+    for a, b in itertools.combinations(combo, 2):
+        ga, gb = A100.by_uuid(GpuUuid(a)), A100.by_uuid(GpuUuid(b))
+        link = A100.link(ga.uuid, gb.uuid)
+        total += 0 if link is None else 100 * link.nvlinks + link.pcie.value
+        total += 5 if ga.numa_node is not None and ga.numa_node == gb.numa_node else 0
+    return total
+
+
+def brute_force_best_score(ids: Sequence[str], must: Sequence[str], size: int) -> int:
+    return max(link_score(c) for c in itertools.combinations(ids, size) if set(must) <= set(c))
+
+
+def all_healthy(devices: Mapping[str, DeviceState]) -> bool:
+    return len(devices) == 8 and all(d.healthy for d in devices.values())
+
+
+def test_registers_with_the_kubelet_and_lists_every_gpu_with_numa(a100_node: Node) -> None:
+    reg = a100_node.kubelet.registration(RESOURCE)
+    assert reg is not None
+    assert reg.version == "v1beta1"
+    assert reg.endpoint == "kubegpu-nvidia.com_gpu.sock"
+    assert reg.get_preferred_allocation_available
+    assert not reg.pre_start_required
+    devices = a100_node.kubelet.devices(RESOURCE)
+    assert sorted(devices) == sorted(UUIDS)
+    for gpu in A100.gpus:
+        want = () if gpu.numa_node is None else (gpu.numa_node,)
+        assert devices[gpu.uuid].numa_nodes == want
+    assert (a100_node.kubelet_dir / reg.endpoint).is_socket()
+
+
+def test_allocate_sets_visible_devices_for_the_chosen_gpus(a100_node: Node) -> None:
+    alloc = a100_node.kubelet.allocate(RESOURCE, 2, pod_uid="pod-alloc")
+    try:
+        assert sorted(alloc.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(alloc.device_ids)
+        assert alloc.devices == ()  # passDeviceSpecs is off by default
+        assert alloc.cdi_devices == ()
+    finally:
+        a100_node.kubelet.release("pod-alloc")
+
+
+@pytest.mark.parametrize(
+    ("size", "must_idx"),
+    [(2, []), (3, [5]), (4, [1, 6]), (5, []), (7, [0])],
+    ids=["2", "3-must5", "4-must1,6", "5", "7-must0"],
+)
+def test_preferred_allocation_is_optimal_and_honours_must_include(
+    a100_node: Node, size: int, must_idx: list[int]
+) -> None:
+    must = [UUIDS[i] for i in must_idx]
+    alloc = a100_node.kubelet.allocate(RESOURCE, size, must_include=must, pod_uid="pod-pref")
+    try:
+        assert alloc.preferred_device_ids is not None
+        chosen = list(alloc.preferred_device_ids)
+        assert set(must) <= set(chosen)
+        assert link_score(tuple(chosen)) == brute_force_best_score(list(UUIDS), must, size)
+        assert list(alloc.device_ids) == chosen
+    finally:
+        a100_node.kubelet.release("pod-pref")
+
+
+def test_allocate_of_an_unknown_id_is_invalid_argument_naming_it(a100_node: Node) -> None:
+    with pytest.raises(AllocationError) as err:
+        a100_node.kubelet.allocate_raw(RESOURCE, [UUIDS[0], "GPU-does-not-exist"])
+    assert err.value.grpc_code == "INVALID_ARGUMENT"
+    assert "GPU-does-not-exist" in str(err.value)
+
+
+def test_reregisters_after_twenty_kubelet_restarts_with_the_device_list_intact(
+    a100_node: Node,
+) -> None:
+    kubelet = a100_node.kubelet
+    before = sum(r.resource_name == RESOURCE for r in kubelet.registrations)
+    for n in range(1, 21):
+        kubelet.restart()
+        kubelet.wait_for_registration(RESOURCE, timeout_s=20, count=before + n)
+        kubelet.wait_for_devices(RESOURCE, all_healthy, timeout_s=20)
+        assert sorted(kubelet.devices(RESOURCE)) == sorted(UUIDS)
+    assert kubelet.is_connected(RESOURCE)
+
+
+def test_recreates_its_socket_and_reregisters_when_the_socket_is_deleted(
+    a100_node: Node,
+) -> None:
+    kubelet = a100_node.kubelet
+    reg = kubelet.registration(RESOURCE)
+    assert reg is not None
+    sock = a100_node.kubelet_dir / reg.endpoint
+    before = sum(r.resource_name == RESOURCE for r in kubelet.registrations)
+    old_inode = os.stat(sock).st_ino
+    sock.unlink()
+    kubelet.wait_for_registration(RESOURCE, timeout_s=20, count=before + 1)
+    kubelet.wait_for_devices(RESOURCE, all_healthy, timeout_s=20)
+    assert sock.is_socket()
+    assert os.stat(sock).st_ino != old_inode
+
+
+# Health tests change GPU state for good (no recovery by default), so they run last in this
+# module and each uses its own GPU.
+
+
+def test_application_xid_13_keeps_the_gpu_healthy(a100_node: Node) -> None:
+    kubelet = a100_node.kubelet
+    seq = kubelet.update_count(RESOURCE)
+    reply = send_fake_gpu_command(a100_node.plugin.control, "xid", gpu=2, xid=13)
+    assert reply["ok"], reply
+    # Then a critical Xid on another GPU: once that shows up, the Xid 13 has been processed.
+    send_fake_gpu_command(a100_node.plugin.control, "xid", gpu=3, xid=79)
+    update = kubelet.wait_for_devices(
+        RESOURCE, lambda d: not d[UUIDS[3]].healthy, timeout_s=10, after_sequence=seq
+    )
+    assert update.devices[UUIDS[2]].healthy
+
+
+def test_critical_xid_79_marks_that_gpu_unhealthy_on_the_stream(a100_node: Node) -> None:
+    kubelet = a100_node.kubelet
+    send_fake_gpu_command(a100_node.plugin.control, "xid", gpu=4, xid=79)
+    update = kubelet.wait_for_devices(RESOURCE, lambda d: not d[UUIDS[4]].healthy, timeout_s=10)
+    unhealthy = {i for i, d in update.devices.items() if not d.healthy}
+    assert UUIDS[4] in unhealthy
+    assert UUIDS[5] not in unhealthy
+    assert kubelet.allocatable(RESOURCE) == 8 - len(unhealthy)
+    assert kubelet.capacity(RESOURCE) == 8
+
+
+def test_lost_gpu_is_unhealthy_on_the_stream(a100_node: Node) -> None:
+    kubelet = a100_node.kubelet
+    send_fake_gpu_command(a100_node.plugin.control, "lose", gpu=6)
+    kubelet.wait_for_devices(RESOURCE, lambda d: not d[UUIDS[6]].healthy, timeout_s=10)
+    logged = a100_node.plugin.log()
+    assert f"GPU {UUIDS[6]} is Unhealthy" in logged
+    assert "resource nvidia.com/gpu" in logged
+
+
+def test_sigterm_exits_zero_and_removes_the_socket(tempdir: Path) -> None:
+    node = Node(tempdir)
+    try:
+        reg = node.kubelet.wait_for_registration(RESOURCE, timeout_s=30)
+        sock = node.kubelet_dir / reg.endpoint
+        assert sock.is_socket()
+        node.plugin.send(signal.SIGTERM)
+        assert node.plugin.proc.wait(20) == 0
+        assert not sock.exists()
+        assert not node.plugin.control.exists()
+    finally:
+        node.close()
+
+
+def test_backend_error_exits_one_with_its_message(tempdir: Path) -> None:
+    plugin = PluginProcess(tempdir / "dp", preset="no-such-preset")
+    assert plugin.proc.wait(30) == 1
+    assert "no-such-preset" in plugin.log()
+    plugin.stop()
