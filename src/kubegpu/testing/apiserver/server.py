@@ -120,7 +120,7 @@ class FakeApiServer:
     async def start(self) -> None:
         app = web.Application(client_max_size=self.max_body_bytes)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
         await runner.setup()
         ssl_context = None
         if self.tls_cert_file:
@@ -133,7 +133,6 @@ class FakeApiServer:
             self.port,
             ssl_context=ssl_context,
             backlog=2048,
-            shutdown_timeout=5.0,
         )
         await site.start()
         self._runner = runner
@@ -481,6 +480,30 @@ class ServerThread:
 
     def client(self, namespace: str = "default", **kwargs: Any) -> lightkube.Client:
         return self.server.client(namespace, **kwargs)
+
+    def kubeconfig(self, namespace: str = "default") -> KubeConfig:
+        return self.server.kubeconfig(namespace)
+
+    def write_kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
+        return self.server.write_kubeconfig(path, namespace)
+
+    def count(self, verb: str, resource: str | None = None) -> int:
+        return self.server.count(verb, resource)
+
+    def drop_watches(self, *, abrupt: bool = False) -> int:
+        """Thread-safe: the streams end on the server's loop."""
+        return self.server.drop_watches(abrupt=abrupt)
+
+    def inject_failures(
+        self,
+        resource: str,
+        name: str | None = None,
+        *,
+        namespace: str | None = None,
+        count: int = 1,
+        code: int = 409,
+    ) -> None:
+        self.server.inject_failures(resource, name, namespace=namespace, count=count, code=code)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.loop.is_closed() or not self._thread.is_alive():
