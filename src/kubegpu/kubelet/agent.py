@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import enum
 import logging
-import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from kubegpu.kubelet.plugin import (
     DevicePluginServicer,
     HealthBoard,
     PluginServer,
+    socket_identity,
 )
 from kubegpu.kubelet.resources import PlanError, ResourcePlan, all_gpus, build_plans
 
@@ -96,15 +96,6 @@ class Event(enum.Enum):
     RELOAD = "reload"
     KUBELET_RESTARTED = "kubelet-restarted"
     SOCKET_LOST = "socket-lost"
-
-
-def socket_identity(path: Path) -> tuple[int, int] | None:
-    """(inode, ctime) of a file, or None when it is missing: a recreated file differs."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_ino, st.st_ctime_ns)
 
 
 class Monitor(Protocol):

@@ -219,7 +219,7 @@ class PluginServer:
         self.socket_path = kubelet_dir / servicer.plan.socket_name
         self.stop_grace_s = stop_grace_s
         self._server: aio.Server | None = None
-        self.socket_inode: int | None = None
+        self.socket_identity: tuple[int, int] | None = None
 
     @property
     def resource_name(self) -> str:
@@ -234,7 +234,7 @@ class PluginServer:
         server.add_insecure_port(f"unix://{self.socket_path}")
         await server.start()
         self._server = server
-        self.socket_inode = os.stat(self.socket_path).st_ino
+        self.socket_identity = socket_identity(self.socket_path)
         log.info(
             "node %s resource %s: serving on %s",
             self.servicer.node,
@@ -270,16 +270,22 @@ class PluginServer:
         if server is not None:
             # Ending the stream is what the kubelet needs to see before a re-registration.
             await server.stop(self.stop_grace_s)
-        if remove_socket:
-            try:
-                if os.stat(self.socket_path).st_ino == self.socket_inode:
-                    self.socket_path.unlink()
-            except FileNotFoundError:
-                pass
+        # Only our own file: a successor process may already have bound the same path.
+        if remove_socket and self.socket_intact():
+            self.socket_path.unlink(missing_ok=True)
 
     def socket_intact(self) -> bool:
-        """Our socket file still exists and is the one we bound."""
-        try:
-            return os.stat(self.socket_path).st_ino == self.socket_inode
-        except FileNotFoundError:
-            return False
+        """Our socket file still exists and is the one we bound (inode and ctime, because
+        inodes are reused at once after a delete)."""
+        return self.socket_identity is not None and socket_identity(self.socket_path) == (
+            self.socket_identity
+        )
+
+
+def socket_identity(path: Path) -> tuple[int, int] | None:
+    """(inode, ctime) of a file, or None when it is missing: a recreated file differs."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
