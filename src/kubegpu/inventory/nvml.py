@@ -1,0 +1,535 @@
+"""The NVML backend: the one module that reads GPUs through ``pynvml`` (nvidia-ml-py).
+
+Following nvitop's lessons: NVML is initialised lazily on first use and shut down on ``close``;
+each :meth:`NvmlBackend.snapshot` reads every GPU in one pass and freezes the result; calls a
+GPU or driver does not support become ``None`` fields instead of errors; every other NVML error
+is translated once, here, into an :class:`InventoryError` whose hint says what the admin should
+check. The ``pynvml`` module is injectable so the tests can drive this code with a scripted
+stand-in that raises NVML's real error classes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from kubegpu.core.gpu import GpuDevice, GpuLink, GpuUuid, NodeInventory, PcieLink
+from kubegpu.core.health import HealthEvent, HealthEventKind
+from kubegpu.inventory.backend import InventoryError
+
+log = logging.getLogger(__name__)
+
+
+# NVML's nvmlGpuTopologyLevel_t -> our PcieLink (same scale, reversed: NVML counts distance).
+_TOPOLOGY_LEVELS: dict[str, PcieLink] = {
+    "NVML_TOPOLOGY_INTERNAL": PcieLink.BOARD,
+    "NVML_TOPOLOGY_SINGLE": PcieLink.PIX,
+    "NVML_TOPOLOGY_MULTIPLE": PcieLink.PXB,
+    "NVML_TOPOLOGY_HOSTBRIDGE": PcieLink.PHB,
+    "NVML_TOPOLOGY_NODE": PcieLink.NODE,
+    "NVML_TOPOLOGY_SYSTEM": PcieLink.SYS,
+}
+
+# Error codes meaning "this GPU or driver cannot answer that question": the field becomes None.
+_UNSUPPORTED_ERRORS = (
+    "NVML_ERROR_NOT_SUPPORTED",
+    "NVML_ERROR_FUNCTION_NOT_FOUND",
+    "NVML_ERROR_NOT_FOUND",
+    "NVML_ERROR_NO_DATA",
+    "NVML_ERROR_INVALID_ARGUMENT",
+)
+# Error codes meaning the GPU stopped answering (fell off the bus, or the driver lost it).
+_LOST_ERRORS = ("NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_UNKNOWN")
+
+# (message, hint) per NVML error code name; the hint is what an admin should look at.
+_ERROR_HINTS: dict[str, tuple[str, str]] = {
+    "NVML_ERROR_LIBRARY_NOT_FOUND": (
+        "NVML library not found",
+        "is the NVIDIA driver installed and the driver libraries mounted into this container? "
+        "(libnvidia-ml.so.1; with the NVIDIA container toolkit set "
+        "NVIDIA_DRIVER_CAPABILITIES=utility or use the nvidia runtime class)",
+    ),
+    "NVML_ERROR_DRIVER_NOT_LOADED": (
+        "NVIDIA driver not loaded",
+        "is the nvidia kernel module loaded (lsmod | grep nvidia) and /dev/nvidiactl present? "
+        "check dmesg for driver load errors",
+    ),
+    "NVML_ERROR_NO_PERMISSION": (
+        "no permission to query the GPU",
+        "run the agent privileged or give it the /dev/nvidia* device nodes",
+    ),
+    "NVML_ERROR_GPU_IS_LOST": (
+        "GPU is lost",
+        "it stopped answering (Xid 79, fallen off the bus?); check dmesg; the GPU needs a reset "
+        "or the node a reboot",
+    ),
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": (
+        "NVML library and kernel driver versions differ",
+        "the driver was upgraded without a reboot, or the container mounts libraries from "
+        "another driver version; reboot or remount the host's driver libraries",
+    ),
+    "NVML_ERROR_RESET_REQUIRED": (
+        "GPU requires a reset",
+        "reset it with nvidia-smi -r -i <index> when idle, or reboot the node",
+    ),
+    "NVML_ERROR_CORRUPTED_INFOROM": (
+        "GPU infoROM is corrupted",
+        "the GPU needs service; check nvidia-smi -q and dmesg",
+    ),
+    "NVML_ERROR_INSUFFICIENT_POWER": (
+        "GPU has insufficient power",
+        "check that its power cables are connected",
+    ),
+    "NVML_ERROR_IRQ_ISSUE": ("NVIDIA driver interrupt problem", "check dmesg for NVRM errors"),
+    "NVML_ERROR_UNINITIALIZED": (
+        "NVML is not initialised",
+        "a bug in kubegpu: the backend was used after close()",
+    ),
+    "NVML_ERROR_UNKNOWN": (
+        "NVML reported an unknown error",
+        "often a GPU that fell off the bus or a driver problem; check dmesg for Xid messages",
+    ),
+}
+
+
+def _code(nvml: Any, name: str) -> int | None:
+    value = getattr(nvml, name, None)
+    return value if isinstance(value, int) else None
+
+
+def _error_name(nvml: Any, exc: BaseException) -> str | None:
+    value = getattr(exc, "value", None)
+    for name in _ERROR_HINTS.keys() | set(_UNSUPPORTED_ERRORS) | {"NVML_ERROR_TIMEOUT"}:
+        if value is not None and value == _code(nvml, name):
+            return name
+    return None
+
+
+def translate_nvml_error(nvml: Any, exc: BaseException, doing: str) -> InventoryError:
+    """An :class:`InventoryError` saying what failed and what to check."""
+    name = _error_name(nvml, exc)
+    if name in _ERROR_HINTS:
+        message, hint = _ERROR_HINTS[name]
+        return InventoryError(f"{message} while {doing}", hint)
+    return InventoryError(f"NVML error while {doing}: {exc}", "check nvidia-smi and dmesg")
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def normalise_bus_id(bus_id: object) -> str:
+    """NVML's bus id form ``00000000:07:00.0`` (8-digit domain, upper case), from any form."""
+    text = _text(bus_id).strip().upper()
+    domain, sep, rest = text.partition(":")
+    if not sep or ":" not in rest:
+        return text
+    return f"{domain[-8:].zfill(8)}:{rest}"
+
+
+def format_cuda_version(version: int) -> str:
+    """NVML's integer CUDA driver version (12040) as ``"12.4"``."""
+    return f"{version // 1000}.{(version % 1000) // 10}"
+
+
+class NvmlBackend:
+    """Reads the node's GPUs through NVML. Thread-safe; NVML itself is thread-safe."""
+
+    name = "nvml"
+
+    def __init__(self, nvml: ModuleType | None = None, *, sysfs_root: Path = Path("/sys")) -> None:
+        self._nvml: Any = nvml
+        self._sysfs_root = sysfs_root
+        self._lock = threading.Lock()
+        self._initialised = False
+        self._last: NodeInventory | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def init(self) -> None:
+        """Load and initialise NVML now (it is otherwise done on first use). Idempotent."""
+        with self._lock:
+            if self._initialised:
+                return
+            if self._nvml is None:
+                try:
+                    import pynvml
+                except ImportError as exc:
+                    raise InventoryError(
+                        "the NVML Python bindings are not installed",
+                        "install nvidia-ml-py (pip install nvidia-ml-py)",
+                    ) from exc
+                self._nvml = pynvml
+            nvml = self._nvml
+            try:
+                nvml.nvmlInit()
+            except nvml.NVMLError as exc:
+                raise translate_nvml_error(nvml, exc, "initialising NVML") from exc
+            self._initialised = True
+
+    def close(self) -> None:
+        """Shut NVML down; close every health watcher first."""
+        with self._lock:
+            if not self._initialised:
+                return
+            self._initialised = False
+            with contextlib.suppress(self._nvml.NVMLError):
+                self._nvml.nvmlShutdown()
+
+    def _ready(self) -> Any:
+        self.init()
+        return self._nvml
+
+    # -- inventory ----------------------------------------------------------------------------
+
+    def snapshot(self) -> NodeInventory:
+        """Read every GPU, its links and the driver versions once, and freeze the result.
+
+        A GPU that stopped answering keeps the record of the previous snapshot (NVML keeps
+        enumerating it and ids must stay stable); without one, the snapshot fails.
+        """
+        nvml = self._ready()
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as exc:
+            raise translate_nvml_error(nvml, exc, "counting GPUs") from exc
+        gpus: list[GpuDevice] = []
+        handles: dict[GpuUuid, Any] = {}
+        stale: set[GpuUuid] = set()
+        for index in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                gpu = self._read_device(nvml, index, handle)
+            except nvml.NVMLError as exc:
+                previous = self._previous(index)
+                if previous is None or _error_name(nvml, exc) not in _LOST_ERRORS:
+                    raise translate_nvml_error(nvml, exc, f"reading GPU {index}") from exc
+                log.warning(
+                    "GPU %d (%s) is not answering (%s); keeping its last known description",
+                    index,
+                    previous.uuid,
+                    exc,
+                )
+                gpus.append(previous)
+                stale.add(previous.uuid)
+                continue
+            gpus.append(gpu)
+            handles[gpu.uuid] = handle
+        try:
+            inventory = NodeInventory(
+                gpus=tuple(gpus),
+                links=self._read_links(nvml, gpus, handles, stale),
+                driver_version=self._driver_version(nvml),
+                cuda_driver_version=self._cuda_version(nvml),
+            )
+        except nvml.NVMLError as exc:
+            raise translate_nvml_error(nvml, exc, "reading GPU topology and versions") from exc
+        self._last = inventory
+        return inventory
+
+    def _previous(self, index: int) -> GpuDevice | None:
+        if self._last is None:
+            return None
+        try:
+            return self._last.by_index(index)
+        except KeyError:
+            return None
+
+    def _optional(self, nvml: Any, call: str, *args: Any) -> Any:
+        """``nvml.<call>(*args)``, or ``None`` when the GPU, driver or bindings lack it."""
+        function = getattr(nvml, call, None)
+        if function is None:
+            return None  # bindings older than the call
+        try:
+            return function(*args)
+        except nvml.NVMLError as exc:
+            if _error_name(nvml, exc) in _UNSUPPORTED_ERRORS:
+                return None
+            raise
+
+    def _driver_version(self, nvml: Any) -> str | None:
+        version = self._optional(nvml, "nvmlSystemGetDriverVersion")
+        return None if version is None else _text(version)
+
+    def _cuda_version(self, nvml: Any) -> str | None:
+        for call in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"):
+            version = self._optional(nvml, call)
+            if isinstance(version, int) and version > 0:
+                return format_cuda_version(version)
+        return None
+
+    def _read_device(self, nvml: Any, index: int, handle: Any) -> GpuDevice:
+        uuid = GpuUuid(_text(nvml.nvmlDeviceGetUUID(handle)))
+        pci = nvml.nvmlDeviceGetPciInfo(handle)
+        bus_id = normalise_bus_id(pci.busId)
+        numa = self._optional(nvml, "nvmlDeviceGetNumaNodeId", handle)
+        numa = None if numa is None else int(numa)
+        if numa is None:
+            numa = self._numa_from_sysfs(bus_id)
+        mig = self._optional(nvml, "nvmlDeviceGetMigMode", handle)
+        capability = self._optional(nvml, "nvmlDeviceGetCudaComputeCapability", handle)
+        return GpuDevice(
+            index=index,
+            uuid=uuid,
+            product_name=_text(nvml.nvmlDeviceGetName(handle)),
+            memory_total_mib=int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024),
+            pci_bus_id=bus_id,
+            minor_number=int(nvml.nvmlDeviceGetMinorNumber(handle)),
+            compute_capability=(
+                (int(capability[0]), int(capability[1])) if capability is not None else None
+            ),
+            # -1 is how both NVML and sysfs say "no NUMA affinity".
+            numa_node=numa if numa is not None and numa >= 0 else None,
+            mig_enabled=(
+                None if mig is None else int(mig[0]) == _code(nvml, "NVML_DEVICE_MIG_ENABLE")
+            ),
+        )
+
+    def _numa_from_sysfs(self, bus_id: str) -> int | None:
+        # sysfs names devices with a 4-digit lower-case domain: 0000:07:00.0.
+        domain, _, rest = bus_id.partition(":")
+        path = self._sysfs_root / "bus/pci/devices" / f"{domain[-4:]}:{rest}".lower() / "numa_node"
+        try:
+            return int(path.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _read_links(
+        self,
+        nvml: Any,
+        gpus: list[GpuDevice],
+        handles: dict[GpuUuid, Any],
+        stale: set[GpuUuid],
+    ) -> dict[tuple[GpuUuid, GpuUuid], GpuLink]:
+        by_bus = {gpu.pci_bus_id: gpu.uuid for gpu in gpus}
+        lanes: dict[tuple[GpuUuid, GpuUuid], int] = {}
+        switch_lanes: dict[GpuUuid, int] = {}
+        for uuid, handle in handles.items():
+            peers, to_switch = self._read_nvlinks(nvml, handle, by_bus)
+            switch_lanes[uuid] = to_switch
+            for peer, count in peers.items():
+                if peer != uuid:
+                    lanes[(uuid, peer)] = count
+        links: dict[tuple[GpuUuid, GpuUuid], GpuLink] = {}
+        previous = self._last
+        for a, b in itertools.combinations(gpus, 2):
+            if a.uuid in stale or b.uuid in stale:
+                old = previous.link(a.uuid, b.uuid) if previous is not None else None
+                if old is not None:
+                    links[(a.uuid, b.uuid)] = old
+                continue
+            # Both ends count the same lanes; take the larger in case one end failed to read.
+            direct = max(lanes.get((a.uuid, b.uuid), 0), lanes.get((b.uuid, a.uuid), 0))
+            # Behind NVSwitches the remote end of every link is a switch, not the peer GPU; two
+            # GPUs on the same fabric talk over as many lanes as the less connected one has.
+            via_switch = min(switch_lanes.get(a.uuid, 0), switch_lanes.get(b.uuid, 0))
+            pcie = self._optional(
+                nvml, "nvmlDeviceGetTopologyCommonAncestor", handles[a.uuid], handles[b.uuid]
+            )
+            level = self._pcie_level(nvml, pcie)
+            if level is None and not (direct or via_switch):
+                continue  # unknown: NodeInventory.link() answers None
+            links[(a.uuid, b.uuid)] = GpuLink(
+                pcie=level if level is not None else PcieLink.SYS, nvlinks=direct + via_switch
+            )
+        return links
+
+    def _pcie_level(self, nvml: Any, value: object) -> PcieLink | None:
+        if value is None:
+            return None
+        for name, level in _TOPOLOGY_LEVELS.items():
+            if value == _code(nvml, name):
+                return level
+        log.warning(
+            "unknown NVML topology level %r; treating the pair's PCIe path as unknown", value
+        )
+        return None
+
+    def _read_nvlinks(
+        self, nvml: Any, handle: Any, by_bus: dict[str, GpuUuid]
+    ) -> tuple[dict[GpuUuid, int], int]:
+        """Active NVLink lanes of one GPU: per peer GPU, and how many end at an NVSwitch."""
+        peers: dict[GpuUuid, int] = {}
+        to_switch = 0
+        max_links = _code(nvml, "NVML_NVLINK_MAX_LINKS") or 18
+        switch_type = _code(nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH")
+        for link in range(max_links):
+            # NOT_SUPPORTED (no NVLink) or INVALID_ARGUMENT (past the GPU's last link) end it.
+            state = self._optional(nvml, "nvmlDeviceGetNvLinkState", handle, link)
+            if state is None:
+                break
+            if state != _code(nvml, "NVML_FEATURE_ENABLED"):
+                continue
+            remote = self._optional(nvml, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+            if remote is None:
+                continue
+            peer = by_bus.get(normalise_bus_id(remote.busId))
+            if peer is not None:
+                peers[peer] = peers.get(peer, 0) + 1
+                continue
+            kind = self._optional(nvml, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+            if kind is not None and kind == switch_type:
+                to_switch += 1
+        return peers, to_switch
+
+    # -- health -------------------------------------------------------------------------------
+
+    def watch_health(self, uuid: GpuUuid) -> NvmlHealthWatcher:
+        nvml = self._ready()
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+        except nvml.NVMLError as exc:
+            raise translate_nvml_error(nvml, exc, f"opening GPU {uuid} for health events") from exc
+        return NvmlHealthWatcher(nvml, handle, uuid)
+
+
+class NvmlHealthWatcher:
+    """One NVML event set for one GPU (Xid and ECC events) plus a device-lost check per wait.
+
+    Meant to be waited on by one thread. ``close`` may come from another thread: the event set
+    is then freed by the waiting thread when its wait returns, never under it.
+    """
+
+    def __init__(self, nvml: Any, handle: Any, uuid: GpuUuid) -> None:
+        self._nvml = nvml
+        self._handle = handle
+        self.uuid = uuid
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._waiting = False
+        self._lost = False
+        self._wait_error_logged = False
+        self._xid_type = _code(nvml, "nvmlEventTypeXidCriticalError") or 0
+        self._dbe_type = _code(nvml, "nvmlEventTypeDoubleBitEccError") or 0
+        self._sbe_type = _code(nvml, "nvmlEventTypeSingleBitEccError") or 0
+        self._event_set: Any = None
+        try:
+            self._event_set = nvml.nvmlEventSetCreate()
+            self._register()
+        except nvml.NVMLError as exc:
+            self._free()
+            raise translate_nvml_error(
+                nvml, exc, f"registering health events for GPU {uuid}"
+            ) from exc
+
+    def _register(self) -> None:
+        nvml = self._nvml
+        wanted = self._xid_type | self._dbe_type | self._sbe_type
+        try:
+            supported = int(nvml.nvmlDeviceGetSupportedEventTypes(self._handle))
+        except nvml.NVMLError as exc:
+            if _error_name(nvml, exc) not in _UNSUPPORTED_ERRORS:
+                raise
+            supported = 0
+        mask = supported & wanted
+        if mask:
+            try:
+                nvml.nvmlDeviceRegisterEvents(self._handle, mask, self._event_set)
+                return
+            except nvml.NVMLError as exc:
+                # NOT_SUPPORTED means a GPU too old for events (NVIDIA skips it, #1562).
+                if _error_name(nvml, exc) not in _UNSUPPORTED_ERRORS:
+                    raise
+        log.warning(
+            "GPU %s supports no Xid/ECC events; only checking whether it still answers", self.uuid
+        )
+        self._free()
+
+    def wait(self, timeout_s: float) -> list[HealthEvent]:
+        with self._lock:
+            if self._closing.is_set():
+                return []
+            self._waiting = True
+        try:
+            events = self._wait_events(timeout_s)
+            events.extend(self._check_lost())
+            return events
+        finally:
+            with self._lock:
+                self._waiting = False
+                if self._closing.is_set():
+                    self._free()
+
+    def _wait_events(self, timeout_s: float) -> list[HealthEvent]:
+        nvml = self._nvml
+        if self._event_set is None:
+            self._closing.wait(timeout_s)
+            return []
+        try:
+            data = nvml.nvmlEventSetWait_v2(self._event_set, max(1, int(timeout_s * 1000)))
+        except nvml.NVMLError as exc:
+            name = _error_name(nvml, exc)
+            if name == "NVML_ERROR_TIMEOUT":
+                return []
+            # Waiting fails at once when the GPU is gone; pause so this is not a busy loop, and
+            # let the lost check below decide what it means.
+            if name not in _LOST_ERRORS and not self._wait_error_logged:
+                log.warning("GPU %s: waiting for NVML events failed: %s", self.uuid, exc)
+                self._wait_error_logged = True
+            self._closing.wait(timeout_s)
+            return []
+        self._wait_error_logged = False
+        return self._translate(data)
+
+    def _translate(self, data: Any) -> list[HealthEvent]:
+        kind = int(data.eventType)
+        detail = _mig_detail(data)
+        if kind & self._xid_type:
+            return [
+                HealthEvent(HealthEventKind.XID, self.uuid, xid=int(data.eventData), detail=detail)
+            ]
+        if kind & self._dbe_type:
+            # A double-bit ECC error is what Xid 48 reports; one code keeps one policy.
+            return [
+                HealthEvent(
+                    HealthEventKind.XID,
+                    self.uuid,
+                    xid=48,
+                    detail=", ".join(filter(None, ["double-bit ECC event", detail])),
+                )
+            ]
+        # Single-bit errors are corrected by the hardware; NVIDIA logs and skips them too.
+        log.debug("GPU %s: NVML event 0x%x ignored", self.uuid, kind)
+        return []
+
+    def _check_lost(self) -> list[HealthEvent]:
+        nvml = self._nvml
+        try:
+            nvml.nvmlDeviceGetMemoryInfo(self._handle)
+        except nvml.NVMLError as exc:
+            if _error_name(nvml, exc) in _LOST_ERRORS and not self._lost:
+                self._lost = True
+                return [HealthEvent(HealthEventKind.LOST, self.uuid, detail=str(exc))]
+            return []
+        if self._lost:
+            self._lost = False
+            return [
+                HealthEvent(HealthEventKind.RECOVERED, self.uuid, detail="GPU answers NVML again")
+            ]
+        return []
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing.set()
+            if not self._waiting:
+                self._free()
+
+    def _free(self) -> None:
+        event_set, self._event_set = self._event_set, None
+        if event_set is not None:
+            with contextlib.suppress(self._nvml.NVMLError):
+                self._nvml.nvmlEventSetFree(event_set)
+
+
+def _mig_detail(data: Any) -> str:
+    # 0xFFFFFFFF: the event is not tied to one MIG instance (it concerns the whole GPU).
+    gi = getattr(data, "gpuInstanceId", 0xFFFFFFFF)
+    ci = getattr(data, "computeInstanceId", 0xFFFFFFFF)
+    if gi == 0xFFFFFFFF:
+        return ""
+    return f"MIG GPU instance {gi}" + (f", compute instance {ci}" if ci != 0xFFFFFFFF else "")
