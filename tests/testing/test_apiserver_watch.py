@@ -220,7 +220,7 @@ async def test_bookmarks_carry_the_current_version_when_asked_for(
     task = asyncio.create_task(
         raw_watch_lines(
             server,
-            "watch=true&allowWatchBookmarks=true&timeoutSeconds=2"
+            "watch=true&allowWatchBookmarks=true&timeoutSeconds=1"
             f"&resourceVersion={server.store.resource_version}",
         )
     )

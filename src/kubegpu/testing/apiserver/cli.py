@@ -1,0 +1,103 @@
+"""``kubegpu fake-apiserver``: serve the fake Kubernetes API for a laptop demo.
+
+Writes a kubeconfig that points at it (for our CLI, lightkube or kubectl) and serves until
+interrupted. Plain HTTP is allowed on loopback only, unless explicitly allowed, because the fake
+has no authentication at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import signal
+import tempfile
+from pathlib import Path
+
+import click
+
+from kubegpu.testing.apiserver.objects import make_node
+from kubegpu.testing.apiserver.server import FakeApiServer
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@click.command("fake-apiserver")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, type=int, help="0 picks a free port.")
+@click.option(
+    "--seed-nodes",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Create this many Ready nodes (node-0, node-1, ...) at start.",
+)
+@click.option(
+    "--gpus-per-node",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="nvidia.com/gpu capacity of each seeded node.",
+)
+@click.option(
+    "--kubeconfig",
+    "kubeconfig_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Where to write the kubeconfig [default: a temp file].",
+)
+@click.option("--tls-cert-file", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--tls-key-file", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option(
+    "--allow-insecure-remote",
+    is_flag=True,
+    help="Allow plain HTTP on a non-loopback address (no authentication!).",
+)
+def fake_apiserver(
+    host: str,
+    port: int,
+    seed_nodes: int,
+    gpus_per_node: int,
+    kubeconfig_path: Path | None,
+    tls_cert_file: str | None,
+    tls_key_file: str | None,
+    allow_insecure_remote: bool,
+) -> None:
+    """Serve a fake Kubernetes API server (in memory) until interrupted."""
+    if bool(tls_cert_file) != bool(tls_key_file):
+        raise click.UsageError("--tls-cert-file and --tls-key-file go together")
+    if not tls_cert_file and not _is_loopback(host) and not allow_insecure_remote:
+        raise click.UsageError(
+            f"refusing plain HTTP on {host}: use a loopback address, TLS, or "
+            "--allow-insecure-remote"
+        )
+    server = FakeApiServer(host, port, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file)
+    extended = {"nvidia.com/gpu": str(gpus_per_node)} if gpus_per_node else None
+    for i in range(seed_nodes):
+        server.store.put("nodes", make_node(f"node-{i}", extended=extended))
+    asyncio.run(_serve(server, kubeconfig_path))
+
+
+async def _serve(server: FakeApiServer, kubeconfig_path: Path | None) -> None:
+    await server.start()
+    if kubeconfig_path is None:
+        kubeconfig_path = Path(tempfile.mkdtemp(prefix="kubegpu-fake-")) / "kubeconfig"
+    path = server.write_kubeconfig(kubeconfig_path)
+    click.echo(f"fake API server listening on {server.url}")
+    click.echo(f"kubeconfig written to {path}")
+    click.echo(f"export KUBECONFIG={path}", nl=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+        click.echo("fake API server stopped")
