@@ -1,0 +1,262 @@
+"""Which node labels describe a node's GPUs: a pure function from the inventory to a label dict.
+
+Names follow NVIDIA GPU Feature Discovery (GFD) where the concept is the same, so node selectors
+written for GFD keep working; facts GFD has no label for live under our own ``kubegpu.io/``
+prefix. Nothing here does I/O: the sinks in :mod:`kubegpu.labels.sinks` write the result.
+
+Mixed GPU models on one node (the rule, documented because GFD gets it wrong, gpu-feature-discovery
+#66, where the surviving ``gpu.product`` depends on map order):
+
+* per-GPU facts (``nvidia.com/gpu.product``, ``gpu.memory``, ``gpu.family``,
+  ``gpu.compute.major``/``minor``) are written **only when every GPU on the node agrees**; a
+  fact the GPUs disagree on is left out rather than picked from one of them;
+* ``nvidia.com/gpu.count`` is always the number of GPUs on the node (all models);
+* ``kubegpu.io/gpu.product.<model>=<count>`` is written once per model (model sanitised into a
+  label-key name), so a selector can ask for "a node with T4s" on a mixed node;
+* ``kubegpu.io/gpu.nvlink=true`` is present only when at least one GPU pair is joined by NVLink;
+* ``kubegpu.io/gpu.mixed`` says whether the node has more than one model, and
+  ``kubegpu.io/gpu.memory-min`` (MiB, smallest GPU) lets node affinity use ``Gt`` on memory on
+  any node.
+
+Every value is a valid Kubernetes label value (at most 63 characters of ``[A-Za-z0-9._-]``,
+starting and ending alphanumeric); :func:`sanitise_label_value` enforces it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
+
+_T = TypeVar("_T")
+
+GFD_PREFIX = "nvidia.com/"
+OUR_PREFIX = "kubegpu.io/"
+
+# The GFD label names we write. Only these keys under nvidia.com/ are ours to change or remove;
+# every other nvidia.com/ label (GFD's own, the GPU operator's) is left alone.
+PRODUCT = "nvidia.com/gpu.product"
+MEMORY = "nvidia.com/gpu.memory"
+COUNT = "nvidia.com/gpu.count"
+REPLICAS = "nvidia.com/gpu.replicas"
+SHARING_STRATEGY = "nvidia.com/gpu.sharing-strategy"
+FAMILY = "nvidia.com/gpu.family"
+COMPUTE_MAJOR = "nvidia.com/gpu.compute.major"
+COMPUTE_MINOR = "nvidia.com/gpu.compute.minor"
+MIG_CAPABLE = "nvidia.com/mig.capable"
+DRIVER_MAJOR = "nvidia.com/cuda.driver-version.major"
+DRIVER_MINOR = "nvidia.com/cuda.driver-version.minor"
+DRIVER_REVISION = "nvidia.com/cuda.driver-version.revision"
+DRIVER_FULL = "nvidia.com/cuda.driver-version.full"
+# GFD still writes the deprecated short names; selectors in the wild use both.
+DRIVER_MAJOR_OLD = "nvidia.com/cuda.driver.major"
+DRIVER_MINOR_OLD = "nvidia.com/cuda.driver.minor"
+DRIVER_REV_OLD = "nvidia.com/cuda.driver.rev"
+RUNTIME_MAJOR = "nvidia.com/cuda.runtime-version.major"
+RUNTIME_MINOR = "nvidia.com/cuda.runtime-version.minor"
+RUNTIME_FULL = "nvidia.com/cuda.runtime-version.full"
+RUNTIME_MAJOR_OLD = "nvidia.com/cuda.runtime.major"
+RUNTIME_MINOR_OLD = "nvidia.com/cuda.runtime.minor"
+
+GFD_KEYS_WE_WRITE: frozenset[str] = frozenset(
+    {
+        PRODUCT,
+        MEMORY,
+        COUNT,
+        REPLICAS,
+        SHARING_STRATEGY,
+        FAMILY,
+        COMPUTE_MAJOR,
+        COMPUTE_MINOR,
+        MIG_CAPABLE,
+        DRIVER_MAJOR,
+        DRIVER_MINOR,
+        DRIVER_REVISION,
+        DRIVER_FULL,
+        DRIVER_MAJOR_OLD,
+        DRIVER_MINOR_OLD,
+        DRIVER_REV_OLD,
+        RUNTIME_MAJOR,
+        RUNTIME_MINOR,
+        RUNTIME_FULL,
+        RUNTIME_MAJOR_OLD,
+        RUNTIME_MINOR_OLD,
+    }
+)
+
+# Our own labels (GFD has no equivalent). We own every key under kubegpu.io/.
+TIMESTAMP = "kubegpu.io/labels.timestamp"  # not GFD's gfd.timestamp: we are not GFD
+NVLINK = "kubegpu.io/gpu.nvlink"
+HEALTHY_COUNT = "kubegpu.io/gpu.healthy-count"
+MIXED = "kubegpu.io/gpu.mixed"
+MEMORY_MIN = "kubegpu.io/gpu.memory-min"
+PRODUCT_COUNT_PREFIX = "kubegpu.io/gpu.product."
+
+_MAX_NAME = 63  # both a label value and the name part of a label key
+_INVALID = re.compile(r"[^A-Za-z0-9._-]+")
+_EDGE = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$")
+
+
+def owns_label(key: str) -> bool:
+    """Whether a label key is one this labeller manages (and may therefore remove)."""
+    return key.startswith(OUR_PREFIX) or key in GFD_KEYS_WE_WRITE
+
+
+def sanitise_label_value(raw: str) -> str:
+    """Make ``raw`` a valid label value: runs of other characters become ``-`` (as GFD does
+    with spaces), it is cut to 63 characters and trimmed to start and end alphanumeric.
+    May return ``""``, which Kubernetes accepts as a value."""
+    value = _INVALID.sub("-", raw.strip())
+    value = _EDGE.sub("", value)[:_MAX_NAME]
+    return _EDGE.sub("", value)
+
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_KEY_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def is_valid_label_value(value: str) -> bool:
+    return len(value) <= _MAX_NAME and _LABEL_VALUE.match(value) is not None
+
+
+def is_valid_label_key(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    return (
+        len(prefix) <= 253
+        and len(name) <= _MAX_NAME
+        and _KEY_NAME.match(name) is not None
+        and (not prefix or re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", prefix) is not None)
+    )
+
+
+@dataclass(frozen=True)
+class SharingSummary:
+    """The node's sharing configuration as GFD reports it: strategy and replicas per GPU."""
+
+    strategy: str = "none"  # e.g. "none", "time-slicing", "mps", or our own strategy name
+    replicas: int = 1
+
+
+def gpu_family(compute_capability: tuple[int, int] | None) -> str:
+    """GFD's architecture name for a compute capability (same table as GFD)."""
+    if compute_capability is None:
+        return "undefined"
+    major, minor = compute_capability
+    if major == 7:
+        return "turing" if minor >= 5 else "volta"
+    if major == 8:
+        return "ada-lovelace" if minor == 9 else "ampere"
+    return {
+        1: "tesla",
+        2: "fermi",
+        3: "kepler",
+        5: "maxwell",
+        6: "pascal",
+        9: "hopper",
+        10: "blackwell",
+        12: "blackwell",
+        13: "rubin",
+    }.get(major, "undefined")
+
+
+def _uniform(values: list[_T]) -> _T | None:
+    """The single value every GPU shares, or ``None`` when they disagree (or none known)."""
+    distinct = set(values)
+    return values[0] if len(distinct) == 1 else None
+
+
+def _version_labels(inventory: NodeInventory) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    if inventory.driver_version:
+        parts = inventory.driver_version.strip().split(".")
+        labels[DRIVER_FULL] = sanitise_label_value(inventory.driver_version)
+        names = ((DRIVER_MAJOR, DRIVER_MAJOR_OLD), (DRIVER_MINOR, DRIVER_MINOR_OLD))
+        for (new, old), part in zip(names, parts, strict=False):
+            labels[new] = labels[old] = sanitise_label_value(part)
+        if len(parts) >= 3:
+            labels[DRIVER_REVISION] = labels[DRIVER_REV_OLD] = sanitise_label_value(parts[2])
+    if inventory.cuda_driver_version:
+        parts = inventory.cuda_driver_version.strip().split(".")
+        labels[RUNTIME_FULL] = sanitise_label_value(inventory.cuda_driver_version)
+        names = ((RUNTIME_MAJOR, RUNTIME_MAJOR_OLD), (RUNTIME_MINOR, RUNTIME_MINOR_OLD))
+        for (new, old), part in zip(names, parts, strict=False):
+            labels[new] = labels[old] = sanitise_label_value(part)
+    return {k: v for k, v in labels.items() if v}
+
+
+def _product_count_key(product: str) -> str:
+    # The key's name part obeys the same 63-character rule as a value.
+    name = sanitise_label_value(PRODUCT_COUNT_PREFIX.removeprefix(OUR_PREFIX) + product)
+    return OUR_PREFIX + name
+
+
+def _has_nvlink(inventory: NodeInventory) -> bool:
+    return any(link.nvlinks > 0 for link in inventory.links.values())
+
+
+def _is_mig_capable(gpu: GpuDevice) -> bool:
+    # NVML answers the MIG-mode query only on MIG-capable GPUs; the backends map
+    # NotSupported to None, so "has a MIG mode" is "MIG capable".
+    return gpu.mig_enabled is not None
+
+
+def compute_labels(
+    inventory: NodeInventory,
+    *,
+    health: Mapping[GpuUuid, bool] | None = None,
+    sharing: SharingSummary | None = None,
+    now: float | None = None,
+) -> dict[str, str]:
+    """The full label set for a node. ``health`` maps UUID to healthy (a GPU absent from the
+    map counts as healthy); ``now`` (Unix seconds) adds the timestamp label when given."""
+    health = health or {}
+    sharing = sharing or SharingSummary()
+    gpus = list(inventory.gpus)
+    labels: dict[str, str] = {COUNT: str(len(gpus))}
+    labels[HEALTHY_COUNT] = str(sum(1 for g in gpus if health.get(g.uuid, True)))
+    labels.update(_version_labels(inventory))
+    if not gpus:
+        return _with_timestamp(labels, now)
+
+    products = [sanitise_label_value(g.product_name) for g in gpus]
+    product = _uniform(products)
+    if product:
+        labels[PRODUCT] = product
+    memory = _uniform([g.memory_total_mib for g in gpus])
+    if memory is not None:
+        labels[MEMORY] = str(memory)
+    labels[MEMORY_MIN] = str(min(g.memory_total_mib for g in gpus))
+    capability = _uniform([g.compute_capability for g in gpus])
+    if capability is not None:
+        labels[COMPUTE_MAJOR] = str(capability[0])
+        labels[COMPUTE_MINOR] = str(capability[1])
+    family = _uniform([gpu_family(g.compute_capability) for g in gpus])
+    if family is not None and family != "undefined":
+        labels[FAMILY] = family
+    labels[MIG_CAPABLE] = _bool(any(_is_mig_capable(g) for g in gpus))
+    labels[SHARING_STRATEGY] = sanitise_label_value(sharing.strategy) or "none"
+    labels[REPLICAS] = str(sharing.replicas)
+    if _has_nvlink(inventory):
+        # Only when true, like a capability: "Exists" and "=true" selectors both work, and the
+        # label is removed when NVLink is gone (or topology could not be read).
+        labels[NVLINK] = "true"
+    counts = Counter(products)
+    labels[MIXED] = _bool(len(counts) > 1)
+    for name, count in sorted(counts.items()):
+        if name:
+            labels[_product_count_key(name)] = str(count)
+    return _with_timestamp(labels, now)
+
+
+def _with_timestamp(labels: dict[str, str], now: float | None) -> dict[str, str]:
+    if now is not None:
+        labels[TIMESTAMP] = str(int(now))
+    return dict(sorted(labels.items()))
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"

@@ -1,0 +1,150 @@
+"""``kubegpu labels``: label the node from its GPUs (composition root).
+
+Opens the GPU backend, watches GPU health, and runs the :class:`Labeller` against the chosen
+sink: an NFD feature file (``nfd``), the Node object through the Kubernetes API (``node``), or
+stdout. ``--once`` labels once and exits. Exit codes: 0 done or stopped, 1 the GPU backend
+cannot be opened, 2 the sink cannot be written with ``--once``.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from kubegpu.labels.sinks import DEFAULT_NFD_FEATURE_FILE, LabelSink
+
+log = logging.getLogger(__name__)
+
+
+def _sink(kind: str, nfd_file: Path, node_name: str) -> LabelSink:
+    from kubegpu.labels.sinks import NfdFeatureFileSink, NodeLabelSink, StdoutSink
+
+    if kind == "nfd":
+        return NfdFeatureFileSink(nfd_file)
+    if kind == "node":
+        import lightkube
+
+        # In-cluster service account, else KUBECONFIG / ~/.kube/config.
+        return NodeLabelSink(lightkube.Client(field_manager="kubegpu-labels"), node_name)
+    return StdoutSink(sys.stdout)
+
+
+@click.command("labels")
+@click.option(
+    "--backend", type=click.Choice(["auto", "nvml", "fake"]), default="auto", show_default=True
+)
+@click.option("--fake-gpus", default=None, help="Fake node: preset name or spec file.")
+@click.option(
+    "--sink",
+    type=click.Choice(["nfd", "node", "stdout"]),
+    default="stdout",
+    show_default=True,
+    help="Where the labels go.",
+)
+@click.option(
+    "--nfd-file",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_NFD_FEATURE_FILE,
+    show_default=True,
+    help="Feature file for --sink nfd.",
+)
+@click.option(
+    "--node-name",
+    envvar=["KUBEGPU_NODE_NAME", "NODE_NAME"],
+    default=None,
+    help="Node to label for --sink node (default: hostname).",
+)
+@click.option(
+    "--sharing-strategy",
+    default="none",
+    show_default=True,
+    help="Reported as nvidia.com/gpu.sharing-strategy.",
+)
+@click.option(
+    "--replicas",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Replicas per GPU, reported as nvidia.com/gpu.replicas.",
+)
+@click.option("--once", is_flag=True, help="Label once and exit.")
+@click.option("--no-timestamp", is_flag=True, help="Leave out kubegpu.io/labels.timestamp.")
+@click.option(
+    "--interval",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds between forced rewrites; changes are written within --poll.",
+)
+@click.option(
+    "--poll", type=float, default=10.0, show_default=True, help="Seconds between inventory checks."
+)
+def labels_command(
+    backend: str,
+    fake_gpus: str | None,
+    sink: str,
+    nfd_file: Path,
+    node_name: str | None,
+    sharing_strategy: str,
+    replicas: int,
+    once: bool,
+    no_timestamp: bool,
+    interval: float,
+    poll: float,
+) -> None:
+    """Label this node with its GPUs' model, memory, count, driver, health and topology."""
+    from kubegpu.exporter.cli import open_backend
+    from kubegpu.exporter.health import HealthFeed
+    from kubegpu.inventory.backend import InventoryError
+    from kubegpu.labels.catalogue import SharingSummary
+    from kubegpu.labels.labeller import Labeller
+
+    node = node_name or socket.gethostname()
+    try:
+        gpu_backend = open_backend(backend, fake_gpus)
+        inventory = gpu_backend.snapshot()
+    except (InventoryError, ValueError) as exc:
+        log.error("cannot open the GPU backend: %s", exc)
+        sys.exit(1)
+    health = HealthFeed()
+    labeller = Labeller(
+        inventory=gpu_backend.snapshot,
+        sink=_sink(sink, nfd_file, node),
+        health=health.healthy_map,
+        sharing=SharingSummary(strategy=sharing_strategy, replicas=replicas),
+        timestamp=not no_timestamp,
+        poll_s=poll,
+        resync_s=interval,
+    )
+    log.info(
+        "labels settings: node=%s backend=%s sink=%s gpus=%d once=%s",
+        node,
+        gpu_backend.name,
+        sink,
+        len(inventory.gpus),
+        once,
+    )
+    if once:
+        try:
+            labeller.refresh_once(force=True)
+        except Exception as exc:
+            log.error("node %s: writing labels failed: %s", node, exc)
+            sys.exit(2)
+        finally:
+            gpu_backend.close()
+        return
+    health.add_listener(labeller.notify)
+    health.watch(gpu_backend, [gpu.uuid for gpu in inventory.gpus])
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: labeller.stop())
+    thread = threading.Thread(target=labeller.run, name="kubegpu-labeller")
+    thread.start()
+    thread.join()
+    health.close()
+    gpu_backend.close()

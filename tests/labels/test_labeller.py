@@ -1,0 +1,169 @@
+"""The labeller keeps labels true: a label changes or disappears when its fact does, foreign
+labels stay, and writes happen on change, on notify, and on the periodic resync only."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import lightkube
+import pytest
+from lightkube.resources.core_v1 import Node
+
+from kubegpu.core.gpu import GpuUuid, NodeInventory
+from kubegpu.core.health import HealthEvent, HealthEventKind
+from kubegpu.exporter.health import HealthFeed
+from kubegpu.inventory.spec import resolve_fake_spec
+from kubegpu.labels.labeller import Labeller
+from kubegpu.labels.sinks import NfdFeatureFileSink, NodeLabelSink, parse_feature_file
+from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_767_225_600.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Inventory:
+    def __init__(self, preset: str) -> None:
+        self.current = resolve_fake_spec(preset).inventory
+
+    def __call__(self) -> NodeInventory:
+        return self.current
+
+
+@pytest.fixture
+def server() -> Iterator[ServerThread]:
+    with FakeApiServer().run_in_thread() as handle:
+        yield handle
+
+
+@pytest.fixture
+def client(server: ServerThread) -> Iterator[lightkube.Client]:
+    with server.client() as c:
+        c.create(Node.from_dict(make_node("gpu-a", labels={"team": "ml"})))
+        yield c
+
+
+def labels_of(client: lightkube.Client) -> dict[str, str]:
+    return dict(client.get(Node, "gpu-a").metadata.labels or {})
+
+
+def test_nvlink_label_is_removed_from_the_node_when_nvlink_is_gone(
+    client: lightkube.Client,
+) -> None:
+    inventory = Inventory("2xV100-2xT4")
+    labeller = Labeller(inventory=inventory, sink=NodeLabelSink(client, "gpu-a"), clock=FakeClock())
+    assert labeller.refresh_once()
+    assert labels_of(client)["kubegpu.io/gpu.nvlink"] == "true"
+
+    pcie_only = {
+        pair: dataclasses.replace(link, nvlinks=0) for pair, link in inventory.current.links.items()
+    }
+    inventory.current = dataclasses.replace(inventory.current, links=pcie_only)
+    assert labeller.refresh_once()
+    labels = labels_of(client)
+    assert "kubegpu.io/gpu.nvlink" not in labels
+    assert labels["team"] == "ml"  # never ours, never touched
+    assert labels["nvidia.com/gpu.count"] == "4"
+
+
+def test_model_labels_follow_a_node_that_stops_being_mixed(client: lightkube.Client) -> None:
+    inventory = Inventory("2xV100-2xT4")
+    labeller = Labeller(inventory=inventory, sink=NodeLabelSink(client, "gpu-a"), clock=FakeClock())
+    labeller.refresh_once()
+    assert "nvidia.com/gpu.product" not in labels_of(client)
+    t4s = tuple(g for g in inventory.current.gpus if g.product_name == "Tesla T4")
+    inventory.current = NodeInventory(gpus=t4s, driver_version=None)
+    labeller.refresh_once()
+    labels = labels_of(client)
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4"
+    assert labels["kubegpu.io/gpu.mixed"] == "false"
+    assert "kubegpu.io/gpu.product.Tesla-V100-SXM2-16GB" not in labels
+    assert not [k for k in labels if k.startswith("nvidia.com/cuda.")]  # driver unknown now
+
+
+def test_writes_on_change_and_on_resync_but_not_in_between(tmp_path: Path) -> None:
+    clock = FakeClock()
+    health: dict[GpuUuid, bool] = {}
+    inventory = Inventory("4xT4")
+    path = tmp_path / "kubegpu"
+    labeller = Labeller(
+        inventory=inventory,
+        sink=NfdFeatureFileSink(path),
+        health=lambda: health,
+        clock=clock,
+        resync_s=60,
+    )
+    assert labeller.refresh_once()
+    clock.now += 10
+    assert not labeller.refresh_once()  # only the timestamp would change
+    health[inventory.current.gpus[1].uuid] = False
+    assert labeller.refresh_once()
+    assert parse_feature_file(path.read_text())["kubegpu.io/gpu.healthy-count"] == "3"
+    clock.now += 30
+    assert not labeller.refresh_once()
+    clock.now += 30
+    assert labeller.refresh_once()  # periodic resync re-asserts the labels
+    assert parse_feature_file(path.read_text())["kubegpu.io/labels.timestamp"] == str(
+        int(clock.now)
+    )
+
+
+def test_running_labeller_relabels_at_once_when_a_gpu_turns_unhealthy(tmp_path: Path) -> None:
+    inventory = Inventory("4xT4")
+    uuids = [g.uuid for g in inventory.current.gpus]
+    feed = HealthFeed(uuids)
+    path = tmp_path / "kubegpu"
+    # Poll and resync far beyond the test's length: only notify() can cause the second write.
+    labeller = Labeller(
+        inventory=inventory,
+        sink=NfdFeatureFileSink(path),
+        health=feed.healthy_map,
+        poll_s=3600,
+        resync_s=3600,
+    )
+    feed.add_listener(labeller.notify)
+    thread = threading.Thread(target=labeller.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: path.exists())
+        assert parse_feature_file(path.read_text())["kubegpu.io/gpu.healthy-count"] == "4"
+        feed.record(HealthEvent(HealthEventKind.XID, uuids[0], xid=79))
+        wait_until(lambda: labeller.writes >= 2)
+        assert parse_feature_file(path.read_text())["kubegpu.io/gpu.healthy-count"] == "3"
+    finally:
+        labeller.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_a_failed_write_is_retried_on_the_next_tick(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    sink = NfdFeatureFileSink(blocker / "kubegpu")  # parent is a file: the write fails
+    labeller = Labeller(inventory=Inventory("4xT4"), sink=sink, poll_s=0.01)
+    thread = threading.Thread(target=labeller.run, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.05)
+        assert labeller.writes == 0
+        blocker.unlink()
+        wait_until(lambda: labeller.writes >= 1)
+    finally:
+        labeller.stop()
+        thread.join(10)
+    assert (blocker / "kubegpu").exists()
+
+
+def wait_until(condition: object, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.01)
