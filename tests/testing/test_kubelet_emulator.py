@@ -193,6 +193,27 @@ def test_a_new_registration_replaces_the_stream(
         second.stop()
 
 
+def test_an_old_stream_ending_after_reregistration_disconnects_the_new_endpoint(
+    plugin_dir: Path, kubelet: KubeletEmulator, plugin: PluginDouble
+) -> None:
+    """The kubelet's stream cleanup looks the client up by resource name (fact sheet 1.5).
+
+    A plugin that registers again while its old stream is still open loses its new endpoint
+    when the old stream ends; this is why plugins stop the old server before re-registering.
+    """
+    second = PluginDouble(plugin_dir, [FakeDevice("new-0")], socket_name="second.sock").serve()
+    try:
+        second.register()
+        kubelet.wait_for_devices(RESOURCE, lambda d: set(d) == {"new-0"}, timeout_s=5)
+        plugin.stop()  # the superseded stream ends now
+        update = kubelet.wait_for_devices(RESOURCE, lambda d: not all_healthy(d), timeout_s=5)
+        assert update.source == "disconnect"
+        assert update.devices == {"new-0": DeviceState("new-0", "Unhealthy")}
+        assert not kubelet.is_connected(RESOURCE)
+    finally:
+        second.stop()
+
+
 # -- allocation -----------------------------------------------------------------------------
 
 

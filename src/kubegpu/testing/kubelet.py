@@ -441,7 +441,8 @@ class KubeletEmulator:
         error = self._validate_and_connect(request)
         if error is not None:
             log.warning(
-                "rejected registration of %s (endpoint %s, version %s): %s",
+                "node %s: rejected registration of %s (endpoint %s, version %s): %s",
+                self.node_name,
                 request.resource_name,
                 request.endpoint,
                 request.version,
@@ -507,7 +508,8 @@ class KubeletEmulator:
             endpoint.thread.start()
             self._changed.notify_all()
         log.info(
-            "registered %s from endpoint %s (preferred allocation %s, pre-start %s)",
+            "node %s: registered %s from endpoint %s (preferred allocation %s, pre-start %s)",
+            self.node_name,
             registration.resource_name,
             registration.endpoint,
             registration.get_preferred_allocation_available,
@@ -564,7 +566,8 @@ class KubeletEmulator:
                 return
             self._record_update(resource, devices, received, "list_and_watch")
         log.debug(
-            "ListAndWatch update for %s: %d devices, %d healthy",
+            "node %s: ListAndWatch update for %s: %d devices, %d healthy",
+            self.node_name,
             resource,
             len(devices),
             sum(d.healthy for d in devices.values()),
@@ -606,7 +609,8 @@ class KubeletEmulator:
             }
             self._record_update(resource, unhealthy, self._clock(), "disconnect")
         log.warning(
-            "ListAndWatch ended unexpectedly for device plugin %s (endpoint %s): %s",
+            "node %s: ListAndWatch ended unexpectedly for device plugin %s (endpoint %s): %s",
+            self.node_name,
             resource,
             endpoint.registration.endpoint,
             reason,
@@ -836,7 +840,8 @@ class KubeletEmulator:
             self._allocations[key] = allocation
             self._changed.notify_all()
         log.info(
-            "allocated %s %s to pod %s/%s container %s",
+            "node %s: allocated %s %s to pod %s/%s container %s",
+            self.node_name,
             resource,
             ",".join(chosen),
             namespace,
