@@ -18,19 +18,19 @@ from typing import Any
 import click
 
 from kubegpu.core.metrics import MetricsSource
+from kubegpu.inventory.backend import GpuBackend
 
 log = logging.getLogger(__name__)
 
 
-def open_backend(kind: str, fake_gpus: str | None) -> Any:
-    """The GPU backend for ``--backend``: a fake node from a preset/spec file, or NVML."""
-    if kind == "fake" or (kind == "auto" and fake_gpus):
-        from kubegpu.inventory.fake import FakeGpuBackend
+def open_backend(kind: str, fake_gpus: str | None) -> GpuBackend:
+    """The GPU backend for ``--backend`` (the same rules as the device plugin's)."""
+    from kubegpu.inventory.select import BACKEND_KINDS
+    from kubegpu.inventory.select import open_backend as select_backend
 
-        return FakeGpuBackend.from_spec(fake_gpus or "8xA100-80GB-NVLink")
-    from kubegpu.inventory.select import open_backend as select_backend  # type: ignore[import-not-found,unused-ignore]
-
-    return select_backend(kind, fake_gpus=fake_gpus, fake_control=None)
+    if kind not in BACKEND_KINDS:
+        raise ValueError(f"unknown GPU backend {kind!r}")
+    return select_backend(kind, fake_gpus=fake_gpus)
 
 
 def metrics_source_for(backend: Any) -> MetricsSource:
