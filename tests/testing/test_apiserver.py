@@ -206,12 +206,27 @@ def test_label_selector_picks_the_matching_nodes(
     assert sorted(n.metadata.name for n in client.list(Node, labels=labels)) == expected
 
 
-def raw_get(server: ServerThread, path: str) -> tuple[int, dict[str, Any]]:
+def raw(
+    server: ServerThread,
+    path: str,
+    method: str = "GET",
+    body: bytes | None = None,
+    content_type: str = "application/json",
+) -> tuple[int, dict[str, Any]]:
+    """One plain HTTP request, for what lightkube cannot send (bad bodies, preconditions)."""
+    request = urllib.request.Request(
+        server.url + path, data=body, method=method, headers={"Content-Type": content_type}
+    )
     try:
-        with urllib.request.urlopen(server.url + path, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+        with error:
+            return error.code, json.loads(error.read())
+
+
+def raw_get(server: ServerThread, path: str) -> tuple[int, dict[str, Any]]:
+    return raw(server, path)
 
 
 def test_label_selector_accepts_double_equals_and_rejects_malformed_input(
@@ -526,3 +541,155 @@ def test_a_written_kubeconfig_file_points_lightkube_at_the_server(
     server.store.put("nodes", make_node("n1"))
     with lightkube.Client(KubeConfig.from_file(path), trust_env=False) as client:
         assert [n.metadata.name for n in client.list(Node)] == ["n1"]
+
+
+PODS = "/api/v1/namespaces/default/pods"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "content_type", "expected"),
+    [
+        ("POST", PODS, b"{not json", "application/json", (400, "BadRequest")),
+        (
+            "POST",
+            PODS,
+            json.dumps(make_node("n1")).encode(),
+            "application/json",
+            (400, "BadRequest"),
+        ),
+        ("POST", PODS, b"[1, 2]", "application/json", (400, "BadRequest")),
+        (
+            "POST",
+            PODS,
+            json.dumps(make_pod("p1")).encode(),
+            "text/plain",
+            (415, "UnsupportedMediaType"),
+        ),
+        (
+            "PATCH",
+            PODS + "/p0",
+            b"{}",
+            "application/apply-patch+yaml",
+            (415, "UnsupportedMediaType"),
+        ),
+        (
+            "PATCH",
+            PODS + "/p0",
+            b'{"op": "add"}',
+            "application/json-patch+json",
+            (400, "BadRequest"),
+        ),
+        (
+            "PUT",
+            PODS + "/other",
+            json.dumps(make_pod("p0")).encode(),
+            "application/json",
+            (400, "BadRequest"),
+        ),
+        (
+            "POST",
+            "/api/v1/namespaces/team/pods",
+            json.dumps(make_pod("p1")).encode(),
+            "application/json",
+            (400, "BadRequest"),
+        ),
+        ("GET", "/api/v1/widgets", None, "application/json", (404, "NotFound")),
+        ("GET", "/api/v1/namespaces/default/nodes", None, "application/json", (404, "NotFound")),
+        ("POST", PODS + "/p0", b"{}", "application/json", (405, "MethodNotAllowed")),
+        (
+            "GET",
+            PODS + "?watch=1&resourceVersion=abc",
+            None,
+            "application/json",
+            (400, "BadRequest"),
+        ),
+    ],
+    ids=[
+        "malformed-json",
+        "wrong-kind",
+        "not-an-object",
+        "wrong-media-type",
+        "apply-patch",
+        "bad-json-patch",
+        "name-mismatch",
+        "namespace-mismatch",
+        "unknown-resource",
+        "cluster-resource-in-namespace",
+        "post-to-an-object",
+        "non-numeric-version",
+    ],
+)
+def test_bad_requests_get_a_status_with_the_real_code_and_reason(
+    server: ServerThread,
+    method: str,
+    path: str,
+    body: bytes | None,
+    content_type: str,
+    expected: tuple[int, str],
+) -> None:
+    server.store.put("pods", make_pod("p0"))
+    code, status = raw(server, path, method, body, content_type)
+    assert (code, status["reason"]) == expected
+    assert (status["kind"], status["apiVersion"], status["status"]) == ("Status", "v1", "Failure")
+    assert status["code"] == code
+
+
+def test_a_body_over_the_size_limit_is_rejected_with_413() -> None:
+    with FakeApiServer(max_body_bytes=4096).run_in_thread() as server:
+        pod = make_pod("big", annotations={"filler": "x" * 8192})
+        code, status = raw(server, PODS, "POST", json.dumps(pod).encode())
+        assert (code, status["reason"]) == (413, "RequestEntityTooLarge")
+        assert server.store.get("pods", "default", "big") is None
+
+
+def test_delete_with_a_stale_resource_version_precondition_conflicts(
+    client: lightkube.Client,
+    server: ServerThread,
+) -> None:
+    created = client.create(ConfigMap(metadata=ObjectMeta(name="cm")))
+    client.patch(ConfigMap, "cm", {"data": {"k": "v"}})
+    options = {
+        "kind": "DeleteOptions",
+        "apiVersion": "v1",
+        "preconditions": {"resourceVersion": created.metadata.resourceVersion},
+    }
+    path = "/api/v1/namespaces/default/configmaps/cm"
+    code, status = raw(server, path, "DELETE", json.dumps(options).encode())
+    assert (code, status["reason"]) == (409, "Conflict")
+    options["preconditions"] = {
+        "resourceVersion": client.get(ConfigMap, "cm").metadata.resourceVersion
+    }
+    code, deleted = raw(server, path, "DELETE", json.dumps(options).encode())
+    assert code == 200
+    assert deleted["metadata"]["name"] == "cm"
+    assert server.store.get("configmaps", "default", "cm") is None
+
+
+def test_deleting_a_namespace_removes_what_is_in_it(client: lightkube.Client) -> None:
+    client.create(Namespace(metadata=ObjectMeta(name="team")))
+    client.create(Pod.from_dict(make_pod("p1", namespace="team")))
+    client.create(Pod.from_dict(make_pod("p1")))
+    client.delete(Namespace, "team")
+    assert [(p.metadata.namespace, p.metadata.name) for p in client.list(Pod, namespace="*")] == [
+        ("default", "p1")
+    ]
+
+
+def test_discovery_lists_the_served_resources_and_the_binding_subresource(
+    server: ServerThread,
+) -> None:
+    code, core = raw_get(server, "/api/v1")
+    assert code == 200
+    names = {r["name"] for r in core["resources"]}
+    assert {
+        "nodes",
+        "pods",
+        "pods/binding",
+        "pods/status",
+        "nodes/status",
+        "namespaces",
+        "events",
+        "configmaps",
+        "resourcequotas",
+    } <= names
+    assert raw_get(server, "/api")[1]["versions"] == ["v1"]

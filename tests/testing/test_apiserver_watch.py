@@ -273,3 +273,18 @@ def test_sync_client_watch_resumes_after_a_dropped_stream(thread_server: ServerT
         ("DELETED", "n1"),
     ]
     assert rest[0][1].metadata.labels["gpu"] == "ok"
+
+
+def test_writes_from_the_test_thread_reach_a_watch_served_on_the_server_thread(
+    thread_server: ServerThread,
+) -> None:
+    with thread_server.client() as client:
+        stream = client.watch(Node, resource_version=str(thread_server.store.resource_version))
+        thread_server.store.put("nodes", make_node("direct"))
+        thread_server.store.remove("nodes", None, "direct")
+        events = [next(stream), next(stream)]
+        stream.close()
+    assert [(kind, obj.metadata.name) for kind, obj in events] == [
+        ("ADDED", "direct"),
+        ("DELETED", "direct"),
+    ]
