@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import re
 
@@ -49,3 +50,12 @@ def check_backend(backend: GpuBackend) -> NodeInventory:
         finally:
             watcher.close()
     return first
+
+
+def nvml_present() -> bool:
+    """Whether this machine has the NVML library (tests about its absence skip otherwise)."""
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
