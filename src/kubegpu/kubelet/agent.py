@@ -257,6 +257,15 @@ class Agent:
             old.cancel()
 
         async def register() -> None:
+            if not self.kubelet_socket.exists():
+                # Nothing to retry against; the directory watch registers us when it appears.
+                log.info(
+                    "node %s resource %s: waiting for %s",
+                    self.node,
+                    server.resource_name,
+                    self.kubelet_socket,
+                )
+                return
             await retry_with_backoff(
                 server.register,
                 self.settings.backoff,

@@ -13,9 +13,12 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from kubegpu.inventory.backend import GpuBackend
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +43,10 @@ def _env(name: str, *nvidia: str) -> list[str]:
     return [f"KUBEGPU_{name}", *nvidia]
 
 
-def _open_backend(kind: str, fake_gpus: str | None, fake_control: Path | None) -> Any:
-    try:
-        from kubegpu.inventory.select import open_backend  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:  # TEMPORARY until the inventory selector lands
-        from kubegpu.inventory.fake import FakeGpuBackend
+def _open_backend(kind: str, fake_gpus: str | None, fake_control: Path | None) -> GpuBackend:
+    from kubegpu.inventory.select import BACKEND_KINDS, open_backend
 
-        return FakeGpuBackend.from_spec(fake_gpus or "", control_socket=fake_control)
+    assert kind in BACKEND_KINDS  # click.Choice already refused anything else
     return open_backend(kind, fake_gpus=fake_gpus, fake_control=fake_control)
 
 
