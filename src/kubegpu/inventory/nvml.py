@@ -146,6 +146,8 @@ class NvmlBackend:
         self._nvml: Any = nvml
         self._sysfs_root = sysfs_root
         self._lock = threading.Lock()
+        # Snapshots are serialised: each one reads and replaces the previous (see _last).
+        self._snapshot_lock = threading.Lock()
         self._initialised = False
         self._last: NodeInventory | None = None
 
@@ -194,6 +196,12 @@ class NvmlBackend:
         enumerating it and ids must stay stable); without one, the snapshot fails.
         """
         nvml = self._ready()
+        with self._snapshot_lock:
+            inventory = self._read_inventory(nvml)
+            self._last = inventory
+            return inventory
+
+    def _read_inventory(self, nvml: Any) -> NodeInventory:
         try:
             count = nvml.nvmlDeviceGetCount()
         except nvml.NVMLError as exc:
@@ -229,7 +237,6 @@ class NvmlBackend:
             )
         except nvml.NVMLError as exc:
             raise translate_nvml_error(nvml, exc, "reading GPU topology and versions") from exc
-        self._last = inventory
         return inventory
 
     def _previous(self, index: int) -> GpuDevice | None:
