@@ -358,6 +358,17 @@ def test_put_with_a_stale_resource_version_conflicts_and_without_one_succeeds(
     assert client.replace(node).metadata.labels == {"stale": "write"}
 
 
+def test_put_for_a_recreated_object_conflicts_on_its_uid(client: lightkube.Client) -> None:
+    node = client.create(Node.from_dict(make_node("n1")))
+    client.delete(Node, "n1")
+    client.create(Node.from_dict(make_node("n1")))
+    node.metadata.resourceVersion = None
+    with pytest.raises(ApiError) as excinfo:
+        client.replace(node)
+    assert api_error(excinfo) == (409, "Conflict")
+    assert "Precondition failed: UID" in excinfo.value.status.message
+
+
 def test_put_with_the_current_resource_version_succeeds(client: lightkube.Client) -> None:
     node = client.create(Node.from_dict(make_node("n1")))
     node.metadata.labels = {"fresh": "write"}

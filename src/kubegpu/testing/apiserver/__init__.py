@@ -6,6 +6,19 @@ resourceVersion, 409 on stale writes, label and field selectors, watch streams t
 a version or answer 410 Expired, merge / strategic / JSON patches and ``Status`` errors. Point a
 real client (lightkube) at it; nothing is mocked. Test hooks (direct store access, request
 counters, injected failures, dropped watches) sit beside it.
+
+Typical use::
+
+    async with FakeApiServer() as server:          # or: with FakeApiServer().run_in_thread()
+        server.store.put("nodes", make_node("node-a", extended={"nvidia.com/gpu": "8"}))
+        client = server.async_client()             # lightkube.AsyncClient, plain HTTP
+        ...
+        server.inject_failures("pods", "p1", code=409)   # the next write to p1 conflicts
+        server.drop_watches()                            # clients must re-watch
+
+Like kube-apiserver, a pods/binding POST answers with a ``v1.Status``, which lightkube's typed
+``PodBinding`` fails to decode (``msgspec.ValidationError``) after the bind happened; post the
+binding through a dict-typed resource class instead (see the tests).
 """
 
 from kubegpu.testing.apiserver.errors import StatusError

@@ -99,6 +99,9 @@ def update(
         wanted = meta.get("resourceVersion")
         if wanted and wanted != old["metadata"]["resourceVersion"]:
             raise errors.stale(rtype.plural, name, rtype.group)
+        # A uid in the body is a precondition too: it catches writes meant for an object that
+        # has since been deleted and recreated under the same name.
+        _check_preconditions(rtype, name, old, {"uid": meta.get("uid")})
         new = _next_state(rtype, old, obj, subresource)
         _validate(rtype, new)
         if rtype.kind == "Pod" and subresource is None:
