@@ -174,3 +174,12 @@ def test_backend_error_exits_one_with_its_message(tempdir: Path) -> None:
     assert plugin.proc.wait(30) == 1
     assert "no-such-preset" in plugin.log()
     plugin.stop()
+
+
+def test_without_fail_on_init_error_a_backend_error_idles_until_sigterm(tempdir: Path) -> None:
+    plugin = PluginProcess(
+        tempdir / "dp", preset="no-such-preset", extra=("--no-fail-on-init-error",)
+    )
+    plugin.wait_for_log("idling until stopped", timeout_s=30)
+    assert plugin.proc.poll() is None
+    assert plugin.stop() == 0

@@ -119,6 +119,7 @@ flags:
     deviceIDStrategy: index
     deviceListStrategy: [cdi-cri, cdi-annotations]
     cdiDir: {cdi_dir}
+    preStartContainer: true
 """,
     )
     node = Node(tempdir, preset="4xT4", config=config)
@@ -147,6 +148,12 @@ flags:
         names = {d["name"] for d in spec["devices"]}
         assert {"0", "1", "2", "3", "all"} == names
         assert not list(cdi_dir.glob(".*.tmp"))
+
+        # preStartContainer is on: the kubelet calls it before the container starts.
+        alloc = node.kubelet.allocate(RESOURCE, 1, pod_uid="pod-prestart")
+        assert alloc.pre_start_called
+        assert node.kubelet.start_container("pod-prestart", "main") == 1
+        node.plugin.wait_for_log("pre-start for devices", timeout_s=10)
     finally:
         assert node.close() == 0
     assert not list(cdi_dir.glob("*.json"))
