@@ -56,6 +56,14 @@ class ExporterSnapshot:
     shares: dict[PodKey, tuple[PodGpuShare, ...]] = field(default_factory=dict)
 
 
+def _describe(exc: Exception) -> str:
+    # grpc.RpcError's str() is a multi-line dump; its code and details are what an admin needs.
+    code, details = getattr(exc, "code", None), getattr(exc, "details", None)
+    if callable(code) and callable(details):
+        return f"{getattr(code(), 'name', code())}: {details()}"
+    return str(exc)
+
+
 def _in_daemon_thread(fn: Callable[[], _T], name: str) -> Future[_T]:
     # Not a ThreadPoolExecutor: its workers are joined at interpreter exit, and a hung NVML
     # call would then hang shutdown too. A daemon thread is abandoned instead.
@@ -193,7 +201,9 @@ class Refresher:
         except Exception as exc:
             self._fail("pod_resources")
             if self.pod_resources_ok is not False:
-                log.warning("node %s: kubelet PodResources unavailable: %s", self.node, exc)
+                log.warning(
+                    "node %s: kubelet PodResources unavailable: %s", self.node, _describe(exc)
+                )
             self.pod_resources_ok = False
             return None
         self.pod_resources_ok = True

@@ -1,0 +1,121 @@
+"""The pure arithmetic behind the pod metrics (``kubegpu.core.metrics``), as tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubegpu.core.gpu import GpuUuid
+from kubegpu.core.metrics import (
+    ContainerGpu,
+    DeviceAssignment,
+    GpuMetrics,
+    PodGpuShare,
+    PodKey,
+    ProcessGpuMemory,
+    allocation_by_gpu,
+    attribute_processes,
+    containers_by_gpu,
+    device_uuid,
+)
+
+A, B = GpuUuid("GPU-aaaa"), GpuUuid("GPU-bbbb")
+P, Q = PodKey("ns", "p"), PodKey("ns", "q")
+TOTAL = {A: 16_000, B: 16_000}
+
+
+@pytest.mark.parametrize(
+    ("device_id", "expected"),
+    [("GPU-aaaa", A), ("GPU-aaaa::3", A), ("GPU-cccc", None), ("MIG-1g.10gb", None), ("", None)],
+)
+def test_device_ids_resolve_to_their_physical_gpu(device_id: str, expected: GpuUuid | None) -> None:
+    assert device_uuid(device_id, [A, B]) == expected
+
+
+def test_replicas_of_one_gpu_in_one_container_count_as_slots() -> None:
+    r = "kubegpu.io/gpu"
+    holders = containers_by_gpu(
+        [
+            DeviceAssignment(P, "c", r, "GPU-aaaa::0"),
+            DeviceAssignment(P, "c", r, "GPU-aaaa::1"),
+            DeviceAssignment(P, "c", r, "GPU-bbbb"),
+            DeviceAssignment(P, "d", r, "GPU-unknown"),
+        ],
+        [A, B],
+    )
+    assert holders == (
+        ContainerGpu(P, "c", A, slots=2, exclusive=False),
+        ContainerGpu(P, "c", B, slots=1, exclusive=True),
+    )
+
+
+@pytest.mark.parametrize(
+    ("holders", "shares", "memory_a", "compute_a"),
+    [
+        pytest.param([], {}, 0, 0.0, id="idle"),
+        pytest.param([ContainerGpu(P, "c", A, 1, True)], {}, 16_000, 1.0, id="whole-gpu"),
+        pytest.param(
+            [ContainerGpu(P, "c", A, 1, True), ContainerGpu(P, "d", A, 1, True)],
+            {},
+            16_000,
+            1.0,
+            id="two-containers-of-one-pod-count-once",
+        ),
+        pytest.param(
+            [ContainerGpu(P, "c", A, 1, False), ContainerGpu(Q, "c", A, 1, False)],
+            {P: [PodGpuShare(A, 4000, 0.25)], Q: [PodGpuShare(A, 6000, 0.5)]},
+            10_000,
+            0.75,
+            id="shares-add-up",
+        ),
+        pytest.param(
+            [],
+            {P: [PodGpuShare(A, 4000, 0.25)]},
+            4000,
+            0.25,
+            id="share-without-a-kubelet-entry-still-counts",
+        ),
+        pytest.param(
+            [ContainerGpu(P, "c", A, 1, False)],
+            {},
+            None,
+            None,
+            id="replica-without-share",
+        ),
+        pytest.param(
+            [ContainerGpu(P, "c", A, 1, False)],
+            {P: [PodGpuShare(A, 4000, None)]},
+            4000,
+            None,
+            id="share-without-compute",
+        ),
+    ],
+)
+def test_allocation_per_gpu(
+    holders: list[ContainerGpu],
+    shares: dict[PodKey, list[PodGpuShare]],
+    memory_a: int | None,
+    compute_a: float | None,
+) -> None:
+    allocation = allocation_by_gpu(holders, shares, TOTAL)
+    assert (allocation[A].memory_bytes, allocation[A].compute_ratio) == (memory_a, compute_a)
+    assert (allocation[B].memory_bytes, allocation[B].compute_ratio) == (0, 0.0)
+
+
+def test_processes_are_summed_per_pod_and_unknown_memory_is_skipped() -> None:
+    metrics = [
+        GpuMetrics(
+            A,
+            processes=(
+                ProcessGpuMemory(1, 100),
+                ProcessGpuMemory(2, 50),
+                ProcessGpuMemory(3, None),
+                ProcessGpuMemory(4, 7),
+            ),
+        ),
+        GpuMetrics(B, processes=None),
+    ]
+    result = attribute_processes(metrics, {1: P, 2: P, 3: Q}, {P: [PodGpuShare(A, 120)]})
+    assert [(u.pod, u.uuid, u.memory_used_bytes, u.over_share) for u in result.per_pod] == [
+        (P, A, 150, True)
+    ]
+    assert result.unattributed_bytes == {A: 7}  # B cannot list processes: no claim about it
