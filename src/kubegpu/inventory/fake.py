@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import socket
 import socketserver
 import threading
@@ -247,8 +246,9 @@ class FakeGpuBackend:
         server.server_close()
         if thread is not None:
             thread.join(timeout=5)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(server.server_address)  # type: ignore[arg-type]
+        if self.control_socket is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.control_socket.unlink()
         self._server = self._server_thread = None
 
     def handle_command(self, request: object) -> dict[str, Any]:
