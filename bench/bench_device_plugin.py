@@ -83,7 +83,7 @@ def bench_preferred(preset: str, runs: int = 5) -> dict[str, float]:
             best = min(best, time.perf_counter() - start)
         per_size[size] = best * 1000
     worst = max(per_size, key=lambda k: per_size[k])
-    return {"gpus": len(uuids), "worst_ms": per_size[worst], "worst_size": worst}
+    return {"preset": preset, "gpus": len(uuids), "worst_ms": per_size[worst], "worst_size": worst}
 
 
 def run(allocate_calls: int) -> dict[str, Any]:
@@ -214,7 +214,7 @@ def main() -> None:
     print(f"Agent RSS: {r['idle_after_registration']:.1f} MiB after registration, "
           f"peak (VmHWM) {r['peak_vmhwm']:.1f} MiB")  # fmt: skip
     for p in result["preferred_allocation_search_ms"]:
-        print(f"best_gpu_set on {p['gpus']} GPUs: worst {p['worst_ms']:.3f} ms "
+        print(f"best_gpu_set on {p['preset']} ({p['gpus']} GPUs): worst {p['worst_ms']:.3f} ms "
               f"(size {p['worst_size']})")  # fmt: skip
     print(f"agent exit code on SIGTERM: {result['agent_exit_code']}")
 
