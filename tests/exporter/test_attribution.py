@@ -19,7 +19,7 @@ from kubegpu.core.metrics import (
 )
 
 A, B = GpuUuid("GPU-aaaa"), GpuUuid("GPU-bbbb")
-P, Q = PodKey("ns", "p"), PodKey("ns", "q")
+P, Q, R = PodKey("ns", "p"), PodKey("ns", "q"), PodKey("ns", "r")
 TOTAL = {A: 16_000, B: 16_000}
 
 
@@ -114,8 +114,10 @@ def test_processes_are_summed_per_pod_and_unknown_memory_is_skipped() -> None:
         ),
         GpuMetrics(B, processes=None),
     ]
-    result = attribute_processes(metrics, {1: P, 2: P, 3: Q}, {P: [PodGpuShare(A, 120)]})
+    shares = {P: [PodGpuShare(A, 120)], Q: [PodGpuShare(B, 10)], R: [PodGpuShare(A, 10)]}
+    result = attribute_processes(metrics, {1: P, 2: P, 3: Q}, shares)
     assert [(u.pod, u.uuid, u.memory_used_bytes, u.over_share) for u in result.per_pod] == [
-        (P, A, 150, True)
+        (P, A, 150, True),
+        (R, A, 0, False),  # idle pod with a share: not over it
     ]
     assert result.unattributed_bytes == {A: 7}  # B cannot list processes: no claim about it

@@ -9,7 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from kubegpu.core.health import HealthEvent, HealthEventKind
-from kubegpu.core.metrics import PodKey
+from kubegpu.core.metrics import PodGpuShare, PodKey
 from kubegpu.exporter.collector import GpuCollector
 from kubegpu.exporter.refresher import Refresher
 from tests.exporter.conftest import GIB, INFER_A, INFER_B, JOB, MIB, TRAINER, Node
@@ -194,4 +194,17 @@ def test_without_a_pod_directory_process_memory_counts_as_unattributed(node: Nod
     assert (
         registry.get_sample_value("kubegpu_pod_gpu_memory_used_bytes", pod_labels(node, INFER_B, 1))
         is None
+    )
+
+
+def test_an_idle_pod_with_a_share_reads_zero_use_and_not_over(node: Node) -> None:
+    idle = PodKey("web", "idle")
+    node.shares.current[idle] = [PodGpuShare(node.uuids[2], memory_bytes=2 * GIB)]
+    registry = scraped(node)
+    labels = pod_labels(node, idle, 2)
+    assert registry.get_sample_value("kubegpu_pod_gpu_memory_used_bytes", labels) == 0
+    assert registry.get_sample_value("kubegpu_pod_gpu_over_share", labels) == 0
+    assert (
+        registry.get_sample_value("kubegpu_gpu_allocated_memory_bytes", gpu_labels(node, 2))
+        == 2 * GIB
     )

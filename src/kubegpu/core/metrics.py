@@ -201,8 +201,12 @@ def attribute_processes(
     metrics: Sequence[GpuMetrics],
     pod_of_pid: Mapping[int, PodKey],
     shares: Mapping[PodKey, Sequence[PodGpuShare]],
+    *,
+    pods_resolvable: bool = True,
 ) -> ProcessAttribution:
-    """Sum each GPU's per-process memory by pod. Processes with unknown memory are skipped."""
+    """Sum each GPU's per-process memory by pod. Processes with unknown memory are skipped;
+    pods with a share on a GPU whose processes are listed get an entry even when idle, unless
+    ``pods_resolvable`` is false (PIDs could not be mapped to pods, so "idle" would be a guess)."""
     used: dict[tuple[PodKey, GpuUuid], int] = {}
     unattributed: dict[GpuUuid, int] = {}
     for gpu in metrics:
@@ -218,6 +222,12 @@ def attribute_processes(
             else:
                 key = (pod, gpu.uuid)
                 used[key] = used.get(key, 0) + proc.used_memory_bytes
+    # A pod with a share on a GPU whose processes we can list, but with none running there,
+    # uses 0 bytes: say so, so "over share" is 0 rather than absent for it.
+    for pod, pod_shares in shares.items() if pods_resolvable else ():
+        for grant in pod_shares:
+            if grant.uuid in unattributed:
+                used.setdefault((pod, grant.uuid), 0)
     per_pod = []
     for (pod, uuid), memory in sorted(used.items()):
         share = next((s for s in shares.get(pod, ()) if s.uuid == uuid), None)

@@ -175,7 +175,7 @@ class Refresher:
         known = [gpu.uuid for gpu in inventory.gpus]
         holders = self._read_holders(known)
         shares = self._read_shares()
-        pod_of_pid = self._read_pids(readings)
+        pod_of_pid, resolvable = self._read_pids(readings)
         memory_total = {gpu.uuid: gpu.memory_total_mib * 1024 * 1024 for gpu in inventory.gpus}
         snapshot = ExporterSnapshot(
             node=self.node,
@@ -187,7 +187,9 @@ class Refresher:
             allocation=(
                 {} if holders is None else allocation_by_gpu(holders, shares, memory_total)
             ),
-            attribution=attribute_processes(readings, pod_of_pid, shares),
+            attribution=attribute_processes(
+                readings, pod_of_pid, shares, pods_resolvable=resolvable
+            ),
             shares=shares,
         )
         self._latest = snapshot
@@ -217,18 +219,19 @@ class Refresher:
             log.exception("node %s: reading pod shares failed", self.node)
             return {}
 
-    def _read_pids(self, readings: tuple[GpuMetrics, ...]) -> dict[int, PodKey]:
+    def _read_pids(self, readings: tuple[GpuMetrics, ...]) -> tuple[dict[int, PodKey], bool]:
+        """PID -> pod for the GPU processes, and whether pods could be resolved at all."""
+        if self._pod_directory is None:
+            return {}, False
         pids = {p.pid for m in readings for p in (m.processes or ())}
-        if not pids or self._pod_directory is None:
-            return {}
         try:
             uids = self._pids.pod_uids(pids)
             pods = self._pod_directory.pods_by_uid()
         except Exception:
             self._fail("pods")
             log.exception("node %s: mapping GPU processes to pods failed", self.node)
-            return {}
-        return {pid: pods[uid] for pid, uid in uids.items() if uid in pods}
+            return {}, False
+        return {pid: pods[uid] for pid, uid in uids.items() if uid in pods}, True
 
     # -- background loop -------------------------------------------------------------------
 
