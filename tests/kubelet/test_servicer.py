@@ -1,0 +1,157 @@
+"""The gRPC servicer in-process, over a real unix socket, with a plain gRPC client."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+from grpc import aio
+
+from kubegpu.config import load_config
+from kubegpu.inventory.spec import resolve_fake_spec
+from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from kubegpu.kubelet.plugin import DevicePluginServicer, HealthBoard, PluginServer
+from kubegpu.kubelet.resources import build_plans
+from tests.kubelet.conftest import short_tempdir
+
+INV = resolve_fake_spec("8xV100-32GB-HybridCubeMesh").inventory
+
+
+class Served:
+    def __init__(self, server: PluginServer, stub: Any, board: HealthBoard) -> None:
+        self.server = server
+        self.stub = stub
+        self.board = board
+
+
+async def serve(**overrides: Any) -> tuple[PluginServer, aio.Channel, HealthBoard]:
+    config = load_config(None, overrides)
+    (plan,) = build_plans(config, INV)
+    board = HealthBoard()
+    server = PluginServer(
+        DevicePluginServicer(plan, INV, config, board, "unit-node"), short_tempdir()
+    )
+    await server.start()
+    channel = aio.insecure_channel(f"unix://{server.socket_path}")
+    return server, channel, board
+
+
+@pytest.fixture
+async def whole() -> AsyncIterator[Served]:
+    server, channel, board = await serve()
+    yield Served(server, api_pb2_grpc.DevicePluginStub(channel), board)
+    await channel.close()
+    await server.stop()
+    assert not server.socket_path.exists()
+    shutil.rmtree(server.kubelet_dir, ignore_errors=True)
+
+
+@pytest.fixture
+async def replicated() -> AsyncIterator[Served]:
+    server, channel, board = await serve(
+        **{
+            "sharing.timeSlicing.resources": [{"name": "nvidia.com/gpu", "replicas": 2}],
+            "flags.plugin.preStartContainer": True,
+        }
+    )
+    yield Served(server, api_pb2_grpc.DevicePluginStub(channel), board)
+    await channel.close()
+    await server.stop()
+    shutil.rmtree(server.kubelet_dir, ignore_errors=True)
+
+
+async def test_options_advertise_preferred_allocation_and_prestart_per_config(
+    whole: Served, replicated: Served
+) -> None:
+    plain = await whole.stub.GetDevicePluginOptions(api_pb2.Empty())
+    assert plain.get_preferred_allocation_available and not plain.pre_start_required
+    shared = await replicated.stub.GetDevicePluginOptions(api_pb2.Empty())
+    assert shared.pre_start_required
+    await replicated.stub.PreStartContainer(
+        api_pb2.PreStartContainerRequest(devices_ids=[f"{INV.gpus[0].uuid}::0"])
+    )
+
+
+async def test_allocate_answers_every_container_request_in_order(whole: Served) -> None:
+    u = [g.uuid for g in INV.gpus]
+    response = await whole.stub.Allocate(
+        api_pb2.AllocateRequest(
+            container_requests=[
+                api_pb2.ContainerAllocateRequest(devices_ids=[u[3]]),
+                api_pb2.ContainerAllocateRequest(devices_ids=[u[5], u[1]]),
+            ]
+        )
+    )
+    visible = [r.envs["NVIDIA_VISIBLE_DEVICES"] for r in response.container_responses]
+    assert visible == [u[3], f"{u[1]},{u[5]}"]
+
+
+async def test_preferred_allocation_answers_each_container_with_must_include(
+    whole: Served,
+) -> None:
+    u = [g.uuid for g in INV.gpus]
+    response = await whole.stub.GetPreferredAllocation(
+        api_pb2.PreferredAllocationRequest(
+            container_requests=[
+                api_pb2.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=u, must_include_deviceIDs=[u[6]], allocation_size=2
+                ),
+                api_pb2.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=u[:4], allocation_size=4
+                ),
+            ]
+        )
+    )
+    first, second = (list(r.deviceIDs) for r in response.container_responses)
+    assert u[6] in first and len(first) == 2
+    assert sorted(second) == sorted(u[:4])
+
+
+async def test_preferred_allocation_larger_than_available_is_invalid_argument(
+    whole: Served,
+) -> None:
+    u = [g.uuid for g in INV.gpus]
+    with pytest.raises(aio.AioRpcError) as err:
+        await whole.stub.GetPreferredAllocation(
+            api_pb2.PreferredAllocationRequest(
+                container_requests=[
+                    api_pb2.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=u[:2], allocation_size=3
+                    )
+                ]
+            )
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_stream_sends_a_full_list_on_every_health_change(replicated: Served) -> None:
+    stream = replicated.stub.ListAndWatch(api_pb2.Empty())
+    first = await asyncio.wait_for(stream.read(), 10)
+    assert len(first.devices) == 16
+    assert all(d.health == "Healthy" for d in first.devices)
+    assert {d.topology.nodes[0].ID for d in first.devices} == {0, 1}
+
+    bad = INV.gpus[5].uuid
+    replicated.board.set(bad, False, "Xid 79")
+    second = await asyncio.wait_for(stream.read(), 10)
+    assert len(second.devices) == 16
+    assert {d.ID for d in second.devices if d.health == "Unhealthy"} == {f"{bad}::0", f"{bad}::1"}
+
+    replicated.board.set(bad, True, "recovered")
+    third = await asyncio.wait_for(stream.read(), 10)
+    assert all(d.health == "Healthy" for d in third.devices)
+    stream.cancel()
+
+
+async def test_unary_calls_are_answered_while_streams_are_open(whole: Served) -> None:
+    streams = [whole.stub.ListAndWatch(api_pb2.Empty()) for _ in range(20)]
+    for s in streams:
+        await asyncio.wait_for(s.read(), 10)
+    options = await asyncio.wait_for(whole.stub.GetDevicePluginOptions(api_pb2.Empty()), 10)
+    assert options.get_preferred_allocation_available
+    for s in streams:
+        s.cancel()
