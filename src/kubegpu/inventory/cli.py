@@ -17,7 +17,7 @@ from kubegpu.core.gpu import GpuDevice, NodeInventory, PcieLink
 from kubegpu.inventory.backend import GpuBackend, InventoryError
 from kubegpu.inventory.fake import FakeControlError, FakeGpuBackend, send_fake_gpu_command
 from kubegpu.inventory.select import BACKEND_KINDS, BackendKind, open_backend
-from kubegpu.inventory.spec import FakeSpecError
+from kubegpu.inventory.spec import FakeSpecError, list_presets
 
 EXIT_UNAVAILABLE = 1
 EXIT_USAGE = 2
@@ -41,7 +41,7 @@ def _fail(message: str, code: int) -> NoReturn:
     "--fake-gpus",
     metavar="NAME|PATH",
     default=None,
-    help="Fake node for --backend fake: a preset name or a spec YAML file.",
+    help=f"For --backend fake: a YAML spec file or a preset ({', '.join(list_presets())}).",
 )
 @click.option(
     "-o",
