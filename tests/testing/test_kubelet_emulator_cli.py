@@ -76,10 +76,20 @@ def test_once_registers_lists_devices_allocates_and_cleans_up() -> None:
 def test_a_given_kubelet_dir_is_left_without_sockets() -> None:
     directory = Path(tempfile.mkdtemp(prefix="kg-node-"))
     try:
-        result = run_once("--fake-gpus", "4xT4", "--allocate", "1", "--kubelet-dir", str(directory))
+        result = run_once(
+            "--fake-gpus",
+            "4xT4",
+            "--allocate",
+            "1",
+            "--kubelet-dir",
+            str(directory / "device-plugins"),
+            "--pod-resources-socket",
+            str(directory / "pod-resources.sock"),
+        )
         assert result.returncode == 0, result.stdout + result.stderr
+        assert f"pod resources API: {directory / 'pod-resources.sock'}" in result.stdout
         assert re.search(r"^allocated 1 x nvidia\.com/gpu", result.stdout, re.MULTILINE)
-        assert [p.name for p in directory.iterdir() if p.is_socket()] == []
+        assert [p.name for p in directory.rglob("*") if p.is_socket()] == []
         assert "sockets left" not in result.stderr
     finally:
         shutil.rmtree(directory, ignore_errors=True)

@@ -246,6 +246,12 @@ def _sigterm_as_keyboard_interrupt() -> Iterator[None]:
     help="Seconds to wait for the plugin to register.",
 )
 @click.option(
+    "--pod-resources-socket",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also serve the kubelet's PodResources v1 API on this unix socket.",
+)
+@click.option(
     "--plugin-logs/--no-plugin-logs",
     default=False,
     show_default=True,
@@ -266,6 +272,7 @@ def emulate_node(
     resource: str | None,
     once: bool,
     timeout_s: float,
+    pod_resources_socket: Path | None,
     plugin_logs: bool,
     plugin_args: tuple[str, ...],
 ) -> None:
@@ -278,7 +285,7 @@ def emulate_node(
     fake_control = session / "fake-gpu.sock"
     exit_code = 0
     process: subprocess.Popen[bytes] | None = None
-    emulator = KubeletEmulator(directory)
+    emulator = KubeletEmulator(directory, pod_resources_socket=pod_resources_socket)
     resources = contextlib.ExitStack()
     log_file: IO[bytes] | None = (
         None if plugin_logs else resources.enter_context(tempfile.TemporaryFile())  # noqa: SIM115
@@ -287,6 +294,8 @@ def emulate_node(
         with _sigterm_as_keyboard_interrupt():
             emulator.start()
             click.echo(f"kubelet emulator: {emulator.kubelet_socket}")
+            if pod_resources_socket is not None:
+                click.echo(f"pod resources API: {pod_resources_socket}")
             command = _plugin_command(fake_gpus, directory, fake_control, log_level, plugin_args)
             process = subprocess.Popen(
                 command,
