@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from kubegpu.core.gpu import GpuUuid
-from kubegpu.core.health import HealthEvent, HealthEventKind
+from kubegpu.core.health import HealthCheckPolicy, HealthEvent, HealthEventKind
 from kubegpu.core.metrics import HealthTally, tally_event
 from kubegpu.exporter.health import HealthFeed
 from kubegpu.inventory.fake import FakeGpuBackend
@@ -55,3 +55,22 @@ def test_feed_watching_the_fake_backend_sees_injected_xids_and_tells_listeners()
     finally:
         feed.close()
         backend.close()
+
+
+def test_the_device_plugins_policy_decides_which_xids_are_critical() -> None:
+    policy = HealthCheckPolicy(disabled_xids=frozenset({79}), enabled_xids=frozenset({13}))
+    tally = tally_event(HealthTally(), HealthEvent(HealthEventKind.XID, A, xid=79), [A], policy)
+    assert tally.healthy(A)  # disabled by the policy, still counted
+    assert tally.xid_counts == {(A, 79): 1}
+    tally = tally_event(tally, HealthEvent(HealthEventKind.XID, A, xid=13), [A], policy)
+    assert not tally.healthy(A)  # an application Xid the admin made critical
+
+
+def test_an_authoritative_verdict_overrides_the_fold() -> None:
+    feed = HealthFeed([A, B])
+    feed.record(HealthEvent(HealthEventKind.XID, A, xid=79))
+    assert feed.healthy_map() == {A: False, B: True}
+    feed.set_healthy(A, True)  # the agent's monitor saw it recover after healthy checks
+    feed.set_healthy(B, False)
+    assert feed.healthy_map() == {A: True, B: False}
+    assert feed.tally().xid_counts == {(A, 79): 1}

@@ -17,7 +17,11 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from kubegpu.core.gpu import GpuUuid
-from kubegpu.core.health import APPLICATION_XIDS, HealthEvent, HealthEventKind
+from kubegpu.core.health import (
+    HealthCheckPolicy,
+    HealthEvent,
+    HealthEventKind,
+)
 
 
 @dataclass(frozen=True)
@@ -242,6 +246,9 @@ def attribute_processes(
     return ProcessAttribution(per_pod=tuple(per_pod), unattributed_bytes=unattributed)
 
 
+_DEFAULT_POLICY = HealthCheckPolicy()
+
+
 @dataclass(frozen=True)
 class HealthTally:
     """Health and Xid counts folded from the health-event stream."""
@@ -252,21 +259,30 @@ class HealthTally:
     def healthy(self, uuid: GpuUuid) -> bool:
         return uuid not in self.unhealthy
 
+    def with_health(self, uuid: GpuUuid, healthy: bool) -> HealthTally:
+        """The verdict of an authoritative judge (the node agent's health monitor)."""
+        unhealthy = self.unhealthy - {uuid} if healthy else self.unhealthy | {uuid}
+        return replace(self, unhealthy=unhealthy)
 
-def tally_event(tally: HealthTally, event: HealthEvent, all_gpus: Iterable[GpuUuid]) -> HealthTally:
-    """Fold one event. An Xid outside :data:`APPLICATION_XIDS` or a lost GPU makes the GPU
-    unhealthy (the device plugin's rule); ``RECOVERED`` makes it healthy again. Every Xid is
-    counted, application ones included, because they are what users debug."""
+
+def tally_event(
+    tally: HealthTally,
+    event: HealthEvent,
+    all_gpus: Iterable[GpuUuid],
+    policy: HealthCheckPolicy = _DEFAULT_POLICY,
+) -> HealthTally:
+    """Fold one event. An event the device plugin's :class:`HealthCheckPolicy` calls critical
+    (by default: a lost GPU, or an Xid outside ``APPLICATION_XIDS``) makes the GPU unhealthy;
+    ``RECOVERED`` makes it healthy again. Every Xid with a code is counted, application ones
+    included, because they are what users debug."""
     targets = frozenset(all_gpus) if event.uuid is None else frozenset({event.uuid})
     if event.kind is HealthEventKind.XID and event.xid is not None:
         counts = dict(tally.xid_counts)
         for uuid in targets:
             counts[(uuid, event.xid)] = counts.get((uuid, event.xid), 0) + 1
         tally = replace(tally, xid_counts=counts)
-        if event.xid not in APPLICATION_XIDS:
-            tally = replace(tally, unhealthy=tally.unhealthy | targets)
-    elif event.kind is HealthEventKind.LOST:
+    if event.kind is HealthEventKind.RECOVERED:
+        return replace(tally, unhealthy=tally.unhealthy - targets)
+    if policy.is_critical(event):
         tally = replace(tally, unhealthy=tally.unhealthy | targets)
-    elif event.kind is HealthEventKind.RECOVERED:
-        tally = replace(tally, unhealthy=tally.unhealthy - targets)
     return tally

@@ -1,7 +1,8 @@
 """A thread-safe running tally of GPU health and Xid counts, fed by health events.
 
-Inside the node agent, the agent's own health loop calls :meth:`HealthFeed.record` so the GPUs
-are watched once. Run standalone (``kubegpu exporter`` / ``kubegpu labels``),
+Inside the node agent, the agent forwards its health monitor's verdicts with
+:meth:`HealthFeed.set_healthy` (and any raw events it sees with :meth:`HealthFeed.record`, which
+is what the Xid counters count). Run standalone (``kubegpu exporter`` / ``kubegpu labels``),
 :meth:`HealthFeed.watch` opens one watcher thread per GPU on the backend. Listeners are told
 after each event (the labeller relabels at once when health changes).
 """
@@ -13,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from kubegpu.core.gpu import GpuUuid
-from kubegpu.core.health import HealthEvent
+from kubegpu.core.health import HealthCheckPolicy, HealthEvent
 from kubegpu.core.metrics import HealthTally, tally_event
 from kubegpu.inventory.backend import GpuBackend
 
@@ -21,7 +22,10 @@ log = logging.getLogger(__name__)
 
 
 class HealthFeed:
-    def __init__(self, gpus: Iterable[GpuUuid] = ()) -> None:
+    def __init__(
+        self, gpus: Iterable[GpuUuid] = (), policy: HealthCheckPolicy | None = None
+    ) -> None:
+        self._policy = policy or HealthCheckPolicy()
         self._lock = threading.Lock()
         self._tally = HealthTally()
         self._gpus = tuple(gpus)
@@ -34,7 +38,17 @@ class HealthFeed:
 
     def record(self, event: HealthEvent) -> None:
         with self._lock:
-            self._tally = tally_event(self._tally, event, self._gpus)
+            self._tally = tally_event(self._tally, event, self._gpus, self._policy)
+        self._notify()
+
+    def set_healthy(self, uuid: GpuUuid, healthy: bool) -> None:
+        """Take a health verdict from an authoritative judge: inside the node agent, its
+        HealthMonitor's ``on_change`` (which applies recovery rules this tally does not)."""
+        with self._lock:
+            self._tally = self._tally.with_health(uuid, healthy)
+        self._notify()
+
+    def _notify(self) -> None:
         for listener in self._listeners:
             listener()
 

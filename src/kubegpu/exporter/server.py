@@ -21,7 +21,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from kubegpu.core.gpu import NodeInventory
+from kubegpu.core.gpu import GpuUuid, NodeInventory
 from kubegpu.core.health import HealthEvent
 from kubegpu.core.metrics import MetricsSource
 from kubegpu.exporter.cgroups import ProcPodResolver
@@ -109,8 +109,12 @@ class RunningExporter:
         return f"http://{host}:{self.port}"
 
     def record_health_event(self, event: HealthEvent) -> None:
-        """For the node agent: feed the events its own health loop sees."""
+        """For the node agent: a raw health event (counted by Xid, folded into health)."""
         self.health.record(event)
+
+    def set_gpu_health(self, uuid: GpuUuid, healthy: bool) -> None:
+        """For the node agent: its health monitor's verdict, which wins over the fold."""
+        self.health.set_healthy(uuid, healthy)
 
     def stop(self) -> None:
         self._server.shutdown()
