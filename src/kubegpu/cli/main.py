@@ -27,6 +27,14 @@ def register(name: str, target: str) -> None:
 
 
 # One line per subcommand: name -> the click command in the feature's own package.
+register("device-plugin", "kubegpu.kubelet.cli:device_plugin")
+register("emulate-node", "kubegpu.testing.emulate_node:emulate_node")
+register("simulate", "kubegpu.simulate.command:simulate")
+register("labels", "kubegpu.labels.cli:labels_command")
+register("exporter", "kubegpu.exporter.cli:exporter_command")
+register("fake-apiserver", "kubegpu.testing.apiserver.cli:fake_apiserver")
+register("discover", "kubegpu.inventory.cli:discover")
+register("fake-gpu", "kubegpu.inventory.cli:fake_gpu")
 
 
 class LazyGroup(click.Group):
