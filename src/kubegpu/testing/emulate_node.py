@@ -333,7 +333,8 @@ def emulate_node(
             if not once:
                 click.echo(f"fake GPU control socket: {fake_control}")
                 click.echo(
-                    'break a GPU by sending it a JSON line: {"op": "xid", "gpu": 0, "xid": 79}'
+                    f"break a GPU from another terminal: kubegpu fake-gpu xid --control "
+                    f"{fake_control} --gpu 0 --xid 79"
                 )
                 click.echo("watching device health; Ctrl-C to stop")
                 exit_code = watch(emulator, process)
