@@ -174,6 +174,7 @@ class Agent:
         self._cdi_kind: str | None = None
         self._kubelet_socket: tuple[int, int] | None = None
         self.registered_count = 0  # successful Register calls, for logs and tests
+        self._delayed: set[asyncio.Task[None]] = set()
 
     @property
     def kubelet_socket(self) -> Path:
@@ -196,25 +197,34 @@ class Agent:
             self._write_cdi()
             self._kubelet_socket = socket_identity(self.kubelet_socket)
             await self._start_servers()
+            failures = 0
             while True:
-                event = await self.events.get()
-                pending = [event]
+                pending = {await self.events.get()}
                 while not self.events.empty():
-                    pending.append(self.events.get_nowait())
+                    pending.add(self.events.get_nowait())
                 if Event.STOP in pending:
                     log.info("node %s: stopping", self.node)
                     break
-                if Event.RELOAD in pending:
-                    await self._reload()
-                elif Event.KUBELET_RESTARTED in pending:
-                    log.info("node %s: kubelet restarted; re-registering", self.node)
-                    await self._restart_servers()
-                elif Event.SOCKET_LOST in pending:
-                    await self._restart_lost_servers()
+                try:
+                    await self._handle(pending)
+                    failures = 0
+                except (OSError, RuntimeError) as err:
+                    # E.g. the directory vanished under us: try again later, never give up.
+                    delay = self.settings.backoff.delay(failures)
+                    failures += 1
+                    log.error(
+                        "node %s: handling %s failed: %s; retrying in %.2fs",
+                        self.node,
+                        sorted(e.value for e in pending),
+                        err,
+                        delay,
+                    )
+                    self._later(delay, Event.KUBELET_RESTARTED)
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            for task in [watcher, *self._delayed]:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             for sig in signals:
                 loop.remove_signal_handler(sig)
             await self._stop_servers()
@@ -222,20 +232,46 @@ class Agent:
             self._remove_cdi()
         return 0
 
+    async def _handle(self, pending: set[Event]) -> None:
+        # Several events may arrive together; a reload that restarted everything covers a
+        # kubelet restart and a lost socket, and a full restart covers a lost socket.
+        if Event.RELOAD in pending and await self._reload():
+            return
+        if Event.KUBELET_RESTARTED in pending:
+            log.info("node %s: kubelet restarted; re-registering", self.node)
+            await self._restart_servers()
+        elif Event.SOCKET_LOST in pending:
+            await self._restart_lost_servers()
+
+    def _later(self, delay_s: float, event: Event) -> None:
+        async def post() -> None:
+            await self._sleep(delay_s)
+            self.events.put_nowait(event)
+
+        task = asyncio.create_task(post(), name=f"later {event.value}")
+        self._delayed.add(task)
+        task.add_done_callback(self._delayed.discard)
+
     # -- watching ----------------------------------------------------------------------------
 
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self.settings.poll_interval_s)
-            current = socket_identity(self.kubelet_socket)
-            if current != self._kubelet_socket:
-                self._kubelet_socket = current
-                if current is not None:
-                    self.events.put_nowait(Event.KUBELET_RESTARTED)
-                    continue
-                log.warning("node %s: %s disappeared; waiting", self.node, self.kubelet_socket)
-            if any(not s.socket_intact() for s in self.servers):
-                self.events.put_nowait(Event.SOCKET_LOST)
+            try:
+                self._observe()
+            except OSError as err:  # a stat that fails oddly must not end the watch
+                log.error("node %s: cannot watch %s: %s", self.node, self.kubelet_socket, err)
+
+    def _observe(self) -> None:
+        current = socket_identity(self.kubelet_socket)
+        if current != self._kubelet_socket:
+            self._kubelet_socket = current
+            if current is not None:
+                self.events.put_nowait(Event.KUBELET_RESTARTED)
+                return
+            log.warning("node %s: %s disappeared; waiting", self.node, self.kubelet_socket)
+        if any(not s.socket_intact() for s in self.servers):
+            self.events.put_nowait(Event.SOCKET_LOST)
 
     # -- servers -------------------------------------------------------------------------------
 
@@ -372,7 +408,8 @@ class Agent:
 
     # -- reload ----------------------------------------------------------------------------------
 
-    async def _reload(self) -> None:
+    async def _reload(self) -> bool:
+        """Re-read the config; True when it changed and every server was restarted."""
         try:
             new = load_config(self.settings.config_path, self.settings.overrides)
             plans = build_plans(new, self.inventory)
@@ -380,10 +417,10 @@ class Agent:
             log.error(
                 "node %s: config reload rejected, keeping the running config: %s", self.node, err
             )
-            return
+            return False
         if new == self.config:
             log.info("node %s: config reloaded; unchanged", self.node)
-            return
+            return False
         log.info("node %s: config changed; restarting with %s", self.node, render_config(new))
         await self._stop_servers()
         self._remove_cdi()
@@ -394,3 +431,4 @@ class Agent:
             self._start_health()
         self._write_cdi()
         await self._start_servers()
+        return True
