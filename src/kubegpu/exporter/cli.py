@@ -65,6 +65,13 @@ def parse_listen(value: str) -> tuple[str, int]:
 )
 @click.option("--no-pod-resources", is_flag=True, help="Do not query the kubelet.")
 @click.option(
+    "--pod-directory",
+    type=click.Choice(["logs", "api"]),
+    default="logs",
+    show_default=True,
+    help="Name pods by UID from the kubelet's log directory, or from the API server.",
+)
+@click.option(
     "--pod-log-dir",
     type=click.Path(path_type=Path),
     default=Path("/var/log/pods"),
@@ -100,6 +107,7 @@ def exporter_command(
     fake_gpus: str | None,
     pod_resources_socket: Path,
     no_pod_resources: bool,
+    pod_directory: str,
     pod_log_dir: Path,
     proc: Path,
     node_name: str | None,
@@ -108,7 +116,12 @@ def exporter_command(
 ) -> None:
     """Serve per-GPU and per-pod GPU metrics for Prometheus on /metrics."""
     from kubegpu.exporter.health import HealthFeed
-    from kubegpu.exporter.pods import KubeletPodResources, PodLogDirectory
+    from kubegpu.exporter.pods import (
+        KubeletPodResources,
+        KubeNodePods,
+        PodDirectory,
+        PodLogDirectory,
+    )
     from kubegpu.exporter.server import ExporterSettings, start_exporter
     from kubegpu.inventory.backend import InventoryError
 
@@ -121,6 +134,13 @@ def exporter_command(
         log.error("cannot open the GPU backend: %s", exc)
         sys.exit(1)
     metrics = metrics_source_for(gpu_backend)
+    directory: PodDirectory
+    if pod_directory == "api":
+        import lightkube
+
+        directory = KubeNodePods(lightkube.Client(field_manager="kubegpu-exporter"), node)
+    else:
+        directory = PodLogDirectory(pod_log_dir)
     health = HealthFeed()
     health.watch(gpu_backend, [gpu.uuid for gpu in inventory.gpus])
     settings = ExporterSettings(
@@ -133,20 +153,20 @@ def exporter_command(
         proc=proc,
     )
     log.info(
-        "exporter settings: node=%s listen=%s:%d backend=%s pod_resources=%s pod_log_dir=%s",
+        "exporter settings: node=%s listen=%s:%d backend=%s pod_resources=%s pods from %s",
         node,
         host,
         port,
         gpu_backend.name,
         "off" if no_pod_resources else pod_resources_socket,
-        pod_log_dir,
+        "the API server" if pod_directory == "api" else pod_log_dir,
     )
     running = start_exporter(
         settings,
         inventory=gpu_backend.snapshot,
         metrics=metrics,
         pod_resources=None if no_pod_resources else KubeletPodResources(pod_resources_socket),
-        pod_directory=PodLogDirectory(pod_log_dir),
+        pod_directory=directory,
         health=health,
     )
     stop = threading.Event()

@@ -7,14 +7,17 @@
   ``/var/log/pods/<namespace>_<name>_<uid>`` (names and namespaces cannot contain ``_``, so
   the split is unambiguous), which needs no API-server access.
 * :class:`PodShareLookup` — the share of a GPU each pod was granted on shared GPUs. The format
-  of the share annotation belongs to the sharing feature, which supplies the real lookup;
-  until then :class:`NoShares` is the default and :class:`StaticShares` serves tests.
+  of the share annotation belongs to the sharing feature, which supplies the parser;
+  :class:`KubeNodePods` lists the node's pods through lightkube and applies it (it is also a
+  :class:`PodDirectory`). :class:`NoShares` is the default and :class:`StaticShares` serves
+  tests.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -147,3 +150,72 @@ class StaticShares:
 
     def shares(self) -> Mapping[PodKey, Sequence[PodGpuShare]]:
         return self.current
+
+
+ShareParser = Callable[[Mapping[str, str]], Sequence[PodGpuShare]]
+
+
+class KubeNodePods:
+    """The node's pods from the API server (``spec.nodeName=<node>``), as a pod directory
+    and, given the sharing feature's annotation parser, as a share lookup.
+
+    One list serves both roles for ``max_age_s`` so a refresh costs one API call. A pod whose
+    annotation does not parse has no share (logged), rather than failing the refresh.
+    """
+
+    def __init__(
+        self,
+        client: Any,  # lightkube.Client
+        node_name: str,
+        parse_shares: ShareParser | None = None,
+        *,
+        max_age_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.node_name = node_name
+        self.parse_shares = parse_shares
+        self.max_age_s = max_age_s
+        self.clock = clock
+        self._cached: list[tuple[str, PodKey, dict[str, str]]] | None = None
+        self._cached_at = 0.0
+
+    def _pods(self) -> list[tuple[str, PodKey, dict[str, str]]]:
+        now = self.clock()
+        if self._cached is None or now - self._cached_at >= self.max_age_s:
+            from lightkube.resources.core_v1 import Pod
+
+            pods = []
+            for pod in self.client.list(
+                Pod, namespace="*", fields={"spec.nodeName": self.node_name}
+            ):
+                meta = pod.metadata
+                if meta is None or not meta.uid or not meta.name or not meta.namespace:
+                    continue
+                key = PodKey(namespace=meta.namespace, name=meta.name)
+                pods.append((meta.uid.lower(), key, dict(meta.annotations or {})))
+            self._cached, self._cached_at = pods, now
+        return self._cached
+
+    def pods_by_uid(self) -> dict[str, PodKey]:
+        return {uid: key for uid, key, _ in self._pods()}
+
+    def shares(self) -> dict[PodKey, Sequence[PodGpuShare]]:
+        if self.parse_shares is None:
+            return {}
+        found: dict[PodKey, Sequence[PodGpuShare]] = {}
+        for _, key, pod_annotations in self._pods():
+            try:
+                shares = self.parse_shares(pod_annotations)
+            except ValueError as exc:
+                log.warning(
+                    "node %s: pod %s/%s: unreadable share annotation: %s",
+                    self.node_name,
+                    key.namespace,
+                    key.name,
+                    exc,
+                )
+                continue
+            if shares:
+                found[key] = tuple(shares)
+        return found
