@@ -1,0 +1,96 @@
+"""The supervisor in-process: event handling and registration retries, with recorded sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from kubegpu.config import load_config
+from kubegpu.inventory.fake import FakeGpuBackend
+from kubegpu.kubelet.agent import Agent, AgentSettings, Backoff, Event
+from kubegpu.testing.kubelet import KubeletEmulator
+from tests.kubelet.conftest import RESOURCE, short_tempdir
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    path = short_tempdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.02)
+
+
+async def test_queued_reload_and_kubelet_restart_together_still_reregister(root: Path) -> None:
+    kubelet_dir = root / "dp"
+    kubelet = KubeletEmulator(kubelet_dir)
+    kubelet.start()
+    backend = FakeGpuBackend.from_spec("4xT4")
+    # The watch never fires on its own here, so only the queued events drive the agent.
+    settings = AgentSettings(kubelet_dir, "unit", poll_interval_s=3600)
+    agent = Agent(settings, load_config(None), backend)
+    run = asyncio.create_task(agent.run())
+    try:
+        await asyncio.to_thread(kubelet.wait_for_registration, RESOURCE, 20)
+        await asyncio.to_thread(kubelet.restart)
+        # An unchanged reload arrives in the same batch as the restart notice.
+        agent.events.put_nowait(Event.RELOAD)
+        agent.events.put_nowait(Event.KUBELET_RESTARTED)
+        await asyncio.to_thread(kubelet.wait_for_registration, RESOURCE, 20, count=2)
+        await asyncio.to_thread(kubelet.wait_for_devices, RESOURCE, lambda d: len(d) == 4, 20)
+    finally:
+        agent.events.put_nowait(Event.STOP)
+        assert await asyncio.wait_for(run, 30) == 0
+        await asyncio.to_thread(kubelet.stop)
+        backend.close()
+    assert not list(kubelet_dir.glob("kubegpu-*.sock"))
+
+
+async def test_registration_against_a_dead_kubelet_socket_backs_off_then_succeeds(
+    root: Path,
+) -> None:
+    kubelet_dir = root / "dp"
+    kubelet_dir.mkdir()
+    # A socket file nobody accepts on: what a crashed kubelet leaves behind.
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(kubelet_dir / "kubelet.sock"))
+    dead.close()
+
+    requested: list[float] = []
+
+    async def recorded_sleep(seconds: float) -> None:
+        requested.append(seconds)
+        await asyncio.sleep(0.01)  # fake time: the backoff's delay is recorded, not waited
+
+    backend = FakeGpuBackend.from_spec("4xT4")
+    settings = AgentSettings(
+        kubelet_dir, "unit", poll_interval_s=0.05, backoff=Backoff(0.5, 2.0, 4.0)
+    )
+    agent = Agent(settings, load_config(None), backend, sleep=recorded_sleep)
+    run = asyncio.create_task(agent.run())
+    kubelet = KubeletEmulator(kubelet_dir)
+    try:
+        await wait_until(lambda: len(requested) >= 5)
+        assert agent.registered_count == 0
+        assert requested[:5] == [0.5, 1.0, 2.0, 4.0, 4.0]
+        # A real kubelet start wipes the directory (our socket too) and serves a new
+        # kubelet.sock; the watch notices, serves a fresh socket and registers.
+        await asyncio.to_thread(kubelet.start)
+        await asyncio.to_thread(kubelet.wait_for_registration, RESOURCE, 20)
+        await wait_until(lambda: agent.registered_count >= 1)
+    finally:
+        agent.events.put_nowait(Event.STOP)
+        assert await asyncio.wait_for(run, 30) == 0
+        await asyncio.to_thread(kubelet.stop)
+        backend.close()
