@@ -188,3 +188,33 @@ sharing:
         kubelet.wait_for_devices(RESOURCE, lambda d: len(d) == 2, timeout_s=30)
     finally:
         assert node.close() == 0
+
+
+def test_recovery_after_quiet_checks_and_restored_gpus_reach_the_stream(tempdir: Path) -> None:
+    config = write(
+        tempdir / "config.yaml", "version: v1\nhealth:\n  recoverAfterHealthyChecks: 3\n"
+    )
+    node = Node(tempdir, preset="4xT4", config=config)
+    try:
+        kubelet, control = node.kubelet, node.plugin.control
+        kubelet.wait_for_devices(RESOURCE, lambda d: len(d) == 4, timeout_s=30)
+        xid_gpu, lost_gpu = T4_UUIDS[0], T4_UUIDS[3]
+
+        seq = kubelet.update_count(RESOURCE)
+        send_fake_gpu_command(control, "xid", gpu=0, xid=79)
+        kubelet.wait_for_devices(
+            RESOURCE, lambda d: not d[xid_gpu].healthy, timeout_s=10, after_sequence=seq
+        )
+        # Opt-in recovery: healthy again once three checks in a row saw no critical event.
+        kubelet.wait_for_devices(RESOURCE, lambda d: d[xid_gpu].healthy, timeout_s=20)
+
+        seq = kubelet.update_count(RESOURCE)
+        send_fake_gpu_command(control, "lose", gpu=3)
+        kubelet.wait_for_devices(
+            RESOURCE, lambda d: not d[lost_gpu].healthy, timeout_s=10, after_sequence=seq
+        )
+        send_fake_gpu_command(control, "restore", gpu=3)
+        kubelet.wait_for_devices(RESOURCE, lambda d: d[lost_gpu].healthy, timeout_s=10)
+        assert kubelet.allocatable(RESOURCE) == 4
+    finally:
+        assert node.close() == 0

@@ -159,7 +159,8 @@ class Health(_Model):
     ignored_xids: list[int] = Field(default_factory=list)
     # Xids treated as fatal even when ignored by default or above.
     critical_xids: list[int] = Field(default_factory=list)
-    # Report a GPU Healthy again after this many clean checks; None = never (NVIDIA's default).
+    # Report a GPU Healthy again after this many consecutive health-monitor polls without a
+    # critical event (not for a lost GPU: that needs the device back); None = never, as NVIDIA.
     recover_after_healthy_checks: int | None = Field(default=None, ge=1)
 
 
