@@ -233,3 +233,12 @@ def test_real_process_exits_2_on_a_bad_config(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "sharing.timeSlicing.resources.0.replicas" in proc.stderr
     assert "-1" in proc.stderr
+
+
+def test_the_shipped_example_config_loads() -> None:
+    import kubegpu.config
+
+    example = Path(kubegpu.config.__file__).parent / "example-config.yaml"
+    cfg = load_config(example)
+    assert cfg.sharing.time_slicing.resources[0].replicas == 4
+    assert cfg.flags.plugin.device_list_strategy == ["envvar"]
