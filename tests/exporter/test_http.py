@@ -16,7 +16,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kubegpu.core.health import HealthEvent, HealthEventKind
 from kubegpu.exporter.pods import KubeletPodResources, PodLogDirectory
-from kubegpu.exporter.server import ExporterSettings, RunningExporter, start_exporter
+from kubegpu.exporter.server import (
+    ExporterSettings,
+    RunningExporter,
+    start_exporter,
+    start_node_exporter,
+)
+from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.testing.kubelet import Allocation, ContainerResponse, DeviceState
 from kubegpu.testing.podresources import serve_pod_resources
 from tests.exporter.conftest import GIB, INFER_A, INFER_B, TRAINER, UIDS, Node
@@ -194,3 +200,30 @@ def test_healthz_turns_503_when_nvml_stays_stuck(node: Node, socket_dir: Path) -
     finally:
         node.metrics.release()
         running.stop()
+
+
+def test_node_exporter_counts_xids_from_its_own_watchers_on_the_backend(node: Node) -> None:
+    backend = FakeGpuBackend.from_spec("4xT4")
+    running = start_node_exporter(
+        backend,
+        ExporterSettings(node_name="node-a", listen_port=0, interval_s=0.2, proc=node.proc),
+        pod_resources_socket=None,
+        pod_directory=PodLogDirectory(node.pod_logs),
+    )
+    try:
+        wait_for(lambda: all(s["watchers"] >= 1 for s in backend.status()))
+        gpu = backend.inject_xid(1, 48)
+        g1 = {"node": "node-a", "gpu": "1", "uuid": gpu.uuid, "model": "Tesla T4"}
+        xid = frozenset({**g1, "xid": "48"}.items())
+        wait_for(
+            lambda: (
+                ("kubegpu_gpu_xid_errors_total", xid) in samples(fetch(running.url + "/metrics")[2])
+            )
+        )
+        values = samples(fetch(running.url + "/metrics")[2])
+        assert values[("kubegpu_gpu_xid_errors_total", xid)] == 1
+        assert values[("kubegpu_gpu_healthy", frozenset(g1.items()))] == 0
+    finally:
+        running.stop()
+        backend.close()
+    assert all(s["watchers"] == 0 for s in backend.status())  # stop closed our watchers

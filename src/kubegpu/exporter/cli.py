@@ -13,11 +13,9 @@ import socket
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
 import click
 
-from kubegpu.core.metrics import MetricsSource
 from kubegpu.inventory.backend import GpuBackend
 
 log = logging.getLogger(__name__)
@@ -31,16 +29,6 @@ def open_backend(kind: str, fake_gpus: str | None) -> GpuBackend:
     if kind not in BACKEND_KINDS:
         raise ValueError(f"unknown GPU backend {kind!r}")
     return select_backend(kind, fake_gpus=fake_gpus)
-
-
-def metrics_source_for(backend: Any) -> MetricsSource:
-    if getattr(backend, "name", "") == "fake":
-        from kubegpu.inventory.fake_metrics import FakeMetricsSource
-
-        return FakeMetricsSource(backend.snapshot())
-    from kubegpu.inventory.nvml_metrics import NvmlMetricsSource
-
-    return NvmlMetricsSource()
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -115,14 +103,8 @@ def exporter_command(
     read_timeout: float,
 ) -> None:
     """Serve per-GPU and per-pod GPU metrics for Prometheus on /metrics."""
-    from kubegpu.exporter.health import HealthFeed
-    from kubegpu.exporter.pods import (
-        KubeletPodResources,
-        KubeNodePods,
-        PodDirectory,
-        PodLogDirectory,
-    )
-    from kubegpu.exporter.server import ExporterSettings, start_exporter
+    from kubegpu.exporter.pods import KubeNodePods, PodDirectory, PodLogDirectory
+    from kubegpu.exporter.server import ExporterSettings, start_node_exporter
     from kubegpu.inventory.backend import InventoryError
 
     host, port = parse_listen(listen)
@@ -133,7 +115,6 @@ def exporter_command(
     except (InventoryError, ValueError) as exc:
         log.error("cannot open the GPU backend: %s", exc)
         sys.exit(1)
-    metrics = metrics_source_for(gpu_backend)
     directory: PodDirectory
     if pod_directory == "api":
         import lightkube
@@ -141,8 +122,6 @@ def exporter_command(
         directory = KubeNodePods(lightkube.Client(field_manager="kubegpu-exporter"), node)
     else:
         directory = PodLogDirectory(pod_log_dir)
-    health = HealthFeed()
-    health.watch(gpu_backend, [gpu.uuid for gpu in inventory.gpus])
     settings = ExporterSettings(
         node_name=node,
         listen_host=host,
@@ -153,28 +132,26 @@ def exporter_command(
         proc=proc,
     )
     log.info(
-        "exporter settings: node=%s listen=%s:%d backend=%s pod_resources=%s pods from %s",
+        "exporter settings: node=%s listen=%s:%d backend=%s gpus=%d pod_resources=%s pods from %s",
         node,
         host,
         port,
         gpu_backend.name,
+        len(inventory.gpus),
         "off" if no_pod_resources else pod_resources_socket,
         "the API server" if pod_directory == "api" else pod_log_dir,
     )
-    running = start_exporter(
+    running = start_node_exporter(
+        gpu_backend,
         settings,
-        inventory=gpu_backend.snapshot,
-        metrics=metrics,
-        pod_resources=None if no_pod_resources else KubeletPodResources(pod_resources_socket),
+        pod_resources_socket=None if no_pod_resources else pod_resources_socket,
         pod_directory=directory,
-        health=health,
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     click.echo(f"serving {running.url}/metrics", err=True)
-    stop.wait()
+    while not stop.wait(1.0):
+        pass
     running.stop()
-    health.close()
-    metrics.close()
     gpu_backend.close()

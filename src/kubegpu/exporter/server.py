@@ -27,8 +27,16 @@ from kubegpu.core.metrics import MetricsSource
 from kubegpu.exporter.cgroups import ProcPodResolver
 from kubegpu.exporter.collector import GpuCollector
 from kubegpu.exporter.health import HealthFeed
-from kubegpu.exporter.pods import PodDirectory, PodResourcesSource, PodShareLookup
+from kubegpu.exporter.pods import (
+    DEFAULT_POD_RESOURCES_SOCKET,
+    KubeletPodResources,
+    PodDirectory,
+    PodLogDirectory,
+    PodResourcesSource,
+    PodShareLookup,
+)
 from kubegpu.exporter.refresher import Refresher
+from kubegpu.inventory.backend import GpuBackend
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +97,7 @@ class RunningExporter:
         server: _ThreadingServer,
         health: HealthFeed,
     ) -> None:
+        self._on_stop: list[Callable[[], None]] = []
         self.refresher = refresher
         self.registry = registry
         self.health = health
@@ -108,6 +117,10 @@ class RunningExporter:
         host = host.decode() if isinstance(host, bytes) else host
         return f"http://{host}:{self.port}"
 
+    def close_on_stop(self, close: Callable[[], None]) -> None:
+        """Run ``close`` after the server and refresher have stopped."""
+        self._on_stop.append(close)
+
     def record_health_event(self, event: HealthEvent) -> None:
         """For the node agent: a raw health event (counted by Xid, folded into health)."""
         self.health.record(event)
@@ -121,6 +134,8 @@ class RunningExporter:
         self._server.server_close()
         self._thread.join(5.0)
         self.refresher.stop()
+        for close in self._on_stop:
+            close()
 
 
 def build_registry(refresher: Refresher, health: HealthFeed) -> CollectorRegistry:
@@ -177,4 +192,59 @@ def start_exporter(
         settings.interval_s,
         settings.read_timeout_s,
     )
+    return running
+
+
+def metrics_source_for(backend: GpuBackend) -> MetricsSource:
+    """The live-metrics reader that goes with a backend: the fake's, or NVML."""
+    if backend.name == "fake":
+        from kubegpu.inventory.fake_metrics import FakeMetricsSource
+
+        return FakeMetricsSource(backend.snapshot())
+    from kubegpu.inventory.nvml_metrics import NvmlMetricsSource
+
+    return NvmlMetricsSource()
+
+
+def start_node_exporter(
+    backend: GpuBackend,
+    settings: ExporterSettings,
+    *,
+    pod_resources_socket: Path | None = DEFAULT_POD_RESOURCES_SOCKET,
+    pod_directory: PodDirectory | None = None,
+    shares: PodShareLookup | None = None,
+    metrics: MetricsSource | None = None,
+    health: HealthFeed | None = None,
+    watch_health: bool = True,
+) -> RunningExporter:
+    """The exporter for an open GPU backend, in this process: what the node agent calls.
+
+    ``watch_health`` opens the exporter's own watcher per GPU (NVML delivers every event to
+    every event set, so this does not steal events from the agent's monitor) to count Xids;
+    the agent may also push its monitor's verdicts with
+    :meth:`RunningExporter.set_gpu_health`. ``pod_resources_socket=None`` skips the kubelet.
+    Stopping the returned exporter closes what this function opened, not the backend.
+    """
+    uuids = [gpu.uuid for gpu in backend.snapshot().gpus]
+    own_metrics = metrics is None
+    source = metrics if metrics is not None else metrics_source_for(backend)
+    feed = health if health is not None else HealthFeed(uuids)
+    if watch_health:
+        feed.watch(backend, uuids)
+    client = None if pod_resources_socket is None else KubeletPodResources(pod_resources_socket)
+    running = start_exporter(
+        settings,
+        inventory=backend.snapshot,
+        metrics=source,
+        pod_resources=client,
+        pod_directory=pod_directory if pod_directory is not None else PodLogDirectory(),
+        shares=shares,
+        health=feed,
+    )
+    if watch_health:
+        running.close_on_stop(feed.close)
+    if client is not None:
+        running.close_on_stop(client.close)
+    if own_metrics:
+        running.close_on_stop(source.close)
     return running
