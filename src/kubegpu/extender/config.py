@@ -1,0 +1,142 @@
+"""The extender's settings, their validation, the TLS context and the target workload file.
+
+Settings arrive from flags, ``KUBEGPU_EXTENDER_*`` variables or a versioned YAML file (the
+CLI resolves that precedence); this module only checks the result. Plain HTTP is refused on
+any address but loopback unless explicitly allowed, because the scheduler's calls carry whole
+pod specs and the bind verb acts on the cluster.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kubegpu.extender.scheduler import POLICY_ALIASES
+from kubegpu.placement.fragmentation import TypicalWorkload
+from kubegpu.placement.model import PodRequest
+from kubegpu.placement.policies import POLICIES
+from kubegpu.sharing.resources import ResourceNames
+
+CONFIG_API_VERSION = "kubegpu.io/v1alpha1"
+CONFIG_KIND = "ExtenderConfig"
+DEFAULT_PORT = 8888
+
+
+class ConfigError(ValueError):
+    """A setting is wrong; the message names it and its value."""
+
+
+@dataclass(frozen=True)
+class ExtenderConfig:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    policy: str = "kubegpu"
+    names: ResourceNames = field(default_factory=ResourceNames)
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    client_ca_file: Path | None = None  # set: clients must present a certificate it signed
+    allow_insecure_http: bool = False
+    max_body_bytes: int = 16 * 1024 * 1024
+    kubeconfig: Path | None = None
+    workload_file: Path | None = None
+    workload_refresh_s: float = 300.0
+    bind_attempts: int = 5
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None
+
+    def validate(self) -> None:
+        policies = set(POLICY_ALIASES) | set(POLICIES)
+        if self.policy.lower() not in policies:
+            raise ConfigError(f"policy {self.policy!r} unknown; choose one of {sorted(policies)}")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port {self.port} out of range")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigError("tls-cert-file and tls-key-file go together")
+        if self.client_ca_file is not None and not self.tls:
+            raise ConfigError("client-ca-file needs tls-cert-file and tls-key-file")
+        if not self.tls and not self.allow_insecure_http and not is_loopback(self.host):
+            raise ConfigError(
+                f"refusing plain HTTP on {self.host}: configure tls-cert-file/tls-key-file or "
+                "pass --allow-insecure-http"
+            )
+        if self.max_body_bytes < 1024:
+            raise ConfigError(f"max-body-bytes {self.max_body_bytes} is too small")
+        if self.bind_attempts < 1:
+            raise ConfigError("bind-attempts must be at least 1")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def server_ssl_context(config: ExtenderConfig) -> ssl.SSLContext | None:
+    if not config.tls:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(str(config.tls_cert_file), str(config.tls_key_file))
+    if config.client_ca_file is not None:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cafile=str(config.client_ca_file))
+    return context
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """A versioned YAML file as option defaults (keys are the long flag names)."""
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: must be a mapping")
+    if doc.get("apiVersion") != CONFIG_API_VERSION or doc.get("kind") != CONFIG_KIND:
+        raise ConfigError(
+            f"{path}: apiVersion/kind must be {CONFIG_API_VERSION}/{CONFIG_KIND}, got "
+            f"{doc.get('apiVersion')!r}/{doc.get('kind')!r}"
+        )
+    settings = doc.get("settings") or {}
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{path}: settings must be a mapping")
+    return {str(k).replace("-", "_"): v for k, v in settings.items()}
+
+
+def load_workload(path: Path) -> TypicalWorkload:
+    """A target workload for FGD/kubegpu: YAML ``pods: [{cpuMilli, gpuMilli, gpuCount,
+    weight, models?}]`` (``gpuMilli`` per card; whole cards are 1000)."""
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"workload file {path}: cannot read ({exc})") from None
+    pods = doc.get("pods") if isinstance(doc, dict) else None
+    if not isinstance(pods, list) or not pods:
+        raise ConfigError(f"workload file {path}: needs a non-empty 'pods' list")
+    weighted: list[tuple[PodRequest, float]] = []
+    for i, item in enumerate(pods):
+        try:
+            request = PodRequest(
+                int(item["cpuMilli"]),
+                0,
+                int(item.get("gpuCount", 1 if int(item.get("gpuMilli", 0)) else 0)),
+                int(item.get("gpuMilli", 0)),
+                None,
+                frozenset(item.get("models") or ()),
+            )
+            weight = float(item["weight"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"workload file {path}: pods[{i}]: {exc}") from None
+        if weight <= 0:
+            raise ConfigError(f"workload file {path}: pods[{i}]: weight must be > 0")
+        weighted.append((request, weight))
+    return TypicalWorkload.from_weights(weighted)

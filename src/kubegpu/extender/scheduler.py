@@ -1,0 +1,334 @@
+"""The extender's decisions: filter, prioritize and card choice over the placement engine.
+
+:class:`GpuScheduler` keeps one :class:`~kubegpu.placement.engine.PlacementEngine` in step with
+the :class:`~kubegpu.kube.view.ClusterView`: rows of nodes whose usage changed are rewritten
+before each call, and the engine is rebuilt when the node set, a node's inventory or the
+target workload changes (the engine has no add/remove-node operation). Everything here is
+synchronous: a decision and its reservation happen in one step of the event loop, so two binds
+can never both take the last room on a card, and no lock (node-wide or other) is needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kubegpu.kube.view import ClusterView
+from kubegpu.placement.engine import PlacementEngine
+from kubegpu.placement.fragmentation import TypicalWorkload
+from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
+from kubegpu.placement.policies import get_policy
+from kubegpu.sharing.accounting import NodeInfo, PodUsage, node_state
+from kubegpu.sharing.annotations import (
+    INVENTORY_ANNOTATION,
+    AllocationDecision,
+    CardShare,
+    ContainerAllocation,
+)
+from kubegpu.sharing.podstate import pod_uid
+from kubegpu.sharing.resources import (
+    GpuRequest,
+    RequestError,
+    RequestKind,
+    gpu_request,
+    pod_key,
+)
+
+log = logging.getLogger(__name__)
+
+# Extender policy name -> engine policy. "spread" scores with BestFit turned upside down and
+# takes the emptiest card (the engine has no spread policy of its own).
+POLICY_ALIASES = {"binpack": "bestfit", "spread": "bestfit", "fgd": "fgd", "kubegpu": "kubegpu"}
+MAX_EXTENDER_PRIORITY = 10
+
+
+class Unschedulable(Exception):
+    """The pod does not fit the node; the message is the actionable reason."""
+
+
+@dataclass
+class FilterOutcome:
+    passed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # preemption might help
+    unresolvable: dict[str, str] = field(default_factory=dict)  # it will not
+
+
+def reason_category(reason: str) -> str:
+    """A small, fixed label for the rejections metric, from the reason's wording."""
+    for needle, label in (
+        ("milli-CPU", "cpu"),
+        ("MiB memory free", "memory"),
+        ("inventory", "no-inventory"),
+        ("has no GPU", "no-gpu"),
+        ("GPU model", "gpu-model"),
+        ("whole GPU", "whole-gpus"),
+        ("milli", "gpu-compute"),
+        ("MiB", "gpu-memory"),
+        ("not yet seen", "unknown-node"),
+    ):
+        if needle in reason:
+            return label
+    return "other"
+
+
+class GpuScheduler:
+    """Filter / prioritize / decide for GPU pods on the current cluster view."""
+
+    def __init__(
+        self,
+        view: ClusterView,
+        policy: str = "kubegpu",
+        *,
+        workload: TypicalWorkload | None = None,
+        workload_refresh_s: float = 300.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.view = view
+        self.policy = policy.strip().lower()
+        self.engine_policy = get_policy(POLICY_ALIASES.get(self.policy, self.policy))
+        self.spread = self.policy == "spread"
+        self.configured_workload = workload
+        self.workload_refresh_s = workload_refresh_s
+        self.clock = clock
+        self._engine: PlacementEngine | None = None
+        self._built_topology = -1
+        self._built_at = 0.0
+        self.rebuilds = 0
+
+    # ------------------------------------------------------------------ engine upkeep
+    def _needs_workload(self) -> bool:
+        return self.engine_policy.name in ("fgd", "kubegpu")
+
+    def current_workload(self) -> TypicalWorkload:
+        """The configured distribution, else the GPU pods now in the cluster (FGD's "target
+        workload"); an empty workload makes every node equally unfragmented."""
+        if self.configured_workload is not None:
+            return self.configured_workload
+        requests: list[PodRequest] = []
+        for pod in self.view.pod_json.values():
+            try:
+                request = gpu_request(pod, self.view.names)
+            except RequestError:
+                continue
+            if request.kind is not RequestKind.NONE:
+                requests.append(request.to_placement())
+        return TypicalWorkload.from_pods(requests)
+
+    def engine(self) -> PlacementEngine:
+        """The engine, brought up to date with the view."""
+        view = self.view
+        stale_workload = (
+            self._needs_workload()
+            and self.configured_workload is None
+            and self.clock() - self._built_at > self.workload_refresh_s
+        )
+        if self._engine is None or view.topology_version != self._built_topology or stale_workload:
+            self._rebuild()
+        else:
+            for node in sorted(view.dirty_nodes):
+                if not self._rewrite_row(node):
+                    self._rebuild()
+                    break
+        view.dirty_nodes.clear()
+        assert self._engine is not None
+        return self._engine
+
+    def _rebuild(self) -> None:
+        view = self.view
+        states = [node_state(info, view.usages_on(name)) for name, info in view.nodes.items()]
+        workload = self.current_workload() if self._needs_workload() else None
+        self._engine = PlacementEngine(states, self.engine_policy, workload=workload)
+        self._built_topology = view.topology_version
+        self._built_at = self.clock()
+        self.rebuilds += 1
+        log.debug("placement engine rebuilt over %d nodes", len(states))
+
+    def _rewrite_row(self, node: str) -> bool:
+        """Write one node's current free resources into its engine row; False when the row's
+        shape no longer matches (the caller rebuilds)."""
+        engine = self._engine
+        info = self.view.nodes.get(node)
+        if engine is None or info is None or node not in engine._row:
+            return info is None  # a vanished node's row is harmless until the next rebuild
+        i = engine.row_of(node)
+        state = node_state(info, self.view.usages_on(node))
+        gpus = sorted(state.gpus, key=lambda g: g.index)
+        if tuple(g.index for g in gpus) != engine.card_index[i]:
+            return False
+        engine.cpu_free[i] = state.cpu_free_milli
+        engine.memory_free[i] = state.memory_free_mib
+        for j, gpu in enumerate(gpus):
+            engine.card_free[i, j] = gpu.free_milli
+            engine.card_memory[i, j] = gpu.free_memory_mib or 0
+        # A no-op allocation makes the engine refresh the row's derived columns.
+        engine.allocate_row(i, PodRequest(0, 0), ())
+        return True
+
+    # ------------------------------------------------------------------ verbs
+    def structural_reason(self, info: NodeInfo | None, name: str, request: GpuRequest) -> str:
+        """Why the node can never take this pod, whatever is freed (empty if it might)."""
+        if info is None:
+            return ""
+        inventory = info.inventory
+        if inventory is None:
+            if info.inventory_error:
+                return f"{name}: GPU inventory unreadable ({info.inventory_error})"
+            return (
+                f"{name}: no GPU inventory published (annotation {INVENTORY_ANNOTATION} "
+                "missing: is the kubegpu node agent running there?)"
+            )
+        healthy = [g for g in inventory.gpus if g.healthy]
+        if request.gpu_models and not any(g.model in request.gpu_models for g in healthy):
+            have = ",".join(sorted({g.model for g in healthy})) or "none healthy"
+            wanted = ",".join(sorted(request.gpu_models))
+            return f"{name}: GPU models {have}, pod allows {wanted}"
+        if request.kind is RequestKind.WHOLE and len(healthy) < request.whole_gpus:
+            return (
+                f"{name}: has {len(healthy)} healthy GPUs, pod needs "
+                f"{request.whole_gpus} whole GPUs"
+            )
+        if request.kind is RequestKind.SHARED:
+            biggest = max((g.memory_mib for g in healthy), default=0)
+            if biggest < request.gpu_memory_mib:
+                return (
+                    f"{name}: largest card has {biggest} MiB in total, pod needs "
+                    f"{request.gpu_memory_mib} MiB"
+                )
+        return ""
+
+    def filter(self, request: GpuRequest, node_names: Sequence[str]) -> FilterOutcome:
+        out = FilterOutcome()
+        if request.kind is RequestKind.NONE:
+            out.passed = list(node_names)
+            return out
+        engine = self.engine()
+        pod = request.to_placement()
+        feasible = {engine.names[i] for i in engine.feasible_rows(pod).tolist()}
+        for name in node_names:
+            if name in feasible:
+                out.passed.append(name)
+                continue
+            info = self.view.nodes.get(name)
+            if info is None:
+                out.failed[name] = f"{name}: not yet seen by the kubegpu extender's node watch"
+                continue
+            structural = self.structural_reason(info, name, request)
+            if structural:
+                out.unresolvable[name] = structural
+            else:
+                out.failed[name] = engine.explain(name, pod).reason or f"{name}: does not fit"
+        return out
+
+    def prioritize(self, request: GpuRequest, node_names: Sequence[str]) -> list[tuple[str, int]]:
+        if request.kind is RequestKind.NONE:
+            return []
+        engine = self.engine()
+        known = [n for n in node_names if n in engine._row]
+        scores = engine.score(request.to_placement(), known)
+        out: list[tuple[str, int]] = []
+        for name in node_names:
+            score = scores.get(name)
+            if score is None:
+                continue
+            if self.spread:
+                score = 100 - score
+            out.append((name, (score * MAX_EXTENDER_PRIORITY + 50) // 100))
+        return out
+
+    def decide(self, pod: dict[str, Any], request: GpuRequest, node: str) -> AllocationDecision:
+        """Choose the cards on ``node`` and reserve them in the view (undo with
+        ``view.unreserve(uid)``); raises :class:`Unschedulable` with the reason."""
+        info = self.view.nodes.get(node)
+        if info is None:
+            raise Unschedulable(f"{node}: not yet seen by the kubegpu extender's node watch")
+        structural = self.structural_reason(info, node, request)
+        if structural:
+            raise Unschedulable(structural)
+        assert info.inventory is not None
+        engine = self.engine()
+        placement = request.to_placement()
+        fit = engine.explain(node, placement)
+        if not fit.fits:
+            raise Unschedulable(fit.reason)
+        indices = self._pick(engine, node, placement)
+        by_index = {g.index: g for g in info.inventory.gpus}
+        if request.kind is RequestKind.SHARED:
+            gpu = by_index[indices[0]]
+            cards: tuple[CardShare, ...] = (
+                CardShare(gpu.uuid, gpu.index, request.compute_milli, request.gpu_memory_mib),
+            )
+            containers = tuple(
+                ContainerAllocation(
+                    c.name,
+                    c.init,
+                    (CardShare(gpu.uuid, gpu.index, c.compute_milli, c.memory_mib),),
+                )
+                for c in request.containers
+                if c.compute_milli or c.memory_mib
+            )
+        else:
+            cards = tuple(
+                CardShare(by_index[i].uuid, i, MILLI_PER_GPU, by_index[i].memory_mib)
+                for i in indices
+            )
+            containers = _split_whole(request, cards)
+        decided_at = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        decision = AllocationDecision(
+            node, cards, containers, decided_at, self.policy, request.kind is RequestKind.SHARED
+        )
+        uid = pod_uid(pod)
+        self.view.reserve(
+            PodUsage(
+                uid, pod_key(pod), node, request.cpu_milli, request.memory_mib, cards, bound=False
+            )
+        )
+        # Apply the reservation to the engine now, so the next decision in this loop step sees it.
+        self.engine()
+        return decision
+
+    def _pick(self, engine: PlacementEngine, node: str, pod: PodRequest) -> tuple[int, ...]:
+        if not (self.spread and pod.is_gpu_share):
+            return engine.pick_gpus(node, pod)
+        # Spread: the card with the most free compute (then memory, then lowest index) that fits.
+        state = engine.node_state(node)
+        best = None
+        for gpu in state.gpus:
+            memory = gpu.free_memory_mib or 0
+            if gpu.free_milli < pod.gpu_milli or memory < (pod.gpu_memory_mib or 0):
+                continue
+            key = (-gpu.free_milli, -memory, gpu.index)
+            if best is None or key < best:
+                best = key
+        if best is None:
+            raise Unschedulable(engine.explain(node, pod).reason or f"{node}: no card fits")
+        return (best[2],)
+
+
+def _split_whole(
+    request: GpuRequest, cards: Sequence[CardShare]
+) -> tuple[ContainerAllocation, ...]:
+    """Whole cards per container, in the kubelet's order (init containers, then app ones):
+    sidecars and app containers hold distinct cards; a regular init container borrows the
+    cards after the sidecars', which the app containers then reuse."""
+    out: list[ContainerAllocation] = []
+    position = 0
+    ordered = [c for c in request.containers if c.init] + [
+        c for c in request.containers if not c.init
+    ]
+    for c in ordered:
+        if not c.whole_gpus:
+            continue
+        taken = tuple(cards[position : position + c.whole_gpus])
+        if not c.init or c.sidecar:
+            position += c.whole_gpus
+        out.append(ContainerAllocation(c.name, c.init, taken))
+    return tuple(out)
+
+
+def all_reasons(outcome: FilterOutcome) -> Iterable[str]:
+    yield from outcome.failed.values()
+    yield from outcome.unresolvable.values()

@@ -1,0 +1,326 @@
+"""The extender's HTTP face: kube-scheduler's filter / prioritize / bind verbs, probes, metrics.
+
+Handlers are thin: parse (:mod:`kubegpu.extender.wire`), ask the :class:`GpuScheduler`, render.
+Bind is the one verb with I/O: decide and reserve (synchronously, so concurrent binds see each
+other), record the decision on the pod with its resourceVersion as precondition, then POST the
+Binding; a 409 re-reads the pod and decides again, any failure releases the reservation and
+clears a recorded decision. Only the pod being bound is locked, never a node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx2 as httpx
+import lightkube
+from aiohttp import web
+from lightkube import ApiError
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from kubegpu.extender.scheduler import GpuScheduler, Unschedulable, reason_category
+from kubegpu.extender.wire import (
+    WireError,
+    filter_result,
+    parse_binding_args,
+    parse_extender_args,
+    priority_list,
+)
+from kubegpu.kube import pods as kpods
+from kubegpu.sharing.podstate import read_decision
+from kubegpu.sharing.resources import RequestError, RequestKind, gpu_request, pod_key
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024  # a non-cache-capable filter of 5,000 full Nodes
+_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class ExtenderMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.latency = Histogram(
+            "kubegpu_extender_request_duration_seconds",
+            "Time to answer one extender call, by verb.",
+            ["verb"],
+            registry=registry,
+            buckets=_BUCKETS,
+        )
+        self.decisions = Counter(
+            "kubegpu_extender_decisions_total",
+            "Filter and bind outcomes for GPU pods.",
+            ["verb", "outcome"],
+            registry=registry,
+        )
+        self.rejections = Counter(
+            "kubegpu_extender_node_rejections_total",
+            "Nodes rejected for a GPU pod, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.binds = Counter(
+            "kubegpu_extender_binds_total",
+            "Bind requests by result.",
+            ["result"],
+            registry=registry,
+        )
+        self.conflicts = Counter(
+            "kubegpu_extender_bind_conflicts_total",
+            "409 Conflicts met while recording a decision (each one retried).",
+            registry=registry,
+        )
+        self.bad_requests = Counter(
+            "kubegpu_extender_bad_requests_total",
+            "Requests refused as malformed, by verb.",
+            ["verb"],
+            registry=registry,
+        )
+
+
+class ExtenderApp:
+    """Everything the HTTP handlers need, wired by the composition root (or a test)."""
+
+    def __init__(
+        self,
+        scheduler: GpuScheduler,
+        client: lightkube.AsyncClient,
+        *,
+        registry: CollectorRegistry | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        bind_attempts: int = 5,
+    ) -> None:
+        self.scheduler = scheduler
+        self.view = scheduler.view
+        self.client = client
+        self.metrics = ExtenderMetrics(registry or CollectorRegistry())
+        self.max_body_bytes = max_body_bytes
+        self.bind_attempts = bind_attempts
+        self._pod_locks: dict[str, asyncio.Lock] = {}
+
+    def application(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes)
+        app.router.add_post("/filter", self._timed("filter", self.handle_filter))
+        app.router.add_post("/prioritize", self._timed("prioritize", self.handle_prioritize))
+        app.router.add_post("/bind", self._timed("bind", self.handle_bind))
+        app.router.add_get("/healthz", self.handle_healthz)
+        app.router.add_get("/readyz", self.handle_readyz)
+        app.router.add_get("/metrics", self.handle_metrics)
+        return app
+
+    def _timed(
+        self, verb: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        histogram = self.metrics.latency.labels(verb)
+
+        async def timed(request: web.Request) -> web.StreamResponse:
+            start = time.perf_counter()
+            try:
+                return await handler(request)
+            finally:
+                histogram.observe(time.perf_counter() - start)
+
+        return timed
+
+    async def _body(self, request: web.Request, verb: str) -> Any:
+        raw = await request.read()  # raises 413 beyond client_max_size
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            self.metrics.bad_requests.labels(verb).inc()
+            raise web.HTTPBadRequest(
+                text=json.dumps({"Error": f"body is not JSON: {exc}"}),
+                content_type="application/json",
+            ) from None
+
+    def _bad(self, verb: str, exc: Exception) -> web.Response:
+        self.metrics.bad_requests.labels(verb).inc()
+        log.warning("%s: malformed request: %s", verb, exc)
+        return web.json_response({"Error": f"malformed {verb} request: {exc}"}, status=400)
+
+    # ------------------------------------------------------------------ filter / prioritize
+    async def handle_filter(self, request: web.Request) -> web.Response:
+        try:
+            args = parse_extender_args(await self._body(request, "filter"))
+        except WireError as exc:
+            return self._bad("filter", exc)
+        if not self.view.synced.is_set():
+            return web.json_response(
+                filter_result(args, [], {}, {}, "kubegpu extender has not synced yet")
+            )
+        try:
+            gpu = gpu_request(args.pod, self.view.names)
+        except RequestError as exc:
+            # Every node fails for the same, actionable reason; preemption cannot help.
+            reason = str(exc)
+            self.metrics.decisions.labels("filter", "invalid-request").inc()
+            self.metrics.rejections.labels("invalid-request").inc(len(args.node_names))
+            return web.json_response(
+                filter_result(args, [], {}, dict.fromkeys(args.node_names, reason))
+            )
+        outcome = self.scheduler.filter(gpu, args.node_names)
+        if gpu.kind is not RequestKind.NONE:
+            self.metrics.decisions.labels(
+                "filter", "schedulable" if outcome.passed else "unschedulable"
+            ).inc()
+            for reason in (*outcome.failed.values(), *outcome.unresolvable.values()):
+                self.metrics.rejections.labels(reason_category(reason)).inc()
+            if not outcome.passed:
+                log.info(
+                    "pod %s fits none of %d nodes: %s",
+                    pod_key(args.pod),
+                    len(args.node_names),
+                    "; ".join(list({**outcome.failed, **outcome.unresolvable}.values())[:3]),
+                )
+        return web.json_response(
+            filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
+        )
+
+    async def handle_prioritize(self, request: web.Request) -> web.Response:
+        try:
+            args = parse_extender_args(await self._body(request, "prioritize"))
+        except WireError as exc:
+            return self._bad("prioritize", exc)
+        try:
+            gpu = gpu_request(args.pod, self.view.names)
+        except RequestError:
+            return web.json_response([])  # filter already explained it
+        if not self.view.synced.is_set():
+            return web.json_response([])
+        return web.json_response(priority_list(self.scheduler.prioritize(gpu, args.node_names)))
+
+    # ------------------------------------------------------------------ bind
+    async def handle_bind(self, request: web.Request) -> web.Response:
+        try:
+            args = parse_binding_args(await self._body(request, "bind"))
+        except WireError as exc:
+            return self._bad("bind", exc)
+        lock = self._pod_locks.setdefault(args.pod_uid, asyncio.Lock())
+        try:
+            async with lock:
+                error = await self.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
+        finally:
+            if not lock.locked():
+                self._pod_locks.pop(args.pod_uid, None)
+        return web.json_response({"Error": error})
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
+        """Bind one pod; returns "" or the reason it was not bound."""
+        key = f"{namespace}/{name}"
+        if not self.view.synced.is_set():
+            self.metrics.binds.labels("not-synced").inc()
+            return "kubegpu extender has not synced yet"
+        pod = self.view.pod_json.get((namespace, name))
+        for attempt in range(1, self.bind_attempts + 1):
+            if pod is None or attempt > 1:
+                try:
+                    pod = await kpods.get_pod(self.client, namespace, name)
+                except ApiError as exc:
+                    self.metrics.binds.labels("api-error").inc()
+                    return f"pod {key}: cannot read it: {exc.status.message}"
+                except httpx.HTTPError as exc:
+                    self.metrics.binds.labels("api-error").inc()
+                    return f"pod {key}: cannot read it: {exc}"
+                self.view.apply_pod(pod)
+            meta = pod.get("metadata") or {}
+            if meta.get("uid") != uid:
+                self.metrics.binds.labels("uid-mismatch").inc()
+                return f"pod {key}: UID is {meta.get('uid')}, scheduler asked for {uid}"
+            bound_to = (pod.get("spec") or {}).get("nodeName")
+            if bound_to:
+                if bound_to == node:
+                    self.metrics.binds.labels("already-bound").inc()
+                    return ""
+                self.metrics.binds.labels("bound-elsewhere").inc()
+                return f"pod {key} is already bound to {bound_to}"
+            try:
+                gpu = gpu_request(pod, self.view.names)
+            except RequestError as exc:
+                self.metrics.binds.labels("invalid-request").inc()
+                return str(exc)
+            if gpu.kind is RequestKind.NONE:
+                return await self._post_binding(namespace, name, uid, node, recorded=False)
+            existing, _ = read_decision(pod)
+            if existing is not None and existing.node == node:
+                # A retried bind whose decision is already recorded: keep it.
+                return await self._post_binding(namespace, name, uid, node, recorded=True)
+            try:
+                decision = self.scheduler.decide(pod, gpu, node)
+            except Unschedulable as exc:
+                self.metrics.binds.labels("no-fit").inc()
+                self.metrics.rejections.labels(reason_category(str(exc))).inc()
+                log.info("bind of pod %s to %s refused: %s", key, node, exc)
+                return str(exc)
+            try:
+                patched = await kpods.record_decision(
+                    self.client, namespace, name, decision, meta.get("resourceVersion")
+                )
+            except ApiError as exc:
+                self.view.unreserve(uid)
+                if exc.status.code == 409 and attempt < self.bind_attempts:
+                    self.metrics.conflicts.inc()
+                    log.info("pod %s changed while binding (attempt %d); retrying", key, attempt)
+                    continue
+                self.metrics.binds.labels("api-error").inc()
+                return f"pod {key}: recording the GPU decision failed: {exc.status.message}"
+            except httpx.HTTPError as exc:
+                self.view.unreserve(uid)
+                self.metrics.binds.labels("api-error").inc()
+                return f"pod {key}: recording the GPU decision failed: {exc}"
+            # The patched pod now carries the decision: it holds the cards as an observed pod.
+            self.view.apply_pod(patched)
+            self.view.unreserve(uid)
+            log.info(
+                "pod %s -> node %s cards %s (%s)",
+                key,
+                node,
+                ",".join(str(i) for i in decision.gpu_indices),
+                self.scheduler.policy,
+            )
+            return await self._post_binding(namespace, name, uid, node, recorded=True)
+        self.metrics.binds.labels("conflicts").inc()
+        return f"pod {key}: kept changing while binding ({self.bind_attempts} attempts)"
+
+    async def _post_binding(
+        self, namespace: str, name: str, uid: str, node: str, *, recorded: bool
+    ) -> str:
+        key = f"{namespace}/{name}"
+        try:
+            await kpods.bind_pod(self.client, namespace, name, uid, node)
+        except (ApiError, httpx.HTTPError) as exc:
+            why = exc.status.message if isinstance(exc, ApiError) else str(exc)
+            self.metrics.binds.labels("binding-failed").inc()
+            if recorded:
+                await self._rollback(namespace, name)
+            self.metrics.decisions.labels("bind", "error").inc()
+            return f"pod {key}: binding to {node} failed: {why}"
+        self.metrics.binds.labels("bound").inc()
+        self.metrics.decisions.labels("bind", "bound").inc()
+        return ""
+
+    async def _rollback(self, namespace: str, name: str) -> None:
+        try:
+            cleared = await kpods.clear_decision(self.client, namespace, name)
+        except (ApiError, httpx.HTTPError) as exc:
+            # The pod keeps a decision it does not use: it holds those cards until it is
+            # rescheduled (a new decision replaces it) or deleted. Conservative, never over.
+            log.warning("pod %s/%s: could not clear its GPU decision: %s", namespace, name, exc)
+            return
+        self.view.apply_pod(cleared)
+
+    # ------------------------------------------------------------------ probes
+    async def handle_healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def handle_readyz(self, request: web.Request) -> web.Response:
+        if self.view.synced.is_set():
+            return web.Response(text="ok")
+        return web.Response(text="not synced", status=503)
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,107 @@
+"""The extender's composition root: client, cluster view, scheduler and HTTP server, started
+and stopped together (one owner for every task, so none is orphaned)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from types import TracebackType
+
+import lightkube
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from kubegpu.extender.config import ExtenderConfig, load_workload, server_ssl_context
+from kubegpu.extender.scheduler import GpuScheduler
+from kubegpu.extender.server import ExtenderApp
+from kubegpu.kube.client import async_client
+from kubegpu.kube.view import Backoff, ClusterView
+
+log = logging.getLogger(__name__)
+
+
+class ExtenderService:
+    """``async with ExtenderService(config) as service:`` serves until the block ends."""
+
+    def __init__(
+        self,
+        config: ExtenderConfig,
+        *,
+        client: lightkube.AsyncClient | None = None,
+        backoff: Backoff | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        config.validate()
+        self.config = config
+        self.client = client or async_client(config.kubeconfig)
+        self.view = ClusterView(self.client, config.names, backoff=backoff)
+        workload = load_workload(config.workload_file) if config.workload_file else None
+        self.scheduler = GpuScheduler(
+            self.view,
+            config.policy,
+            workload=workload,
+            workload_refresh_s=config.workload_refresh_s,
+        )
+        self.app = ExtenderApp(
+            self.scheduler,
+            self.client,
+            registry=registry,
+            max_body_bytes=config.max_body_bytes,
+            bind_attempts=config.bind_attempts,
+        )
+        self._runner: web.AppRunner | None = None
+        self._view_task: asyncio.Task[None] | None = None
+        self.port = config.port
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.config.tls else "http"
+        host = self.config.host if ":" not in self.config.host else f"[{self.config.host}]"
+        return f"{scheme}://{host}:{self.port}"
+
+    async def start(self) -> None:
+        self._view_task = asyncio.create_task(self.view.run(), name="kubegpu-cluster-view")
+        runner = web.AppRunner(self.app.application(), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(
+            runner,
+            self.config.host,
+            self.config.port,
+            ssl_context=server_ssl_context(self.config),
+            backlog=2048,
+        )
+        await site.start()
+        self._runner = runner
+        self.port = runner.addresses[0][1]
+        log.info(
+            "kubegpu extender on %s, policy %s, resources %s",
+            self.url,
+            self.config.policy,
+            ",".join(self.config.names.all),
+        )
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._view_task is not None:
+            self._view_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._view_task
+            self._view_task = None
+
+    async def wait_synced(self, timeout_s: float = 30.0) -> None:
+        await asyncio.wait_for(self.view.synced.wait(), timeout_s)
+
+    async def __aenter__(self) -> ExtenderService:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()

@@ -1,0 +1,95 @@
+"""Publishing the node's GPU inventory on its Node object, and reading it back.
+
+The node agent calls :func:`publish_node_inventory` (or the async twin) on start and on every
+health change. It always writes the complete document computed from what the agent sees now,
+so a restarted agent re-asserts the truth without reading what an earlier one wrote. The write
+is a JSON merge patch of one annotation key we own: no other annotation is touched, and no
+resourceVersion precondition is needed because the whole value is replaced.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import lightkube
+from lightkube.resources.core_v1 import Node
+from lightkube.types import PatchType
+
+from kubegpu.core.gpu import NodeInventory
+from kubegpu.sharing.annotations import (
+    INVENTORY_ANNOTATION,
+    GpuRecord,
+    NodeGpuInventory,
+    decode_inventory,
+    encode_inventory,
+)
+
+log = logging.getLogger(__name__)
+
+
+def inventory_records(
+    inventory: NodeInventory, unhealthy: Collection[str] = ()
+) -> NodeGpuInventory:
+    """The published form of the agent's inventory snapshot; ``unhealthy`` holds GPU UUIDs
+    the health monitor has marked unusable."""
+    bad = {str(u) for u in unhealthy}
+    return NodeGpuInventory(
+        tuple(
+            GpuRecord(
+                uuid=str(gpu.uuid),
+                index=gpu.index,
+                model=gpu.product_name,
+                memory_mib=gpu.memory_total_mib,
+                healthy=str(gpu.uuid) not in bad,
+            )
+            for gpu in sorted(inventory.gpus, key=lambda g: g.index)
+        )
+    )
+
+
+def _current(node: Node) -> str | None:
+    annotations = (node.metadata.annotations if node.metadata else None) or {}
+    return annotations.get(INVENTORY_ANNOTATION)
+
+
+def _patch(text: str) -> dict[str, Any]:
+    return {"metadata": {"annotations": {INVENTORY_ANNOTATION: text}}}
+
+
+def publish_node_inventory(
+    client: lightkube.Client, node_name: str, inventory: NodeGpuInventory
+) -> bool:
+    """Make the Node's inventory annotation equal ``inventory``; True if it had to be written."""
+    text = encode_inventory(inventory)
+    if _current(client.get(Node, name=node_name)) == text:
+        log.debug("node %s: GPU inventory annotation already current", node_name)
+        return False
+    client.patch(Node, node_name, _patch(text), patch_type=PatchType.MERGE)
+    log.info("node %s: published inventory of %d GPUs", node_name, len(inventory.gpus))
+    return True
+
+
+async def publish_node_inventory_async(
+    client: lightkube.AsyncClient, node_name: str, inventory: NodeGpuInventory
+) -> bool:
+    """:func:`publish_node_inventory` for asyncio callers."""
+    text = encode_inventory(inventory)
+    if _current(await client.get(Node, name=node_name)) == text:
+        log.debug("node %s: GPU inventory annotation already current", node_name)
+        return False
+    await client.patch(Node, node_name, _patch(text), patch_type=PatchType.MERGE)
+    log.info("node %s: published inventory of %d GPUs", node_name, len(inventory.gpus))
+    return True
+
+
+def read_node_inventory(node: Node | Mapping[str, Any]) -> NodeGpuInventory | None:
+    """The inventory published on ``node`` (lightkube Node or JSON); ``None`` when absent.
+    Raises :class:`~kubegpu.sharing.annotations.AnnotationError` when malformed."""
+    if isinstance(node, Node):
+        raw = _current(node)
+    else:
+        meta = node.get("metadata") or {}
+        raw = (meta.get("annotations") or {}).get(INVENTORY_ANNOTATION)
+    return None if raw is None else decode_inventory(raw)

@@ -1,0 +1,285 @@
+"""The extender's cluster view: nodes and pods from list + watch, as accounting values.
+
+Each resource runs one loop: list (remembering the list's resourceVersion), then watch from it;
+an event carries the version to resume from; a dropped stream resumes from the last version
+after a bounded backoff; 410 Expired relists. Pods are applied by UID with a resourceVersion
+guard, so a stale event (or a relist older than a patch reply we applied ourselves) never rolls a
+pod back. Local *reservations* (a bind in flight) sit beside the observed pods and win over
+them until the bind settles.
+
+Consumers read :attr:`ClusterView.dirty_nodes` (nodes whose usage changed) and
+:attr:`ClusterView.topology_version` (bumped when a node appears, disappears or changes its
+allocatable CPU/memory or inventory) to update the placement engine incrementally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2 as httpx
+import lightkube
+from lightkube import ApiError
+from lightkube.resources.core_v1 import Node, Pod
+
+from kubegpu.sharing.accounting import ClusterSnapshot, NodeInfo, PodUsage, snapshot_from
+from kubegpu.sharing.annotations import INVENTORY_ANNOTATION, AnnotationError, decode_inventory
+from kubegpu.sharing.podstate import pod_uid, read_pod
+from kubegpu.sharing.resources import RequestError, ResourceNames, parse_quantity, pod_key
+
+log = logging.getLogger(__name__)
+
+_MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Retry delays as data: ``initial_s`` doubling (``factor``) up to ``max_s``."""
+
+    initial_s: float = 0.5
+    max_s: float = 30.0
+    factor: float = 2.0
+
+    def delay(self, attempt: int) -> float:
+        return float(min(self.max_s, self.initial_s * self.factor ** max(0, attempt - 1)))
+
+
+def node_info(node: Mapping[str, Any]) -> NodeInfo:
+    """A Node's JSON as the accounting sees it; a malformed inventory becomes an error string."""
+    meta = node.get("metadata") or {}
+    status = node.get("status") or {}
+    allocatable = status.get("allocatable") or {}
+    name = str(meta.get("name") or "")
+    try:
+        cpu = int(parse_quantity(allocatable.get("cpu", 0)) * 1000)
+        memory = int(parse_quantity(allocatable.get("memory", 0)) / _MIB)
+    except RequestError as exc:
+        log.warning("node %s: unreadable allocatable (%s); treating as empty", name, exc)
+        cpu, memory = 0, 0
+    raw = (meta.get("annotations") or {}).get(INVENTORY_ANNOTATION)
+    if raw is None:
+        return NodeInfo(name, cpu, memory)
+    try:
+        return NodeInfo(name, cpu, memory, decode_inventory(raw))
+    except AnnotationError as exc:
+        return NodeInfo(name, cpu, memory, None, str(exc))
+
+
+def _rv(obj: Mapping[str, Any]) -> int | None:
+    raw = (obj.get("metadata") or {}).get("resourceVersion")
+    try:
+        return int(raw) if raw is not None else None
+    except (TypeError, ValueError):
+        return None  # opaque versions: no ordering, accept every event
+
+
+class ClusterView:
+    """Nodes and pods of one cluster, kept current by list + watch."""
+
+    def __init__(
+        self,
+        client: lightkube.AsyncClient,
+        names: ResourceNames | None = None,
+        *,
+        backoff: Backoff | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        watch_timeout_s: int = 300,
+    ) -> None:
+        self.client = client
+        self.names = names or ResourceNames()
+        self.backoff = backoff or Backoff()
+        self._sleep = sleep
+        self.watch_timeout_s = watch_timeout_s
+        self.nodes: dict[str, NodeInfo] = {}
+        self.observed: dict[str, PodUsage] = {}  # uid -> what the API says the pod holds
+        self.reservations: dict[str, PodUsage] = {}  # uid -> a bind in flight
+        self.pod_json: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> pod
+        self._pod_rv: dict[str, int] = {}  # uid -> newest resourceVersion applied (tombstones too)
+        self._uid_key: dict[str, tuple[str, str]] = {}
+        self.dirty_nodes: set[str] = set()
+        self._on_node: dict[str, set[str]] = {}  # node -> uids whose effective usage is there
+        self.topology_version = 0
+        self.synced = asyncio.Event()
+        self._listed: set[str] = set()
+        self._versions: dict[str, str | None] = {}
+        self.relists = 0
+        self.watch_restarts = 0
+        self.problems: dict[str, str] = {}  # uid -> last problem logged, to log each once
+
+    # ------------------------------------------------------------------ reading
+    def usage(self, uid: str) -> PodUsage | None:
+        return self.reservations.get(uid) or self.observed.get(uid)
+
+    def pods(self) -> dict[str, PodUsage]:
+        merged = dict(self.observed)
+        merged.update(self.reservations)
+        return merged
+
+    def snapshot(self) -> ClusterSnapshot:
+        return snapshot_from(self.nodes.values(), self.pods().values())
+
+    def usages_on(self, node: str) -> list[PodUsage]:
+        found = (self.usage(uid) for uid in self._on_node.get(node, ()))
+        return [u for u in found if u is not None]
+
+    # ------------------------------------------------------------------ local writes
+    def reserve(self, usage: PodUsage) -> None:
+        previous = self.usage(usage.uid)
+        self.reservations[usage.uid] = usage
+        self._touch(previous, usage)
+
+    def unreserve(self, uid: str) -> None:
+        usage = self.reservations.pop(uid, None)
+        if usage is not None:
+            self._touch(usage, self.observed.get(uid))
+
+    def _touch(self, before: PodUsage | None, after: PodUsage | None) -> None:
+        if before == after:
+            return
+        if before is not None:
+            self.dirty_nodes.add(before.node)
+            self._on_node.get(before.node, set()).discard(before.uid)
+        if after is not None:
+            self.dirty_nodes.add(after.node)
+            self._on_node.setdefault(after.node, set()).add(after.uid)
+
+    # ------------------------------------------------------------------ applying objects
+    def apply_pod(self, pod: Mapping[str, Any], *, deleted: bool = False) -> None:
+        uid = pod_uid(pod)
+        if not uid:
+            return
+        rv = _rv(pod)
+        last = self._pod_rv.get(uid)
+        if rv is not None and last is not None and rv < last:
+            return  # older than what we already applied (e.g. our own patch reply)
+        if rv is not None:
+            self._pod_rv[uid] = rv
+        meta = pod.get("metadata") or {}
+        key = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+        before = self.usage(uid)
+        if deleted:
+            self.observed.pop(uid, None)
+            self.pod_json.pop(key, None)
+            self._uid_key.pop(uid, None)
+            self.problems.pop(uid, None)
+        else:
+            self.pod_json[key] = dict(pod)
+            self._uid_key[uid] = key
+            reading = read_pod(pod, self.names)
+            if reading.problem and self.problems.get(uid) != reading.problem:
+                self.problems[uid] = reading.problem
+                log.warning("%s", reading.problem)
+            if reading.usage is None:
+                self.observed.pop(uid, None)
+            else:
+                self.observed[uid] = reading.usage
+        self._touch(before, self.usage(uid))
+
+    def apply_node(self, node: Mapping[str, Any], *, deleted: bool = False) -> None:
+        name = str((node.get("metadata") or {}).get("name") or "")
+        if not name:
+            return
+        if deleted:
+            if self.nodes.pop(name, None) is not None:
+                self.topology_version += 1
+            return
+        info = node_info(node)
+        previous = self.nodes.get(name)
+        if previous == info:
+            return
+        if info.inventory_error and (
+            previous is None or previous.inventory_error != info.inventory_error
+        ):
+            log.warning("node %s: %s; its GPUs are not offered", name, info.inventory_error)
+        self.nodes[name] = info
+        self.topology_version += 1
+
+    # ------------------------------------------------------------------ list + watch
+    async def run(self) -> None:
+        """List and watch nodes and pods until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._loop(Node, "nodes"))
+            group.create_task(self._loop(Pod, "pods"))
+
+    async def _loop(self, kind: type[Node] | type[Pod], label: str) -> None:
+        failures = 0
+        while True:
+            try:
+                if self._versions.get(label) is None:
+                    self._versions[label] = await self._relist(kind, label)
+                    failures = 0
+                await self._watch(kind, label)
+            except asyncio.CancelledError:
+                raise
+            except httpx.HTTPStatusError as exc:
+                code = exc.status.code if isinstance(exc, ApiError) else exc.response.status_code
+                if code == 410:
+                    log.info("%s watch expired at %s; relisting", label, self._versions.get(label))
+                    self._versions[label] = None
+                    continue
+                failures += 1
+                await self._pause(label, failures, f"API error {code}: {exc}")
+            except (httpx.HTTPError, OSError, ValueError) as exc:
+                failures += 1
+                await self._pause(label, failures, f"{type(exc).__name__}: {exc}")
+
+    async def _pause(self, label: str, failures: int, why: str) -> None:
+        delay = self.backoff.delay(failures)
+        self.watch_restarts += 1
+        log.warning("%s watch failed (%s); retrying in %.1f s", label, why, delay)
+        await self._sleep(delay)
+
+    async def _relist(self, kind: type[Node] | type[Pod], label: str) -> str:
+        listing = self.client.list(kind)
+        objects = [obj.to_dict() async for obj in listing]
+        version = listing.resourceVersion
+        listed_rv = int(version) if version.isdigit() else None
+        if kind is Node:
+            present = {o["metadata"]["name"] for o in objects}
+            for name in [n for n in self.nodes if n not in present]:
+                self.apply_node({"metadata": {"name": name}}, deleted=True)
+            for obj in objects:
+                self.apply_node(obj)
+        else:
+            present = {o["metadata"].get("uid") for o in objects}
+            for uid in [u for u in self.observed if u not in present]:
+                last = self._pod_rv.get(uid)
+                if listed_rv is None or last is None or last <= listed_rv:
+                    key = self._uid_key.get(uid, ("", ""))
+                    self.apply_pod(
+                        {"metadata": {"uid": uid, "namespace": key[0], "name": key[1]}},
+                        deleted=True,
+                    )
+            for obj in objects:
+                self.apply_pod(obj)
+        self.relists += 1
+        self._listed.add(label)
+        if self._listed >= {"nodes", "pods"}:
+            self.synced.set()
+        log.info("listed %d %s at version %s", len(objects), label, version)
+        return version
+
+    async def _watch(self, kind: type[Node] | type[Pod], label: str) -> None:
+        # lightkube re-opens a stream the server closed cleanly, from the last version it saw;
+        # errors come out here and _loop resumes from the version recorded below.
+        stream = self.client.watch(
+            kind, resource_version=self._versions[label], server_timeout=self.watch_timeout_s
+        )
+        async for event, obj in stream:
+            data = obj.to_dict()
+            rv = (data.get("metadata") or {}).get("resourceVersion")
+            if rv:
+                self._versions[label] = rv
+            if event == "BOOKMARK":
+                continue
+            if kind is Node:
+                self.apply_node(data, deleted=event == "DELETED")
+            else:
+                self.apply_pod(data, deleted=event == "DELETED")
+
+
+def describe_pod(pod: Mapping[str, Any]) -> str:
+    return pod_key(pod)

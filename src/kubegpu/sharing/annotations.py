@@ -1,0 +1,290 @@
+"""The annotation protocol between node agent, scheduler extender and inspection tools.
+
+Two versioned JSON documents, both keyed by GPU UUID (indices are kept for people and for
+``NVIDIA_VISIBLE_DEVICES`` fallbacks, never trusted alone):
+
+* ``kubegpu.io/gpu-inventory`` on the Node, written by the node agent: every card's UUID, index,
+  model, memory and health. The agent rewrites the whole document on start and on every health
+  change, so it never depends on what an earlier agent wrote.
+* ``kubegpu.io/gpu-allocation`` on the Pod, written by the extender at bind time: node, cards
+  with the compute and memory the pod holds on each, the per-container split, decision time and
+  policy. It is the durable record the extender rebuilds its accounting from after a restart.
+
+Parsing is strict: anything unexpected raises :class:`AnnotationError`, which names the
+annotation and the offending field, and callers treat the object as having no annotation.
+Pure: strings in, frozen values out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+INVENTORY_ANNOTATION = "kubegpu.io/gpu-inventory"
+ALLOCATION_ANNOTATION = "kubegpu.io/gpu-allocation"
+PROTOCOL_VERSION = 1
+# Annotations are limited to 256 KiB in total per object; ours stay far below that.
+MAX_ANNOTATION_BYTES = 64 * 1024
+
+
+class AnnotationError(ValueError):
+    """A malformed annotation; ``annotation`` is its key, ``problem`` what is wrong."""
+
+    def __init__(self, annotation: str, problem: str) -> None:
+        super().__init__(f"annotation {annotation}: {problem}")
+        self.annotation = annotation
+        self.problem = problem
+
+
+# --------------------------------------------------------------------------- node inventory
+@dataclass(frozen=True)
+class GpuRecord:
+    """One card as published on its Node."""
+
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+    healthy: bool = True
+
+
+@dataclass(frozen=True)
+class NodeGpuInventory:
+    """The node agent's published view of its cards (sorted by index)."""
+
+    gpus: tuple[GpuRecord, ...]
+
+    def by_uuid(self) -> dict[str, GpuRecord]:
+        return {g.uuid: g for g in self.gpus}
+
+
+def encode_inventory(inventory: NodeGpuInventory) -> str:
+    """Canonical JSON (sorted cards, sorted keys, no spaces): equal inventories give equal
+    strings, so a publisher can tell that nothing changed without parsing."""
+    gpus = sorted(inventory.gpus, key=lambda g: g.index)
+    doc = {
+        "v": PROTOCOL_VERSION,
+        "gpus": [
+            {
+                "uuid": g.uuid,
+                "index": g.index,
+                "model": g.model,
+                "memoryMiB": g.memory_mib,
+                "healthy": g.healthy,
+            }
+            for g in gpus
+        ],
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def decode_inventory(text: object) -> NodeGpuInventory:
+    key = INVENTORY_ANNOTATION
+    doc = _load(key, text)
+    gpus_raw = _field(key, doc, "gpus", list)
+    gpus: list[GpuRecord] = []
+    for i, raw in enumerate(gpus_raw):
+        where = f"gpus[{i}]"
+        item = _object(key, raw, where)
+        gpus.append(
+            GpuRecord(
+                uuid=_uuid(key, item, where),
+                index=_int(key, item, "index", where),
+                model=_string(key, item, "model", where, allow_empty=True),
+                memory_mib=_int(key, item, "memoryMiB", where),
+                healthy=_field(key, item, "healthy", bool, where),
+            )
+        )
+    _unique(key, [g.uuid for g in gpus], "uuid")
+    _unique(key, [g.index for g in gpus], "index")
+    return NodeGpuInventory(tuple(sorted(gpus, key=lambda g: g.index)))
+
+
+# --------------------------------------------------------------------------- pod allocation
+@dataclass(frozen=True)
+class CardShare:
+    """What a pod (or one container) holds on one card. Whole cards hold 1000 milli and the
+    card's whole memory."""
+
+    uuid: str
+    index: int
+    compute_milli: int
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class ContainerAllocation:
+    name: str
+    init: bool
+    cards: tuple[CardShare, ...]
+
+
+@dataclass(frozen=True)
+class AllocationDecision:
+    """The extender's decision for one pod, as recorded on it before binding."""
+
+    node: str
+    cards: tuple[CardShare, ...]  # pod totals per card: what accounting charges
+    containers: tuple[ContainerAllocation, ...]
+    decided_at: str  # RFC 3339, UTC
+    policy: str
+    shared: bool  # True: a share of one card; False: whole cards
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        return tuple(c.index for c in self.cards)
+
+    @property
+    def gpu_uuids(self) -> tuple[str, ...]:
+        return tuple(c.uuid for c in self.cards)
+
+
+def _card_doc(c: CardShare) -> dict[str, Any]:
+    return {
+        "uuid": c.uuid,
+        "index": c.index,
+        "computeMilli": c.compute_milli,
+        "memoryMiB": c.memory_mib,
+    }
+
+
+def encode_allocation(decision: AllocationDecision) -> str:
+    doc = {
+        "v": PROTOCOL_VERSION,
+        "node": decision.node,
+        "mode": "shared" if decision.shared else "whole",
+        "gpus": [_card_doc(c) for c in decision.cards],
+        "containers": [
+            {"name": c.name, "init": c.init, "gpus": [_card_doc(g) for g in c.cards]}
+            for c in decision.containers
+        ],
+        "decidedAt": decision.decided_at,
+        "policy": decision.policy,
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def decode_allocation(text: object) -> AllocationDecision:
+    key = ALLOCATION_ANNOTATION
+    doc = _load(key, text)
+    node = _string(key, doc, "node", "")
+    mode = _string(key, doc, "mode", "")
+    if mode not in ("shared", "whole"):
+        raise AnnotationError(key, f"mode must be 'shared' or 'whole', got {mode!r}")
+    cards = _cards(key, _field(key, doc, "gpus", list), "gpus")
+    if not cards:
+        raise AnnotationError(key, "gpus is empty")
+    _unique(key, [c.uuid for c in cards], "uuid")
+    if mode == "shared" and len(cards) != 1:
+        raise AnnotationError(key, f"a shared allocation names exactly one card, got {len(cards)}")
+    containers: list[ContainerAllocation] = []
+    for i, raw in enumerate(_field(key, doc, "containers", list)):
+        where = f"containers[{i}]"
+        item = _object(key, raw, where)
+        container_cards = _cards(key, _field(key, item, "gpus", list, where), f"{where}.gpus")
+        known = {c.uuid for c in cards}
+        for card in container_cards:
+            if card.uuid not in known:
+                raise AnnotationError(key, f"{where}: card {card.uuid} is not in gpus")
+        containers.append(
+            ContainerAllocation(
+                _string(key, item, "name", where),
+                _field(key, item, "init", bool, where),
+                container_cards,
+            )
+        )
+    return AllocationDecision(
+        node=node,
+        cards=cards,
+        containers=tuple(containers),
+        decided_at=_string(key, doc, "decidedAt", ""),
+        policy=_string(key, doc, "policy", ""),
+        shared=mode == "shared",
+    )
+
+
+def _cards(key: str, raw: Sequence[Any], where: str) -> tuple[CardShare, ...]:
+    out: list[CardShare] = []
+    for i, item_raw in enumerate(raw):
+        here = f"{where}[{i}]"
+        item = _object(key, item_raw, here)
+        compute = _int(key, item, "computeMilli", here)
+        if not 0 <= compute <= 1000:
+            raise AnnotationError(key, f"{here}.computeMilli must be in 0..1000, got {compute}")
+        out.append(
+            CardShare(
+                _uuid(key, item, here),
+                _int(key, item, "index", here),
+                compute,
+                _int(key, item, "memoryMiB", here),
+            )
+        )
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- strict helpers
+def _load(key: str, text: object) -> Mapping[str, Any]:
+    if not isinstance(text, str):
+        raise AnnotationError(key, f"value must be a string, got {type(text).__name__}")
+    if len(text.encode()) > MAX_ANNOTATION_BYTES:
+        raise AnnotationError(key, f"longer than {MAX_ANNOTATION_BYTES} bytes")
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise AnnotationError(key, f"not JSON ({exc})") from None
+    doc = _object(key, doc, "document")
+    version = doc.get("v")
+    if version != PROTOCOL_VERSION or isinstance(version, bool):
+        raise AnnotationError(key, f"unsupported version {version!r} (this build reads v1)")
+    return doc
+
+
+def _object(key: str, raw: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(raw, dict):
+        raise AnnotationError(key, f"{where} must be an object, got {type(raw).__name__}")
+    return raw
+
+
+def _field(key: str, doc: Mapping[str, Any], name: str, kind: type, where: str = "") -> Any:
+    label = f"{where}.{name}" if where else name
+    if name not in doc:
+        raise AnnotationError(key, f"{label} is missing")
+    value = doc[name]
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise AnnotationError(key, f"{label} must be {kind.__name__}, got {value!r:.60}")
+    return value
+
+
+def _int(key: str, doc: Mapping[str, Any], name: str, where: str) -> int:
+    value: int = _field(key, doc, name, int, where)
+    if value < 0 or value > 2**40:
+        raise AnnotationError(key, f"{where}.{name} out of range: {value}")
+    return value
+
+
+def _string(
+    key: str, doc: Mapping[str, Any], name: str, where: str, *, allow_empty: bool = False
+) -> str:
+    value: str = _field(key, doc, name, str, where)
+    if not value and not allow_empty:
+        raise AnnotationError(key, f"{(where + '.') if where else ''}{name} is empty")
+    if len(value) > 253:
+        raise AnnotationError(key, f"{(where + '.') if where else ''}{name} is too long")
+    return value
+
+
+def _uuid(key: str, doc: Mapping[str, Any], where: str) -> str:
+    value = _string(key, doc, "uuid", where)
+    if any(ch.isspace() or ch == "," for ch in value):
+        raise AnnotationError(key, f"{where}.uuid {value!r:.60} contains a space or comma")
+    return value
+
+
+def _unique(key: str, values: Sequence[object], what: str) -> None:
+    seen: set[object] = set()
+    for value in values:
+        if value in seen:
+            raise AnnotationError(key, f"duplicate {what} {value!r}")
+        seen.add(value)

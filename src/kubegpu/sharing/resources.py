@@ -1,0 +1,422 @@
+"""GPU resource names and units, and the conversion of a pod's JSON into what it asks for.
+
+Whole cards stay ``nvidia.com/gpu``. A *share* of one card is asked for with three names: GPU
+memory in MiB and compute in milli-GPU (1000 = one card), both accounted only by the scheduler
+extender (nodes never advertise them, so the kubelet drops them at admission), plus one share
+slot, which the node agent does advertise so that the kubelet calls its ``Allocate`` for the
+container (see ``docs/sharing.md`` for why the slot exists and why it stays small).
+
+The pod arithmetic follows kube-scheduler's (``PodRequests`` in k8s.io/component-helpers):
+effective request = max(sum over app containers + sidecars, the largest init-container
+step), plus ``spec.overhead``. Everything here is pure: pod JSON in, our values out.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from typing import Any
+
+from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
+
+DEFAULT_WHOLE_GPU = "nvidia.com/gpu"
+DEFAULT_GPU_MEMORY = "kubegpu.io/gpu-memory"  # MiB of one card's memory
+DEFAULT_GPU_COMPUTE = "kubegpu.io/gpu-compute"  # milli-GPU of one card, 1..999 (1000 = whole)
+DEFAULT_SHARE_SLOT = "kubegpu.io/gpu-shared"  # one per sharing container; advertised per card
+# Pod annotation narrowing the card models a pod accepts: "A100-SXM4-80GB,H100-80GB".
+GPU_MODELS_ANNOTATION = "kubegpu.io/gpu-models"
+
+
+@dataclass(frozen=True)
+class ResourceNames:
+    """The extended-resource names in use; configurable because clusters already running
+    another sharing system may have taken the defaults."""
+
+    whole_gpu: str = DEFAULT_WHOLE_GPU
+    gpu_memory: str = DEFAULT_GPU_MEMORY
+    gpu_compute: str = DEFAULT_GPU_COMPUTE
+    share_slot: str = DEFAULT_SHARE_SLOT
+
+    def __post_init__(self) -> None:
+        names = (self.whole_gpu, self.gpu_memory, self.gpu_compute, self.share_slot)
+        if len(set(names)) != len(names):
+            raise ValueError(f"GPU resource names must be distinct, got {names}")
+        for name in names:
+            if not _EXTENDED_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a valid extended resource name (domain/name)")
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        return (self.whole_gpu, self.gpu_memory, self.gpu_compute, self.share_slot)
+
+
+_EXTENDED_NAME = re.compile(
+    r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
+
+
+class RequestError(ValueError):
+    """The pod's GPU request cannot be served; the message says why and what to change."""
+
+
+class RequestKind(enum.Enum):
+    NONE = "none"  # no GPU resource at all: the extender passes it through untouched
+    WHOLE = "whole"  # nvidia.com/gpu cards
+    SHARED = "shared"  # memory + compute on one card
+
+
+@dataclass(frozen=True)
+class ContainerShare:
+    """What one container asks of the GPU. ``init`` containers run before the app ones;
+    ``sidecar`` (restartable init) containers run alongside them."""
+
+    name: str
+    init: bool = False
+    sidecar: bool = False
+    whole_gpus: int = 0
+    compute_milli: int = 0
+    memory_mib: int = 0
+    share_slots: int = 0
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.whole_gpus > 0 or self.compute_milli > 0 or self.memory_mib > 0
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """A pod's effective demand: node CPU/memory, and cards (whole) or one card's share."""
+
+    kind: RequestKind
+    cpu_milli: int
+    memory_mib: int
+    whole_gpus: int = 0
+    compute_milli: int = 0
+    gpu_memory_mib: int = 0
+    gpu_models: frozenset[str] = frozenset()
+    containers: tuple[ContainerShare, ...] = field(default=())
+    name: str = ""
+
+    def to_placement(self) -> PodRequest:
+        """The placement engine's view of this request."""
+        if self.kind is RequestKind.WHOLE:
+            return PodRequest(
+                self.cpu_milli,
+                self.memory_mib,
+                self.whole_gpus,
+                MILLI_PER_GPU,
+                None,
+                self.gpu_models,
+                self.name,
+            )
+        if self.kind is RequestKind.SHARED:
+            return PodRequest(
+                self.cpu_milli,
+                self.memory_mib,
+                1,
+                self.compute_milli,
+                self.gpu_memory_mib,
+                self.gpu_models,
+                self.name,
+            )
+        return PodRequest(self.cpu_milli, self.memory_mib, name=self.name)
+
+
+# --------------------------------------------------------------------------- quantities
+_SUFFIX: dict[str, Decimal] = {
+    "": Decimal(1),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+_QUANTITY = re.compile(
+    r"([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?"
+)
+_MIB = Decimal(2) ** 20
+
+
+def parse_quantity(value: object) -> Decimal:
+    """A Kubernetes quantity ("500m", "10Gi", "1e3", 4) as an exact decimal; raises
+    :class:`RequestError` for anything kube-apiserver would not accept."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise RequestError(f"quantity must be a string or number, got {value!r}")
+    text = str(value).strip()
+    match = _QUANTITY.fullmatch(text)
+    if match is None or len(text) > 64:
+        raise RequestError(f"{text[:64]!r} is not a Kubernetes quantity")
+    number, exponent, suffix = match.groups()
+    try:
+        amount = Decimal(number)
+        amount *= Decimal(f"1{exponent}") if exponent else _SUFFIX[suffix or ""]
+    except (InvalidOperation, OverflowError):
+        raise RequestError(f"{text!r} is not a Kubernetes quantity") from None
+    if amount < 0:
+        raise RequestError(f"quantity {text!r} is negative")
+    if amount > Decimal(10) ** 18:
+        raise RequestError(f"quantity {text!r} is too large")
+    return amount
+
+
+def _quantity_in(raw: object, where: str, name: str) -> Decimal:
+    try:
+        return parse_quantity(raw)
+    except RequestError as exc:
+        raise RequestError(f"{where}: {name}: {exc}") from None
+
+
+def _ceil(value: Decimal) -> int:
+    return int(value.to_integral_value(rounding=ROUND_CEILING))
+
+
+# --------------------------------------------------------------------------- pods
+@dataclass(frozen=True)
+class _Amounts:
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    whole: int = 0
+    compute: int = 0
+    gpu_memory: int = 0
+    slots: int = 0
+
+    def plus(self, other: _Amounts) -> _Amounts:
+        return _Amounts(*(a + b for a, b in zip(self._values(), other._values(), strict=True)))
+
+    def max(self, other: _Amounts) -> _Amounts:
+        return _Amounts(*(max(a, b) for a, b in zip(self._values(), other._values(), strict=True)))
+
+    def _values(self) -> tuple[int, ...]:
+        return (
+            self.cpu_milli,
+            self.memory_mib,
+            self.whole,
+            self.compute,
+            self.gpu_memory,
+            self.slots,
+        )
+
+
+def _container_amounts(container: Mapping[str, Any], names: ResourceNames, where: str) -> _Amounts:
+    resources = container.get("resources") or {}
+    if not isinstance(resources, Mapping):
+        raise RequestError(f"{where}: resources must be an object")
+    requests = resources.get("requests") or {}
+    limits = resources.get("limits") or {}
+    if not isinstance(requests, Mapping) or not isinstance(limits, Mapping):
+        raise RequestError(f"{where}: resources.requests and .limits must be objects")
+
+    def amount(name: str, extended: bool) -> Decimal:
+        # Extended resources: requests default to limits and must equal them (API validation);
+        # CPU/memory requests default to limits too (API defaulting).
+        raw = requests.get(name, limits.get(name))
+        if raw is None:
+            return Decimal(0)
+        try:
+            value = parse_quantity(raw)
+        except RequestError as exc:
+            raise RequestError(f"{where}: {name}: {exc}") from None
+        both = extended and name in limits and name in requests
+        if both and _quantity_in(limits[name], where, name) != value:
+            raise RequestError(f"{where}: {name}: request and limit must be equal")
+        if extended and value != value.to_integral_value():
+            raise RequestError(f"{where}: {name} must be a whole number, got {raw!r}")
+        return value
+
+    return _Amounts(
+        cpu_milli=_ceil(amount("cpu", False) * 1000),
+        memory_mib=_ceil(amount("memory", False) / _MIB),
+        whole=int(amount(names.whole_gpu, True)),
+        compute=int(amount(names.gpu_compute, True)),
+        gpu_memory=int(amount(names.gpu_memory, True)),
+        slots=int(amount(names.share_slot, True)),
+    )
+
+
+def _containers(spec: Mapping[str, Any], key: str) -> Sequence[Mapping[str, Any]]:
+    items = spec.get(key) or []
+    if not isinstance(items, list) or not all(isinstance(c, Mapping) for c in items):
+        raise RequestError(f"spec.{key} must be a list of objects")
+    return items
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    if not isinstance(meta, Mapping):
+        return "<pod without metadata>"
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
+
+
+@dataclass(frozen=True)
+class PodTotals:
+    """A pod's effective per-resource totals and its per-container GPU split, unvalidated."""
+
+    cpu_milli: int
+    memory_mib: int
+    whole_gpus: int
+    compute_milli: int
+    gpu_memory_mib: int
+    share_slots: int
+    containers: tuple[ContainerShare, ...]
+
+
+def pod_totals(pod: Mapping[str, Any], names: ResourceNames | None = None) -> PodTotals:
+    """Effective requests as kube-scheduler computes them; raises :class:`RequestError` only
+    for JSON it cannot read (bad quantities, wrong shapes)."""
+    names = names or ResourceNames()
+    key = pod_key(pod)
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    if not isinstance(spec, Mapping):
+        raise RequestError(f"pod {key}: no spec")
+    shares: list[ContainerShare] = []
+    app = _Amounts()
+    for index, container in enumerate(_containers(spec, "containers")):
+        cname = str(container.get("name") or f"#{index}")
+        amounts = _container_amounts(container, names, f"pod {key} container {cname}")
+        app = app.plus(amounts)
+        shares.append(_split(cname, amounts, init=False, sidecar=False))
+    sidecars = _Amounts()
+    init_peak = _Amounts()
+    for index, container in enumerate(_containers(spec, "initContainers")):
+        cname = str(container.get("name") or f"init#{index}")
+        amounts = _container_amounts(container, names, f"pod {key} init container {cname}")
+        sidecar = container.get("restartPolicy") == "Always"
+        if sidecar:
+            app = app.plus(amounts)
+            sidecars = sidecars.plus(amounts)
+            step = sidecars
+        else:
+            step = amounts.plus(sidecars)
+        init_peak = init_peak.max(step)
+        shares.append(_split(cname, amounts, init=True, sidecar=sidecar))
+    total = app.max(init_peak)
+    overhead = spec.get("overhead") or {}
+    if isinstance(overhead, Mapping) and overhead:
+        extra = _container_amounts({"resources": {"requests": overhead}}, names, f"pod {key}")
+        total = total.plus(_Amounts(cpu_milli=extra.cpu_milli, memory_mib=extra.memory_mib))
+    return PodTotals(
+        total.cpu_milli,
+        total.memory_mib,
+        total.whole,
+        total.compute,
+        total.gpu_memory,
+        total.slots,
+        tuple(shares),
+    )
+
+
+def _split(cname: str, amounts: _Amounts, *, init: bool, sidecar: bool) -> ContainerShare:
+    return ContainerShare(
+        cname,
+        init=init,
+        sidecar=sidecar,
+        whole_gpus=amounts.whole,
+        compute_milli=amounts.compute,
+        memory_mib=amounts.gpu_memory,
+        share_slots=amounts.slots,
+    )
+
+
+def gpu_request(pod: Mapping[str, Any], names: ResourceNames | None = None) -> GpuRequest:
+    """What ``pod`` (Kubernetes JSON) asks for; raises :class:`RequestError` with an actionable
+    message for requests that cannot be served."""
+    names = names or ResourceNames()
+    key = pod_key(pod)
+    totals = pod_totals(pod, names)
+    total = _Amounts(
+        totals.cpu_milli,
+        totals.memory_mib,
+        totals.whole_gpus,
+        totals.compute_milli,
+        totals.gpu_memory_mib,
+        totals.share_slots,
+    )
+    shares = list(totals.containers)
+    models = _models(pod, key)
+
+    shared = total.compute > 0 or total.gpu_memory > 0 or total.slots > 0
+    if total.whole > 0 and shared:
+        raise RequestError(
+            f"pod {key} asks for whole GPUs ({names.whole_gpu}) and a GPU share "
+            f"({names.gpu_memory}/{names.gpu_compute}/{names.share_slot}) at once; "
+            "use one or the other"
+        )
+    if total.whole > 0:
+        return GpuRequest(
+            RequestKind.WHOLE,
+            whole_gpus=total.whole,
+            gpu_models=models,
+            containers=tuple(shares),
+            cpu_milli=total.cpu_milli,
+            memory_mib=total.memory_mib,
+            name=key,
+        )
+    if not shared:
+        return GpuRequest(RequestKind.NONE, total.cpu_milli, total.memory_mib, name=key)
+    for share in shares:
+        _check_share(share, names, key)
+    if total.compute >= MILLI_PER_GPU:
+        raise RequestError(
+            f"pod {key} asks for {total.compute} milli-GPU of shared compute; a share must fit "
+            f"on one card (at most {MILLI_PER_GPU - 1}); ask for {names.whole_gpu} instead"
+        )
+    return GpuRequest(
+        RequestKind.SHARED,
+        compute_milli=total.compute,
+        gpu_memory_mib=total.gpu_memory,
+        gpu_models=models,
+        containers=tuple(shares),
+        cpu_milli=total.cpu_milli,
+        memory_mib=total.memory_mib,
+        name=key,
+    )
+
+
+def _check_share(share: ContainerShare, names: ResourceNames, key: str) -> None:
+    where = f"pod {key} container {share.name}"
+    has_share = share.compute_milli > 0 or share.memory_mib > 0
+    if has_share and not (share.compute_milli and share.memory_mib):
+        raise RequestError(
+            f"{where}: a GPU share needs both {names.gpu_memory} (MiB) and "
+            f"{names.gpu_compute} (milli-GPU)"
+        )
+    if has_share and share.share_slots != 1:
+        raise RequestError(
+            f"{where}: a container with a GPU share must also ask for exactly 1 "
+            f"{names.share_slot} (got {share.share_slots}); without it the node agent is never "
+            "asked to give the container its card"
+        )
+    if share.share_slots and not has_share:
+        raise RequestError(
+            f"{where}: {names.share_slot} without {names.gpu_memory} and {names.gpu_compute}; "
+            "say how much of the card the container needs"
+        )
+
+
+def _models(pod: Mapping[str, Any], key: str) -> frozenset[str]:
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    if not isinstance(annotations, Mapping):
+        return frozenset()
+    raw = annotations.get(GPU_MODELS_ANNOTATION)
+    if raw is None:
+        return frozenset()
+    if not isinstance(raw, str):
+        raise RequestError(f"pod {key}: annotation {GPU_MODELS_ANNOTATION} must be a string")
+    models = frozenset(m.strip() for m in raw.split(",") if m.strip())
+    if not models:
+        raise RequestError(f"pod {key}: annotation {GPU_MODELS_ANNOTATION} names no model")
+    return models

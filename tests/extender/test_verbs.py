@@ -1,0 +1,293 @@
+"""filter / prioritize / bind over real HTTP, with payloads shaped like kube-scheduler's, against
+the fake API server through lightkube."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, decode_allocation
+from kubegpu.testing.apiserver import FakeApiServer, make_pod
+from tests.extender.cluster import (
+    COMPUTE,
+    MEMORY,
+    SLOT,
+    filter_args,
+    gpu_node,
+    http_session,
+    post,
+    running_extender,
+    shared_pod,
+    whole_pod,
+)
+
+
+def seed(server: FakeApiServer, *objects: tuple[str, dict[str, Any]]) -> None:
+    for resource, obj in objects:
+        server.store.put(resource, obj)
+
+
+def stored_pod(server: FakeApiServer, name: str) -> dict[str, Any]:
+    pod = server.store.get("pods", "default", name)
+    assert pod is not None
+    return pod
+
+
+async def test_unschedulable_pod_gets_a_reason_for_every_node() -> None:
+    async with FakeApiServer() as server:
+        seed(
+            server,
+            ("nodes", gpu_node("node-a", cards=2, memory_mib=6144)),
+            ("nodes", gpu_node("node-b", cards=1, memory_mib=16384, cpu="1")),
+            (
+                "nodes",
+                {
+                    "metadata": {"name": "node-c"},
+                    "status": {"allocatable": {"cpu": "8", "memory": "8Gi"}},
+                },
+            ),
+        )
+        async with running_extender(server) as ext, http_session() as http:
+            pod = shared_pod("big", memory_mib=10240, compute_milli=300, cpu="2")
+            status, body = await post(
+                http,
+                f"{ext.url}/filter",
+                filter_args(pod, ["node-a", "node-b", "node-c", "node-x"]),
+            )
+    assert status == 200
+    assert body["NodeNames"] == [] and body["Nodes"] is None and body["Error"] == ""
+    unresolvable = body["FailedAndUnresolvableNodes"]
+    failed = body["FailedNodes"]
+    assert (
+        unresolvable["node-a"] == "node-a: largest card has 6144 MiB in total, pod needs 10240 MiB"
+    )
+    assert "kubegpu node agent" in unresolvable["node-c"]
+    assert failed["node-b"] == "node-b: 1000 milli-CPU free, pod needs 2000"
+    assert "not yet seen" in failed["node-x"]
+
+
+async def test_filter_names_the_largest_free_card_when_memory_is_taken() -> None:
+    async with FakeApiServer() as server:
+        seed(server, ("nodes", gpu_node("node-a", cards=1, memory_mib=16384)))
+        async with running_extender(server, policy="binpack") as ext, http_session() as http:
+            pod = shared_pod("next", memory_mib=8192, compute_milli=100)
+            server.store.put("pods", pod)
+            await asyncio.sleep(0.05)
+            _, first = await post(http, f"{ext.url}/filter", filter_args(pod, ["node-a"]))
+            assert first["NodeNames"] == ["node-a"]
+            status, body = await post(
+                http,
+                f"{ext.url}/bind",
+                {
+                    "PodName": "next",
+                    "PodNamespace": "default",
+                    "PodUID": stored_pod(server, "next")["metadata"]["uid"],
+                    "Node": "node-a",
+                },
+            )
+            assert (status, body) == (200, {"Error": ""})
+            again = shared_pod("again", memory_mib=10240, compute_milli=100)
+            _, second = await post(http, f"{ext.url}/filter", filter_args(again, ["node-a"]))
+    assert second["FailedNodes"] == {
+        "node-a": "node-a: largest free card has 8192 MiB, pod needs 10240 MiB"
+    }
+
+
+async def test_bind_records_the_decision_then_binds_the_pod() -> None:
+    async with FakeApiServer() as server:
+        seed(
+            server,
+            ("nodes", gpu_node("node-a", cards=4)),
+            ("pods", whole_pod("train", 2)),
+            ("pods", shared_pod("infer", 10240, 300)),
+        )
+        async with running_extender(server) as ext, http_session() as http:
+            for name in ("train", "infer"):
+                uid = stored_pod(server, name)["metadata"]["uid"]
+                status, body = await post(
+                    http,
+                    f"{ext.url}/bind",
+                    {"PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": "node-a"},
+                )
+                assert (status, body) == (200, {"Error": ""})
+    train = stored_pod(server, "train")
+    infer = stored_pod(server, "infer")
+    assert train["spec"]["nodeName"] == infer["spec"]["nodeName"] == "node-a"
+    whole = decode_allocation(train["metadata"]["annotations"][ALLOCATION_ANNOTATION])
+    share = decode_allocation(infer["metadata"]["annotations"][ALLOCATION_ANNOTATION])
+    assert not whole.shared and len(whole.cards) == 2
+    assert all(c.compute_milli == 1000 and c.memory_mib == 81920 for c in whole.cards)
+    assert share.shared and share.cards[0].compute_milli == 300
+    assert share.cards[0].memory_mib == 10240
+    assert share.cards[0].uuid not in whole.gpu_uuids  # never on a card given away whole
+    assert [c.name for c in share.containers] == ["main"]
+    assert share.node == whole.node == "node-a"
+    assert share.policy == "kubegpu" and share.decided_at.endswith("Z")
+
+
+async def test_prioritize_answers_a_host_priority_list_within_the_extender_range() -> None:
+    async with FakeApiServer() as server:
+        busy = shared_pod("busy", 40960, 500)
+        seed(
+            server,
+            ("nodes", gpu_node("node-a", cards=2)),
+            ("nodes", gpu_node("node-b", cards=2)),
+            ("pods", busy),
+        )
+        async with running_extender(server, policy="binpack") as ext, http_session() as http:
+            uid = stored_pod(server, "busy")["metadata"]["uid"]
+            await post(
+                http,
+                f"{ext.url}/bind",
+                {"PodName": "busy", "PodNamespace": "default", "PodUID": uid, "Node": "node-b"},
+            )
+            pod = shared_pod("next", 8192, 200)
+            status, body = await post(
+                http, f"{ext.url}/prioritize", filter_args(pod, ["node-a", "node-b"])
+            )
+            _, spread = await post(http, f"{ext.url}/filter", filter_args(pod, ["node-a"]))
+    assert status == 200
+    assert {entry["Host"] for entry in body} == {"node-a", "node-b"}
+    assert all(set(entry) == {"Host", "Score"} and 0 <= entry["Score"] <= 10 for entry in body)
+    scores = {entry["Host"]: entry["Score"] for entry in body}
+    assert scores["node-b"] > scores["node-a"]  # binpack prefers the partly used node
+    assert spread["NodeNames"] == ["node-a"]
+
+
+async def test_spread_policy_prefers_the_emptier_node_and_card() -> None:
+    async with FakeApiServer() as server:
+        seed(
+            server,
+            ("nodes", gpu_node("node-a", cards=2)),
+            ("nodes", gpu_node("node-b", cards=2)),
+            ("pods", shared_pod("one", 20480, 500)),
+            ("pods", shared_pod("two", 20480, 500)),
+        )
+        async with running_extender(server, policy="spread") as ext, http_session() as http:
+            for name in ("one", "two"):
+                uid = stored_pod(server, name)["metadata"]["uid"]
+                _, body = await post(
+                    http,
+                    f"{ext.url}/bind",
+                    {"PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": "node-b"},
+                )
+                assert body == {"Error": ""}
+            _, scores = await post(
+                http,
+                f"{ext.url}/prioritize",
+                filter_args(shared_pod("x", 1024, 100), ["node-a", "node-b"]),
+            )
+    one = decode_allocation(
+        stored_pod(server, "one")["metadata"]["annotations"][ALLOCATION_ANNOTATION]
+    )
+    two = decode_allocation(
+        stored_pod(server, "two")["metadata"]["annotations"][ALLOCATION_ANNOTATION]
+    )
+    assert one.cards[0].index != two.cards[0].index
+    by_host = {e["Host"]: e["Score"] for e in scores}
+    assert by_host["node-a"] > by_host["node-b"]
+
+
+async def test_non_gpu_pods_pass_through_untouched() -> None:
+    async with FakeApiServer() as server:
+        seed(
+            server, ("nodes", gpu_node("node-a")), ("pods", make_pod("web", requests={"cpu": "1"}))
+        )
+        async with running_extender(server) as ext, http_session() as http:
+            pod = stored_pod(server, "web")
+            _, filtered = await post(http, f"{ext.url}/filter", filter_args(pod, ["node-a", "n2"]))
+            _, scores = await post(http, f"{ext.url}/prioritize", filter_args(pod, ["node-a"]))
+            _, bound = await post(
+                http,
+                f"{ext.url}/bind",
+                {
+                    "PodName": "web",
+                    "PodNamespace": "default",
+                    "PodUID": pod["metadata"]["uid"],
+                    "Node": "node-a",
+                },
+            )
+    assert filtered["NodeNames"] == ["node-a", "n2"] and filtered["FailedNodes"] == {}
+    assert scores == []
+    assert bound == {"Error": ""}
+    web = stored_pod(server, "web")
+    assert web["spec"]["nodeName"] == "node-a"
+    assert ALLOCATION_ANNOTATION not in web["metadata"].get("annotations", {})
+
+
+async def test_full_node_objects_are_echoed_back_when_not_cache_capable() -> None:
+    async with FakeApiServer() as server:
+        a, b = gpu_node("node-a", cards=1, memory_mib=8192), gpu_node("node-b", cards=1)
+        seed(server, ("nodes", a), ("nodes", b))
+        async with running_extender(server) as ext, http_session() as http:
+            pod = shared_pod("p", 10240, 100)
+            args = {"Pod": pod, "Nodes": {"metadata": {}, "items": [a, b]}, "NodeNames": None}
+            _, body = await post(http, f"{ext.url}/filter", args)
+    assert body["NodeNames"] is None
+    assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["node-b"]
+    assert set(body["FailedAndUnresolvableNodes"]) == {"node-a"}
+
+
+@pytest.mark.parametrize(
+    ("limits", "needle"),
+    [
+        ({"nvidia.com/gpu": "1", MEMORY: "1024", COMPUTE: "100", SLOT: "1"}, "one or the other"),
+        ({MEMORY: "1024", COMPUTE: "1500", SLOT: "1"}, "must fit on one card"),
+        ({MEMORY: "1024", COMPUTE: "100"}, f"exactly 1 {SLOT}"),
+        ({MEMORY: "1024", SLOT: "1"}, "needs both"),
+    ],
+    ids=["whole-and-shared", "more-than-a-card", "no-slot", "memory-only"],
+)
+async def test_unservable_requests_are_refused_on_every_node_with_the_reason(
+    limits: dict[str, str], needle: str
+) -> None:
+    async with FakeApiServer() as server:
+        seed(server, ("nodes", gpu_node("node-a")))
+        async with running_extender(server) as ext, http_session() as http:
+            pod = make_pod("bad", limits=limits)
+            pod["metadata"]["uid"] = "u-bad"
+            _, body = await post(http, f"{ext.url}/filter", filter_args(pod, ["node-a"]))
+    assert body["NodeNames"] == []
+    assert needle in body["FailedAndUnresolvableNodes"]["node-a"]
+
+
+async def test_bind_of_a_pod_that_no_longer_fits_returns_the_reason() -> None:
+    async with FakeApiServer() as server:
+        seed(
+            server,
+            ("nodes", gpu_node("node-a", cards=1)),
+            ("pods", whole_pod("first", 1)),
+            ("pods", whole_pod("second", 1)),
+        )
+        async with running_extender(server) as ext, http_session() as http:
+            errors = []
+            for name in ("first", "second"):
+                uid = stored_pod(server, name)["metadata"]["uid"]
+                _, body = await post(
+                    http,
+                    f"{ext.url}/bind",
+                    {"PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": "node-a"},
+                )
+                errors.append(body["Error"])
+    assert errors == ["", "node-a: needs 1 whole GPUs, 0 free"]
+    assert stored_pod(server, "second")["spec"].get("nodeName") is None
+
+
+async def test_probes_and_metrics() -> None:
+    async with FakeApiServer() as server:
+        seed(server, ("nodes", gpu_node("node-a")))
+        async with running_extender(server) as ext, http_session() as http:
+            await post(
+                http, f"{ext.url}/filter", filter_args(shared_pod("p", 1 << 20, 100), ["node-a"])
+            )
+            async with http.get(f"{ext.url}/healthz") as r:
+                assert r.status == 200
+            async with http.get(f"{ext.url}/readyz") as r:
+                assert r.status == 200
+            async with http.get(f"{ext.url}/metrics") as r:
+                text = await r.text()
+    assert 'kubegpu_extender_request_duration_seconds_count{verb="filter"} 1.0' in text
+    assert 'kubegpu_extender_node_rejections_total{reason="gpu-memory"} 1.0' in text
+    assert 'kubegpu_extender_decisions_total{outcome="unschedulable",verb="filter"} 1.0' in text
