@@ -93,9 +93,17 @@ async def _wait_for_stop() -> None:
     envvar=_env("CONFIG", "CONFIG_FILE"),
     help="Versioned config file (version: v1); SIGHUP re-reads it.",
 )
-@click.option("--node-name", envvar=_env("NODE_NAME", "NODE_NAME"), default="", help="For logs.")
 @click.option(
-    "--mig-strategy", type=click.Choice(["none"]), envvar=_env("MIG_STRATEGY", "MIG_STRATEGY")
+    "--node-name",
+    envvar=_env("NODE_NAME", "NODE_NAME"),
+    default="",
+    help="This node's name, used in every log line (env NODE_NAME in a DaemonSet).",
+)
+@click.option(
+    "--mig-strategy",
+    type=click.Choice(["none"]),
+    envvar=_env("MIG_STRATEGY", "MIG_STRATEGY"),
+    help="flags.migStrategy; only none (MIG GPUs are advertised whole).",
 )
 @click.option(
     "--fail-on-init-error/--no-fail-on-init-error",
@@ -107,6 +115,7 @@ async def _wait_for_stop() -> None:
     "--pass-device-specs/--no-pass-device-specs",
     default=None,
     envvar=_env("PASS_DEVICE_SPECS", "PASS_DEVICE_SPECS"),
+    help="flags.plugin.passDeviceSpecs: also return /dev/nvidia* device specs.",
 )
 @click.option(
     "--device-list-strategy",
@@ -117,18 +126,27 @@ async def _wait_for_stop() -> None:
     "--device-id-strategy",
     type=click.Choice(["uuid", "index"]),
     envvar=_env("DEVICE_ID_STRATEGY", "DEVICE_ID_STRATEGY"),
+    help="flags.plugin.deviceIDStrategy: containers see GPU UUIDs or indices.",
 )
-@click.option("--cdi-dir", envvar=_env("CDI_DIR"), help="Where the CDI spec file is written.")
-@click.option("--dev-root", envvar=_env("DEV_ROOT", "NVIDIA_DEV_ROOT"))
+@click.option(
+    "--cdi-dir", envvar=_env("CDI_DIR"), help="flags.plugin.cdiDir: where the CDI spec goes."
+)
+@click.option(
+    "--dev-root",
+    envvar=_env("DEV_ROOT", "NVIDIA_DEV_ROOT"),
+    help="flags.plugin.devRoot: host root of the /dev nodes in device specs and CDI.",
+)
 @click.option(
     "--shared-devices-allocation-policy",
     type=click.Choice(["distributed", "packed"]),
     envvar=_env("SHARED_DEVICES_ALLOCATION_POLICY", "SHARED_DEVICES_ALLOCATION_POLICY"),
+    help="Where preferred allocations put time-slicing replicas.",
 )
 @click.option(
     "--pre-start-container/--no-pre-start-container",
     default=None,
     envvar=_env("PRE_START_CONTAINER"),
+    help="Ask the kubelet to call PreStartContainer (a logged no-op).",
 )
 def device_plugin(
     backend: str,
