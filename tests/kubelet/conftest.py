@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -9,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,16 @@ def a100_node() -> Iterator[Node]:
     finally:
         node.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+async def no_leftover_tasks() -> AsyncIterator[None]:
+    """Fail an async test that leaves tasks running (an orphaned stream or retry loop)."""
+    yield
+    current = asyncio.current_task()
+    for _ in range(50):  # let cancelled tasks finish unwinding
+        leftover = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+        if not leftover:
+            return
+        await asyncio.sleep(0.01)
+    pytest.fail(f"tasks left running: {[t.get_name() for t in leftover]}")

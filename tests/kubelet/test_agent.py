@@ -16,6 +16,8 @@ from kubegpu.kubelet.agent import Agent, AgentSettings, Backoff, Event
 from kubegpu.testing.kubelet import KubeletEmulator
 from tests.kubelet.conftest import RESOURCE, short_tempdir
 
+pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
+
 
 @pytest.fixture
 def root() -> Iterator[Path]:

@@ -15,6 +15,8 @@ from kubegpu.kubelet.agent import Backoff, health_policy, retry_with_backoff
 from kubegpu.kubelet.plugin import HealthBoard
 from kubegpu.kubelet.resources import AllocationError, PlanError, build_plans
 
+pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
+
 T4: NodeInventory = resolve_fake_spec("4xT4").inventory
 MIXED: NodeInventory = resolve_fake_spec("2xV100-2xT4").inventory
 

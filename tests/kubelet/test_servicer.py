@@ -18,6 +18,8 @@ from kubegpu.kubelet.plugin import DevicePluginServicer, HealthBoard, PluginServ
 from kubegpu.kubelet.resources import build_plans
 from tests.kubelet.conftest import short_tempdir
 
+pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
+
 INV = resolve_fake_spec("8xV100-32GB-HybridCubeMesh").inventory
 
 
