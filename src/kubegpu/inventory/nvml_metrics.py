@@ -10,6 +10,7 @@ background refresher).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 from collections.abc import Callable
@@ -31,23 +32,24 @@ def _text(value: Any) -> str:
 class NvmlMetricsSource:
     name = "nvml"
 
-    def __init__(self) -> None:
+    def __init__(self, nvml: Any = None) -> None:
+        # ``nvml``: the pynvml module, or a stand-in for tests; imported lazily when None.
         self._lock = threading.Lock()
         self._nvml: Any = None
+        self._injected = nvml
 
     def _init(self) -> Any:
         if self._nvml is None:
             try:
-                import pynvml
-
-                pynvml.nvmlInit()
+                module: Any = self._injected or importlib.import_module("pynvml")
+                module.nvmlInit()
             except Exception as exc:  # pynvml raises NVMLError subclasses or OSError
                 raise InventoryError(
                     f"cannot initialise NVML: {exc}",
                     hint="is the NVIDIA driver loaded and libnvidia-ml.so.1 visible "
                     "(container toolkit, NVIDIA_VISIBLE_DEVICES)?",
                 ) from exc
-            self._nvml = pynvml
+            self._nvml = module
         return self._nvml
 
     def _optional(self, uuid: str, what: str, call: Callable[[], _T]) -> _T | None:
@@ -63,10 +65,15 @@ class NvmlMetricsSource:
     def read_metrics(self) -> tuple[GpuMetrics, ...]:
         with self._lock:
             nvml = self._init()
-            count = nvml.nvmlDeviceGetCount()
-            return tuple(
-                self._read_one(nvml, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)
-            )
+            readings = []
+            for index in range(nvml.nvmlDeviceGetCount()):
+                try:
+                    readings.append(self._read_one(nvml, nvml.nvmlDeviceGetHandleByIndex(index)))
+                except nvml.NVMLError as exc:
+                    # One lost GPU must not blank the metrics of the others; its own series
+                    # go absent and the health watcher reports it lost.
+                    log.warning("gpu index %d: cannot read metrics: %s", index, exc)
+            return tuple(readings)
 
     def _read_one(self, nvml: Any, handle: Any) -> GpuMetrics:
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))

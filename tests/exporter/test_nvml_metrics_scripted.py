@@ -1,0 +1,138 @@
+"""The NVML metrics reader against a scripted ``pynvml`` (the inventory tests' stand-in, with
+NVML's real constants, errors and structs), extended with the live-metric calls: unit
+conversions, unsupported readings as ``None``, and a lost GPU not blanking the others."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml as real
+import pytest
+
+from kubegpu.inventory.backend import InventoryError
+from kubegpu.inventory.nvml_metrics import NvmlMetricsSource
+from tests.inventory.scripted_nvml import ScriptedGpu, ScriptedNvml, nvml_error
+
+
+@dataclass
+class Live:
+    gpu_percent: int = 37
+    used_bytes: int = 3 * 1024**3
+    temperature_c: int = 64
+    power_mw: int = 215_500
+    sm_mhz: int = 1410
+    ecc: dict[int, int] = field(default_factory=lambda: {0: 5, 1: 1})  # error type -> count
+    # pid -> used bytes (None: NVML_VALUE_NOT_AVAILABLE, as pynvml reports it)
+    processes: dict[int, int | None] = field(default_factory=lambda: {4242: 1024**3})
+
+
+class MetricsNvml(ScriptedNvml):
+    def __init__(self, gpus: list[ScriptedGpu], live: list[Live]) -> None:
+        super().__init__(gpus)
+        self.live = live
+
+    def _live(self, name: str, handle: Any) -> Live:
+        self._gpu(name, handle)  # init, lost and NOT_SUPPORTED checks
+        return self.live[handle.index]
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+        rates = real.c_nvmlUtilization_t()
+        rates.gpu = self._live("nvmlDeviceGetUtilizationRates", handle).gpu_percent
+        return rates
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
+        memory = super().nvmlDeviceGetMemoryInfo(handle)
+        memory.used = self.live[handle.index].used_bytes
+        memory.free = memory.total - memory.used
+        return memory
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        if sensor != real.NVML_TEMPERATURE_GPU:
+            raise nvml_error(real.NVML_ERROR_INVALID_ARGUMENT)
+        return self._live("nvmlDeviceGetTemperature", handle).temperature_c
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        return self._live("nvmlDeviceGetPowerUsage", handle).power_mw
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock: int) -> int:
+        if clock != real.NVML_CLOCK_SM:
+            raise nvml_error(real.NVML_ERROR_INVALID_ARGUMENT)
+        return self._live("nvmlDeviceGetClockInfo", handle).sm_mhz
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter: int) -> int:
+        if counter != real.NVML_VOLATILE_ECC:
+            raise nvml_error(real.NVML_ERROR_INVALID_ARGUMENT)
+        return self._live("nvmlDeviceGetTotalEccErrors", handle).ecc[error_type]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        live = self._live("nvmlDeviceGetComputeRunningProcesses", handle)
+        found = []
+        for pid, used in live.processes.items():
+            info = real.nvmlStructToFriendlyObject(real.c_nvmlProcessInfo_t())
+            info.pid = pid
+            info.usedGpuMemory = used
+            found.append(info)
+        return found
+
+
+UUIDS = [f"GPU-0000000{i}-0000-0000-0000-000000000000" for i in range(3)]
+
+
+def node(**unsupported: set[str]) -> MetricsNvml:
+    gpus = [
+        ScriptedGpu(uuid=uuid, minor=i, unsupported=unsupported.get(f"gpu{i}", set()))
+        for i, uuid in enumerate(UUIDS)
+    ]
+    return MetricsNvml(gpus, [Live() for _ in UUIDS])
+
+
+def test_readings_are_converted_to_base_units() -> None:
+    nvml = node()
+    nvml.live[1].processes = {7: 2 * 1024**3, 8: None}
+    source = NvmlMetricsSource(nvml)
+    readings = {r.uuid: r for r in source.read_metrics()}
+    gpu = readings[UUIDS[1]]
+    assert gpu.utilization_ratio == pytest.approx(0.37)
+    assert gpu.memory_used_bytes == 3 * 1024**3
+    assert gpu.memory_total_bytes == nvml.gpus[1].memory_total_bytes
+    assert gpu.temperature_celsius == 64.0
+    assert gpu.power_watts == pytest.approx(215.5)
+    assert gpu.sm_clock_hertz == 1410e6
+    assert (gpu.ecc_corrected_total, gpu.ecc_uncorrected_total) == (5, 1)
+    assert [(p.pid, p.used_memory_bytes) for p in gpu.processes or ()] == [
+        (7, 2 * 1024**3),
+        (8, None),
+    ]
+    source.close()
+    assert nvml.initialised == 0
+
+
+def test_unsupported_readings_become_none_and_the_rest_still_reads() -> None:
+    nvml = node(
+        gpu2={
+            "nvmlDeviceGetPowerUsage",
+            "nvmlDeviceGetTotalEccErrors",
+            "nvmlDeviceGetComputeRunningProcesses",
+        }
+    )
+    gpu = {r.uuid: r for r in NvmlMetricsSource(nvml).read_metrics()}[UUIDS[2]]
+    assert gpu.power_watts is None
+    assert gpu.ecc_corrected_total is None and gpu.ecc_uncorrected_total is None
+    assert gpu.processes is None  # "cannot list", not "no processes"
+    assert gpu.temperature_celsius == 64.0
+
+
+def test_a_lost_gpu_is_left_out_and_the_others_are_read() -> None:
+    nvml = node()
+    nvml.set_lost(0, True)
+    readings = NvmlMetricsSource(nvml).read_metrics()
+    assert [r.uuid for r in readings] == UUIDS[1:]
+
+
+def test_init_failure_is_an_inventory_error_with_a_hint() -> None:
+    nvml = node()
+    nvml.init_error = real.NVML_ERROR_DRIVER_NOT_LOADED
+    with pytest.raises(InventoryError) as info:
+        NvmlMetricsSource(nvml).read_metrics()
+    assert "driver" in info.value.hint
