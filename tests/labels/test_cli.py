@@ -66,3 +66,29 @@ def test_labels_once_to_stdout_and_a_bad_preset_exits_1() -> None:
     assert lines["nvidia.com/gpu.product"] == "Tesla-T4"
     assert "kubegpu.io/labels.timestamp" not in lines
     assert run_labels("--fake-gpus", "no-such-preset", "--once").returncode == 1
+
+
+def test_sharing_labels_come_from_the_agent_config_and_flags_override_it(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "version: v1\n"
+        "sharing:\n"
+        "  timeSlicing:\n"
+        "    resources:\n"
+        "      - name: nvidia.com/gpu\n"
+        "        replicas: 4\n"
+    )
+    result = run_labels("--fake-gpus", "4xT4", "--once", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split("=", 1) for line in result.stdout.splitlines())
+    assert lines["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    assert lines["nvidia.com/gpu.replicas"] == "4"
+    result = run_labels("--fake-gpus", "4xT4", "--once", "--config", str(config), "--replicas", "2")
+    lines = dict(line.split("=", 1) for line in result.stdout.splitlines())
+    assert lines["nvidia.com/gpu.replicas"] == "2"
+
+
+def test_an_invalid_config_exits_2(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v9\n")
+    assert run_labels("--fake-gpus", "4xT4", "--once", "--config", str(config)).returncode == 2

@@ -2,12 +2,14 @@
 
 Opens the GPU backend (NVML or fake), the metrics source that goes with it, the kubelet's
 PodResources socket and the pod log directory, starts :func:`start_exporter` and serves until
-SIGTERM/SIGINT. Exit codes: 0 on a requested stop, 1 when the GPU backend cannot be opened.
+SIGTERM/SIGINT. Exit codes: 0 on a requested stop, 1 when the GPU backend cannot be opened,
+2 for an invalid config.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import sys
@@ -74,6 +76,13 @@ def parse_listen(value: str) -> tuple[str, int]:
     help="procfs root (the host's, with hostPID).",
 )
 @click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    envvar=["KUBEGPU_CONFIG", "CONFIG_FILE"],
+    help="The node agent's config file: the health policy (which Xids are critical) comes from it.",
+)
+@click.option(
     "--node-name",
     envvar=["KUBEGPU_NODE_NAME", "NODE_NAME"],
     default=None,
@@ -98,17 +107,27 @@ def exporter_command(
     pod_directory: str,
     pod_log_dir: Path,
     proc: Path,
+    config_path: Path | None,
     node_name: str | None,
     interval: float,
     read_timeout: float,
 ) -> None:
     """Serve per-GPU and per-pod GPU metrics for Prometheus on /metrics."""
+    from kubegpu.config.load import ConfigError, load_config
+    from kubegpu.exporter.health import HealthFeed
     from kubegpu.exporter.pods import KubeNodePods, PodDirectory, PodLogDirectory
     from kubegpu.exporter.server import ExporterSettings, start_node_exporter
     from kubegpu.inventory.backend import InventoryError
+    from kubegpu.kubelet.agent import health_policy
 
     host, port = parse_listen(listen)
     node = node_name or socket.gethostname()
+    try:
+        config = load_config(config_path)
+        policy = health_policy(config.health, os.environ)
+    except (ConfigError, ValueError) as exc:
+        log.error("invalid config: %s", exc)
+        sys.exit(2)
     try:
         gpu_backend = open_backend(backend, fake_gpus)
         inventory = gpu_backend.snapshot()
@@ -146,6 +165,7 @@ def exporter_command(
         settings,
         pod_resources_socket=None if no_pod_resources else pod_resources_socket,
         pod_directory=directory,
+        health=HealthFeed([gpu.uuid for gpu in inventory.gpus], policy=policy),
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

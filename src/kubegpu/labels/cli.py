@@ -3,12 +3,13 @@
 Opens the GPU backend, watches GPU health, and runs the :class:`Labeller` against the chosen
 sink: an NFD feature file (``nfd``), the Node object through the Kubernetes API (``node``), or
 stdout. ``--once`` labels once and exits. Exit codes: 0 done or stopped, 1 the GPU backend
-cannot be opened, 2 the sink cannot be written with ``--once``.
+cannot be opened, 2 an invalid config, or the sink cannot be written with ``--once``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import sys
@@ -17,9 +18,21 @@ from pathlib import Path
 
 import click
 
+from kubegpu.config.model import DEFAULT_RESOURCE, AgentConfig
+from kubegpu.labels.catalogue import SharingSummary
 from kubegpu.labels.sinks import DEFAULT_NFD_FEATURE_FILE, LabelSink
 
 log = logging.getLogger(__name__)
+
+
+def sharing_from_config(config: AgentConfig) -> SharingSummary:
+    """GFD's sharing labels from the agent config: time-slicing with the replicas of the
+    ``nvidia.com/gpu`` entry (else the first shared resource), or ``none``."""
+    shared = config.sharing.time_slicing.resources
+    if not shared:
+        return SharingSummary()
+    chosen = next((r for r in shared if r.name == DEFAULT_RESOURCE), shared[0])
+    return SharingSummary(strategy="time-slicing", replicas=chosen.replicas)
 
 
 def _sink(kind: str, nfd_file: Path, node_name: str) -> LabelSink:
@@ -61,17 +74,22 @@ def _sink(kind: str, nfd_file: Path, node_name: str) -> LabelSink:
     help="Node to label for --sink node (default: hostname).",
 )
 @click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    envvar=["KUBEGPU_CONFIG", "CONFIG_FILE"],
+    help="The node agent's config file: sharing labels and the health policy come from it.",
+)
+@click.option(
     "--sharing-strategy",
-    default="none",
-    show_default=True,
-    help="Reported as nvidia.com/gpu.sharing-strategy.",
+    default=None,
+    help="Reported as nvidia.com/gpu.sharing-strategy (default: from --config, else none).",
 )
 @click.option(
     "--replicas",
     type=click.IntRange(min=0),
-    default=1,
-    show_default=True,
-    help="Replicas per GPU, reported as nvidia.com/gpu.replicas.",
+    default=None,
+    help="Replicas per GPU, reported as nvidia.com/gpu.replicas (default: from --config, else 1).",
 )
 @click.option("--once", is_flag=True, help="Label once and exit.")
 @click.option("--no-timestamp", is_flag=True, help="Leave out kubegpu.io/labels.timestamp.")
@@ -91,33 +109,46 @@ def labels_command(
     sink: str,
     nfd_file: Path,
     node_name: str | None,
-    sharing_strategy: str,
-    replicas: int,
+    config_path: Path | None,
+    sharing_strategy: str | None,
+    replicas: int | None,
     once: bool,
     no_timestamp: bool,
     interval: float,
     poll: float,
 ) -> None:
     """Label this node with its GPUs' model, memory, count, driver, health and topology."""
+    from kubegpu.config.load import ConfigError, load_config
     from kubegpu.exporter.cli import open_backend
     from kubegpu.exporter.health import HealthFeed
     from kubegpu.inventory.backend import InventoryError
-    from kubegpu.labels.catalogue import SharingSummary
+    from kubegpu.kubelet.agent import health_policy
     from kubegpu.labels.labeller import Labeller
 
     node = node_name or socket.gethostname()
+    try:
+        config = load_config(config_path)
+        policy = health_policy(config.health, os.environ)
+    except (ConfigError, ValueError) as exc:
+        log.error("invalid config: %s", exc)
+        sys.exit(2)
+    sharing = sharing_from_config(config)
+    sharing = SharingSummary(
+        strategy=sharing.strategy if sharing_strategy is None else sharing_strategy,
+        replicas=sharing.replicas if replicas is None else replicas,
+    )
     try:
         gpu_backend = open_backend(backend, fake_gpus)
         inventory = gpu_backend.snapshot()
     except (InventoryError, ValueError) as exc:
         log.error("cannot open the GPU backend: %s", exc)
         sys.exit(1)
-    health = HealthFeed()
+    health = HealthFeed(policy=policy)
     labeller = Labeller(
         inventory=gpu_backend.snapshot,
         sink=_sink(sink, nfd_file, node),
         health=health.healthy_map,
-        sharing=SharingSummary(strategy=sharing_strategy, replicas=replicas),
+        sharing=sharing,
         timestamp=not no_timestamp,
         poll_s=poll,
         resync_s=interval,
