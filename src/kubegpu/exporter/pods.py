@@ -57,18 +57,40 @@ class KubeletPodResources:
     """
 
     def __init__(self, socket_path: Path = DEFAULT_POD_RESOURCES_SOCKET, timeout_s: float = 5.0):
-        import grpc
-
-        from kubegpu.kubelet.api.podresources.v1 import api_pb2, api_pb2_grpc
+        from kubegpu.kubelet.api.podresources.v1 import api_pb2
 
         self.socket_path = socket_path
         self.timeout_s = timeout_s
         self._pb = api_pb2
-        self._channel: Any = grpc.insecure_channel(f"unix://{socket_path}")
-        self._stub: Any = api_pb2_grpc.PodResourcesListerStub(self._channel)
+        self._channel: Any = None
+        self._stub: Any = None
+        self._connect()
+
+    def _connect(self) -> None:
+        import grpc
+
+        from kubegpu.kubelet.api.podresources.v1 import api_pb2_grpc
+
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = grpc.insecure_channel(f"unix://{self.socket_path}")
+        self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
 
     def list_assignments(self) -> tuple[DeviceAssignment, ...]:
-        response = self._stub.List(self._pb.ListPodResourcesRequest(), timeout=self.timeout_s)
+        import grpc
+
+        request = self._pb.ListPodResourcesRequest()
+        try:
+            response = self._stub.List(request, timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            if exc.code() is not grpc.StatusCode.UNAVAILABLE:
+                raise
+            # The kubelet restarted and re-created its socket. A channel that saw the old one
+            # fail backs off exponentially (up to minutes) before reconnecting, so start a
+            # fresh one and try once more now.
+            log.info("PodResources at %s unavailable; reconnecting", self.socket_path)
+            self._connect()
+            response = self._stub.List(request, timeout=self.timeout_s)
         return assignments_from_list_response(response)
 
     def close(self) -> None:
