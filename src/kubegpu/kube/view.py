@@ -233,7 +233,7 @@ class ClusterView:
         await self._sleep(delay)
 
     async def _relist(self, kind: type[Node] | type[Pod], label: str) -> str:
-        listing = self.client.list(kind)
+        listing = self.client.list(kind, **_every_namespace(kind))
         objects = [obj.to_dict() async for obj in listing]
         version = listing.resourceVersion
         listed_rv = int(version) if version.isdigit() else None
@@ -266,7 +266,10 @@ class ClusterView:
         # lightkube re-opens a stream the server closed cleanly, from the last version it saw;
         # errors come out here and _loop resumes from the version recorded below.
         stream = self.client.watch(
-            kind, resource_version=self._versions[label], server_timeout=self.watch_timeout_s
+            kind,
+            resource_version=self._versions[label],
+            server_timeout=self.watch_timeout_s,
+            **_every_namespace(kind),
         )
         async for event, obj in stream:
             data = obj.to_dict()
@@ -279,6 +282,11 @@ class ClusterView:
                 self.apply_node(data, deleted=event == "DELETED")
             else:
                 self.apply_pod(data, deleted=event == "DELETED")
+
+
+def _every_namespace(kind: type[Node] | type[Pod]) -> dict[str, Any]:
+    # lightkube lists a namespaced kind in the client's own namespace unless told "*".
+    return {"namespace": "*"} if kind is Pod else {}
 
 
 def describe_pod(pod: Mapping[str, Any]) -> str:
