@@ -112,3 +112,26 @@ async def test_pods_bound_concurrently_are_all_visible_in_one_list(server: FakeA
     finally:
         await client.close()
     assert len(bound) == 20
+
+
+@pytest.mark.slow
+async def test_1000_binds_from_20_clients_at_once_each_land_exactly_once(
+    server: FakeApiServer,
+) -> None:
+    for i in range(500):
+        server.store.put("pods", make_pod(f"p{i}"))
+    clients = [server.async_client() for _ in range(20)]
+    try:
+        # Two binds per pod, to different nodes, all in flight together.
+        results = await asyncio.gather(
+            *(bind(clients[i % 20], f"p{i % 500}", f"node-{i % 7}") for i in range(1000))
+        )
+    finally:
+        for client in clients:
+            await client.close()
+    assert sorted(set(results)) == ["Conflict", "ok"]
+    assert results.count("ok") == 500
+    bound = [
+        server.store.get("pods", "default", f"p{i}")["spec"].get("nodeName") for i in range(500)
+    ]
+    assert all(bound)
