@@ -436,6 +436,18 @@ def test_status_endpoint_changes_only_status_and_main_endpoint_ignores_status(
     assert client.get(PodStatus, "p1", namespace="default").status.phase == "Running"
 
 
+def test_replacing_node_status_changes_allocatable_but_not_labels(
+    client: lightkube.Client,
+) -> None:
+    client.create(Node.from_dict(make_node("n1")))
+    status = client.get(NodeStatus, "n1")
+    status.status.allocatable["nvidia.com/gpu"] = "4"
+    status.metadata.labels["sneaky"] = "x"
+    replaced = client.replace(status)
+    assert replaced.status.allocatable["nvidia.com/gpu"] == "4"
+    assert "sneaky" not in client.get(Node, "n1").metadata.labels
+
+
 def test_spec_node_name_cannot_be_patched_on_a_pod(client: lightkube.Client) -> None:
     client.create(Pod.from_dict(make_pod("p1")))
     with pytest.raises(ApiError) as excinfo:

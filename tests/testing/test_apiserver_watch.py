@@ -247,8 +247,7 @@ async def test_bookmarks_carry_the_current_version_when_asked_for(
             f"&resourceVersion={server.store.resource_version}",
         )
     )
-    while server.store.open_watches == 0:
-        await asyncio.sleep(0.01)
+    await server.wait_for_watches(1)
     server.store.send_bookmarks()
     lines = await task
     assert lines == [

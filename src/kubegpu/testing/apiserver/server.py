@@ -196,6 +196,13 @@ class FakeApiServer:
     def drop_watches(self, *, abrupt: bool = False) -> int:
         return self.store.drop_watches(abrupt=abrupt)
 
+    async def wait_for_watches(self, count: int = 1, timeout_s: float = 10.0) -> None:
+        """Return once ``count`` watch streams are open: for a test that must not write before
+        a client watching from "now" (no resourceVersion) is listening."""
+        async with asyncio.timeout(timeout_s):
+            while self.store.open_watches < count:
+                await asyncio.sleep(0.01)
+
     def inject_failures(
         self,
         resource: str,
