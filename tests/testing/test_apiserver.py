@@ -716,3 +716,19 @@ def test_discovery_lists_the_served_resources_and_the_binding_subresource(
         "resourcequotas",
     } <= names
     assert raw_get(server, "/api")[1]["versions"] == ["v1"]
+
+
+def test_graceful_pod_deletion_marks_a_running_pod_until_a_zero_grace_delete() -> None:
+    with (
+        FakeApiServer(graceful_pod_deletion=True).run_in_thread() as server,
+        server.client() as client,
+    ):
+        server.store.put("pods", make_pod("running", node_name="node-a"))
+        server.store.put("pods", make_pod("unscheduled"))
+        client.delete(Pod, "running")
+        terminating = client.get(Pod, "running")
+        assert terminating.metadata.deletionTimestamp is not None
+        assert terminating.metadata.deletionGracePeriodSeconds == 30
+        client.delete(Pod, "running", grace_period=0)  # what the kubelet sends at the end
+        client.delete(Pod, "unscheduled")  # nothing to stop: goes at once
+        assert list(client.list(Pod)) == []

@@ -88,11 +88,14 @@ class FakeApiServer:
         tls_cert_file: str | Path | None = None,
         tls_key_file: str | Path | None = None,
         seed_namespaces: bool = True,
+        graceful_pod_deletion: bool = False,
     ) -> None:
         self.host = host
         self.port = port
         self.store = store if store is not None else Store(history_size=history_size)
         self.max_body_bytes = max_body_bytes
+        # Off by default: with no kubelet to finish them, terminating pods would never go.
+        self.graceful_pod_deletion = graceful_pod_deletion
         self.bookmark_interval_s = bookmark_interval_s
         self.tls_cert_file = Path(tls_cert_file) if tls_cert_file else None
         self.tls_key_file = Path(tls_key_file) if tls_key_file else None
@@ -309,7 +312,16 @@ class FakeApiServer:
         if method == "DELETE" and sub is None:
             self._record("delete", resource, namespace, name, query)
             options = await self._body(request, optional=True)
-            return _json(verbs.delete(self.store, rtype, ns, name, options))
+            deleted = verbs.delete(
+                self.store,
+                rtype,
+                ns,
+                name,
+                options,
+                grace_period_s=_int_param(query, "gracePeriodSeconds"),
+                graceful_pods=self.graceful_pod_deletion,
+            )
+            return _json(deleted)
         raise _method_not_allowed()
 
     def _record(
@@ -374,7 +386,15 @@ class FakeApiServer:
         for item in listing["items"]:
             meta = item["metadata"]
             deleted.append(
-                verbs.delete(self.store, rtype, meta.get("namespace", ""), meta["name"], None)
+                verbs.delete(
+                    self.store,
+                    rtype,
+                    meta.get("namespace", ""),
+                    meta["name"],
+                    None,
+                    grace_period_s=_int_param(query, "gracePeriodSeconds"),
+                    graceful_pods=self.graceful_pod_deletion,
+                )
             )
         return {
             "kind": rtype.list_kind,

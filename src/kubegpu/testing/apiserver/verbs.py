@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import random
 import re
+from datetime import timedelta
 from typing import Any
 
 from kubegpu.testing.apiserver import errors
@@ -160,15 +161,45 @@ def patch(
         return update(store, rtype, namespace, name, patched, subresource=subresource)
 
 
-def delete(store: Store, rtype: ResourceType, namespace: str, name: str, options: Any) -> Object:
-    """DELETE with optional ``preconditions`` (uid, resourceVersion) from DeleteOptions."""
-    preconditions = options.get("preconditions") if isinstance(options, dict) else None
+def delete(
+    store: Store,
+    rtype: ResourceType,
+    namespace: str,
+    name: str,
+    options: Any,
+    *,
+    grace_period_s: int | None = None,
+    graceful_pods: bool = False,
+) -> Object:
+    """DELETE with optional ``preconditions`` (uid, resourceVersion) from DeleteOptions.
+
+    With ``graceful_pods``, a pod that is bound and still running is only marked for deletion
+    (``deletionTimestamp`` plus grace period), as the real server does; it goes when a delete
+    with grace period 0 follows, which is what the kubelet sends once the containers stopped.
+    """
+    if isinstance(options, dict):
+        preconditions = options.get("preconditions") or {}
+        if grace_period_s is None and options.get("gracePeriodSeconds") is not None:
+            grace_period_s = int(options["gracePeriodSeconds"])
+    else:
+        preconditions = {}
     with store.transaction():
         old = store.current(rtype, namespace, name)
         if old is None:
             raise errors.not_found(rtype.plural, name, rtype.group)
-        _check_preconditions(rtype, name, old, preconditions or {})
+        _check_preconditions(rtype, name, old, preconditions)
         store.check_faults(rtype, namespace, name)
+        if graceful_pods and rtype.kind == "Pod":
+            grace = _pod_grace_period_s(old, grace_period_s)
+            if grace > 0:
+                current = old["metadata"].get("deletionGracePeriodSeconds")
+                if current is not None and current <= grace:
+                    return copy.deepcopy(old)
+                marked = copy.deepcopy(old)
+                deadline = store.clock() + timedelta(seconds=grace)
+                marked["metadata"]["deletionTimestamp"] = format_time(deadline)
+                marked["metadata"]["deletionGracePeriodSeconds"] = grace
+                return store.commit(rtype, namespace, name, marked)
         if old["metadata"].get("finalizers"):
             # Finalizers hold the object until whoever owns them removes them.
             if old["metadata"].get("deletionTimestamp"):
@@ -182,6 +213,17 @@ def delete(store: Store, rtype: ResourceType, namespace: str, name: str, options
             for other, other_name in store.keys_in_namespace(name):
                 store.commit(other, name, other_name, None)
         return store.commit(rtype, namespace, name, None)
+
+
+def _pod_grace_period_s(pod: Object, requested: int | None) -> int:
+    """The grace period the real pod strategy (CheckGracefulDelete) grants."""
+    if not (pod.get("spec") or {}).get("nodeName"):
+        return 0  # never scheduled: nothing to stop
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return 0
+    if requested is not None:
+        return max(requested, 0)
+    return int((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
 
 
 def bind(store: Store, namespace: str, name: str | None, body: Any) -> dict[str, Any]:
