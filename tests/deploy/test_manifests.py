@@ -1,0 +1,391 @@
+"""The manifests under deploy/: every kustomization renders with ``kubectl kustomize``, every
+rendered object validates offline against the Kubernetes schemas in strict mode, and what the
+objects say agrees with the code they run: RBAC rules, host paths, probe targets, image pins,
+container arguments and the configs in the ConfigMaps."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import click
+import kubernetes_validate
+import pytest
+import yaml
+
+import kubegpu
+from kubegpu.cli.main import SUBCOMMANDS, cli
+from kubegpu.config.load import load_config
+from kubegpu.config.model import DEFAULT_RESOURCE, PluginFlags
+from kubegpu.exporter.cli import exporter_command, parse_listen
+from kubegpu.kubelet.cli import DEFAULT_KUBELET_DIR
+from kubegpu.kubelet.resources import socket_name_for
+from kubegpu.sharing.resources import ResourceNames
+from tests.deploy.manifests import (
+    INSTALL_OVERLAYS,
+    SCHEMALESS,
+    Obj,
+    arg_value,
+    container,
+    container_env,
+    find,
+    find_prefixed,
+    host_mounts,
+    kustomizations,
+    materialise_config_volumes,
+    pod_spec,
+    render,
+    substitute,
+    workloads,
+)
+
+# The Kubernetes version whose schemas kubernetes-validate ships (the newest in the wheel).
+SCHEMA_VERSION = kubernetes_validate.latest_version()
+ALL = kustomizations()
+VALIDATED = [k for k in ALL if k not in SCHEMALESS]
+NAMESPACE = "kubegpu"
+
+
+def test_every_kustomization_is_known() -> None:
+    # A new overlay is rendered and validated automatically; this names what exists so that a
+    # renamed or lost one is noticed.
+    assert set(ALL) == {
+        "base",
+        "examples/quota",
+        "overlays/default-scheduler",
+        "overlays/monitoring",
+        "overlays/second-scheduler",
+    }
+
+
+@pytest.mark.parametrize("kustomization", VALIDATED)
+def test_every_rendered_object_validates_against_the_kubernetes_schemas(kustomization: str) -> None:
+    objs = render(kustomization)
+    assert objs
+    for obj in objs:
+        try:
+            kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(f"{kustomization}: {obj['kind']} {obj['metadata']['name']}: {err}")
+
+
+def test_strict_validation_refuses_a_field_kubernetes_does_not_know() -> None:
+    # The check above must be able to fail: a misspelt field is an error, not ignored.
+    agent = copy.deepcopy(find(render("base"), "DaemonSet", "kubegpu-node-agent"))
+    pod_spec(agent)["containers"][0]["readynessProbe"] = {"exec": {"command": ["true"]}}
+    with pytest.raises(kubernetes_validate.ValidationError, match="readynessProbe"):
+        kubernetes_validate.validate(agent, SCHEMA_VERSION, strict=True)
+
+
+def test_the_podmonitor_scrapes_the_exporter_port_of_the_node_agent() -> None:
+    (monitor,) = render("overlays/monitoring")
+    assert monitor["kind"] == "PodMonitor"
+    agent = find(render("base"), "DaemonSet", "kubegpu-node-agent")
+    labels = agent["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    port_names = {p["name"] for p in container(agent, "exporter").get("ports", [])}
+    for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+        assert endpoint["port"] in port_names
+        assert endpoint["path"] == "/metrics"
+
+
+# -- RBAC ----------------------------------------------------------------------------------
+
+EXPECTED_RULES: dict[tuple[str, str], list[dict[str, Any]]] = {
+    ("ClusterRole", "kubegpu-node-agent"): [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    ],
+    ("ClusterRole", "kubegpu-extender"): [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    ],
+    ("Role", "kubegpu-scheduler-leader-election"): [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["kubegpu-scheduler"],
+            "verbs": ["get", "update"],
+        },
+    ],
+}
+
+# service account -> the roles bound to it, over every install overlay.
+EXPECTED_BINDINGS: dict[str, set[tuple[str, str, str]]] = {
+    "kubegpu-node-agent": {("ClusterRole", "kubegpu-node-agent", "")},
+    "kubegpu-extender": {("ClusterRole", "kubegpu-extender", "")},
+    "kubegpu-scheduler": {
+        ("ClusterRole", "system:kube-scheduler", ""),
+        ("ClusterRole", "system:volume-scheduler", ""),
+        ("Role", "extension-apiserver-authentication-reader", "kube-system"),
+        ("Role", "kubegpu-scheduler-leader-election", NAMESPACE),
+    },
+}
+
+
+def _roles(objs: list[Obj]) -> list[Obj]:
+    return [o for o in objs if o["kind"] in ("Role", "ClusterRole")]
+
+
+@pytest.mark.parametrize("kustomization", ALL)
+def test_rbac_rules_have_no_wildcards(kustomization: str) -> None:
+    for role in _roles(render(kustomization)):
+        assert "aggregationRule" not in role
+        for rule in role["rules"]:
+            assert "nonResourceURLs" not in rule
+            for key in ("apiGroups", "resources", "verbs", "resourceNames"):
+                assert "*" not in rule.get(key, []), f"{role['metadata']['name']}: {key}: *"
+                assert all("*" not in value for value in rule.get(key, []))
+            assert rule["verbs"] and rule["resources"]
+
+
+@pytest.mark.parametrize("overlay", INSTALL_OVERLAYS)
+def test_each_role_has_exactly_the_expected_rules(overlay: str) -> None:
+    roles = {(r["kind"], r["metadata"]["name"]): r["rules"] for r in _roles(render(overlay))}
+    expected = {
+        key: rules
+        for key, rules in EXPECTED_RULES.items()
+        if key[0] == "ClusterRole" or overlay == "overlays/second-scheduler"
+    }
+    assert roles == expected
+
+
+@pytest.mark.parametrize("overlay", INSTALL_OVERLAYS)
+def test_each_service_account_is_bound_only_to_its_own_roles(overlay: str) -> None:
+    objs = render(overlay)
+    bound: dict[str, set[tuple[str, str, str]]] = {}
+    for binding in (o for o in objs if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        ref = binding["roleRef"]
+        where = binding["metadata"].get("namespace", "") if binding["kind"] == "RoleBinding" else ""
+        for subject in binding["subjects"]:
+            assert subject["kind"] == "ServiceAccount"
+            assert subject["namespace"] == NAMESPACE
+            bound.setdefault(subject["name"], set()).add((ref["kind"], ref["name"], where))
+    accounts = {o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount"}
+    assert set(bound) == accounts
+    for account, refs in bound.items():
+        assert refs == EXPECTED_BINDINGS[account]
+    for workload in workloads(objs):
+        assert pod_spec(workload)["serviceAccountName"] in accounts
+
+
+# -- the node agent ------------------------------------------------------------------------
+
+
+def _agent() -> Obj:
+    return find(render("overlays/second-scheduler"), "DaemonSet", "kubegpu-node-agent")
+
+
+def _exporter_default(option: str) -> Any:
+    (param,) = [p for p in exporter_command.params if p.name == option]
+    return param.default
+
+
+def test_node_agent_mounts_the_host_paths_the_code_uses_by_default() -> None:
+    agent = _agent()
+    plugin = host_mounts(agent, "device-plugin")
+    # Same path inside as on the host: the kubelet names these paths in its own messages.
+    assert plugin[DEFAULT_KUBELET_DIR] == (DEFAULT_KUBELET_DIR, False)
+    cdi_dir = PluginFlags().cdi_dir
+    assert plugin[cdi_dir] == (cdi_dir, False)
+    assert plugin["/dev"] == ("/dev", True)
+    args = container(agent, "device-plugin")["args"]
+    assert arg_value(args, "--kubelet-dir") == DEFAULT_KUBELET_DIR
+
+    exporter = host_mounts(agent, "exporter")
+    socket = Path(_exporter_default("pod_resources_socket"))
+    # The directory, not the socket: the kubelet re-creates the socket when it restarts.
+    assert exporter[str(socket.parent)] == (str(socket.parent), True)
+    exporter_args = container(agent, "exporter")["args"]
+    assert arg_value(exporter_args, "--pod-resources-socket") == str(socket)
+    proc_in_container, read_only = exporter["/proc"]
+    assert read_only and arg_value(exporter_args, "--proc") == proc_in_container
+    volumes = {v["name"]: v for v in pod_spec(agent)["volumes"]}
+    assert all(v["hostPath"]["type"] for v in volumes.values() if "hostPath" in v)
+
+
+def test_only_the_node_agent_touches_the_host() -> None:
+    for overlay in INSTALL_OVERLAYS:
+        for workload in workloads(render(overlay)):
+            spec = pod_spec(workload)
+            host_paths = [v for v in spec.get("volumes", []) if "hostPath" in v]
+            if workload["metadata"]["name"] != "kubegpu-node-agent":
+                assert not host_paths
+            assert not spec.get("hostPID") and not spec.get("hostIPC")
+            for item in spec["containers"]:
+                context = item["securityContext"]
+                assert context.get("privileged") is not True
+                assert context["allowPrivilegeEscalation"] is False
+                assert context["readOnlyRootFilesystem"] is True
+                assert context["capabilities"]["drop"] == ["ALL"]
+                assert "add" not in context["capabilities"]
+
+
+def test_node_agent_runs_on_gpu_nodes_only_and_is_node_critical() -> None:
+    spec = pod_spec(_agent())
+    assert spec["priorityClassName"] == "system-node-critical"
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    for term in terms["nodeSelectorTerms"]:
+        expressions = {e["key"]: (e["operator"], e["values"]) for e in term["matchExpressions"]}
+        # Every term asks for a GPU and leaves out nodes kept on NVIDIA's plugin.
+        assert expressions.pop("kubegpu.io/device-plugin") == ("NotIn", ["nvidia"])
+        ((key, (operator, values)),) = expressions.items()
+        assert key in ("feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present")
+        assert (operator, values) == ("In", ["true"])
+    tolerated = {(t["key"], t.get("effect")) for t in spec["tolerations"]}
+    assert ("nvidia.com/gpu", "NoSchedule") in tolerated
+
+
+def test_every_node_agent_container_knows_its_node_from_the_downward_api() -> None:
+    for item in pod_spec(_agent())["containers"]:
+        (var,) = [v for v in item["env"] if v["name"] == "NODE_NAME"]
+        assert var["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+        assert arg_value(item["args"], "--node-name") == "$(NODE_NAME)"
+
+
+def test_device_plugin_probes_call_the_socket_the_plugin_serves() -> None:
+    item = container(_agent(), "device-plugin")
+    socket = f"{DEFAULT_KUBELET_DIR}/{socket_name_for(DEFAULT_RESOURCE)}"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        command = item[probe]["exec"]["command"]
+        assert command[-1] == socket
+        assert "GetDevicePluginOptions" in command[2]
+    # The probed socket is the default resource's: the shipped config must not rename it.
+    config_text = _configmap_text(render("overlays/second-scheduler"), "kubegpu-node-agent-config")
+    names = [g["name"] for g in yaml.safe_load(config_text)["resources"]["gpus"]]
+    assert names == [DEFAULT_RESOURCE]
+
+
+def test_exporter_probes_use_the_port_it_listens_on() -> None:
+    item = container(_agent(), "exporter")
+    _, port = parse_listen(arg_value(item["args"], "--listen"))
+    ports = {p["name"]: p["containerPort"] for p in item["ports"]}
+    for probe in ("readinessProbe", "livenessProbe"):
+        target = item[probe]["httpGet"]
+        assert target["path"] == "/healthz"
+        assert ports[target["port"]] == port
+
+
+# -- images and arguments ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", INSTALL_OVERLAYS)
+def test_every_image_is_pinned_to_a_version(overlay: str) -> None:
+    for workload in workloads(render(overlay)):
+        spec = pod_spec(workload)
+        for item in spec["containers"] + spec.get("initContainers", []):
+            image = item["image"]
+            name, _, tag = image.split("@")[0].rpartition(":")
+            assert name and tag and tag != "latest", image
+            assert "/" in name, f"{image}: name the registry"
+            if name.endswith("/kubegpu"):
+                assert tag == kubegpu.__version__, "the manifests run the version in pyproject"
+
+
+def _configmap_text(objs: list[Obj], prefix: str) -> str:
+    text: str = find_prefixed(objs, "ConfigMap", prefix)["data"]["config.yaml"]
+    return text
+
+
+def _kubegpu_containers(overlay: str) -> list[tuple[Obj, str]]:
+    out = []
+    for workload in workloads(render(overlay)):
+        for item in pod_spec(workload)["containers"]:
+            if item["image"].rpartition(":")[0].endswith("/kubegpu"):
+                out.append((workload, item["name"]))
+    return out
+
+
+def parse_with_the_real_cli(args: list[str]) -> click.Context:
+    """Parse a container's arguments exactly as ``kubegpu`` would, without running it."""
+    split = next(i for i, arg in enumerate(args) if arg in SUBCOMMANDS)
+    root = cli.make_context("kubegpu", args[: split + 1])
+    command = cli.get_command(root, args[split])
+    assert command is not None
+    return command.make_context(args[split], args[split + 1 :], parent=root)
+
+
+@pytest.mark.parametrize("overlay", INSTALL_OVERLAYS)
+def test_every_kubegpu_container_s_arguments_parse_with_the_real_cli(
+    overlay: str, tmp_path: Path
+) -> None:
+    objs = render(overlay)
+    seen = set()
+    for workload, name in _kubegpu_containers(overlay):
+        item = container(workload, name)
+        paths = materialise_config_volumes(objs, workload, name, tmp_path / name)
+        args = substitute(item["args"], container_env(item), paths)
+        ctx = parse_with_the_real_cli(args)
+        seen.add(ctx.info_name)
+        if ctx.info_name == "device-plugin":
+            assert ctx.params["config_path"] is not None
+    assert {"device-plugin", "exporter", "labels", "extender"} <= seen
+
+
+def test_the_cli_check_refuses_an_option_the_command_does_not_have() -> None:
+    with pytest.raises(click.NoSuchOption):
+        parse_with_the_real_cli(["device-plugin", "--kubelet-directory=/x"])
+    with pytest.raises(click.BadParameter):
+        parse_with_the_real_cli(["exporter", "--pod-directory=etcd"])
+
+
+@pytest.mark.parametrize("overlay", INSTALL_OVERLAYS)
+def test_the_node_agent_config_is_a_valid_v1_config(overlay: str, tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(_configmap_text(render(overlay), "kubegpu-node-agent-config"))
+    config = load_config(path, {})
+    assert config.version == "v1"
+    assert config.flags.plugin.cdi_dir in host_mounts(_agent(), "device-plugin")
+
+
+@pytest.mark.parametrize(
+    ("overlay", "host", "tls"),
+    [
+        ("overlays/second-scheduler", "0.0.0.0", True),
+        ("overlays/default-scheduler", "127.0.0.1", False),
+    ],
+)
+def test_the_extender_config_resolves_through_the_real_command(
+    overlay: str, host: str, tls: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kubegpu.extender.cli as extender_cli
+
+    seen: list[Any] = []
+
+    async def capture(config: Any) -> None:
+        seen.append(config)
+
+    # Everything the command does before serving: config file, flags, validation.
+    monkeypatch.setattr(extender_cli, "_serve", capture)
+    objs = render(overlay)
+    (workload,) = [w for w in workloads(objs) if w["metadata"]["name"] == "kubegpu-extender"]
+    item = container(workload, "extender")
+    paths = materialise_config_volumes(objs, workload, "extender", tmp_path)
+    ctx = parse_with_the_real_cli(substitute(item["args"], container_env(item), paths))
+    with ctx:
+        ctx.command.invoke(ctx)
+    (config,) = seen
+    assert (config.host, config.tls) == (host, tls)
+    assert config.names == ResourceNames()
+    port_numbers = {p["containerPort"] for p in item.get("ports", [])} or {
+        item["readinessProbe"]["httpGet"]["port"]
+    }
+    assert config.port in port_numbers
+    for probe in ("readinessProbe", "livenessProbe"):
+        target = item[probe]["httpGet"]
+        assert target.get("scheme", "HTTP") == ("HTTPS" if tls else "HTTP")
+    if tls:
+        mounted = {m["mountPath"] for m in item["volumeMounts"]}
+        assert config.tls_cert_file.parent.as_posix() in mounted
+
+
+def test_the_quota_example_limits_every_gpu_resource_the_code_uses() -> None:
+    (quota,) = [o for o in render("examples/quota") if o["kind"] == "ResourceQuota"]
+    hard = quota["spec"]["hard"]
+    assert set(hard) == {f"requests.{name}" for name in ResourceNames().all}
+    # Extended resources take integers only.
+    assert all(str(v).isdigit() for v in hard.values())
