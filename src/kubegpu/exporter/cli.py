@@ -59,7 +59,8 @@ def parse_listen(value: str) -> tuple[str, int]:
     type=click.Choice(["logs", "api"]),
     default="logs",
     show_default=True,
-    help="Name pods by UID from the kubelet's log directory, or from the API server.",
+    help="Name pods by UID from the kubelet's log directory, or from the API server (which "
+    "also gives each pod's GPU share, needed for kubegpu_pod_gpu_over_share).",
 )
 @click.option(
     "--pod-log-dir",
@@ -115,7 +116,13 @@ def exporter_command(
     """Serve per-GPU and per-pod GPU metrics for Prometheus on /metrics."""
     from kubegpu.config.load import ConfigError, load_config
     from kubegpu.exporter.health import HealthFeed
-    from kubegpu.exporter.pods import KubeNodePods, PodDirectory, PodLogDirectory
+    from kubegpu.exporter.pods import (
+        KubeNodePods,
+        PodDirectory,
+        PodLogDirectory,
+        PodShareLookup,
+        allocation_annotation_shares,
+    )
     from kubegpu.exporter.server import ExporterSettings, start_node_exporter
     from kubegpu.inventory.backend import InventoryError
     from kubegpu.kubelet.agent import health_policy
@@ -138,9 +145,15 @@ def exporter_command(
     if pod_directory == "api":
         import lightkube
 
-        directory = KubeNodePods(lightkube.Client(field_manager="kubegpu-exporter"), node)
+        directory = KubeNodePods(
+            lightkube.Client(field_manager="kubegpu-exporter"),
+            node,
+            parse_shares=allocation_annotation_shares,
+        )
+        shares: PodShareLookup | None = directory
     else:
         directory = PodLogDirectory(pod_log_dir)
+        shares = None
     settings = ExporterSettings(
         node_name=node,
         listen_host=host,
@@ -165,6 +178,7 @@ def exporter_command(
         settings,
         pod_resources_socket=None if no_pod_resources else pod_resources_socket,
         pod_directory=directory,
+        shares=shares,
         health=HealthFeed([gpu.uuid for gpu in inventory.gpus], policy=policy),
     )
     stop = threading.Event()

@@ -7,10 +7,10 @@
   ``/var/log/pods/<namespace>_<name>_<uid>`` (names and namespaces cannot contain ``_``, so
   the split is unambiguous), which needs no API-server access.
 * :class:`PodShareLookup` — the share of a GPU each pod was granted on shared GPUs. The format
-  of the share annotation belongs to the sharing feature, which supplies the parser;
-  :class:`KubeNodePods` lists the node's pods through lightkube and applies it (it is also a
-  :class:`PodDirectory`). :class:`NoShares` is the default and :class:`StaticShares` serves
-  tests.
+  of the share annotation belongs to the sharing feature (``kubegpu.sharing.annotations``);
+  :class:`KubeNodePods` lists the node's pods through lightkube and applies
+  :func:`allocation_annotation_shares` (it is also a :class:`PodDirectory`).
+  :class:`NoShares` is the default and :class:`StaticShares` serves tests.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.metrics import DeviceAssignment, PodGpuShare, PodKey
 
 log = logging.getLogger(__name__)
@@ -175,6 +176,26 @@ class StaticShares:
 
 
 ShareParser = Callable[[Mapping[str, str]], Sequence[PodGpuShare]]
+
+
+def allocation_annotation_shares(annotations: Mapping[str, str]) -> list[PodGpuShare]:
+    """The pod's grant per card from the sharing feature's ``kubegpu.io/gpu-allocation``
+    annotation (written by the scheduler extender at bind time): memory and compute on each
+    card, whole cards included. Raises ``ValueError`` (``AnnotationError``) when malformed."""
+    from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, decode_allocation
+
+    text = annotations.get(ALLOCATION_ANNOTATION)
+    if text is None:
+        return []
+    decision = decode_allocation(text)
+    return [
+        PodGpuShare(
+            uuid=GpuUuid(card.uuid),
+            memory_bytes=card.memory_mib * 1024 * 1024,
+            compute_ratio=card.compute_milli / 1000,
+        )
+        for card in decision.cards
+    ]
 
 
 class KubeNodePods:
