@@ -41,6 +41,21 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024  # a non-cache-capable filter of 5,000
 _BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
+@web.middleware
+async def _no_crash(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """A bug in a handler answers a JSON ``Error`` (which kube-scheduler logs and retries on)
+    instead of dropping the connection; HTTP errors (400, 413, ...) pass through."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception as exc:
+        log.exception("%s %s failed", request.method, request.path)
+        return web.json_response({"Error": f"internal error: {exc}"}, status=500)
+
+
 class ExtenderMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -103,7 +118,7 @@ class ExtenderApp:
         self._pod_locks: dict[str, asyncio.Lock] = {}
 
     def application(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes)
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[_no_crash])
         app.router.add_post("/filter", self._timed("filter", self.handle_filter))
         app.router.add_post("/prioritize", self._timed("prioritize", self.handle_prioritize))
         app.router.add_post("/bind", self._timed("bind", self.handle_bind))

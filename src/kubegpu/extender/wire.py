@@ -8,11 +8,15 @@ to HTTP 400 by the server), never a KeyError deep in a handler.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 MAX_NODE_NAMES = 100_000
+# Object names as kube-apiserver validates them: RFC 1123 subdomains (namespaces: labels).
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 class WireError(ValueError):
@@ -97,7 +101,14 @@ def parse_binding_args(body: object) -> BindingArgs:
         if not isinstance(value, str) or not value or len(value) > 253:
             raise WireError(f"{key} must be a non-empty string")
         values.append(value)
-    return BindingArgs(*values)
+    name, namespace, uid, node = values
+    if not _SUBDOMAIN.fullmatch(name) or not _SUBDOMAIN.fullmatch(node):
+        raise WireError(f"PodName {name!r:.60} and Node {node!r:.60} must be DNS subdomain names")
+    if len(namespace) > 63 or not _LABEL.fullmatch(namespace):
+        raise WireError(f"PodNamespace {namespace!r:.60} must be a DNS label")
+    if not uid.isprintable():
+        raise WireError("PodUID must be printable")
+    return BindingArgs(name, namespace, uid, node)
 
 
 def filter_result(
