@@ -1,0 +1,204 @@
+"""The probes in the manifests work against the real processes: each role is started with the
+arguments and config its container has (only paths, ports and the GPU backend moved to what
+this machine has), and the probe the kubelet would run is run."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from kubegpu.config.model import DEFAULT_RESOURCE
+from kubegpu.kubelet.cli import DEFAULT_KUBELET_DIR
+from kubegpu.testing.apiserver import FakeApiServer
+from kubegpu.testing.kubelet import KubeletEmulator
+from tests.deploy.manifests import (
+    arg_value,
+    container,
+    container_env,
+    find,
+    materialise_config_volumes,
+    render,
+    substitute,
+)
+
+FAKE = ("--backend=fake", "--fake-gpus=4xT4")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("KUBEGPU_") and k.lower() not in ("http_proxy", "https_proxy")
+    }
+    env.update(extra)
+    return env
+
+
+class Process:
+    """A ``kubegpu`` subprocess whose stderr is read on a thread (so it never blocks)."""
+
+    def __init__(self, args: Sequence[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kubegpu", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.output: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.output.append(line)
+            self.lines.put(line)
+
+    def wait_for_line(self, pattern: str, timeout_s: float = 30.0) -> re.Match[str]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.2)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    break
+                continue
+            found = re.search(pattern, line)
+            if found:
+                return found
+        pytest.fail(f"no line matching {pattern!r}; output:\n{''.join(self.output)}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self._reader.join(5)
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
+        return rc
+
+
+@contextmanager
+def running(args: Sequence[str], env: dict[str, str]) -> Iterator[Process]:
+    process = Process(args, env)
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as err:
+        err.close()
+        return err.code
+    except OSError:
+        return 0
+
+
+def wait_for_status(url: str, want: int, timeout_s: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    status = http_status(url)
+    while status != want and time.monotonic() < deadline:
+        time.sleep(0.1)
+        status = http_status(url)
+    return status
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_device_plugin_probe_passes_while_the_plugin_serves_and_fails_after(
+    tmp_path: Path,
+) -> None:
+    objs = render("overlays/second-scheduler")
+    agent = find(objs, "DaemonSet", "kubegpu-node-agent")
+    item = container(agent, "device-plugin")
+    # Unix socket paths must stay under 108 bytes; pytest's tmp_path may not.
+    kubelet_dir = Path(tempfile.mkdtemp(prefix="kg-probe-", dir="/tmp"))
+    try:
+        paths = materialise_config_volumes(objs, agent, "device-plugin", tmp_path)
+        paths[DEFAULT_KUBELET_DIR] = str(kubelet_dir)
+        args = [*substitute(item["args"], container_env(item), paths), *FAKE]
+        probe = substitute(item["livenessProbe"]["exec"]["command"], {}, paths)
+        assert probe[0] == "python"
+        probe[0] = sys.executable  # the image's `python` is the virtualenv's
+
+        def run_probe() -> int:
+            return subprocess.run(probe, capture_output=True, timeout=30, check=False).returncode
+
+        with KubeletEmulator(kubelet_dir) as kubelet:
+            with running(args, _env()) as plugin:
+                kubelet.wait_for_registration(DEFAULT_RESOURCE, timeout_s=30)
+                assert run_probe() == 0
+                assert plugin.stop() == 0
+            assert run_probe() != 0
+    finally:
+        for leftover in kubelet_dir.iterdir():
+            leftover.unlink()
+        kubelet_dir.rmdir()
+
+
+def test_exporter_probes_answer_on_the_path_in_the_manifest(tmp_path: Path) -> None:
+    objs = render("overlays/second-scheduler")
+    agent = find(objs, "DaemonSet", "kubegpu-node-agent")
+    item = container(agent, "exporter")
+    args = substitute(item["args"], container_env(item), {"/host/proc": "/proc"})
+    args = [a for a in args if not a.startswith("--listen=")]
+    args += ["--listen=127.0.0.1:0", "--no-pod-resources", *FAKE]
+    # --pod-directory=api as in the manifest: names pods through the (fake) API server.
+    assert arg_value(args, "--pod-directory") == "api"
+    with FakeApiServer().run_in_thread() as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        with running(args, _env(KUBECONFIG=str(kubeconfig))) as exporter:
+            url = exporter.wait_for_line(r"serving (http://\S+)/metrics").group(1)
+            for probe in ("readinessProbe", "livenessProbe"):
+                path = item[probe]["httpGet"]["path"]
+                assert wait_for_status(url + path, 200) == 200
+            assert http_status(url + "/no-such-path") == 404
+
+
+def test_extender_probes_answer_on_the_paths_in_the_manifest(tmp_path: Path) -> None:
+    objs = render("overlays/default-scheduler")
+    extender = find(objs, "DaemonSet", "kubegpu-extender")
+    item = container(extender, "extender")
+    paths = materialise_config_volumes(objs, extender, "extender", tmp_path)
+    port = free_port()
+    with FakeApiServer().run_in_thread() as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        args = [
+            *substitute(item["args"], container_env(item), paths),
+            f"--port={port}",
+            f"--kubeconfig={kubeconfig}",
+        ]
+        with running(args, _env()):
+            for probe in ("livenessProbe", "readinessProbe"):
+                target = item[probe]["httpGet"]
+                url = f"http://{target['host']}:{port}{target['path']}"
+                assert wait_for_status(url, 200) == 200, probe
