@@ -1,0 +1,269 @@
+"""Reading Nodes and Pods for inspect: kubectl's kubeconfig rules, one list, or list + watch.
+
+Kubeconfig resolution follows kubectl, not lightkube's ``from_env`` (which prefers the
+in-cluster service account): ``--kubeconfig``, else every existing file in ``$KUBECONFIG``
+(merged, first file wins per entry and for ``current-context``), else ``~/.kube/config``, else
+the in-cluster service account. Every failure to reach or read the cluster becomes one
+:class:`ClusterError` with a message fit for a terminal; the command maps it to exit code 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import lightkube
+import yaml
+from lightkube import ApiError, ConfigError
+from lightkube.config.kubeconfig import SERVICE_ACCOUNT, KubeConfig
+from lightkube.resources.core_v1 import Node, Pod
+
+log = logging.getLogger(__name__)
+
+
+class ClusterError(Exception):
+    """The cluster cannot be read; the message says where and why."""
+
+
+# --------------------------------------------------------------------------- kubeconfig
+def _merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """kubectl's merge of several kubeconfig files: the first file to define a named cluster,
+    user or context, or the current context, wins."""
+    merged: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [],
+        "users": [],
+        "contexts": [],
+    }
+    for doc in documents:
+        for section in ("clusters", "users", "contexts"):
+            known = {item.get("name") for item in merged[section]}
+            for item in doc.get(section) or []:
+                if isinstance(item, dict) and item.get("name") not in known:
+                    merged[section].append(item)
+                    known.add(item.get("name"))
+        if not merged.get("current-context") and doc.get("current-context"):
+            merged["current-context"] = doc["current-context"]
+    return merged
+
+
+def resolve_kubeconfig(
+    explicit: str | Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    home: Path | None = None,
+    service_account: str | Path = SERVICE_ACCOUNT,
+) -> KubeConfig:
+    """The kubeconfig kubectl would use (see the module docstring); raises
+    :class:`ClusterError` when there is none."""
+    env = os.environ if environ is None else environ
+    try:
+        if explicit:
+            if not Path(explicit).is_file():
+                raise ClusterError(f"kubeconfig {explicit} does not exist")
+            return KubeConfig.from_file(str(explicit))
+        listed = [p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]
+        existing = [Path(p).expanduser() for p in listed if Path(p).expanduser().is_file()]
+        if len(existing) == 1:
+            return KubeConfig.from_file(str(existing[0]))
+        if existing:
+            documents = []
+            for path in existing:
+                loaded = yaml.safe_load(path.read_text()) or {}
+                if isinstance(loaded, dict):
+                    # Relative certificate paths are relative to their own file.
+                    documents.append(_absolutise(loaded, path.parent))
+            return KubeConfig.from_dict(_merge(documents))
+        default = (home or Path.home()) / ".kube" / "config"
+        if not listed and default.is_file():
+            return KubeConfig.from_file(str(default))
+        if Path(service_account).is_dir() and env.get("KUBERNETES_SERVICE_HOST"):
+            return KubeConfig.from_service_account(str(service_account))
+    except ConfigError as exc:
+        raise ClusterError(f"kubeconfig: {exc}") from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise ClusterError(f"cannot read kubeconfig: {exc}") from None
+    where = "$KUBECONFIG" if listed else str(default)
+    raise ClusterError(
+        f"no kubeconfig found ({where} does not exist) and not running inside a cluster; "
+        "pass --kubeconfig"
+    )
+
+
+_PATH_KEYS = ("certificate-authority", "client-certificate", "client-key", "tokenFile")
+
+
+def _absolutise(doc: dict[str, Any], base: Path) -> dict[str, Any]:
+    for section, inner in (("clusters", "cluster"), ("users", "user")):
+        for item in doc.get(section) or []:
+            body = item.get(inner) if isinstance(item, dict) else None
+            if not isinstance(body, dict):
+                continue
+            for key in _PATH_KEYS:
+                value = body.get(key)
+                if isinstance(value, str) and value and not os.path.isabs(value):
+                    body[key] = str(base / value)
+    return doc
+
+
+@dataclass(frozen=True)
+class Connection:
+    client: lightkube.AsyncClient
+    server_url: str
+
+
+def make_client(
+    kubeconfig: str | Path | None = None,
+    *,
+    context: str | None = None,
+    request_timeout_s: float = 10.0,
+) -> Connection:
+    """An async client for the resolved kubeconfig (and ``context``, default: current)."""
+    config = resolve_kubeconfig(kubeconfig)
+    try:
+        single = config.get(context_name=context)
+    except ConfigError as exc:
+        raise ClusterError(f"kubeconfig: {exc}") from None
+    if single is None:
+        raise ClusterError("kubeconfig has no current context; pass --context")
+    client = lightkube.AsyncClient(
+        single, timeout=httpx.Timeout(request_timeout_s), field_manager="kubegpu-inspect"
+    )
+    return Connection(client, single.cluster.server)
+
+
+def describe_failure(server_url: str, exc: BaseException) -> str:
+    """A one-line explanation of why the API server at ``server_url`` could not be read."""
+    server = f" at {server_url}" if server_url else ""
+    if isinstance(exc, ApiError):
+        code = exc.status.code
+        reason = exc.status.message or exc.status.reason or ""
+        hint = ""
+        if code in (401, 403):
+            hint = " (inspect needs get/list/watch on nodes and pods in all namespaces)"
+        return f"the Kubernetes API server{server} answered {code}: {reason}{hint}"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"the Kubernetes API server{server} did not answer in time"
+    return f"cannot reach the Kubernetes API server{server}: {type(exc).__name__}: {exc}"
+
+
+_FAILURES = (httpx.HTTPError, OSError, ApiError, ConfigError, ValueError)
+
+
+# --------------------------------------------------------------------------- one list
+@dataclass(frozen=True)
+class ClusterListing:
+    nodes: list[dict[str, Any]]
+    pods: list[dict[str, Any]]
+    nodes_version: str = ""
+    pods_version: str = ""
+
+
+async def list_cluster(client: lightkube.AsyncClient, server_url: str = "") -> ClusterListing:
+    """Every Node and every Pod (all namespaces) as JSON; raises :class:`ClusterError`."""
+    try:
+        node_list = client.list(Node)
+        pod_list = client.list(Pod, namespace="*")
+        nodes, pods = await asyncio.gather(_collect(node_list), _collect(pod_list))
+        return ClusterListing(nodes, pods, node_list.resourceVersion, pod_list.resourceVersion)
+    except _FAILURES as exc:
+        raise ClusterError(describe_failure(server_url, exc)) from exc
+
+
+async def _collect(listing: Any) -> list[dict[str, Any]]:
+    return [item.to_dict() async for item in listing]
+
+
+# --------------------------------------------------------------------------- list + watch
+@dataclass
+class ClusterState:
+    """Nodes by name and pods by uid, kept current by :func:`follow_cluster`. ``changed`` is
+    set after every applied event; the consumer clears it."""
+
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    synced: asyncio.Event = field(default_factory=asyncio.Event)
+    events: int = 0
+
+    def apply(self, kind: str, event: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = str(meta.get("name") if kind == "nodes" else meta.get("uid") or "")
+        if not key:
+            return
+        store = self.nodes if kind == "nodes" else self.pods
+        if event == "DELETED":
+            store.pop(key, None)
+        else:
+            store[key] = obj
+        self.events += 1
+        self.changed.set()
+
+
+async def follow_cluster(
+    client: lightkube.AsyncClient,
+    state: ClusterState,
+    *,
+    server_url: str = "",
+    on_error: Callable[[str], None] | None = None,
+    max_backoff_s: float = 5.0,
+) -> None:
+    """List then watch nodes and pods into ``state`` until cancelled. A failed stream is
+    resumed after a bounded backoff; 410 Expired relists. ``on_error`` hears each failure."""
+    listed: set[str] = set()
+
+    async def loop(kind: type[Node] | type[Pod], label: str) -> None:
+        extra: dict[str, Any] = {"namespace": "*"} if kind is Pod else {}
+        version: str | None = None
+        failures = 0
+        while True:
+            try:
+                if version is None:
+                    listing = client.list(kind, **extra)
+                    objects = await _collect(listing)
+                    store = state.nodes if label == "nodes" else state.pods
+                    store.clear()
+                    for obj in objects:
+                        state.apply(label, "ADDED", obj)
+                    version = listing.resourceVersion
+                    listed.add(label)
+                    if listed >= {"nodes", "pods"}:
+                        state.synced.set()
+                    state.changed.set()
+                stream = client.watch(kind, resource_version=version, **extra)
+                async for event, item in stream:
+                    data: dict[str, Any] = item.to_dict()
+                    rv = (data.get("metadata") or {}).get("resourceVersion")
+                    if rv:
+                        version = rv
+                    if event != "BOOKMARK":
+                        state.apply(label, event, data)
+                    failures = 0
+            except asyncio.CancelledError:
+                raise
+            except ApiError as exc:
+                if exc.status.code == 410:
+                    version = None
+                    continue
+                failures += 1
+                await _pause(label, failures, describe_failure(server_url, exc))
+            except _FAILURES as exc:
+                failures += 1
+                await _pause(label, failures, describe_failure(server_url, exc))
+
+    async def _pause(label: str, failures: int, why: str) -> None:
+        if on_error is not None:
+            on_error(f"{label}: {why}")
+        log.warning("inspect: %s watch failed (%s); retrying", label, why)
+        await asyncio.sleep(min(max_backoff_s, 0.25 * 2 ** min(failures, 8)))
+
+    async with asyncio.TaskGroup() as group:
+        group.create_task(loop(Node, "nodes"))
+        group.create_task(loop(Pod, "pods"))

@@ -1,0 +1,335 @@
+"""The ``kubegpu inspect`` command, also installed as the kubectl plugin ``kubectl-gpu``.
+
+kubectl runs ``kubectl-gpu`` with the words after ``gpu``, so ``kubectl gpu inspect --node x``
+reaches :func:`kubectl_gpu_main` as ``inspect --node x`` and runs the very same click command.
+Thin: resolve the cluster, list (or list + watch), fetch exporter usage, build the report with
+:func:`kubegpu.inspect.model.build_report`, print it. Exit codes: 0 shown, 1 the cluster could
+not be read (message on stderr), 2 bad usage (click's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+from rich.console import Console
+
+from kubegpu.inspect.cluster import (
+    ClusterError,
+    ClusterState,
+    Connection,
+    follow_cluster,
+    list_cluster,
+    make_client,
+)
+from kubegpu.inspect.exporters import DEFAULT_URL_TEMPLATE, exporter_url, fetch_usage
+from kubegpu.inspect.model import Filters, InspectReport, build_report, node_address
+from kubegpu.inspect.render import render_tables, report_to_json
+from kubegpu.inspect.usage import UsageResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InspectOptions:
+    output: str = "table"
+    filters: Filters = field(default_factory=Filters)
+    usage: bool = True
+    url_template: str = DEFAULT_URL_TEMPLATE
+    exporter_timeout_s: float = 2.0
+    exporter_concurrency: int = 64
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def build_cluster_report(
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    options: InspectOptions,
+    usage: Mapping[str, UsageResult] | None = None,
+) -> tuple[InspectReport, dict[str, UsageResult] | None]:
+    """The report, fetching exporter usage for the nodes it shows unless ``usage`` is given
+    (watch mode reuses the last fetch between refreshes). Returns the usage it used."""
+    nodes = list(nodes)
+    pods = list(pods)
+    fetched: dict[str, UsageResult] | None = dict(usage) if usage is not None else None
+    if options.usage and fetched is None:
+        first = build_report(nodes, pods, filters=options.filters)
+        shown = {view.name for view in first.nodes}
+        addresses = {
+            str((n.get("metadata") or {}).get("name")): node_address(n)
+            for n in nodes
+            if (n.get("metadata") or {}).get("name") in shown
+        }
+        urls = {
+            name: exporter_url(options.url_template, name, address)
+            for name, address in addresses.items()
+        }
+        fetched = await fetch_usage(
+            urls,
+            timeout_s=options.exporter_timeout_s,
+            concurrency=options.exporter_concurrency,
+        )
+    report = build_report(
+        nodes,
+        pods,
+        fetched if options.usage else None,
+        filters=options.filters,
+        generated_at=_now(),
+    )
+    return report, fetched
+
+
+async def inspect_once(connection: Connection, options: InspectOptions) -> InspectReport:
+    """List the cluster once and build its report; raises ``ClusterError``."""
+    try:
+        listing = await list_cluster(connection.client, connection.server_url)
+    finally:
+        await connection.client.close()
+    report, _ = await build_cluster_report(listing.nodes, listing.pods, options)
+    return report
+
+
+def emit(report: InspectReport, output: str, console: Console, *, stream: bool = False) -> None:
+    """Print ``report``; ``stream`` (watch without a terminal) prints JSON one document a line."""
+    if output == "json":
+        doc = report_to_json(report)
+        text = json.dumps(doc, separators=(",", ":")) if stream else json.dumps(doc, indent=2)
+        console.file.write(text + "\n")
+        console.file.flush()
+        return
+    console.print(render_tables(report, wide=output == "wide"))
+
+
+async def inspect_watch(
+    connection: Connection,
+    options: InspectOptions,
+    console: Console,
+    *,
+    refresh_interval_s: float = 1.0,
+    usage_interval_s: float = 10.0,
+) -> None:
+    """Re-render on every change (at most once per ``refresh_interval_s``) until SIGINT or
+    SIGTERM; the first list failing raises ``ClusterError``."""
+    # Fail like a plain inspect when the cluster cannot be read at all.
+    first = await list_cluster(connection.client, connection.server_url)
+    state = ClusterState()
+    for node in first.nodes:
+        state.apply("nodes", "ADDED", node)
+    for pod in first.pods:
+        state.apply("pods", "ADDED", pod)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    errors: list[str] = []
+    follower = asyncio.create_task(
+        follow_cluster(
+            connection.client, state, server_url=connection.server_url, on_error=errors.append
+        )
+    )
+    interactive = console.is_terminal
+    usage: dict[str, UsageResult] | None = None
+    usage_at = -float("inf")
+    try:
+        while not stop.is_set():
+            state.changed.clear()
+            if options.usage and time.monotonic() - usage_at >= usage_interval_s:
+                usage, usage_at = None, time.monotonic()
+            report, usage = await build_cluster_report(
+                list(state.nodes.values()), list(state.pods.values()), options, usage
+            )
+            if interactive:
+                console.clear()
+            elif options.output != "json":
+                console.print(f"--- {report.generated_at}", highlight=False)
+            emit(report, options.output, console, stream=not interactive)
+            if errors and interactive:
+                console.print(f"[yellow]watch: {errors[-1]}[/]")
+            # Bounded refresh rate: sleep, then wait for a change, a usage refresh or a stop.
+            await _wait(stop, refresh_interval_s)
+            wake = asyncio.create_task(state.changed.wait())
+            halt = asyncio.create_task(stop.wait())
+            timeout = (
+                max(0.0, usage_at + usage_interval_s - time.monotonic()) if options.usage else None
+            )
+            _, pending = await asyncio.wait(
+                {wake, halt}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
+        await connection.client.close()
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+
+
+def _console() -> Console:
+    # Piped output still gets whole tables rather than 80-column wrapping.
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=200, no_color=True)
+    return console
+
+
+@click.command("inspect")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "wide", "json"]),
+    default="table",
+    show_default=True,
+    help="table: per node and card; wide: adds UUID, free memory, utilisation and per-pod "
+    "shares; json: the document described by kubegpu/inspect/schema.json.",
+)
+@click.option(
+    "--node",
+    "nodes",
+    multiple=True,
+    metavar="NAME",
+    help="Only this node (repeatable).",
+)
+@click.option(
+    "-n",
+    "--namespace",
+    default="",
+    help="Only pods of this namespace (card figures still count every pod).",
+)
+@click.option("-w", "--watch", is_flag=True, help="Re-render on every change until Ctrl-C.")
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster).",
+)
+@click.option("--context", default=None, help="Kubeconfig context (default: current).")
+@click.option(
+    "--request-timeout",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds to wait for the API server.",
+)
+@click.option(
+    "--usage/--no-usage",
+    default=True,
+    show_default=True,
+    help="Ask each GPU node's exporter for used memory.",
+)
+@click.option(
+    "--exporter-url-template",
+    default=DEFAULT_URL_TEMPLATE,
+    show_default=True,
+    help="Exporter metrics URL per node; {node} is the Node name, {address} its InternalIP.",
+)
+@click.option(
+    "--exporter-timeout",
+    type=click.FloatRange(min=0.05),
+    default=2.0,
+    show_default=True,
+    help="Seconds to wait for all exporters together; late ones show '?'.",
+)
+@click.option(
+    "--refresh-interval",
+    type=click.FloatRange(min=0.05),
+    default=1.0,
+    show_default=True,
+    help="--watch: least seconds between two renders.",
+)
+@click.option(
+    "--usage-interval",
+    type=click.FloatRange(min=0.5),
+    default=10.0,
+    show_default=True,
+    help="--watch: seconds between two exporter fetches.",
+)
+def inspect_command(
+    output: str,
+    nodes: tuple[str, ...],
+    namespace: str,
+    watch: bool,
+    kubeconfig: str | None,
+    context: str | None,
+    request_timeout: float,
+    usage: bool,
+    exporter_url_template: str,
+    exporter_timeout: float,
+    refresh_interval: float,
+    usage_interval: float,
+) -> None:
+    """Show every GPU node's cards: allocated and used memory, compute, health, the pods on
+    each card, pending GPU pods and drift warnings."""
+    try:
+        exporter_url(exporter_url_template, "node", "127.0.0.1")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--exporter-url-template") from None
+    options = InspectOptions(
+        output=output,
+        filters=Filters(tuple(nodes), namespace),
+        usage=usage,
+        url_template=exporter_url_template,
+        exporter_timeout_s=exporter_timeout,
+    )
+    console = _console()
+    try:
+        connection = make_client(kubeconfig, context=context, request_timeout_s=request_timeout)
+        if watch:
+            asyncio.run(
+                inspect_watch(
+                    connection,
+                    options,
+                    console,
+                    refresh_interval_s=refresh_interval,
+                    usage_interval_s=usage_interval,
+                )
+            )
+            return
+        report = asyncio.run(inspect_once(connection, options))
+    except ClusterError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        return
+    emit(report, output, console)
+
+
+@click.group("kubectl-gpu", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="warning",
+    show_default=True,
+)
+def kubectl_gpu(log_level: str) -> None:
+    """kubectl plugin for kubegpu: `kubectl gpu inspect`."""
+    from kubegpu.cli.logs import configure_logging
+
+    configure_logging(getattr(logging, log_level.upper()))
+
+
+kubectl_gpu.add_command(inspect_command)
+
+
+def kubectl_gpu_main(argv: list[str] | None = None) -> Any:
+    """Entry point of the ``kubectl-gpu`` executable."""
+    return kubectl_gpu.main(args=argv, prog_name="kubectl gpu", auto_envvar_prefix="KUBEGPU")
