@@ -23,6 +23,7 @@ from kubegpu.kubelet.cli import DEFAULT_KUBELET_DIR
 from kubegpu.kubelet.resources import socket_name_for
 from kubegpu.sharing.resources import ResourceNames
 from tests.deploy.manifests import (
+    DEPLOY,
     INSTALL_OVERLAYS,
     SCHEMALESS,
     Obj,
@@ -114,15 +115,22 @@ EXPECTED_RULES: dict[tuple[str, str], list[dict[str, Any]]] = {
     ],
 }
 
-# service account -> the roles bound to it, over every install overlay.
-EXPECTED_BINDINGS: dict[str, set[tuple[str, str, str]]] = {
-    "kubegpu-node-agent": {("ClusterRole", "kubegpu-node-agent", "")},
-    "kubegpu-extender": {("ClusterRole", "kubegpu-extender", "")},
-    "kubegpu-scheduler": {
-        ("ClusterRole", "system:kube-scheduler", ""),
-        ("ClusterRole", "system:volume-scheduler", ""),
-        ("Role", "extension-apiserver-authentication-reader", "kube-system"),
-        ("Role", "kubegpu-scheduler-leader-election", NAMESPACE),
+# overlay -> service account -> the roles bound to it (kind, name, namespace of a Role).
+EXPECTED_BINDINGS: dict[str, dict[str, set[tuple[str, str, str]]]] = {
+    "overlays/second-scheduler": {
+        "kubegpu-node-agent": {("ClusterRole", "kubegpu-node-agent", "")},
+        # The extender runs in the scheduler's pod, so under its service account.
+        "kubegpu-scheduler": {
+            ("ClusterRole", "system:kube-scheduler", ""),
+            ("ClusterRole", "system:volume-scheduler", ""),
+            ("ClusterRole", "kubegpu-extender", ""),
+            ("Role", "extension-apiserver-authentication-reader", "kube-system"),
+            ("Role", "kubegpu-scheduler-leader-election", "kube-system"),
+        },
+    },
+    "overlays/default-scheduler": {
+        "kubegpu-node-agent": {("ClusterRole", "kubegpu-node-agent", "")},
+        "kubegpu-extender": {("ClusterRole", "kubegpu-extender", "")},
     },
 }
 
@@ -167,8 +175,7 @@ def test_each_service_account_is_bound_only_to_its_own_roles(overlay: str) -> No
             bound.setdefault(subject["name"], set()).add((ref["kind"], ref["name"], where))
     accounts = {o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount"}
     assert set(bound) == accounts
-    for account, refs in bound.items():
-        assert refs == EXPECTED_BINDINGS[account]
+    assert bound == EXPECTED_BINDINGS[overlay]
     for workload in workloads(objs):
         assert pod_spec(workload)["serviceAccountName"] in accounts
 
@@ -231,8 +238,9 @@ def test_node_agent_runs_on_gpu_nodes_only_and_is_node_critical() -> None:
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     for term in terms["nodeSelectorTerms"]:
         expressions = {e["key"]: (e["operator"], e["values"]) for e in term["matchExpressions"]}
-        # Every term asks for a GPU and leaves out nodes kept on NVIDIA's plugin.
-        assert expressions.pop("kubegpu.io/device-plugin") == ("NotIn", ["nvidia"])
+        # Every term asks for a GPU and leaves out nodes kept on NVIDIA's plugin or between
+        # the two plugins while migrating.
+        assert expressions.pop("kubegpu.io/device-plugin") == ("NotIn", ["nvidia", "none"])
         ((key, (operator, values)),) = expressions.items()
         assert key in ("feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present")
         assert (operator, values) == ("In", ["true"])
@@ -342,16 +350,20 @@ def test_the_node_agent_config_is_a_valid_v1_config(overlay: str, tmp_path: Path
     assert config.flags.plugin.cdi_dir in host_mounts(_agent(), "device-plugin")
 
 
-@pytest.mark.parametrize(
-    ("overlay", "host", "tls"),
-    [
-        ("overlays/second-scheduler", "0.0.0.0", True),
-        ("overlays/default-scheduler", "127.0.0.1", False),
-    ],
-)
-def test_the_extender_config_resolves_through_the_real_command(
-    overlay: str, host: str, tls: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+# overlay -> (workload kind, name) running the extender, and H7's scheduler config it serves.
+EXTENDERS = {
+    "overlays/second-scheduler": ("Deployment", "kubegpu-scheduler"),
+    "overlays/default-scheduler": ("DaemonSet", "kubegpu-extender"),
+}
+SCHEDULER_CONFIGS = {
+    "overlays/second-scheduler": "kubegpu-scheduler.yaml",
+    "overlays/default-scheduler": "default-scheduler.yaml",
+}
+
+
+def _extender_config(overlay: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The extender's resolved settings, through the real command with the container's args
+    and the ConfigMap's file: everything the command does before it serves."""
     import kubegpu.extender.cli as extender_cli
 
     seen: list[Any] = []
@@ -359,28 +371,94 @@ def test_the_extender_config_resolves_through_the_real_command(
     async def capture(config: Any) -> None:
         seen.append(config)
 
-    # Everything the command does before serving: config file, flags, validation.
     monkeypatch.setattr(extender_cli, "_serve", capture)
     objs = render(overlay)
-    (workload,) = [w for w in workloads(objs) if w["metadata"]["name"] == "kubegpu-extender"]
+    workload = find(objs, *EXTENDERS[overlay])
     item = container(workload, "extender")
     paths = materialise_config_volumes(objs, workload, "extender", tmp_path)
     ctx = parse_with_the_real_cli(substitute(item["args"], container_env(item), paths))
     with ctx:
         ctx.command.invoke(ctx)
     (config,) = seen
-    assert (config.host, config.tls) == (host, tls)
+    return config
+
+
+def _scheduler_config(overlay: str) -> Obj:
+    text = _configmap_text(render(overlay), "kubegpu-(default-)?scheduler-config")
+    config: Obj = yaml.safe_load(text)
+    return config
+
+
+@pytest.mark.parametrize("overlay", INSTALL_OVERLAYS)
+def test_the_scheduler_config_is_the_one_in_deploy_scheduler(overlay: str) -> None:
+    # kustomize cannot read files outside an overlay, so the overlay holds a copy.
+    source = DEPLOY / "scheduler" / SCHEDULER_CONFIGS[overlay]
+    copy_path = DEPLOY / overlay / "kube-scheduler-config.yaml"
+    assert copy_path.read_text() == source.read_text(), f"cp {source} {copy_path}"
+    assert _scheduler_config(overlay) == yaml.safe_load(source.read_text())
+
+
+@pytest.mark.parametrize("overlay", INSTALL_OVERLAYS)
+def test_the_scheduler_calls_the_extender_where_it_listens(
+    overlay: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _extender_config(overlay, tmp_path, monkeypatch)
+    (extender,) = _scheduler_config(overlay)["extenders"]
+    scheme = "https" if config.tls else "http"
+    assert extender["urlPrefix"].rstrip("/") == f"{scheme}://{config.host}:{config.port}"
+    assert bool(extender.get("enableHTTPS")) == config.tls
+    # A client certificate is sent exactly when the extender demands one.
+    sends_certificate = "certFile" in extender.get("tlsConfig", {})
+    assert sends_certificate == (config.client_ca_file is not None)
+    names = config.names
     assert config.names == ResourceNames()
-    port_numbers = {p["containerPort"] for p in item.get("ports", [])} or {
-        item["readinessProbe"]["httpGet"]["port"]
+    managed = {m["name"]: m["ignoredByScheduler"] for m in extender["managedResources"]}
+    # Only what nodes never advertise is left to the extender alone.
+    assert managed == {
+        names.whole_gpu: False,
+        names.share_slot: False,
+        names.gpu_memory: True,
+        names.gpu_compute: True,
     }
-    assert config.port in port_numbers
+    assert extender["nodeCacheCapable"] is True and extender["ignorable"] is False
+
+
+@pytest.mark.parametrize("overlay", INSTALL_OVERLAYS)
+def test_the_extender_probes_reach_its_listener(
+    overlay: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _extender_config(overlay, tmp_path, monkeypatch)
+    item = container(find(render(overlay), *EXTENDERS[overlay]), "extender")
+    assert config.host == "127.0.0.1"  # loopback only, in both overlays
     for probe in ("readinessProbe", "livenessProbe"):
-        target = item[probe]["httpGet"]
-        assert target.get("scheme", "HTTP") == ("HTTPS" if tls else "HTTP")
-    if tls:
+        spec = item[probe]
+        if "exec" in spec:  # pod network: the kubelet cannot reach the pod's loopback
+            assert f"http://127.0.0.1:{config.port}/" in spec["exec"]["command"][-1]
+        else:  # host network, client certificates required: a TCP check on loopback
+            assert spec["tcpSocket"] == {"host": "127.0.0.1", "port": config.port}
+            assert pod_spec(find(render(overlay), *EXTENDERS[overlay]))["hostNetwork"] is True
+    if config.tls:
         mounted = {m["mountPath"] for m in item["volumeMounts"]}
-        assert config.tls_cert_file.parent.as_posix() in mounted
+        for path in (config.tls_cert_file, config.tls_key_file, config.client_ca_file):
+            assert path.parent.as_posix() in mounted
+
+
+def test_the_second_scheduler_reads_its_config_and_holds_its_own_lease() -> None:
+    overlay = "overlays/second-scheduler"
+    objs = render(overlay)
+    scheduler = container(find(objs, "Deployment", "kubegpu-scheduler"), "kube-scheduler")
+    config_path = arg_value(scheduler["command"], "--config")
+    mounts = {m["mountPath"] for m in scheduler["volumeMounts"]}
+    assert str(Path(config_path).parent) in mounts
+    config = _scheduler_config(overlay)
+    election = config["leaderElection"]
+    # Not the default scheduler's Lease (kube-system/kube-scheduler): the two would contend.
+    assert election["resourceName"] != "kube-scheduler"
+    role = find(objs, "Role", "kubegpu-scheduler-leader-election")
+    assert role["metadata"]["namespace"] == election["resourceNamespace"]
+    named = [r for r in role["rules"] if "resourceNames" in r]
+    assert named[0]["resourceNames"] == [election["resourceName"]]
+    assert [p["schedulerName"] for p in config["profiles"]] == ["kubegpu-scheduler"]
 
 
 def test_the_quota_example_limits_every_gpu_resource_the_code_uses() -> None:

@@ -184,12 +184,26 @@ def test_exporter_probes_answer_on_the_path_in_the_manifest(tmp_path: Path) -> N
             assert http_status(url + "/no-such-path") == 404
 
 
-def test_extender_probes_answer_on_the_paths_in_the_manifest(tmp_path: Path) -> None:
-    objs = render("overlays/default-scheduler")
-    extender = find(objs, "DaemonSet", "kubegpu-extender")
-    item = container(extender, "extender")
-    paths = materialise_config_volumes(objs, extender, "extender", tmp_path)
+def test_extender_probes_pass_once_it_has_synced_with_the_api_server(tmp_path: Path) -> None:
+    # The second-scheduler overlay: the extender beside kube-scheduler, loopback HTTP, probed
+    # by commands run inside its container.
+    objs = render("overlays/second-scheduler")
+    pod = find(objs, "Deployment", "kubegpu-scheduler")
+    item = container(pod, "extender")
+    paths = materialise_config_volumes(objs, pod, "extender", tmp_path)
     port = free_port()
+    probes = []
+    for name in ("livenessProbe", "readinessProbe"):
+        command = [part.replace(":8888/", f":{port}/") for part in item[name]["exec"]["command"]]
+        assert command[0] == "python" and command != item[name]["exec"]["command"]
+        probes.append([sys.executable, *command[1:]])
+
+    def all_pass() -> bool:
+        return all(
+            subprocess.run(p, capture_output=True, timeout=30, check=False).returncode == 0
+            for p in probes
+        )
+
     with FakeApiServer().run_in_thread() as api:
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         args = [
@@ -197,8 +211,9 @@ def test_extender_probes_answer_on_the_paths_in_the_manifest(tmp_path: Path) -> 
             f"--port={port}",
             f"--kubeconfig={kubeconfig}",
         ]
+        assert not all_pass()  # nothing listens yet: the probes can fail
         with running(args, _env()):
-            for probe in ("livenessProbe", "readinessProbe"):
-                target = item[probe]["httpGet"]
-                url = f"http://{target['host']}:{port}{target['path']}"
-                assert wait_for_status(url, 200) == 200, probe
+            deadline = time.monotonic() + 30
+            while not all_pass() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert all_pass()
