@@ -146,8 +146,71 @@ class TimeSlicing(_Model):
     resources: list[SharedResource] = Field(default_factory=list)
 
 
+class MpsSettings(_Model):
+    """The CUDA MPS control daemon the agent runs for the shared cards (enforcement: mps)."""
+
+    # Path or name of nvidia-cuda-mps-control; tests point it at a fake daemon script.
+    control_command: str = "nvidia-cuda-mps-control"
+    # -f keeps the daemon in the foreground, so the agent sees it die and restarts it; with
+    # -d it forks away and its death could not be noticed.
+    control_args: list[str] = Field(default_factory=lambda: ["-f"])
+    # Host directory holding pipe/ and log/; containers get both mounted at the same path.
+    host_dir: str = "/run/kubegpu/mps"
+    restart_initial_s: float = Field(default=0.5, gt=0)
+    restart_max_s: float = Field(default=30.0, gt=0)
+
+
+class GpuShare(_Model):
+    """Card-level GPU sharing with the kubegpu scheduler extender (see docs/sharing.md).
+
+    The agent advertises ``slots_per_card`` share slots of ``resource_name`` per selected card
+    next to the whole-GPU resource; the extender decides which card a sharing pod gets and
+    records it on the pod, and ``Allocate`` hands out that card. Needs API access
+    (``--kubeconfig`` or in-cluster) and ``--node-name``.
+    """
+
+    enabled: bool = False
+    resource_name: str = "kubegpu.io/gpu-shared"
+    memory_resource_name: str = "kubegpu.io/gpu-memory"
+    compute_resource_name: str = "kubegpu.io/gpu-compute"
+    # The whole-GPU resource the extender accounts against (one of resources.gpus).
+    whole_resource_name: str = DEFAULT_RESOURCE
+    # Containers sharing one card at once; the kubelet counts slots, the extender counts MiB.
+    slots_per_card: int = Field(default=32, ge=1, le=1024)
+    devices: Literal["all"] | int | list[int | str] = "all"
+    enforcement: Literal["none", "mps"] = "none"
+    mps: MpsSettings = Field(default_factory=MpsSettings)
+    # How often the node's pods are re-read to withdraw colliding ids (whole vs shared).
+    sync_interval_s: float = Field(default=5.0, gt=0)
+    # How often the kubelet's PodResources API is cross-checked against the pod annotations.
+    reconcile_interval_s: float = Field(default=30.0, gt=0)
+    # How often the node's GPU inventory annotation is re-asserted (also on start and health).
+    inventory_interval_s: float = Field(default=300.0, gt=0)
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+    @field_validator("resource_name", "memory_resource_name", "compute_resource_name")
+    @classmethod
+    def _qualify(cls, value: str) -> str:
+        if "/" not in value:
+            raise ValueError(f"a share resource needs a domain (e.g. kubegpu.io/x), got {value!r}")
+        return qualify_resource_name(value)
+
+    @field_validator("whole_resource_name")
+    @classmethod
+    def _qualify_whole(cls, value: str) -> str:
+        return qualify_resource_name(value)
+
+    @field_validator("devices")
+    @classmethod
+    def _positive_count(cls, value: object) -> object:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"a device count must be at least 1, got {value}")
+        return value
+
+
 class Sharing(_Model):
     time_slicing: TimeSlicing = Field(default_factory=TimeSlicing)
+    gpu_share: GpuShare = Field(default_factory=GpuShare)
 
 
 class Health(_Model):
@@ -184,12 +247,28 @@ class AgentConfig(_Model):
             if shared.name in seen:
                 raise ValueError(f"{where}.name: {shared.name!r} is shared twice")
             seen.add(shared.name)
+            share = self.sharing.gpu_share
+            if share.enabled and shared.name == share.whole_resource_name:
+                raise ValueError(
+                    f"{where}.name: {shared.name!r} is time-sliced and also the whole-GPU "
+                    "resource of sharing.gpuShare; card-level sharing needs whole cards"
+                )
             renamed = shared.rename is not None or self.sharing.time_slicing.rename_by_default
             if shared.devices != "all" and not renamed:
                 # Otherwise shared and unshared GPUs would mix under one resource name.
                 raise ValueError(
                     f"{where}.devices: sharing a subset of GPUs needs rename or renameByDefault"
                 )
+        share = self.sharing.gpu_share
+        if share.enabled and share.whole_resource_name not in known:
+            raise ValueError(
+                f"sharing.gpuShare.wholeResourceName: {share.whole_resource_name!r} is not one of "
+                f"the GPU resources {sorted(known)}"
+            )
+        if share.enabled and share.resource_name in known:
+            raise ValueError(
+                f"sharing.gpuShare.resourceName: {share.resource_name!r} is already a GPU resource"
+            )
         return self
 
     @property

@@ -26,8 +26,12 @@ from kubegpu.config.load import ConfigError, load_config, render_config
 from kubegpu.config.model import AgentConfig, Health
 from kubegpu.core.gpu import GpuUuid, NodeInventory
 from kubegpu.core.health import HealthCheckPolicy
+from kubegpu.enforcement.mps import MpsDaemon, mps_spec_for
 from kubegpu.inventory.backend import GpuBackend
+from kubegpu.kube.inventory import inventory_records
 from kubegpu.kubelet import cdi
+from kubegpu.kubelet.cluster import NodeApi, PodResourcesApi
+from kubegpu.kubelet.coordinator import SharingCoordinator
 from kubegpu.kubelet.plugin import (
     KUBELET_SOCKET,
     DevicePluginServicer,
@@ -36,6 +40,7 @@ from kubegpu.kubelet.plugin import (
     socket_identity,
 )
 from kubegpu.kubelet.resources import PlanError, ResourcePlan, all_gpus, build_plans
+from kubegpu.kubelet.shares import MpsPaths
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +162,17 @@ class Agent:
         *,
         monitor_factory: MonitorFactory = default_monitor_factory,
         sleep: Sleep = asyncio.sleep,
+        api: NodeApi | None = None,
+        pod_resources: PodResourcesApi | None = None,
     ) -> None:
+        if config.sharing.gpu_share.enabled and (api is None or not settings.node_name):
+            raise PlanError(
+                "sharing.gpuShare.enabled needs API access (--kubeconfig or in-cluster) and "
+                "--node-name: share slots are served from the extender's pod annotations"
+            )
         self.settings = settings
+        self.api = api
+        self.pod_resources = pod_resources
         self.config = config
         self.backend = backend
         self.node = settings.node_name or "-"
@@ -175,6 +189,12 @@ class Agent:
         self._kubelet_socket: tuple[int, int] | None = None
         self.registered_count = 0  # successful Register calls, for logs and tests
         self._delayed: set[asyncio.Task[None]] = set()
+        self.coordinator: SharingCoordinator | None = None
+        self._coordinator_task: asyncio.Task[None] | None = None
+        self.mps: MpsDaemon | None = None
+        self._inventory_task: asyncio.Task[None] | None = None
+        self._inventory_changed: asyncio.Event | None = None
+        self.inventory_publications = 0
 
     @property
     def kubelet_socket(self) -> Path:
@@ -194,6 +214,8 @@ class Agent:
         watcher = asyncio.create_task(self._watch(), name="watch-kubelet-dir")
         try:
             self._start_health()
+            self._start_inventory_publisher()
+            await self._start_sharing()
             self._write_cdi()
             self._kubelet_socket = socket_identity(self.kubelet_socket)
             await self._start_servers()
@@ -228,6 +250,8 @@ class Agent:
             for sig in signals:
                 loop.remove_signal_handler(sig)
             await self._stop_servers()
+            await self._stop_sharing()
+            await self._stop_inventory_publisher()
             await self._stop_health()
             self._remove_cdi()
         return 0
@@ -276,7 +300,9 @@ class Agent:
     # -- servers -------------------------------------------------------------------------------
 
     def _servicer(self, plan: ResourcePlan) -> DevicePluginServicer:
-        return DevicePluginServicer(plan, self.inventory, self.config, self.board, self.node)
+        return DevicePluginServicer(
+            plan, self.inventory, self.config, self.board, self.node, hooks=self.coordinator
+        )
 
     async def _start_servers(self) -> None:
         if not self.plans:
@@ -368,6 +394,8 @@ class Agent:
     def _apply_health(self, uuid: GpuUuid, healthy: bool, reason: str) -> None:
         if not self.board.set(uuid, healthy, reason):
             return
+        if self._inventory_changed is not None:
+            self._inventory_changed.set()
         ids = [d.device_id for p in self.plans for d in p.devices if d.gpu.uuid == uuid]
         resources = sorted(
             {p.resource_name for p in self.plans if any(g.uuid == uuid for g in p.gpus)}
@@ -387,6 +415,96 @@ class Agent:
         monitor, self._monitor = self._monitor, None
         if monitor is not None:
             await asyncio.get_running_loop().run_in_executor(None, monitor.stop)
+
+    # -- cluster: inventory annotation, sharing, MPS ------------------------------------------
+
+    def _start_inventory_publisher(self) -> None:
+        if self.api is None or not self.settings.node_name:
+            log.info("node %s: no API access; the GPU inventory is not published", self.node)
+            return
+        self._inventory_changed = asyncio.Event()
+        self._inventory_task = asyncio.create_task(
+            self._publish_inventory(self.api, self._inventory_changed), name="publish-inventory"
+        )
+
+    async def _publish_inventory(self, api: NodeApi, changed: asyncio.Event) -> None:
+        # The whole document from what we see now, on start, on every health change and
+        # periodically (so a Node re-created or edited by hand gets it back).
+        failures = 0
+        while True:
+            changed.clear()
+            try:
+                records = inventory_records(self.inventory, self.board.unhealthy.keys())
+                await api.publish_inventory(records)
+                self.inventory_publications += 1
+                failures = 0
+                wait_s = self.config.sharing.gpu_share.inventory_interval_s
+            except Exception as err:  # API down: keep trying with the backoff
+                wait_s = self.settings.backoff.delay(failures)
+                failures += 1
+                log.warning(
+                    "node %s: publishing the GPU inventory failed: %s; retrying in %.1fs",
+                    self.node,
+                    _short(err),
+                    wait_s,
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), wait_s)
+
+    async def _stop_inventory_publisher(self) -> None:
+        task, self._inventory_task = self._inventory_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _start_sharing(self) -> None:
+        share = self.config.sharing.gpu_share
+        if not share.enabled or self.api is None:
+            return
+        slot_cards = [str(g.uuid) for p in self.plans if p.share_slots for g in p.gpus]
+        paths = None
+        if share.enforcement == "mps":
+            spec = mps_spec_for(
+                share.mps.control_command,
+                share.mps.control_args,
+                share.mps.host_dir,
+                slot_cards,
+                share.mps.restart_initial_s,
+                share.mps.restart_max_s,
+            )
+            paths = MpsPaths(str(spec.pipe_dir), str(spec.log_dir))
+            self.mps = MpsDaemon(spec, node=self.node, sleep=self._sleep)
+            await self.mps.start()
+        self.coordinator = SharingCoordinator(
+            self.node,
+            self.config,
+            self.api,
+            self.board,
+            pod_resources=self.pod_resources,
+            mps=paths,
+        )
+        self.coordinator.set_plans(self.plans)
+        self._coordinator_task = asyncio.create_task(self.coordinator.run(), name="gpu-share")
+        log.info(
+            "node %s: GPU sharing on: %d slots on each of %d cards as %s, enforcement %s",
+            self.node,
+            share.slots_per_card,
+            len(slot_cards),
+            share.resource_name,
+            share.enforcement,
+        )
+
+    async def _stop_sharing(self) -> None:
+        task, self._coordinator_task = self._coordinator_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.coordinator = None
+        mps, self.mps = self.mps, None
+        if mps is not None:
+            await mps.stop()
 
     # -- CDI -------------------------------------------------------------------------------------
 
@@ -425,10 +543,12 @@ class Agent:
         await self._stop_servers()
         self._remove_cdi()
         health_changed = new.health != self.config.health
+        await self._stop_sharing()
         self.config, self.plans = new, plans
         if health_changed:
             await self._stop_health()
             self._start_health()
+        await self._start_sharing()
         self._write_cdi()
         await self._start_servers()
         return True

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:
+    from kubegpu.config.model import AgentConfig
     from kubegpu.inventory.backend import GpuBackend
+    from kubegpu.kubelet.agent import AgentSettings
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,11 @@ _OVERRIDES: dict[str, str] = {
     "dev_root": "flags.plugin.devRoot",
     "shared_devices_allocation_policy": "flags.plugin.sharedDevicesAllocationPolicy",
     "pre_start_container": "flags.plugin.preStartContainer",
+    "gpu_share": "sharing.gpuShare.enabled",
+    "pod_resources_socket": "sharing.gpuShare.podResourcesSocket",
 }
+
+SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
 
 def _env(name: str, *nvidia: str) -> list[str]:
@@ -100,6 +106,24 @@ async def _wait_for_stop() -> None:
     help="This node's name, used in every log line (env NODE_NAME in a DaemonSet).",
 )
 @click.option(
+    "--kubeconfig",
+    type=click.Path(path_type=Path, dir_okay=False),
+    envvar=_env("KUBECONFIG"),
+    help="API access for the inventory annotation and GPU sharing; without it (and outside a "
+    "pod) the agent serves whole GPUs only.",
+)
+@click.option(
+    "--gpu-share/--no-gpu-share",
+    default=None,
+    envvar=_env("GPU_SHARE"),
+    help="sharing.gpuShare.enabled: advertise card-level share slots (needs API access).",
+)
+@click.option(
+    "--pod-resources-socket",
+    envvar=_env("POD_RESOURCES_SOCKET"),
+    help="sharing.gpuShare.podResourcesSocket: the kubelet's PodResources API.",
+)
+@click.option(
     "--mig-strategy",
     type=click.Choice(["none"]),
     envvar=_env("MIG_STRATEGY", "MIG_STRATEGY"),
@@ -155,12 +179,13 @@ def device_plugin(
     kubelet_dir: Path,
     config_path: Path | None,
     node_name: str,
+    kubeconfig: Path | None,
     **flags: Any,
 ) -> None:
     """Run the kubelet device plugin (node agent) for this node's GPUs."""
     from kubegpu.config.load import ConfigError, load_config, render_config
     from kubegpu.inventory.backend import InventoryError
-    from kubegpu.kubelet.agent import Agent, AgentSettings, health_policy
+    from kubegpu.kubelet.agent import AgentSettings, health_policy
     from kubegpu.kubelet.resources import PlanError
 
     node = node_name or "-"
@@ -192,10 +217,50 @@ def device_plugin(
     try:
         try:
             health_policy(config.health, settings.env)  # a bad DP_*_HEALTHCHECKS token
-            agent = Agent(settings, config, gpu_backend)
+            kube_config = _kube_config(kubeconfig)
+            if config.sharing.gpu_share.enabled and (kube_config is None or not node_name):
+                raise PlanError(
+                    "sharing.gpuShare.enabled needs API access (--kubeconfig or in-cluster) "
+                    "and --node-name"
+                )
+            sys.exit(asyncio.run(_run_agent(settings, config, gpu_backend, kube_config)))
         except (PlanError, ValueError) as err:
             click.echo(f"kubegpu device-plugin: invalid config: {err}", err=True)
             sys.exit(2)
-        sys.exit(asyncio.run(agent.run()))
     finally:
         gpu_backend.close()
+
+
+def _kube_config(kubeconfig: Path | None) -> Any:
+    """lightkube config from ``--kubeconfig``, else in-cluster, else None (no API access)."""
+    from lightkube.config.kubeconfig import KubeConfig
+
+    if kubeconfig is not None:
+        return KubeConfig.from_file(str(kubeconfig))
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and SERVICE_ACCOUNT_TOKEN.exists():
+        return KubeConfig.from_service_account()
+    return None
+
+
+async def _run_agent(
+    settings: AgentSettings, config: AgentConfig, backend: GpuBackend, kube_config: Any
+) -> int:
+    # The API client is made on the running loop and closed on it.
+    import lightkube
+
+    from kubegpu.kubelet.agent import Agent
+    from kubegpu.kubelet.cluster import KubeletPodResourcesApi, LightkubeNodeApi
+
+    api = None
+    pod_resources = None
+    if kube_config is not None and settings.node_name:
+        client = lightkube.AsyncClient(kube_config, field_manager="kubegpu-node-agent")
+        api = LightkubeNodeApi(client, settings.node_name)
+        socket = Path(config.sharing.gpu_share.pod_resources_socket)
+        pod_resources = KubeletPodResourcesApi(socket)
+    try:
+        agent = Agent(settings, config, backend, api=api, pod_resources=pod_resources)
+        return await agent.run()
+    finally:
+        if api is not None:
+            await api.close()

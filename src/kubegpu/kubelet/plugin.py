@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from grpc import aio
@@ -25,6 +25,7 @@ from kubegpu.core.gpu import GpuUuid, NodeInventory
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from kubegpu.kubelet.resources import (
     AllocationError,
+    AllocationRefused,
     ContainerAllocation,
     DeviceState,
     ResourcePlan,
@@ -50,8 +51,26 @@ class HealthBoard:
 
     def __init__(self) -> None:
         self.unhealthy: dict[GpuUuid, str] = {}
+        # Per resource: cards whose ids are withdrawn (reported Unhealthy) although the GPU is
+        # fine, because the card is in use the other way (whole vs shared; see coordinator).
+        self.blocked: dict[str, frozenset[GpuUuid]] = {}
         self.version = 0
         self._changed = asyncio.Event()
+
+    def unusable(self, resource: str) -> set[GpuUuid]:
+        return set(self.unhealthy) | self.blocked.get(resource, frozenset())
+
+    def set_blocked(self, resource: str, uuids: frozenset[GpuUuid]) -> bool:
+        if self.blocked.get(resource, frozenset()) == uuids:
+            return False
+        self.blocked[resource] = uuids
+        self._bump()
+        return True
+
+    def _bump(self) -> None:
+        self.version += 1
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     def set(self, uuid: GpuUuid, healthy: bool, reason: str) -> bool:
         """Record a GPU's health; True (and waiters woken) only when it actually changed."""
@@ -61,9 +80,7 @@ class HealthBoard:
             del self.unhealthy[uuid]
         else:
             self.unhealthy[uuid] = reason
-        self.version += 1
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        self._bump()
         return True
 
     async def wait_for_change(self, seen_version: int) -> int:
@@ -84,7 +101,9 @@ def _allocate_message(alloc: ContainerAllocation) -> api_pb2.ContainerAllocateRe
         envs=alloc.envs,
         annotations=alloc.annotations,
         mounts=[
-            api_pb2.Mount(container_path=m.container_path, host_path=m.host_path, read_only=True)
+            api_pb2.Mount(
+                container_path=m.container_path, host_path=m.host_path, read_only=m.read_only
+            )
             for m in alloc.mounts
         ],
         devices=[
@@ -97,6 +116,22 @@ def _allocate_message(alloc: ContainerAllocation) -> api_pb2.ContainerAllocateRe
     )
 
 
+class AllocationHooks(Protocol):
+    """Answers GetPreferredAllocation / Allocate in place of the plan (card-level sharing)."""
+
+    def handles(self, plan: ResourcePlan) -> bool: ...
+
+    async def preferred(
+        self, plan: ResourcePlan, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> tuple[str, ...] | None:
+        """The ids to prefer, or None for the plan's own answer."""
+        ...
+
+    async def allocate(self, plan: ResourcePlan, device_ids: Sequence[str]) -> ContainerAllocation:
+        """Raises AllocationError (INVALID_ARGUMENT) or AllocationRefused (its code)."""
+        ...
+
+
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def __init__(
         self,
@@ -105,12 +140,14 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         config: AgentConfig,
         board: HealthBoard,
         node_name: str,
+        hooks: AllocationHooks | None = None,
     ) -> None:
         self.plan = plan
         self.inventory = inventory
         self.config = config
         self.board = board
         self.node = node_name
+        self.hooks = hooks if hooks is not None and hooks.handles(plan) else None
         self.policy = ReplicaPolicy(config.flags.plugin.shared_devices_allocation_policy)
 
     async def GetDevicePluginOptions(
@@ -129,7 +166,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         version = self.board.version
         last: list[DeviceState] | None = None
         while True:
-            states = self.plan.states(self.board.unhealthy.keys())
+            states = self.plan.states(self.board.unusable(self.plan.resource_name))
             if states != last:
                 bad = [s.device_id for s in states if not s.healthy]
                 log.info(
@@ -150,7 +187,15 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         response = api_pb2.PreferredAllocationResponse()
         for creq in request.container_requests:
             try:
-                ids = self.plan.preferred(
+                steered = None
+                if self.hooks is not None:
+                    steered = await self.hooks.preferred(
+                        self.plan,
+                        list(creq.available_deviceIDs),
+                        list(creq.must_include_deviceIDs),
+                        creq.allocation_size,
+                    )
+                ids = steered or self.plan.preferred(
                     self.inventory,
                     list(creq.available_deviceIDs),
                     list(creq.must_include_deviceIDs),
@@ -174,7 +219,10 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         response = api_pb2.AllocateResponse()
         for creq in request.container_requests:
             try:
-                alloc = self.plan.allocate(self.config, list(creq.devices_ids))
+                if self.hooks is not None:
+                    alloc = await self.hooks.allocate(self.plan, list(creq.devices_ids))
+                else:
+                    alloc = self.plan.allocate(self.config, list(creq.devices_ids))
             except AllocationError as err:
                 log.warning(
                     "node %s resource %s: allocate refused: %s",
@@ -183,6 +231,15 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     err,
                 )
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            except AllocationRefused as err:
+                log.warning(
+                    "node %s resource %s: allocate refused (%s): %s",
+                    self.node,
+                    self.plan.resource_name,
+                    err.code,
+                    err,
+                )
+                await context.abort(grpc.StatusCode[err.code], str(err))
             log.info(
                 "node %s resource %s: allocated devices %s",
                 self.node,

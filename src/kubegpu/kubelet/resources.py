@@ -24,6 +24,9 @@ from kubegpu.placement.topology import (
 )
 
 REPLICA_SEPARATOR = "::"
+# Share-slot ids are ``<uuid>::slot-<n>``: the card is recoverable from the id alone (and tools
+# that strip everything from ``::``, as dcgm-exporter does for replicas, get the card's UUID).
+SLOT_MARK = "slot-"
 # Device nodes every GPU container needs besides its /dev/nvidiaN.
 CONTROL_DEVICE_NODES: tuple[str, ...] = (
     "/dev/nvidiactl",
@@ -36,6 +39,15 @@ VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 
 class AllocationError(ValueError):
     """The kubelet asked for something we cannot give (mapped to INVALID_ARGUMENT)."""
+
+
+class AllocationRefused(Exception):
+    """A well-formed request we must not serve (no decision for the card, a whole/shared
+    collision, the API unreachable); ``code`` is the gRPC status name to answer with."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class PlanError(ValueError):
@@ -92,12 +104,24 @@ def replica_id(uuid: GpuUuid, replica: int) -> str:
     return f"{uuid}{REPLICA_SEPARATOR}{replica}"
 
 
+def slot_id(uuid: GpuUuid, slot: int) -> str:
+    return f"{uuid}{REPLICA_SEPARATOR}{SLOT_MARK}{slot}"
+
+
+def card_of(device_id: str) -> GpuUuid:
+    """The GPU UUID inside a whole, replica or slot id."""
+    return GpuUuid(device_id.split(REPLICA_SEPARATOR, 1)[0])
+
+
 @dataclass(frozen=True)
 class ResourcePlan:
     resource_name: str
     devices: tuple[AdvertisedDevice, ...]
     shared: bool = False
     fail_requests_greater_than_one: bool = False
+    # True for the card-level share-slot resource (sharing.gpuShare): Allocate needs the
+    # extender's decision, so the agent's sharing coordinator answers for it.
+    share_slots: bool = False
 
     @property
     def socket_name(self) -> str:
@@ -196,12 +220,20 @@ def host_path(dev_root: str, path: str) -> str:
 
 
 def _select(shared: SharedResource, gpus: Sequence[GpuDevice]) -> list[GpuDevice]:
-    if shared.devices == "all":
+    where = f"sharing.timeSlicing.resources[{shared.name}].devices"
+    return select_devices(shared.devices, gpus, where, f"of resource {shared.name}")
+
+
+def select_devices(
+    devices: str | int | Sequence[int | str], gpus: Sequence[GpuDevice], where: str, what: str
+) -> list[GpuDevice]:
+    """``all``, the first N by index, or the GPUs named by index or UUID (in that order)."""
+    if devices == "all":
         return list(gpus)
-    if isinstance(shared.devices, int):
-        return list(gpus[: shared.devices])
+    if isinstance(devices, int):
+        return list(gpus[:devices])
     chosen: list[GpuDevice] = []
-    for ref in shared.devices:
+    for ref in devices:
         match = [
             g
             for g in gpus
@@ -210,8 +242,7 @@ def _select(shared: SharedResource, gpus: Sequence[GpuDevice]) -> list[GpuDevice
         ]
         if not match:
             raise PlanError(
-                f"sharing.timeSlicing.resources[{shared.name}].devices: {ref!r} is not a GPU "
-                f"of resource {shared.name} on this node"
+                f"{where}: {ref!r} is not a GPU{' ' + what if what else ''} on this node"
             )
         chosen.extend(g for g in match if g not in chosen)
     return chosen
@@ -253,6 +284,29 @@ def build_plans(config: AgentConfig, inventory: NodeInventory) -> list[ResourceP
                     devices,
                     shared=True,
                     fail_requests_greater_than_one=slicing.fail_requests_greater_than_one,
+                )
+            )
+    share = config.sharing.gpu_share
+    if share.enabled:
+        cards = select_devices(
+            share.devices,
+            sorted(inventory.gpus, key=lambda g: g.index),
+            "sharing.gpuShare.devices",
+            "",
+        )
+        if cards:
+            devices = tuple(
+                AdvertisedDevice(slot_id(g.uuid, k), g, k)
+                for g in cards
+                for k in range(share.slots_per_card)
+            )
+            plans.append(
+                ResourcePlan(
+                    share.resource_name,
+                    devices,
+                    shared=True,
+                    fail_requests_greater_than_one=True,
+                    share_slots=True,
                 )
             )
     names = [p.resource_name for p in plans]

@@ -1,0 +1,319 @@
+"""Which pending pod a share-slot ``Allocate`` serves, and what its container is told.
+
+The device plugin API gives ``Allocate`` no pod identity, only the slot ids the kubelet chose.
+We make the choice deterministic instead of guessing (docs/sharing.md, "Node agent"):
+
+* slot ids encode their card (``<uuid>::slot-<n>``), so the card is known from the request;
+* ``GetPreferredAllocation`` steers the kubelet to the card of the next pod we expect it to
+  admit (the kubelet admits pods oldest first, and all containers of one pod in a row);
+* ``Allocate`` serves the first pending pod, in that same order, whose extender decision names
+  the slot's card and which still has a sharing container to allocate; the per-node ledger is
+  the ``kubegpu.io/gpu-allocated`` annotation on each pod (which containers got which card), so
+  a restarted agent continues exactly where the last one stopped;
+* afterwards the kubelet's PodResources API (which does know pod ↔ device) is the truth the
+  ledger is reconciled against.
+
+Pure: pod JSON and our values in, values out. The annotation codecs live here because the
+agent is their only writer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kubegpu.sharing.annotations import AllocationDecision, CardShare
+from kubegpu.sharing.podstate import TERMINAL_PHASES, read_decision
+from kubegpu.sharing.resources import RequestError, ResourceNames, pod_key, pod_totals
+
+ALLOCATED_ANNOTATION = "kubegpu.io/gpu-allocated"
+DRIFT_ANNOTATION = "kubegpu.io/gpu-drift"
+LEDGER_VERSION = 1
+
+# Environment every sharing container gets (also in docs/sharing.md).
+ENV_MEMORY_LIMIT = "KUBEGPU_GPU_MEMORY_LIMIT_MIB"
+ENV_COMPUTE = "KUBEGPU_GPU_COMPUTE_MILLI"
+ENV_UUID = "KUBEGPU_GPU_UUID"
+ENV_ENFORCEMENT = "KUBEGPU_GPU_ENFORCEMENT"
+ENV_MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
+ENV_MPS_LOG = "CUDA_MPS_LOG_DIRECTORY"
+ENV_MPS_MEMORY = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+ENV_MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+
+
+class LedgerError(ValueError):
+    """A malformed ``kubegpu.io/gpu-allocated`` annotation."""
+
+
+@dataclass(frozen=True)
+class GrantedContainer:
+    """One container's card as handed out (``source`` "allocate") or as learnt from the
+    kubelet's PodResources API ("podresources"); ``verified`` once PodResources agreed."""
+
+    name: str
+    uuid: str
+    slot: str
+    compute_milli: int
+    memory_mib: int
+    allocated_at: str
+    verified: bool = False
+    source: str = "allocate"
+
+
+@dataclass(frozen=True)
+class Ledger:
+    node: str
+    containers: tuple[GrantedContainer, ...] = ()
+
+    def names(self) -> set[str]:
+        return {c.name for c in self.containers}
+
+    def get(self, name: str) -> GrantedContainer | None:
+        return next((c for c in self.containers if c.name == name), None)
+
+    def with_container(self, granted: GrantedContainer) -> Ledger:
+        rest = tuple(c for c in self.containers if c.name != granted.name)
+        return replace(self, containers=(*rest, granted))
+
+
+def encode_ledger(ledger: Ledger) -> str:
+    doc = {
+        "v": LEDGER_VERSION,
+        "node": ledger.node,
+        "containers": [
+            {
+                "name": c.name,
+                "uuid": c.uuid,
+                "slot": c.slot,
+                "computeMilli": c.compute_milli,
+                "memoryMiB": c.memory_mib,
+                "allocatedAt": c.allocated_at,
+                "verified": c.verified,
+                "source": c.source,
+            }
+            for c in ledger.containers
+        ],
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def decode_ledger(text: object) -> Ledger:
+    if not isinstance(text, str) or len(text) > 64 * 1024:
+        raise LedgerError(f"{ALLOCATED_ANNOTATION} must be a string of at most 64 KiB")
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise LedgerError(f"{ALLOCATED_ANNOTATION}: not JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("v") != LEDGER_VERSION:
+        raise LedgerError(f"{ALLOCATED_ANNOTATION}: not a v{LEDGER_VERSION} object")
+    node = doc.get("node")
+    items = doc.get("containers")
+    if not isinstance(node, str) or not isinstance(items, list):
+        raise LedgerError(f"{ALLOCATED_ANNOTATION}: node and containers are required")
+    out: list[GrantedContainer] = []
+    for i, item in enumerate(items):
+        try:
+            out.append(
+                GrantedContainer(
+                    name=_typed(item, "name", str),
+                    uuid=_typed(item, "uuid", str),
+                    slot=_typed(item, "slot", str),
+                    compute_milli=_typed(item, "computeMilli", int),
+                    memory_mib=_typed(item, "memoryMiB", int),
+                    allocated_at=_typed(item, "allocatedAt", str),
+                    verified=_typed(item, "verified", bool),
+                    source=_typed(item, "source", str),
+                )
+            )
+        except (KeyError, TypeError) as exc:
+            raise LedgerError(f"{ALLOCATED_ANNOTATION}: containers[{i}]: {exc}") from None
+    return Ledger(node, tuple(out))
+
+
+def _typed(item: object, key: str, kind: type) -> Any:
+    if not isinstance(item, dict):
+        raise TypeError("must be an object")
+    value = item[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TypeError(f"{key} must be {kind.__name__}")
+    return value
+
+
+# --------------------------------------------------------------------------- reading pods
+@dataclass(frozen=True)
+class NodePod:
+    """One pod on this node as the sharing coordinator needs it."""
+
+    uid: str
+    namespace: str
+    name: str
+    created: str  # RFC 3339 (sorts chronologically)
+    resource_version: str
+    terminal: bool
+    decision: AllocationDecision | None
+    ledger: Ledger | None
+    # Containers asking for a share slot, in the kubelet's admission order (init containers,
+    # then app containers, each in spec order), with what the decision gives each.
+    slot_containers: tuple[tuple[str, CardShare], ...] = ()
+    problem: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def shared_card(self) -> str | None:
+        if self.decision is None or not self.decision.shared:
+            return None
+        return self.decision.cards[0].uuid
+
+    def allocated(self) -> set[str]:
+        return self.ledger.names() if self.ledger is not None else set()
+
+    def next_container(self) -> tuple[str, CardShare] | None:
+        done = self.allocated()
+        return next(((n, s) for n, s in self.slot_containers if n not in done), None)
+
+    @property
+    def order(self) -> tuple[int, str, str, str]:
+        # A pod already part-way through admission first: the kubelet admits all containers
+        # of one pod before the next pod. Then oldest first, as the kubelet sorts additions.
+        decided = self.decision.decided_at if self.decision is not None else ""
+        return (0 if self.allocated() else 1, self.created, decided, self.uid)
+
+
+def read_node_pod(pod: Mapping[str, Any], node: str, names: ResourceNames) -> NodePod:
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    annotations = meta.get("annotations") or {}
+    decision, problem = read_decision(pod)
+    if decision is not None and decision.node != node:
+        problem = f"pod {pod_key(pod)}: decision names node {decision.node}, not {node}"
+        decision = None
+    ledger: Ledger | None = None
+    if ALLOCATED_ANNOTATION in annotations:
+        try:
+            ledger = decode_ledger(annotations[ALLOCATED_ANNOTATION])
+        except LedgerError as exc:
+            problem = f"pod {pod_key(pod)}: {exc}; treated as nothing allocated"
+    slots: list[tuple[str, CardShare]] = []
+    if decision is not None and decision.shared:
+        card = decision.cards[0]
+        split = {c.name: c.cards[0] for c in decision.containers if c.cards}
+        try:
+            containers = pod_totals(pod, names).containers
+        except RequestError as exc:
+            containers = ()
+            problem = f"{exc}"
+        ordered = [c for c in containers if c.init] + [c for c in containers if not c.init]
+        for c in ordered:
+            if c.share_slots:
+                share = split.get(c.name) or CardShare(
+                    card.uuid, card.index, c.compute_milli, c.memory_mib
+                )
+                slots.append((c.name, share))
+    return NodePod(
+        uid=str(meta.get("uid") or ""),
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or ""),
+        created=str(meta.get("creationTimestamp") or ""),
+        resource_version=str(meta.get("resourceVersion") or ""),
+        terminal=status.get("phase") in TERMINAL_PHASES,
+        decision=decision,
+        ledger=ledger,
+        slot_containers=tuple(slots),
+        problem=problem,
+    )
+
+
+def pending_share_pods(pods: Iterable[NodePod], card: str | None = None) -> list[NodePod]:
+    """Live pods with a shared decision (on ``card`` when given) and a sharing container
+    still to allocate, in the order the kubelet will admit them."""
+    found = [
+        p
+        for p in pods
+        if not p.terminal
+        and p.shared_card is not None
+        and (card is None or p.shared_card == card)
+        and p.next_container() is not None
+    ]
+    return sorted(found, key=lambda p: p.order)
+
+
+def share_cards(pods: Iterable[NodePod]) -> dict[str, list[str]]:
+    """Card UUID → live pods holding (or about to hold) a share of it."""
+    out: dict[str, list[str]] = {}
+    for p in pods:
+        if p.terminal:
+            continue
+        cards = {c.uuid for c in p.ledger.containers} if p.ledger is not None else set()
+        if p.shared_card is not None:
+            cards.add(p.shared_card)
+        for uuid in cards:
+            out.setdefault(uuid, []).append(p.key)
+    return out
+
+
+def whole_decision_cards(pods: Iterable[NodePod]) -> dict[str, str]:
+    """Card UUID → live pod the extender gave it to whole."""
+    out: dict[str, str] = {}
+    for p in pods:
+        if not p.terminal and p.decision is not None and not p.decision.shared:
+            for card in p.decision.cards:
+                out[card.uuid] = p.key
+    return out
+
+
+def preferred_whole_cards(
+    pods: Iterable[NodePod], available: set[str], size: int
+) -> tuple[str, ...] | None:
+    """The cards of the oldest whole decision with a container of ``size`` cards that are all
+    still available (allocated cards leave the kubelet's available set, so served decisions
+    drop out by themselves)."""
+    live = sorted(
+        (p for p in pods if not p.terminal and p.decision and not p.decision.shared),
+        key=lambda p: p.order,
+    )
+    for p in live:
+        assert p.decision is not None
+        for container in p.decision.containers:
+            uuids = tuple(c.uuid for c in container.cards)
+            if len(uuids) == size and set(uuids) <= available:
+                return uuids
+    return None
+
+
+# --------------------------------------------------------------------------- the answer
+@dataclass(frozen=True)
+class MpsPaths:
+    pipe_dir: str
+    log_dir: str
+
+
+def share_env(
+    uuid: str, share: CardShare, enforcement: str, mps: MpsPaths | None
+) -> dict[str, str]:
+    """What a sharing container is told about its share (and held to, with MPS)."""
+    env = {
+        ENV_UUID: uuid,
+        ENV_MEMORY_LIMIT: str(share.memory_mib),
+        ENV_COMPUTE: str(share.compute_milli),
+        ENV_ENFORCEMENT: enforcement,
+    }
+    if enforcement == "mps" and mps is not None:
+        env[ENV_MPS_PIPE] = mps.pipe_dir
+        env[ENV_MPS_LOG] = mps.log_dir
+        env[ENV_MPS_MEMORY] = f"{uuid}={share.memory_mib}M"
+        # MPS takes whole percents; round up so a 5-milli share still gets 1 %.
+        env[ENV_MPS_THREADS] = str(max(1, min(100, math.ceil(share.compute_milli / 10))))
+    return env
+
+
+def describe_pending(pods: Sequence[NodePod]) -> str:
+    if not pods:
+        return "no pod on this node is waiting for a share"
+    shown = ", ".join(f"{p.key} on card {p.shared_card}" for p in pods[:5])
+    return f"pods waiting for a share: {shown}{' …' if len(pods) > 5 else ''}"

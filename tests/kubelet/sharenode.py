@@ -1,0 +1,250 @@
+"""A node with card-level sharing on: the fake API server (real HTTP, lightkube), the kubelet
+emulator serving PodResources, and a real ``kubegpu device-plugin`` process; plus helpers that
+write pods and decisions exactly as the scheduler extender would."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightkube
+from lightkube.resources.core_v1 import Pod
+
+from kubegpu.inventory.spec import resolve_fake_spec
+from kubegpu.kubelet.shares import ALLOCATED_ANNOTATION, DRIFT_ANNOTATION, Ledger, decode_ledger
+from kubegpu.sharing.annotations import (
+    ALLOCATION_ANNOTATION,
+    AllocationDecision,
+    CardShare,
+    ContainerAllocation,
+    encode_allocation,
+)
+from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node
+from kubegpu.testing.kubelet import Allocation, KubeletEmulator
+from tests.kubelet.conftest import PluginProcess
+
+NODE = "test-node"
+WHOLE = "nvidia.com/gpu"
+SLOT = "kubegpu.io/gpu-shared"
+MEMORY = "kubegpu.io/gpu-memory"
+COMPUTE = "kubegpu.io/gpu-compute"
+
+SHARE_CONFIG = """\
+version: v1
+sharing:
+  gpuShare:
+    enabled: true
+    slotsPerCard: {slots}
+    enforcement: {enforcement}
+    syncIntervalS: 0.2
+    reconcileIntervalS: {reconcile}
+    inventoryIntervalS: 60
+    podResourcesSocket: {pod_resources}
+    mps:
+      controlCommand: {mps_command}
+      hostDir: {mps_dir}
+      restartInitialS: 0.1
+      restartMaxS: 1.0
+"""
+
+
+@dataclass(frozen=True)
+class ShareSpec:
+    """One container's share in a test pod."""
+
+    name: str
+    compute_milli: int
+    memory_mib: int
+    init: bool = False
+
+
+class SharedNode:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        preset: str = "4xT4",
+        slots: int = 4,
+        enforcement: str = "none",
+        reconcile_s: float = 0.3,
+        mps_command: str = "nvidia-cuda-mps-control",
+    ) -> None:
+        self.root = root
+        self.preset = preset
+        self.gpus = resolve_fake_spec(preset).inventory.gpus
+        self.api: ServerThread = FakeApiServer().run_in_thread()
+        self.api.store.put("nodes", make_node(NODE))
+        self.client: lightkube.Client = self.api.client()
+        self.kubeconfig = self.api.write_kubeconfig(root / "kubeconfig")
+        self.kubelet_dir = root / "dp"
+        self.pod_resources_socket = root / "pr.sock"
+        self.kubelet = KubeletEmulator(
+            self.kubelet_dir, pod_resources_socket=self.pod_resources_socket, node_name=NODE
+        )
+        self.kubelet.start()
+        self.mps_dir = root / "mps"
+        self.config = root / "config.yaml"
+        self.config.write_text(
+            SHARE_CONFIG.format(
+                slots=slots,
+                enforcement=enforcement,
+                reconcile=reconcile_s,
+                pod_resources=self.pod_resources_socket,
+                mps_command=mps_command,
+                mps_dir=self.mps_dir,
+            )
+        )
+        self.plugin = self.start_plugin()
+        self._created = 0
+
+    def start_plugin(self) -> PluginProcess:
+        plugin = PluginProcess(
+            self.kubelet_dir,
+            preset=self.preset,
+            config=self.config,
+            extra=("--kubeconfig", str(self.kubeconfig)),
+        )
+        self.kubelet.wait_for_registration(SLOT, timeout_s=30)
+        return plugin
+
+    def wait_ready(self) -> None:
+        n = len(self.gpus)
+        self.kubelet.wait_for_devices(WHOLE, lambda d: len(d) == n, timeout_s=30)
+        self.kubelet.wait_for_devices(SLOT, lambda d: len(d) > 0, timeout_s=30)
+
+    def close(self) -> int:
+        rc = self.plugin.stop()
+        self.kubelet.stop()
+        self.client.close()
+        self.api.stop()
+        return rc
+
+    # -- pods ------------------------------------------------------------------------------
+
+    def card(self, index: int) -> CardShare:
+        gpu = next(g for g in self.gpus if g.index == index)
+        return CardShare(str(gpu.uuid), gpu.index, 0, 0)
+
+    def add_shared_pod(
+        self,
+        name: str,
+        card_index: int | None,
+        containers: Sequence[ShareSpec],
+        *,
+        decide: bool = True,
+    ) -> str:
+        """A pod bound to this node asking for shares; with ``decide`` the extender's decision
+        (all containers on ``card_index``) is on it. Returns the pod's UID."""
+        self._created += 1
+        spec: dict[str, Any] = {"nodeName": NODE, "containers": [], "initContainers": []}
+        for c in containers:
+            limits = {SLOT: "1", MEMORY: str(c.memory_mib), COMPUTE: str(c.compute_milli)}
+            entry = {"name": c.name, "image": "x", "resources": {"limits": limits}}
+            spec["initContainers" if c.init else "containers"].append(entry)
+        annotations: dict[str, str] = {}
+        if decide and card_index is not None:
+            card = self.card(card_index)
+            app = [c for c in containers if not c.init]
+            init_peak = max((c.compute_milli for c in containers if c.init), default=0)
+            init_memory = max((c.memory_mib for c in containers if c.init), default=0)
+            total = CardShare(
+                card.uuid,
+                card.index,
+                max(sum(c.compute_milli for c in app), init_peak),
+                max(sum(c.memory_mib for c in app), init_memory),
+            )
+            decision = AllocationDecision(
+                node=NODE,
+                cards=(total,),
+                containers=tuple(
+                    ContainerAllocation(
+                        c.name,
+                        c.init,
+                        (CardShare(card.uuid, card.index, c.compute_milli, c.memory_mib),),
+                    )
+                    for c in containers
+                ),
+                decided_at=f"2026-01-01T00:00:{self._created:02d}.000000Z",
+                policy="test",
+                shared=True,
+            )
+            annotations[ALLOCATION_ANNOTATION] = encode_allocation(decision)
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": "default",
+                "annotations": annotations,
+                # Distinct, ordered creation times: the kubelet admits the oldest pod first.
+                "creationTimestamp": f"2026-01-01T00:{self._created:02d}:00Z",
+            },
+            "spec": spec,
+            "status": {"phase": "Pending"},
+        }
+        stored = self.api.store.put("pods", pod)
+        return str(stored["metadata"]["uid"])
+
+    def pod(self, name: str) -> dict[str, Any]:
+        got: dict[str, Any] = self.client.get(Pod, name, namespace="default").to_dict()
+        return got
+
+    def annotations(self, name: str) -> Mapping[str, str]:
+        return self.pod(name)["metadata"].get("annotations") or {}
+
+    def ledger(self, name: str) -> Ledger | None:
+        raw = self.annotations(name).get(ALLOCATED_ANNOTATION)
+        return None if raw is None else decode_ledger(raw)
+
+    def drift(self, name: str) -> str | None:
+        return self.annotations(name).get(DRIFT_ANNOTATION)
+
+    def allocate_share(
+        self, uid: str, pod: str, container: str, must_include: Sequence[str] = ()
+    ) -> Allocation:
+        return self.kubelet.allocate(
+            SLOT, 1, pod_uid=uid, pod_name=pod, container=container, must_include=must_include
+        )
+
+    def wait_until(self, check: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not check():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}; plugin log:\n{self.plugin.log()[-3000:]}")
+            time.sleep(0.05)
+
+    def wait_verified(self, pod: str, containers: int) -> Ledger:
+        def done() -> bool:
+            ledger = self.ledger(pod)
+            return (
+                ledger is not None
+                and len(ledger.containers) == containers
+                and all(c.verified for c in ledger.containers)
+            )
+
+        self.wait_until(done, f"pod {pod}: {containers} verified containers")
+        ledger = self.ledger(pod)
+        assert ledger is not None
+        return ledger
+
+
+def card_totals(node: SharedNode, pods: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """Per card: (compute milli, memory MiB) held by the app containers the ledgers record
+    (init containers run before them and do not add up)."""
+    totals: dict[str, list[int]] = {}
+    for name in pods:
+        ledger = node.ledger(name)
+        decision = json.loads(node.annotations(name)[ALLOCATION_ANNOTATION])
+        init = {c["name"] for c in decision["containers"] if c["init"]}
+        assert ledger is not None
+        for c in ledger.containers:
+            if c.name in init:
+                continue
+            slot = totals.setdefault(c.uuid, [0, 0])
+            slot[0] += c.compute_milli
+            slot[1] += c.memory_mib
+    return {k: (v[0], v[1]) for k, v in totals.items()}

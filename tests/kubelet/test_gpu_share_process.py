@@ -1,0 +1,245 @@
+"""Card-level sharing end to end: a real plugin process, the kubelet emulator (with PodResources)
+and the fake API server over HTTP; decisions written as the scheduler extender writes them."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kubegpu.kubelet.resources import card_of
+from kubegpu.sharing.annotations import INVENTORY_ANNOTATION, decode_inventory
+from kubegpu.testing.kubelet import AllocationError
+from tests.kubelet.conftest import short_tempdir
+from tests.kubelet.sharenode import (
+    NODE,
+    SLOT,
+    WHOLE,
+    SharedNode,
+    ShareSpec,
+    card_totals,
+)
+
+T4_MIB = 15360
+
+
+@pytest.fixture
+def node() -> Iterator[SharedNode]:
+    root = short_tempdir()
+    shared = SharedNode(root)
+    try:
+        shared.wait_ready()
+        yield shared
+    finally:
+        shared.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def uuid_of(node: SharedNode, index: int) -> str:
+    return node.card(index).uuid
+
+
+def test_advertises_slots_per_card_beside_whole_gpus_and_publishes_the_inventory(
+    node: SharedNode,
+) -> None:
+    slots = node.kubelet.devices(SLOT)
+    assert len(slots) == 4 * 4
+    assert {card_of(s) for s in slots} == {str(g.uuid) for g in node.gpus}
+    assert sorted(node.kubelet.devices(WHOLE)) == sorted(str(g.uuid) for g in node.gpus)
+    node.wait_until(
+        lambda: (
+            INVENTORY_ANNOTATION
+            in (node.api.store.get("nodes", None, NODE) or {})
+            .get("metadata", {})
+            .get("annotations", {})
+        ),
+        "inventory annotation published",
+    )
+    raw = node.api.store.get("nodes", None, NODE)
+    assert raw is not None
+    inventory = decode_inventory(raw["metadata"]["annotations"][INVENTORY_ANNOTATION])
+    assert [g.uuid for g in inventory.gpus] == [str(g.uuid) for g in node.gpus]
+    assert all(g.healthy and g.memory_mib == T4_MIB for g in inventory.gpus)
+
+
+def test_two_identical_pods_started_together_get_their_decided_cards_and_are_reconciled(
+    node: SharedNode,
+) -> None:
+    # 600 milli each: they cannot share a card, so the extender put them on cards 0 and 1.
+    spec = [ShareSpec("main", 600, 8000)]
+    uid_a = node.add_shared_pod("a", 0, spec)
+    uid_b = node.add_shared_pod("b", 1, spec)
+    got_a = node.allocate_share(uid_a, "a", "main")
+    got_b = node.allocate_share(uid_b, "b", "main")
+
+    assert got_a.envs["NVIDIA_VISIBLE_DEVICES"] == uuid_of(node, 0)
+    assert got_b.envs["NVIDIA_VISIBLE_DEVICES"] == uuid_of(node, 1)
+    assert {card_of(got_a.device_ids[0]), card_of(got_b.device_ids[0])} == {
+        uuid_of(node, 0),
+        uuid_of(node, 1),
+    }
+    for got in (got_a, got_b):
+        assert got.envs["KUBEGPU_GPU_MEMORY_LIMIT_MIB"] == "8000"
+        assert got.envs["KUBEGPU_GPU_COMPUTE_MILLI"] == "600"
+        assert got.envs["KUBEGPU_GPU_ENFORCEMENT"] == "none"
+        assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in got.envs
+
+    ledger_a = node.wait_verified("a", 1)
+    ledger_b = node.wait_verified("b", 1)
+    assert ledger_a.containers[0].uuid == uuid_of(node, 0)
+    assert ledger_b.containers[0].slot == got_b.device_ids[0]
+    assert node.drift("a") is None and node.drift("b") is None
+    for compute, memory in card_totals(node, ["a", "b"]).values():
+        assert compute <= 1000 and memory <= T4_MIB
+
+
+def test_a_kubelet_serving_the_younger_pod_first_is_repaired_by_reconciliation(
+    node: SharedNode,
+) -> None:
+    spec = [ShareSpec("main", 600, 8000)]
+    uid_a = node.add_shared_pod("a", 0, spec)
+    uid_b = node.add_shared_pod("b", 1, spec)
+    # Out of the kubelet's usual order: the agent cannot tell, so it serves the oldest
+    # decision; PodResources later shows the truth and the ledgers are corrected.
+    got_b = node.allocate_share(uid_b, "b", "main")
+    got_a = node.allocate_share(uid_a, "a", "main")
+    node.wait_until(lambda: node.drift("a") is not None, "drift flagged on pod a")
+    ledger_a = node.wait_verified("a", 1)
+    ledger_b = node.wait_verified("b", 1)
+    assert ledger_a.containers[0].uuid == card_of(got_a.device_ids[0])
+    assert ledger_b.containers[0].uuid == card_of(got_b.device_ids[0])
+    assert "repaired" in (node.drift("a") or "")
+    assert "repaired" in (node.drift("b") or "")
+    assert "pod default/a: container main: the agent recorded card" in node.plugin.log()
+    # Identical requests: whichever way round, no card holds more than it has.
+    for compute, memory in card_totals(node, ["a", "b"]).values():
+        assert compute <= 1000 and memory <= T4_MIB
+
+
+def test_a_pod_without_a_decision_gets_a_clear_error_not_a_random_card(
+    node: SharedNode,
+) -> None:
+    uid = node.add_shared_pod("rogue", None, [ShareSpec("main", 100, 1000)], decide=False)
+    with pytest.raises(AllocationError) as caught:
+        node.allocate_share(uid, "rogue", "main")
+    message = str(caught.value)
+    assert caught.value.grpc_code == "FAILED_PRECONDITION"
+    assert f"node {NODE}" in message
+    assert "::slot-" in message
+    assert "no pending pod has a kubegpu decision" in message
+    assert node.ledger("rogue") is None
+
+
+def test_init_and_multi_container_pod_each_get_their_share_of_one_card(
+    node: SharedNode,
+) -> None:
+    spec = [
+        ShareSpec("setup", 200, 2000, init=True),
+        ShareSpec("app", 300, 3000),
+        ShareSpec("sidecar", 100, 1000),
+    ]
+    uid = node.add_shared_pod("multi", 2, spec)
+    # The kubelet's order: init containers, then app containers; the init container's slot
+    # goes back to the pod's reusable pool and the first app container takes it again.
+    init = node.allocate_share(uid, "multi", "setup")
+    app = node.allocate_share(uid, "multi", "app", must_include=init.device_ids)
+    side = node.allocate_share(uid, "multi", "sidecar")
+    card = uuid_of(node, 2)
+    assert [a.envs["NVIDIA_VISIBLE_DEVICES"] for a in (init, app, side)] == [card] * 3
+    assert [a.envs["KUBEGPU_GPU_MEMORY_LIMIT_MIB"] for a in (init, app, side)] == [
+        "2000",
+        "3000",
+        "1000",
+    ]
+    assert app.device_ids == init.device_ids
+    ledger = node.wait_verified("multi", 3)
+    assert {c.name: c.uuid for c in ledger.containers} == {
+        "setup": card,
+        "app": card,
+        "sidecar": card,
+    }
+
+
+def test_a_node_agent_crash_between_bind_and_allocate_loses_nothing(node: SharedNode) -> None:
+    spec = [ShareSpec("first", 250, 4000), ShareSpec("second", 250, 4000)]
+    uid = node.add_shared_pod("p", 1, spec)
+    other = node.add_shared_pod("q", 3, [ShareSpec("main", 900, 12000)])
+    first = node.allocate_share(uid, "p", "first")
+
+    # Decision written, one container done: the agent dies hard and comes back.
+    node.plugin.proc.send_signal(signal.SIGKILL)
+    node.plugin.proc.wait()
+    node.plugin.stop()
+    before = node.kubelet.restarts
+    node.plugin = node.start_plugin()
+    node.wait_until(
+        lambda: node.kubelet.is_connected(SLOT) and node.kubelet.restarts == before,
+        "plugin re-registered",
+    )
+    node.wait_ready()
+
+    second = node.allocate_share(uid, "p", "second")
+    third = node.allocate_share(other, "q", "main")
+    assert first.envs["NVIDIA_VISIBLE_DEVICES"] == uuid_of(node, 1)
+    assert second.envs["NVIDIA_VISIBLE_DEVICES"] == uuid_of(node, 1)
+    assert third.envs["NVIDIA_VISIBLE_DEVICES"] == uuid_of(node, 3)
+    ledger = node.wait_verified("p", 2)
+    assert [c.name for c in ledger.containers] == ["first", "second"]
+    assert node.drift("p") is None
+    node.wait_verified("q", 1)
+    totals = card_totals(node, ["p", "q"])
+    assert totals == {uuid_of(node, 1): (500, 8000), uuid_of(node, 3): (900, 12000)}
+
+
+def test_whole_gpus_and_shares_never_meet_on_one_card(node: SharedNode) -> None:
+    uid = node.add_shared_pod("s", 0, [ShareSpec("main", 100, 1000)])
+    shared = node.allocate_share(uid, "s", "main")
+    card0 = uuid_of(node, 0)
+    assert card_of(shared.device_ids[0]) == card0
+
+    # The card holding a share is withdrawn from nvidia.com/gpu...
+    node.kubelet.wait_for_devices(WHOLE, lambda d: not d[card0].healthy, timeout_s=10)
+    # ...so a pod asking for every card cannot have it,
+    with pytest.raises(AllocationError, match="Requested: 4, Available: 3"):
+        node.kubelet.allocate(WHOLE, 4, pod_name="greedy", container="main")
+    # and even asked directly, the agent refuses it whole.
+    with pytest.raises(AllocationError) as caught:
+        node.kubelet.allocate_raw(WHOLE, [card0])
+    assert caught.value.grpc_code == "FAILED_PRECONDITION"
+    assert "holds GPU shares of default/s" in str(caught.value)
+
+    whole = node.kubelet.allocate(WHOLE, 3, pod_name="big", container="main")
+    assert card0 not in whole.device_ids
+    # The other way round: cards in whole use withdraw their share slots.
+    node.kubelet.wait_for_devices(
+        SLOT,
+        lambda d: all(s.healthy == (card_of(i) == card0) for i, s in d.items()),
+        timeout_s=10,
+    )
+    late = node.add_shared_pod("late", 1, [ShareSpec("main", 100, 1000)])
+    with pytest.raises(AllocationError) as refused:
+        node.kubelet.allocate_raw(SLOT, [f"{uuid_of(node, 1)}::slot-0"])
+    assert "in use as a whole GPU" in str(refused.value)
+    assert node.ledger("late") is None
+    assert late
+
+
+def test_mixed_model_node_serves_a_t4_decision_on_the_t4(tempdir: Path) -> None:
+    mixed = SharedNode(tempdir, preset="2xV100-2xT4")
+    try:
+        mixed.wait_ready()
+        t4 = next(g for g in mixed.gpus if "T4" in g.product_name and g.index == 3)
+        uid = mixed.add_shared_pod("t4pod", t4.index, [ShareSpec("main", 500, 6000)])
+        got = mixed.allocate_share(uid, "t4pod", "main")
+        assert got.envs["NVIDIA_VISIBLE_DEVICES"] == str(t4.uuid)
+        assert card_of(got.device_ids[0]) == str(t4.uuid)
+        ledger = mixed.wait_verified("t4pod", 1)
+        assert ledger.containers[0].uuid == str(t4.uuid)
+        # The V100s are untouched: still whole and healthy.
+        v100s = [str(g.uuid) for g in mixed.gpus if "V100" in g.product_name]
+        assert all(mixed.kubelet.devices(WHOLE)[u].healthy for u in v100s)
+    finally:
+        mixed.close()
