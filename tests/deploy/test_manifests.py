@@ -17,7 +17,7 @@ import yaml
 import kubegpu
 from kubegpu.cli.main import SUBCOMMANDS, cli
 from kubegpu.config.load import load_config
-from kubegpu.config.model import DEFAULT_RESOURCE, PluginFlags
+from kubegpu.config.model import DEFAULT_RESOURCE, GpuShare, PluginFlags
 from kubegpu.exporter.cli import exporter_command, parse_listen
 from kubegpu.kubelet.cli import DEFAULT_KUBELET_DIR
 from kubegpu.kubelet.resources import socket_name_for
@@ -96,7 +96,7 @@ def test_the_podmonitor_scrapes_the_exporter_port_of_the_node_agent() -> None:
 EXPECTED_RULES: dict[tuple[str, str], list[dict[str, Any]]] = {
     ("ClusterRole", "kubegpu-node-agent"): [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]},
     ],
     ("ClusterRole", "kubegpu-extender"): [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
@@ -202,6 +202,9 @@ def test_node_agent_mounts_the_host_paths_the_code_uses_by_default() -> None:
     assert plugin["/dev"] == ("/dev", True)
     args = container(agent, "device-plugin")["args"]
     assert arg_value(args, "--kubelet-dir") == DEFAULT_KUBELET_DIR
+    # Shared mode cross-checks with the kubelet's PodResources API.
+    share_socket = Path(GpuShare().pod_resources_socket)
+    assert plugin[str(share_socket.parent)] == (str(share_socket.parent), True)
 
     exporter = host_mounts(agent, "exporter")
     socket = Path(_exporter_default("pod_resources_socket"))
@@ -347,7 +350,28 @@ def test_the_node_agent_config_is_a_valid_v1_config(overlay: str, tmp_path: Path
     path.write_text(_configmap_text(render(overlay), "kubegpu-node-agent-config"))
     config = load_config(path, {})
     assert config.version == "v1"
-    assert config.flags.plugin.cdi_dir in host_mounts(_agent(), "device-plugin")
+    mounts = host_mounts(_agent(), "device-plugin")
+    assert config.flags.plugin.cdi_dir in mounts
+    share = config.sharing.gpu_share
+    assert share.enabled  # the extender is installed with it: shared pods need the slots
+    assert str(Path(share.pod_resources_socket).parent) in mounts
+
+
+def test_node_agent_and_extender_use_the_same_resource_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(_configmap_text(render(INSTALL_OVERLAYS[0]), "kubegpu-node-agent-config"))
+    share = load_config(path, {}).sharing.gpu_share
+    agent_names = ResourceNames(
+        share.whole_resource_name,
+        share.memory_resource_name,
+        share.compute_resource_name,
+        share.resource_name,
+    )
+    for overlay in INSTALL_OVERLAYS:
+        extender = _extender_config(overlay, tmp_path / overlay.replace("/", "-"), monkeypatch)
+        assert extender.names == agent_names
 
 
 # overlay -> (workload kind, name) running the extender, and H7's scheduler config it serves.

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from kubegpu.config.model import DEFAULT_RESOURCE
+from kubegpu.config.model import DEFAULT_RESOURCE, GpuShare
 from kubegpu.kubelet.cli import DEFAULT_KUBELET_DIR
-from kubegpu.testing.apiserver import FakeApiServer
+from kubegpu.testing.apiserver import FakeApiServer, make_node
 from kubegpu.testing.kubelet import KubeletEmulator
 from tests.deploy.manifests import (
     arg_value,
@@ -140,12 +140,12 @@ def test_device_plugin_probe_passes_while_the_plugin_serves_and_fails_after(
     objs = render("overlays/second-scheduler")
     agent = find(objs, "DaemonSet", "kubegpu-node-agent")
     item = container(agent, "device-plugin")
+    env = container_env(item)
     # Unix socket paths must stay under 108 bytes; pytest's tmp_path may not.
     kubelet_dir = Path(tempfile.mkdtemp(prefix="kg-probe-", dir="/tmp"))
     try:
         paths = materialise_config_volumes(objs, agent, "device-plugin", tmp_path)
         paths[DEFAULT_KUBELET_DIR] = str(kubelet_dir)
-        args = [*substitute(item["args"], container_env(item), paths), *FAKE]
         probe = substitute(item["livenessProbe"]["exec"]["command"], {}, paths)
         assert probe[0] == "python"
         probe[0] = sys.executable  # the image's `python` is the virtualenv's
@@ -153,9 +153,20 @@ def test_device_plugin_probe_passes_while_the_plugin_serves_and_fails_after(
         def run_probe() -> int:
             return subprocess.run(probe, capture_output=True, timeout=30, check=False).returncode
 
-        with KubeletEmulator(kubelet_dir) as kubelet:
+        # The shipped config turns on GPU sharing, which needs the API server (in a pod: the
+        # service account) and the node's Node object.
+        with FakeApiServer().run_in_thread() as api, KubeletEmulator(kubelet_dir) as kubelet:
+            api.store.put("nodes", make_node(env["NODE_NAME"]))
+            kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+            args = [
+                *substitute(item["args"], env, paths),
+                *FAKE,
+                f"--kubeconfig={kubeconfig}",
+            ]
             with running(args, _env()) as plugin:
                 kubelet.wait_for_registration(DEFAULT_RESOURCE, timeout_s=30)
+                # Shared mode is on: the share slots are registered too.
+                kubelet.wait_for_registration(GpuShare().resource_name, timeout_s=30)
                 assert run_probe() == 0
                 assert plugin.stop() == 0
             assert run_probe() != 0
