@@ -491,3 +491,22 @@ def test_the_quota_example_limits_every_gpu_resource_the_code_uses() -> None:
     assert set(hard) == {f"requests.{name}" for name in ResourceNames().all}
     # Extended resources take integers only.
     assert all(str(v).isdigit() for v in hard.values())
+
+
+@pytest.mark.parametrize("overlay", INSTALL_OVERLAYS)
+def test_critical_priority_classes_are_covered_by_a_quota_in_their_namespace(
+    overlay: str,
+) -> None:
+    # Clusters that limit critical priority classes (GKE) admit such pods only in namespaces
+    # with a quota scoped to them.
+    objs = render(overlay)
+    covered: set[tuple[str, str]] = set()
+    for quota in (o for o in objs if o["kind"] == "ResourceQuota"):
+        for expression in quota["spec"].get("scopeSelector", {}).get("matchExpressions", []):
+            if expression["scopeName"] == "PriorityClass" and expression["operator"] == "In":
+                for value in expression["values"]:
+                    covered.add((quota["metadata"]["namespace"], value))
+    for workload in workloads(objs):
+        priority = pod_spec(workload).get("priorityClassName", "")
+        if priority.startswith("system-"):
+            assert (workload["metadata"]["namespace"], priority) in covered
