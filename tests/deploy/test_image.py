@@ -80,6 +80,9 @@ def test_the_base_image_is_python_3_11_slim_pinned_by_version() -> None:
     assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", image), image
     stages = [a for word, a in instructions if word == "FROM"]
     assert stages and all(s.split()[0] == "${PYTHON_IMAGE}" for s in stages)
+    # The constraints were resolved for the interpreter the image has.
+    version = image.split(":")[1].split("-")[0]
+    assert _lock_module().IMAGE_MARKERS["python_full_version"] == version
 
 
 def test_the_image_runs_kubegpu_as_an_unprivileged_user_by_default() -> None:
