@@ -243,3 +243,46 @@ def test_mixed_model_node_serves_a_t4_decision_on_the_t4(tempdir: Path) -> None:
         assert all(mixed.kubelet.devices(WHOLE)[u].healthy for u in v100s)
     finally:
         mixed.close()
+
+
+def test_mps_mode_supervises_the_daemon_and_hands_out_per_client_limits(tempdir: Path) -> None:
+    from tests.enforcement.conftest import install_fake_mps_control
+
+    command = install_fake_mps_control(tempdir)
+    mps = SharedNode(tempdir, enforcement="mps", mps_command=str(command))
+    log = mps.mps_dir / "log" / "control.log"
+    try:
+        mps.wait_ready()
+        mps.wait_until(lambda: log.exists() and "started" in log.read_text(), "daemon started")
+        uid = mps.add_shared_pod("m", 1, [ShareSpec("main", 250, 4096)])
+        got = mps.allocate_share(uid, "m", "main")
+        card = uuid_of(mps, 1)
+        assert got.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{card}=4096M"
+        assert got.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+        assert got.envs["CUDA_MPS_PIPE_DIRECTORY"] == str(mps.mps_dir / "pipe")
+        assert got.envs["KUBEGPU_GPU_ENFORCEMENT"] == "mps"
+        mounts = {m.container_path: m for m in got.mounts}
+        assert not mounts[str(mps.mps_dir / "pipe")].read_only
+        assert str(mps.mps_dir / "log") in mounts
+        # Every shared card is visible to the one daemon.
+        started = log.read_text().splitlines()[0]
+        assert started.endswith("gpus=" + ",".join(str(g.uuid) for g in mps.gpus))
+    finally:
+        assert mps.close() == 0
+    assert log.read_text().splitlines()[-1].startswith("quit ")
+
+
+def test_a_health_change_is_published_in_the_node_inventory(node: SharedNode) -> None:
+    from kubegpu.inventory.fake import send_fake_gpu_command
+
+    def inventory_health() -> list[bool]:
+        raw = node.api.store.get("nodes", None, NODE) or {}
+        text = (raw.get("metadata", {}).get("annotations") or {}).get(INVENTORY_ANNOTATION)
+        return [] if text is None else [g.healthy for g in decode_inventory(text).gpus]
+
+    node.wait_until(lambda: inventory_health() == [True] * 4, "inventory published")
+    reply = send_fake_gpu_command(node.plugin.control, "xid", gpu=2, xid=79)
+    assert reply["ok"], reply
+    node.wait_until(
+        lambda: inventory_health() == [True, True, False, True], "unhealthy card published"
+    )

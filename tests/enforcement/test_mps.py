@@ -1,0 +1,140 @@
+"""Supervision of the MPS control daemon, with the fake daemon script as a real process."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kubegpu.enforcement.mps import MpsDaemon, MpsSpec
+
+
+def spec_for(command: Path | str, root: Path, **kwargs: float) -> MpsSpec:
+    return MpsSpec(
+        str(command),
+        ("-f",),
+        root / "mps",
+        ("GPU-aaaa", "GPU-bbbb"),
+        restart_initial_s=kwargs.get("initial", 0.05),
+        restart_max_s=kwargs.get("maximum", 0.4),
+    )
+
+
+async def wait_for(check: object, what: str, timeout_s: float = 10.0) -> None:
+    assert callable(check)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not check():
+        if loop.time() > deadline:
+            raise TimeoutError(what)
+        await asyncio.sleep(0.02)
+
+
+def log_lines(spec: MpsSpec) -> list[str]:
+    path = spec.log_dir / "control.log"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def test_the_daemon_is_started_restarted_after_a_kill_and_told_to_quit_on_stop(
+    fake_mps_control: Path, tmp_path: Path
+) -> None:
+    spec = spec_for(fake_mps_control, tmp_path)
+    daemon = MpsDaemon(spec, node="node-a")
+    await daemon.start()
+    try:
+        await wait_for(lambda: (spec.pipe_dir / "control").exists(), "control pipe created")
+        first = daemon.pid
+        assert first is not None
+        assert log_lines(spec) == [f"started {first} gpus=GPU-aaaa,GPU-bbbb"]
+
+        os.kill(first, signal.SIGKILL)
+        await wait_for(lambda: daemon.starts == 2 and daemon.pid not in (None, first), "restart")
+        second = daemon.pid
+        await wait_for(lambda: f"started {second} gpus=GPU-aaaa,GPU-bbbb" in log_lines(spec), "log")
+        assert daemon.restart_delays == [0.05]
+    finally:
+        await daemon.stop()
+    assert daemon.pid is None
+    assert log_lines(spec)[-1] == f"quit {second}"
+    assert not (spec.pipe_dir / "control").exists()
+    await asyncio.sleep(0.2)
+    assert daemon.starts == 2  # stopping is not mistaken for a death
+
+
+async def test_a_daemon_that_keeps_dying_is_restarted_with_a_bounded_doubling_delay(
+    tmp_path: Path,
+) -> None:
+    delays: list[float] = []
+    enough = asyncio.Event()
+    blocked = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        delays.append(seconds)
+        if len(delays) >= 6:
+            enough.set()
+            await blocked.wait()  # park here until stop() cancels us
+
+    daemon = MpsDaemon(spec_for(shutil.which("false") or "/bin/false", tmp_path), sleep=sleep)
+    await daemon.start()
+    await asyncio.wait_for(enough.wait(), 10)
+    await daemon.stop()
+    assert delays == [0.05, 0.1, 0.2, 0.4, 0.4, 0.4]
+    assert daemon.starts == 6
+
+
+async def test_a_missing_command_is_retried_not_fatal(tmp_path: Path) -> None:
+    delays: list[float] = []
+    enough = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        delays.append(seconds)
+        if len(delays) >= 2:
+            enough.set()
+        await asyncio.sleep(0)
+
+    daemon = MpsDaemon(spec_for(tmp_path / "no-such-mps-control", tmp_path), sleep=sleep)
+    await daemon.start()
+    await asyncio.wait_for(enough.wait(), 10)
+    await daemon.stop()
+    assert daemon.starts == 0
+    assert delays[:2] == [0.05, 0.1]
+
+
+@pytest.mark.gpu
+async def test_the_real_mps_daemon_serves_a_cuda_client_within_its_limits(tmp_path: Path) -> None:
+    """Needs a GPU, the driver's nvidia-cuda-mps-control and a CUDA client (python with
+    cupy or torch); skipped otherwise."""
+    command = shutil.which("nvidia-cuda-mps-control")
+    if command is None:
+        pytest.skip("nvidia-cuda-mps-control is not installed (no NVIDIA driver here)")
+    probe = (
+        "import torch; torch.cuda.init(); "
+        "x = torch.ones(1024, device='cuda'); print(float(x.sum()))"
+    )
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("no CUDA client available (torch is not installed)")
+    spec = MpsSpec(command, ("-f",), tmp_path / "mps", ())
+    daemon = MpsDaemon(spec)
+    await daemon.start()
+    try:
+        await wait_for(lambda: (spec.pipe_dir / "control").exists(), "MPS control pipe", 30)
+        env = {
+            **spec.env(),
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=512M",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+        }
+        result = subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == "1024.0"
+    finally:
+        await daemon.stop()
+    assert daemon.pid is None

@@ -1,0 +1,156 @@
+"""The sharing coordinator in-process, over real HTTP to the fake API server, with the
+kubelet's PodResources answer scripted (the process tests use the emulator's real one)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from kubegpu.config.model import AgentConfig
+from kubegpu.inventory.spec import resolve_fake_spec
+from kubegpu.kubelet.cluster import DeviceHolding, LightkubeNodeApi
+from kubegpu.kubelet.coordinator import SharingCoordinator
+from kubegpu.kubelet.plugin import HealthBoard
+from kubegpu.kubelet.resources import AllocationRefused, build_plans, slot_id
+from kubegpu.kubelet.shares import ALLOCATED_ANNOTATION, DRIFT_ANNOTATION, decode_ledger
+from kubegpu.sharing.annotations import (
+    ALLOCATION_ANNOTATION,
+    AllocationDecision,
+    CardShare,
+    ContainerAllocation,
+    encode_allocation,
+)
+from kubegpu.testing.apiserver import FakeApiServer, make_node
+
+NODE = "n1"
+INVENTORY = resolve_fake_spec("4xT4").inventory
+CARDS = [str(g.uuid) for g in sorted(INVENTORY.gpus, key=lambda g: g.index)]
+CONFIG = AgentConfig.model_validate({"sharing": {"gpuShare": {"enabled": True, "slotsPerCard": 2}}})
+
+
+class ScriptedPodResources:
+    def __init__(self) -> None:
+        self.holdings: list[DeviceHolding] = []
+
+    async def list_holdings(self) -> list[DeviceHolding]:
+        return list(self.holdings)
+
+
+def shared_pod(name: str, card: int, containers: tuple[str, ...]) -> dict[str, object]:
+    share = CardShare(CARDS[card], card, 200, 2000)
+    decision = AllocationDecision(
+        NODE,
+        (CardShare(CARDS[card], card, 200 * len(containers), 2000 * len(containers)),),
+        tuple(ContainerAllocation(c, False, (share,)) for c in containers),
+        "2026-01-01T00:00:00Z",
+        "test",
+        True,
+    )
+    limits = {"kubegpu.io/gpu-shared": "1", "kubegpu.io/gpu-memory": "2000"}
+    limits["kubegpu.io/gpu-compute"] = "200"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "annotations": {ALLOCATION_ANNOTATION: encode_allocation(decision)},
+        },
+        "spec": {
+            "nodeName": NODE,
+            "containers": [
+                {"name": c, "image": "x", "resources": {"limits": limits}} for c in containers
+            ],
+        },
+    }
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[FakeApiServer]:
+    async with FakeApiServer() as api:
+        api.store.put("nodes", make_node(NODE))
+        yield api
+
+
+@pytest.fixture
+async def parts(
+    server: FakeApiServer,
+) -> AsyncIterator[tuple[SharingCoordinator, ScriptedPodResources, HealthBoard]]:
+    client = server.async_client()
+    board = HealthBoard()
+    pod_resources = ScriptedPodResources()
+    coordinator = SharingCoordinator(
+        NODE, CONFIG, LightkubeNodeApi(client, NODE), board, pod_resources=pod_resources
+    )
+    coordinator.set_plans(build_plans(CONFIG, INVENTORY))
+    yield coordinator, pod_resources, board
+    await client.close()
+
+
+def pod_annotations(server: FakeApiServer, name: str) -> dict[str, str]:
+    pod = server.store.get("pods", "default", name)
+    assert pod is not None
+    return dict(pod["metadata"].get("annotations") or {})
+
+
+async def test_a_container_the_agent_never_recorded_is_learnt_from_podresources_and_flagged(
+    server: FakeApiServer,
+    parts: tuple[SharingCoordinator, ScriptedPodResources, HealthBoard],
+) -> None:
+    coordinator, pod_resources, board = parts
+    server.store.put("pods", shared_pod("p", 2, ("main",)))
+    # E.g. allocated by an agent that crashed after answering but before its patch landed.
+    slot = slot_id(INVENTORY.gpus[2].uuid, 1)
+    pod_resources.holdings = [
+        DeviceHolding("default", "p", "main", "kubegpu.io/gpu-shared", (slot,))
+    ]
+    assert await coordinator.reconcile() == 1
+    ledger = decode_ledger(pod_annotations(server, "p")[ALLOCATED_ANNOTATION])
+    (entry,) = ledger.containers
+    assert (entry.uuid, entry.slot, entry.source, entry.verified) == (
+        CARDS[2],
+        slot,
+        "podresources",
+        True,
+    )
+    assert (entry.compute_milli, entry.memory_mib) == (200, 2000)
+    assert "had no record of it; recorded" in pod_annotations(server, "p")[DRIFT_ANNOTATION]
+    assert coordinator.drift_count == 1
+    # The card now holds a share: its whole-GPU id is withdrawn.
+    assert board.blocked["nvidia.com/gpu"] == frozenset({CARDS[2]})
+    # A second pass finds nothing new and writes nothing.
+    patches = server.count("patch", "pods")
+    assert await coordinator.reconcile() == 0
+    assert server.count("patch", "pods") == patches
+
+
+async def test_whole_gpus_in_kubelet_use_withdraw_their_slots_and_refuse_shares(
+    server: FakeApiServer,
+    parts: tuple[SharingCoordinator, ScriptedPodResources, HealthBoard],
+) -> None:
+    coordinator, pod_resources, board = parts
+    server.store.put("pods", shared_pod("p", 0, ("main",)))
+    pod_resources.holdings = [DeviceHolding("default", "w", "main", "nvidia.com/gpu", (CARDS[0],))]
+    await coordinator.reconcile()
+    assert board.blocked["kubegpu.io/gpu-shared"] == frozenset({CARDS[0]})
+    slot_plan = next(p for p in coordinator.plans if p.share_slots)
+    with pytest.raises(AllocationRefused) as caught:
+        await coordinator.allocate(slot_plan, [slot_id(INVENTORY.gpus[0].uuid, 0)])
+    assert caught.value.code == "FAILED_PRECONDITION"
+    assert f"node {NODE}: card {CARDS[0]} is in use as a whole GPU" in str(caught.value)
+
+
+async def test_the_api_being_down_refuses_shares_but_not_whole_gpus(
+    server: FakeApiServer,
+    parts: tuple[SharingCoordinator, ScriptedPodResources, HealthBoard],
+) -> None:
+    coordinator, _, _ = parts
+    await server.stop()
+    slot_plan = next(p for p in coordinator.plans if p.share_slots)
+    whole_plan = next(p for p in coordinator.plans if not p.share_slots)
+    with pytest.raises(AllocationRefused) as caught:
+        await coordinator.allocate(slot_plan, [slot_id(INVENTORY.gpus[1].uuid, 0)])
+    assert caught.value.code == "UNAVAILABLE"
+    alloc = await coordinator.allocate(whole_plan, [CARDS[1]])
+    assert alloc.envs["NVIDIA_VISIBLE_DEVICES"] == CARDS[1]

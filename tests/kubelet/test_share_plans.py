@@ -1,0 +1,221 @@
+"""Share-slot plans and the pure matching rules behind Allocate for shared slots."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kubegpu.config.model import AgentConfig
+from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
+from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2
+from kubegpu.kubelet.plugin import _device_message
+from kubegpu.kubelet.resources import PlanError, build_plans, card_of, slot_id
+from kubegpu.kubelet.shares import (
+    GrantedContainer,
+    Ledger,
+    LedgerError,
+    MpsPaths,
+    decode_ledger,
+    encode_ledger,
+    pending_share_pods,
+    preferred_whole_cards,
+    read_node_pod,
+    share_env,
+)
+from kubegpu.sharing.annotations import (
+    ALLOCATION_ANNOTATION,
+    AllocationDecision,
+    CardShare,
+    ContainerAllocation,
+    encode_allocation,
+)
+from kubegpu.sharing.resources import ResourceNames
+
+KUBELET_MESSAGE_LIMIT = 4 * 1024 * 1024
+
+
+def h200(index: int) -> GpuDevice:
+    return GpuDevice(
+        index=index,
+        uuid=GpuUuid(f"GPU-{index:08x}-1111-2222-3333-444455556666"),
+        product_name="NVIDIA H200 NVL",
+        memory_total_mib=143771,
+        pci_bus_id=f"00000000:{index + 16:02X}:00.0",
+        minor_number=index,
+        numa_node=index // 4,
+    )
+
+
+EIGHT_H200 = NodeInventory(gpus=tuple(h200(i) for i in range(8)))
+
+
+def share_config(**share: object) -> AgentConfig:
+    return AgentConfig.model_validate({"sharing": {"gpuShare": {"enabled": True, **share}}})
+
+
+def list_and_watch_bytes(config: AgentConfig) -> int:
+    plans = build_plans(config, EIGHT_H200)
+    slot_plan = next(p for p in plans if p.share_slots)
+    states = slot_plan.states(set())
+    message = api_pb2.ListAndWatchResponse(devices=[_device_message(s) for s in states])
+    return message.ByteSize()
+
+
+def test_slot_ids_carry_their_card_and_sit_beside_the_whole_gpus() -> None:
+    plans = build_plans(share_config(slotsPerCard=3), EIGHT_H200)
+    assert [p.resource_name for p in plans] == ["nvidia.com/gpu", "kubegpu.io/gpu-shared"]
+    slots = plans[1]
+    assert len(slots.devices) == 24
+    assert slots.devices[0].device_id == slot_id(h200(0).uuid, 0)
+    assert all(card_of(d.device_id) == d.gpu.uuid for d in slots.devices)
+    assert len(plans[0].devices) == 8  # every card stays available whole until it is shared
+
+
+def test_list_and_watch_stays_tiny_on_eight_141_gb_cards() -> None:
+    default = list_and_watch_bytes(share_config())
+    most = list_and_watch_bytes(share_config(slotsPerCard=1024))
+    # 8 cards x 32 slots: about 20 KiB; even the largest allowed setting stays far below the
+    # kubelet's 4 MiB receive limit (one fake device per MiB would need ~1.1 M entries).
+    assert default < 32 * 1024
+    assert most < KUBELET_MESSAGE_LIMIT // 4
+
+
+def test_selected_cards_only_and_unknown_ones_refused() -> None:
+    plans = build_plans(share_config(devices=[1, str(h200(5).uuid)]), EIGHT_H200)
+    assert {d.gpu.index for d in plans[1].devices} == {1, 5}
+    with pytest.raises(PlanError, match=r"sharing.gpuShare.devices: 9 is not a GPU on this node"):
+        build_plans(share_config(devices=[9]), EIGHT_H200)
+
+
+# ----------------------------------------------------------------------------- matching
+
+NAMES = ResourceNames()
+UUID0, UUID1 = str(h200(0).uuid), str(h200(1).uuid)
+
+
+def pod(
+    name: str,
+    created: str,
+    card: str,
+    containers: list[tuple[str, bool]],
+    ledger: Ledger | None = None,
+    phase: str = "Pending",
+) -> dict[str, object]:
+    share = CardShare(card, 0, 100, 1000)
+    decision = AllocationDecision(
+        "n1",
+        (share,),
+        tuple(ContainerAllocation(c, init, (share,)) for c, init in containers),
+        "2026-01-01T00:00:00Z",
+        "test",
+        True,
+    )
+    annotations = {ALLOCATION_ANNOTATION: encode_allocation(decision)}
+    if ledger is not None:
+        annotations["kubegpu.io/gpu-allocated"] = encode_ledger(ledger)
+    limits = {NAMES.share_slot: "1", NAMES.gpu_memory: "1000", NAMES.gpu_compute: "100"}
+    spec: dict[str, list[object]] = {"containers": [], "initContainers": []}
+    for c, init in containers:
+        spec["initContainers" if init else "containers"].append(
+            {"name": c, "resources": {"limits": limits}}
+        )
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "creationTimestamp": created,
+            "annotations": annotations,
+        },
+        "spec": {"nodeName": "n1", **spec},
+        "status": {"phase": phase},
+    }
+
+
+def granted(name: str, card: str = UUID0) -> GrantedContainer:
+    return GrantedContainer(name, card, f"{card}::slot-0", 100, 1000, "2026-01-01T00:00:01Z")
+
+
+def test_a_pod_part_way_through_admission_comes_first_then_the_oldest() -> None:
+    old = pod("old", "2026-01-01T00:00:00Z", UUID0, [("main", False)])
+    half = pod(
+        "half",
+        "2026-01-01T00:05:00Z",
+        UUID0,
+        [("a", False), ("b", False)],
+        ledger=Ledger("n1", (granted("a"),)),
+    )
+    young = pod("young", "2026-01-01T00:09:00Z", UUID0, [("main", False)])
+    done = pod("done", "2025-12-31T00:00:00Z", UUID0, [("x", False)], Ledger("n1", (granted("x"),)))
+    gone = pod("gone", "2025-12-30T00:00:00Z", UUID0, [("x", False)], phase="Succeeded")
+    other = pod("other", "2025-12-29T00:00:00Z", UUID1, [("x", False)])
+    pods = [read_node_pod(p, "n1", NAMES) for p in (young, old, done, gone, half, other)]
+    assert [p.name for p in pending_share_pods(pods, UUID0)] == ["half", "old", "young"]
+    assert [p.name for p in pending_share_pods(pods)] == ["half", "other", "old", "young"]
+    assert pending_share_pods(pods, UUID0)[0].next_container() == (
+        "b",
+        CardShare(UUID0, 0, 100, 1000),
+    )
+
+
+def test_containers_are_served_in_the_kubelets_order_init_first() -> None:
+    p = read_node_pod(
+        pod("p", "t", UUID0, [("app", False), ("init-b", True), ("init-a", True)]), "n1", NAMES
+    )
+    assert [name for name, _ in p.slot_containers] == ["init-b", "init-a", "app"]
+
+
+def test_a_decision_for_another_node_is_not_served() -> None:
+    raw = pod("p", "t", UUID0, [("main", False)])
+    p = read_node_pod(raw, "n2", NAMES)
+    assert p.decision is None and "names node n1, not n2" in p.problem
+    assert pending_share_pods([p]) == []
+
+
+def test_ledger_round_trips_and_rejects_garbage() -> None:
+    ledger = Ledger("n1", (granted("a"), granted("b", UUID1)))
+    assert decode_ledger(encode_ledger(ledger)) == ledger
+    for bad in (
+        "{",
+        "[]",
+        json.dumps({"v": 2}),
+        json.dumps({"v": 1, "node": "n", "containers": [{}]}),
+    ):
+        with pytest.raises(LedgerError):
+            decode_ledger(bad)
+
+
+def test_share_env_rounds_the_thread_percentage_up_and_names_the_card_in_mps_limits() -> None:
+    share = CardShare(UUID0, 0, 5, 2048)
+    env = share_env(UUID0, share, "mps", MpsPaths("/run/p", "/run/l"))
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "1"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{UUID0}=2048M"
+    trust = share_env(UUID0, share, "none", None)
+    assert trust["KUBEGPU_GPU_MEMORY_LIMIT_MIB"] == "2048"
+    assert not any(k.startswith("CUDA_MPS") for k in trust)
+
+
+def test_whole_pods_are_steered_to_the_oldest_decision_that_is_still_free() -> None:
+    def whole(name: str, created: str, cards: tuple[str, ...]) -> dict[str, object]:
+        shares = tuple(CardShare(c, i, 1000, 143771) for i, c in enumerate(cards))
+        decision = AllocationDecision(
+            "n1", shares, (ContainerAllocation("main", False, shares),), "t", "test", False
+        )
+        return {
+            "metadata": {
+                "name": name,
+                "uid": name,
+                "creationTimestamp": created,
+                "annotations": {ALLOCATION_ANNOTATION: encode_allocation(decision)},
+            },
+            "spec": {"nodeName": "n1", "containers": [{"name": "main"}]},
+        }
+
+    pods = [
+        read_node_pod(whole("b", "2026-02", (UUID1,)), "n1", NAMES),
+        read_node_pod(whole("a", "2026-01", (UUID0,)), "n1", NAMES),
+    ]
+    assert preferred_whole_cards(pods, {UUID0, UUID1}, 1) == (UUID0,)
+    assert preferred_whole_cards(pods, {UUID1}, 1) == (UUID1,)  # a's card already handed out
+    assert preferred_whole_cards(pods, {UUID0, UUID1}, 2) is None
