@@ -267,6 +267,12 @@ def test_mps_mode_supervises_the_daemon_and_hands_out_per_client_limits(tempdir:
         # Every shared card is visible to the one daemon.
         started = log.read_text().splitlines()[0]
         assert started.endswith("gpus=" + ",".join(str(g.uuid) for g in mps.gpus))
+
+        # A reload that leaves the MPS settings alone keeps the daemon (and its clients).
+        mps.config.write_text(mps.config.read_text().replace("slotsPerCard: 4", "slotsPerCard: 2"))
+        mps.plugin.send(signal.SIGHUP)
+        mps.kubelet.wait_for_devices(SLOT, lambda d: len(d) == 8, timeout_s=15)
+        assert [line for line in log.read_text().splitlines() if "started" in line] == [started]
     finally:
         assert mps.close() == 0
     assert log.read_text().splitlines()[-1].startswith("quit ")

@@ -474,8 +474,13 @@ class Agent:
                 share.mps.restart_max_s,
             )
             paths = MpsPaths(str(spec.pipe_dir), str(spec.log_dir))
-            self.mps = MpsDaemon(spec, node=self.node, sleep=self._sleep)
-            await self.mps.start()
+            if self.mps is not None and self.mps.spec != spec:
+                await self._stop_mps()
+            if self.mps is None:
+                self.mps = MpsDaemon(spec, node=self.node, sleep=self._sleep)
+                await self.mps.start()
+        else:
+            await self._stop_mps()
         self.coordinator = SharingCoordinator(
             self.node,
             self.config,
@@ -495,13 +500,19 @@ class Agent:
             share.enforcement,
         )
 
-    async def _stop_sharing(self) -> None:
+    async def _stop_sharing(self, *, keep_mps: bool = False) -> None:
+        """Stop the coordinator; the MPS daemon too unless ``keep_mps`` (a reload keeps it
+        when its settings are unchanged: restarting it would cut off running CUDA clients)."""
         task, self._coordinator_task = self._coordinator_task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.coordinator = None
+        if not keep_mps:
+            await self._stop_mps()
+
+    async def _stop_mps(self) -> None:
         mps, self.mps = self.mps, None
         if mps is not None:
             await mps.stop()
@@ -543,7 +554,7 @@ class Agent:
         await self._stop_servers()
         self._remove_cdi()
         health_changed = new.health != self.config.health
-        await self._stop_sharing()
+        await self._stop_sharing(keep_mps=new.sharing.gpu_share.enabled)
         self.config, self.plans = new, plans
         if health_changed:
             await self._stop_health()
