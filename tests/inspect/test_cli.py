@@ -188,7 +188,7 @@ def test_an_unreachable_exporter_shows_a_question_mark(kubeconfig: Path) -> None
             metrics.url + "/{node}/metrics",
         )
     assert result.exit_code == 0, result.output
-    card_rows = [line for line in result.stdout.splitlines() if line[:1].isdigit()]
+    card_rows = [line for line in result.stdout.splitlines() if line.strip()[:1].isdigit()]
     assert len(card_rows) == 2 and all(" ? " in row for row in card_rows)
     assert "exporter unavailable: HTTP 404" in result.stdout
 

@@ -22,6 +22,7 @@ import lightkube
 import yaml
 from lightkube import ApiError, ConfigError
 from lightkube.config.kubeconfig import SERVICE_ACCOUNT, KubeConfig
+from lightkube.generic_resource import GenericGlobalResource, GenericNamespacedResource
 from lightkube.resources.core_v1 import Node, Pod
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,8 @@ def describe_failure(server_url: str, exc: BaseException) -> str:
         return f"the Kubernetes API server{server} answered {code}: {reason}{hint}"
     if isinstance(exc, httpx.TimeoutException):
         return f"the Kubernetes API server{server} did not answer in time"
+    if isinstance(exc, ValueError | ConfigError):
+        return f"unexpected answer from the Kubernetes API server{server}: {exc}"
     return f"cannot reach the Kubernetes API server{server}: {type(exc).__name__}: {exc}"
 
 
@@ -158,6 +161,20 @@ _FAILURES = (httpx.HTTPError, OSError, ApiError, ConfigError, ValueError)
 
 
 # --------------------------------------------------------------------------- one list
+class RawNode(GenericGlobalResource):
+    """Nodes as plain JSON: inspect reads a few fields, so decoding every object into typed
+    models (and refusing a cluster whose objects miss a field the models require) buys
+    nothing and costs most of a large listing's time."""
+
+    _api_info = Node._api_info
+
+
+class RawPod(GenericNamespacedResource):
+    """Pods as plain JSON (see :class:`RawNode`)."""
+
+    _api_info = Pod._api_info
+
+
 @dataclass(frozen=True)
 class ClusterListing:
     nodes: list[dict[str, Any]]
@@ -169,8 +186,8 @@ class ClusterListing:
 async def list_cluster(client: lightkube.AsyncClient, server_url: str = "") -> ClusterListing:
     """Every Node and every Pod (all namespaces) as JSON; raises :class:`ClusterError`."""
     try:
-        node_list = client.list(Node)
-        pod_list = client.list(Pod, namespace="*")
+        node_list = client.list(RawNode)
+        pod_list = client.list(RawPod, namespace="*")
         nodes, pods = await asyncio.gather(_collect(node_list), _collect(pod_list))
         return ClusterListing(nodes, pods, node_list.resourceVersion, pod_list.resourceVersion)
     except _FAILURES as exc:
@@ -178,7 +195,7 @@ async def list_cluster(client: lightkube.AsyncClient, server_url: str = "") -> C
 
 
 async def _collect(listing: Any) -> list[dict[str, Any]]:
-    return [item.to_dict() async for item in listing]
+    return [dict(item) async for item in listing]
 
 
 # --------------------------------------------------------------------------- list + watch
@@ -219,8 +236,8 @@ async def follow_cluster(
     resumed after a bounded backoff; 410 Expired relists. ``on_error`` hears each failure."""
     listed: set[str] = set()
 
-    async def loop(kind: type[Node] | type[Pod], label: str) -> None:
-        extra: dict[str, Any] = {"namespace": "*"} if kind is Pod else {}
+    async def loop(kind: type[RawNode] | type[RawPod], label: str) -> None:
+        extra: dict[str, Any] = {"namespace": "*"} if kind is RawPod else {}
         version: str | None = None
         failures = 0
         while True:
@@ -239,7 +256,7 @@ async def follow_cluster(
                     state.changed.set()
                 stream = client.watch(kind, resource_version=version, **extra)
                 async for event, item in stream:
-                    data: dict[str, Any] = item.to_dict()
+                    data: dict[str, Any] = dict(item)
                     rv = (data.get("metadata") or {}).get("resourceVersion")
                     if rv:
                         version = rv
@@ -265,5 +282,5 @@ async def follow_cluster(
         await asyncio.sleep(min(max_backoff_s, 0.25 * 2 ** min(failures, 8)))
 
     async with asyncio.TaskGroup() as group:
-        group.create_task(loop(Node, "nodes"))
-        group.create_task(loop(Pod, "pods"))
+        group.create_task(loop(RawNode, "nodes"))
+        group.create_task(loop(RawPod, "pods"))

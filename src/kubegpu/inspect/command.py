@@ -13,16 +13,16 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 import click
-from rich.console import Console
 
 from kubegpu.inspect.cluster import (
     ClusterError,
@@ -34,10 +34,12 @@ from kubegpu.inspect.cluster import (
 )
 from kubegpu.inspect.exporters import DEFAULT_URL_TEMPLATE, exporter_url, fetch_usage
 from kubegpu.inspect.model import Filters, InspectReport, build_report, node_address
-from kubegpu.inspect.render import render_tables, report_to_json
+from kubegpu.inspect.render import render_text, report_to_json
 from kubegpu.inspect.usage import UsageResult
 
 log = logging.getLogger(__name__)
+
+CLEAR_SCREEN = "\x1b[H\x1b[2J"  # cursor home, erase display: what `watch` does
 
 
 @dataclass(frozen=True)
@@ -102,21 +104,21 @@ async def inspect_once(connection: Connection, options: InspectOptions) -> Inspe
     return report
 
 
-def emit(report: InspectReport, output: str, console: Console, *, stream: bool = False) -> None:
-    """Print ``report``; ``stream`` (watch without a terminal) prints JSON one document a line."""
+def emit(report: InspectReport, output: str, out: TextIO, *, stream: bool = False) -> None:
+    """Write ``report``; ``stream`` (watch without a terminal) writes JSON one document a line."""
     if output == "json":
         doc = report_to_json(report)
         text = json.dumps(doc, separators=(",", ":")) if stream else json.dumps(doc, indent=2)
-        console.file.write(text + "\n")
-        console.file.flush()
-        return
-    console.print(render_tables(report, wide=output == "wide"))
+        out.write(text + "\n")
+    else:
+        out.write(render_text(report, wide=output == "wide"))
+    out.flush()
 
 
 async def inspect_watch(
     connection: Connection,
     options: InspectOptions,
-    console: Console,
+    out: TextIO,
     *,
     refresh_interval_s: float = 1.0,
     usage_interval_s: float = 10.0,
@@ -140,7 +142,7 @@ async def inspect_watch(
             connection.client, state, server_url=connection.server_url, on_error=errors.append
         )
     )
-    interactive = console.is_terminal
+    interactive = out.isatty()
     usage: dict[str, UsageResult] | None = None
     usage_at = -float("inf")
     try:
@@ -152,12 +154,13 @@ async def inspect_watch(
                 list(state.nodes.values()), list(state.pods.values()), options, usage
             )
             if interactive:
-                console.clear()
+                out.write(CLEAR_SCREEN)
             elif options.output != "json":
-                console.print(f"--- {report.generated_at}", highlight=False)
-            emit(report, options.output, console, stream=not interactive)
+                out.write(f"--- {report.generated_at}\n")
+            emit(report, options.output, out, stream=not interactive)
             if errors and interactive:
-                console.print(f"[yellow]watch: {errors[-1]}[/]")
+                out.write(f"watch: {errors[-1]}\n")
+                out.flush()
             # Bounded refresh rate: sleep, then wait for a change, a usage refresh or a stop.
             await _wait(stop, refresh_interval_s)
             wake = asyncio.create_task(state.changed.wait())
@@ -182,14 +185,6 @@ async def inspect_watch(
 async def _wait(stop: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), timeout=seconds)
-
-
-def _console() -> Console:
-    # Piped output still gets whole tables rather than 80-column wrapping.
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console = Console(highlight=False, width=200, no_color=True)
-    return console
 
 
 @click.command("inspect")
@@ -290,7 +285,10 @@ def inspect_command(
         url_template=exporter_url_template,
         exporter_timeout_s=exporter_timeout,
     )
-    console = _console()
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        # One INFO line per HTTP request would bury the table; --log-level debug shows them.
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
+    out = sys.stdout
     try:
         connection = make_client(kubeconfig, context=context, request_timeout_s=request_timeout)
         if watch:
@@ -298,7 +296,7 @@ def inspect_command(
                 inspect_watch(
                     connection,
                     options,
-                    console,
+                    out,
                     refresh_interval_s=refresh_interval,
                     usage_interval_s=usage_interval,
                 )
@@ -310,7 +308,20 @@ def inspect_command(
         sys.exit(1)
     except KeyboardInterrupt:
         return
-    emit(report, output, console)
+    except BrokenPipeError:
+        _quiet_stdout()
+        return
+    try:
+        emit(report, output, out)
+    except BrokenPipeError:
+        _quiet_stdout()
+
+
+def _quiet_stdout() -> None:
+    # `kubectl gpu inspect | head`: the reader left; exit without a traceback from the final
+    # flush (the recipe in Python's signal module documentation).
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 @click.group("kubectl-gpu", context_settings={"help_option_names": ["-h", "--help"]})

@@ -2,9 +2,10 @@
 
 :func:`build_report` is the whole computation, from the JSON of Nodes and Pods (what any
 Kubernetes client lists) and optional exporter usage to frozen values. Cards come from the node
-agent's inventory annotation; what a pod holds comes from :func:`kubegpu.sharing.podstate.read_pod`
-— the same reading the scheduler extender charges — so inspect shows what the scheduler
-believes, and flags where that belief and the cluster disagree (a *drift warning*).
+agent's inventory annotation; what a pod holds follows the rules of
+:func:`kubegpu.sharing.podstate.read_pod` (decision from ``read_decision``, requests from
+``pod_totals``), which is what the scheduler extender charges. So inspect shows what the
+scheduler believes, and flags where that belief and the cluster disagree (*drift warnings*).
 
 Rules worth knowing:
 
@@ -38,7 +39,7 @@ from kubegpu.sharing.annotations import (
     GpuRecord,
     decode_inventory,
 )
-from kubegpu.sharing.podstate import TERMINAL_PHASES, read_decision, read_pod
+from kubegpu.sharing.podstate import TERMINAL_PHASES, read_decision
 from kubegpu.sharing.resources import (
     RequestError,
     ResourceNames,
@@ -290,7 +291,28 @@ def _bound_node(pod: Mapping[str, Any]) -> str:
     return node if isinstance(node, str) else ""
 
 
-def _containers_started(pod: Mapping[str, Any]) -> bool:
+def _mentions_gpu(pod: Mapping[str, Any], names: ResourceNames) -> bool:
+    """Whether any container names a GPU resource (a cheap pre-check before pod_totals)."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return False
+    wanted = names.all
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or ():
+            resources = container.get("resources") if isinstance(container, Mapping) else None
+            if not isinstance(resources, Mapping):
+                continue
+            for part in ("limits", "requests"):
+                amounts = resources.get(part)
+                if isinstance(amounts, Mapping) and any(n in amounts for n in wanted):
+                    return True
+    return False
+
+
+def _started(pod: Mapping[str, Any], phase: str) -> bool:
+    """Whether the kubelet has started the pod (so its device Allocate has happened)."""
+    if phase != "Pending":
+        return True
     status = pod.get("status")
     statuses = status.get("containerStatuses") if isinstance(status, Mapping) else None
     for item in statuses if isinstance(statuses, list) else []:
@@ -405,6 +427,8 @@ def _read_pod(
     decision, problem = read_decision(pod)
     if problem:
         warnings.append(DriftWarning(WarningKind.MALFORMED_ALLOCATION, problem, pod=key))
+    if decision is None and not _mentions_gpu(pod, names):
+        return None  # most pods of a cluster: skip the full request arithmetic
     try:
         totals = pod_totals(pod, names)
     except RequestError as exc:
@@ -414,7 +438,6 @@ def _read_pod(
     bound_to = _bound_node(pod)
     if not wants_gpu and decision is None:
         return None
-    reading = read_pod(pod, names)
     if not bound_to and decision is None:
         pending.append(
             PendingPod(
@@ -449,10 +472,10 @@ def _read_pod(
                 pod=key,
             )
         )
-    usage = reading.usage
-    if usage is None:
-        return None
-    if decision is not None and (not bound_to or not _containers_started(pod)):
+    # What the pod holds, by podstate.read_pod's rules (the extender's), without reading the
+    # pod a second time: its decision's cards, else (bound, no usable decision) whole GPUs
+    # on cards nobody recorded.
+    if decision is not None and (not bound_to or not _started(pod, phase)):
         pending.append(
             PendingPod(
                 namespace,
@@ -472,10 +495,10 @@ def _read_pod(
         namespace,
         name,
         phase,
-        usage.node,
-        usage.bound,
+        bound_to or (decision.node if decision is not None else ""),
+        bool(bound_to),
         decision,
-        usage.undecided_whole_gpus,
+        totals.whole_gpus if decision is None else 0,
         totals.compute_milli,
         totals.gpu_memory_mib,
     )

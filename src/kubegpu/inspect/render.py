@@ -3,8 +3,8 @@
 :func:`report_to_json` is the ``-o json`` document; ``schema.json`` beside this module describes
 it (JSON Schema 2020-12, loaded by :func:`load_schema`) and the tests validate every document
 against it, so a change to one without the other fails. Memory is MiB and compute milli-GPU in
-JSON (exact integers); tables show GiB and percent of a card. Pure: no terminal access — the
-caller owns the :class:`rich.console.Console`.
+JSON (exact integers); tables show GiB and percent of a card. Pure: strings out, the caller
+writes them.
 """
 
 from __future__ import annotations
@@ -13,11 +13,6 @@ import json
 from collections.abc import Iterator
 from importlib import resources
 from typing import Any
-
-from rich import box
-from rich.console import Group, RenderableType
-from rich.table import Table
-from rich.text import Text
 
 from kubegpu.inspect.model import (
     CardView,
@@ -28,6 +23,7 @@ from kubegpu.inspect.model import (
     PodOnCard,
     Totals,
     UnplacedPod,
+    UnplacedReason,
     UsageState,
 )
 from kubegpu.placement.model import MILLI_PER_GPU
@@ -170,6 +166,8 @@ def gib(mib: int | None) -> str:
     """MiB as GiB for people: ``81920`` -> ``80Gi``, ``1536`` -> ``1.5Gi``, ``300`` -> ``300Mi``."""
     if mib is None:
         return UNKNOWN
+    if mib == 0:
+        return "0"
     if mib < 1024:
         return f"{mib}Mi"
     value = f"{mib / 1024:.1f}".removesuffix(".0")
@@ -220,24 +218,47 @@ def _node_title(node: NodeView) -> str:
     return " · ".join(parts)
 
 
-def _node_table(node: NodeView, wide: bool) -> Table:
-    table = Table(
-        title=_node_title(node),
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        pad_edge=False,
-    )
-    for column in ("GPU", "MODEL", "MEMORY", "ALLOC MEM", "ALLOC COMPUTE", "USED MEM", "HEALTH"):
-        table.add_column(column, no_wrap=True)
+class _Grid:
+    """Left-aligned columns, widths from the widest cell: kubectl's plain table look, at a
+    cost per row that stays small for thousands of cards (rich's layout engine did not)."""
+
+    def __init__(self, headers: list[str]) -> None:
+        self.headers = headers
+        self.rows: list[list[str] | None] = []  # None: a section break
+
+    def add(self, cells: list[str]) -> None:
+        self.rows.append(cells)
+
+    def section(self) -> None:
+        self.rows.append(None)
+
+    def lines(self, indent: str = "") -> Iterator[str]:
+        widths = [len(h) for h in self.headers]
+        for row in self.rows:
+            for i, cell in enumerate(row or ()):
+                widths[i] = max(widths[i], len(cell))
+        last = len(self.headers) - 1
+
+        def line(cells: list[str]) -> str:
+            padded = [c if i == last else c.ljust(widths[i]) for i, c in enumerate(cells)]
+            return (indent + "   ".join(padded)).rstrip()
+
+        yield line(self.headers)
+        for row in self.rows:
+            if row is None:
+                # Under the fixed columns only: the pod lists can be very long.
+                yield indent + "-" * (sum(widths[:last]) + 3 * last + len(self.headers[last]))
+            else:
+                yield line(row)
+
+
+def _node_lines(node: NodeView, wide: bool) -> Iterator[str]:
+    headers = ["GPU", "MODEL", "MEMORY", "ALLOC MEM", "ALLOC COMPUTE", "USED MEM", "HEALTH"]
     if wide:
-        table.add_column("FREE MEM", no_wrap=True)
-        table.add_column("UTIL", no_wrap=True)
-        table.add_column("UUID", no_wrap=True)
-    table.add_column("PODS")
+        headers += ["FREE MEM", "UTIL", "UUID"]
+    grid = _Grid([*headers, "PODS"])
     for card in node.cards:
         share = percent(card.allocated_memory_mib, card.memory_mib)
-        alloc = f"{gib(card.allocated_memory_mib)} ({share})"
         health = "ok" if card.healthy else "UNHEALTHY"
         if card.overcommitted:
             health += " OVERCOMMITTED"
@@ -245,28 +266,21 @@ def _node_table(node: NodeView, wide: bool) -> Table:
             str(card.index),
             card.model or UNKNOWN,
             gib(card.memory_mib),
-            alloc,
+            f"{gib(card.allocated_memory_mib)} ({share})",
             _compute(card.allocated_compute_milli),
             _used(card.used_memory_mib, node),
             health,
         ]
         if wide:
             util = card.utilization_ratio
-            row += [
-                gib(card.free_memory_mib),
-                f"{round(util * 100)}%"
-                if util is not None
-                else ("-" if node.usage is UsageState.OFF else UNKNOWN),
-                card.uuid,
-            ]
+            if util is not None:
+                shown_util = f"{round(util * 100)}%"
+            else:
+                shown_util = "-" if node.usage is UsageState.OFF else UNKNOWN
+            row += [gib(card.free_memory_mib), shown_util, card.uuid]
         row.append(", ".join(_pod_label(p, wide, node) for p in card.pods) or "-")
-        table.add_row(*row)
+        grid.add(row)
     for pod in node.unplaced:
-        why = {
-            "no-decision": "whole GPU(s) on cards not known (no allocation annotation)",
-            "unknown-card": "decision names a card this node does not have",
-            "no-inventory": "node publishes no inventory",
-        }[pod.reason.value]
         row = [
             UNKNOWN,
             "-",
@@ -279,8 +293,8 @@ def _node_table(node: NodeView, wide: bool) -> Table:
         if wide:
             row += ["-", "-", "-"]
         count = f"{pod.whole_gpus} GPU(s), " if pod.whole_gpus else ""
-        row.append(f"{pod.key} ({count}{why})")
-        table.add_row(*row, style="yellow")
+        row.append(f"{pod.key} ({count}{_UNPLACED_WHY[pod.reason]})")
+        grid.add(row)
     t = node.totals
     row = [
         "total",
@@ -294,63 +308,67 @@ def _node_table(node: NodeView, wide: bool) -> Table:
     if wide:
         row += [f"largest {gib(t.largest_free_memory_mib)}", "", ""]
     row.append(f"{t.pods} pod(s)")
-    table.add_section()
-    table.add_row(*row, style="bold")
-    return table
+    grid.section()
+    grid.add(row)
+    yield _node_title(node)
+    yield from grid.lines("  ")
 
 
-def _pending_table(pending: tuple[PendingPod, ...]) -> Table:
-    table = Table(
-        title="pending GPU pods", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False
-    )
-    for column in ("POD", "STATE", "NODE", "REQUEST", "CARDS"):
-        table.add_column(column, no_wrap=column != "CARDS")
+_UNPLACED_WHY = {
+    UnplacedReason.NO_DECISION: "whole GPU(s) on cards not known (no allocation annotation)",
+    UnplacedReason.UNKNOWN_CARD: "decision names a card this node does not have",
+    UnplacedReason.NO_INVENTORY: "node publishes no inventory",
+}
+
+
+def _pending_lines(pending: tuple[PendingPod, ...]) -> Iterator[str]:
+    grid = _Grid(["POD", "STATE", "NODE", "REQUEST", "CARDS"])
     for p in pending:
         if p.whole_gpus:
             request = f"{p.whole_gpus} whole GPU(s)"
         else:
             request = f"{gib(p.memory_mib)}, {_compute(p.compute_milli)} of one GPU"
         cards = ", ".join(f"{c.index} ({c.uuid})" for c in p.cards) or "-"
-        table.add_row(p.key, p.state.value, p.node or "-", request, cards)
-    return table
+        grid.add([p.key, p.state.value, p.node or "-", request, cards])
+    yield "pending GPU pods"
+    yield from grid.lines("  ")
 
 
-def _cluster_line(report: InspectReport) -> Text:
+def _cluster_line(report: InspectReport) -> str:
     t = report.totals
-    text = Text(
+    text = (
         f"cluster: {t.nodes} GPU node(s), {t.gpus} GPU(s) ({t.healthy_gpus} healthy, "
         f"{t.free_gpus} free); memory allocated {gib(t.allocated_memory_mib)}/"
         f"{gib(t.memory_mib)} ({percent(t.allocated_memory_mib, t.memory_mib)}); compute "
-        f"allocated {t.allocated_compute_milli / MILLI_PER_GPU:g}/{t.gpus} GPU",
-        style="bold",
+        f"allocated {t.allocated_compute_milli / MILLI_PER_GPU:g}/{t.gpus} GPU"
     )
     if report.usage is not UsageState.OFF:
-        text.append(f"; memory used {gib(t.used_memory_mib)}")
+        text += f"; memory used {gib(t.used_memory_mib)}"
     if t.unplaced_whole_gpus:
-        text.append(f"; {t.unplaced_whole_gpus} whole GPU(s) held on cards not known")
+        text += f"; {t.unplaced_whole_gpus} whole GPU(s) held on cards not known"
     if report.cpu_only_nodes:
-        text.append(f"; {report.cpu_only_nodes} node(s) without GPUs not shown")
+        text += f"; {report.cpu_only_nodes} node(s) without GPUs not shown"
     return text
 
 
-def render_tables(report: InspectReport, *, wide: bool = False) -> RenderableType:
+def render_text(report: InspectReport, *, wide: bool = False) -> str:
     """The whole report for a terminal: one table per node, cluster totals, pending pods,
-    warnings."""
-    return Group(*_renderables(report, wide))
+    warnings; ends with a newline."""
+    return "\n".join(_lines(report, wide)) + "\n"
 
 
-def _renderables(report: InspectReport, wide: bool) -> Iterator[RenderableType]:
+def _lines(report: InspectReport, wide: bool) -> Iterator[str]:
     if not report.nodes:
-        yield Text("no GPU nodes match")
+        yield "no GPU nodes match"
     for node in report.nodes:
-        yield _node_table(node, wide)
-        yield Text("")
+        yield from _node_lines(node, wide)
+        yield ""
     yield _cluster_line(report)
     if report.pending:
-        yield Text("")
-        yield _pending_table(report.pending)
+        yield ""
+        yield from _pending_lines(report.pending)
     if report.warnings:
-        yield Text("")
-        yield Text(f"warnings ({len(report.warnings)})", style="bold red")
+        yield ""
+        yield f"warnings ({len(report.warnings)})"
         for w in report.warnings:
-            yield Text(f"  ! {w.kind.value}: {w.message}", style="red")
+            yield f"  ! {w.kind.value}: {w.message}"
