@@ -139,3 +139,25 @@ def test_policy_lookup_accepts_cli_names_and_paper_labels() -> None:
     assert get_policy("06-FGD") is get_policy("fgd") is get_policy("FGD")
     with pytest.raises(KeyError, match="unknown policy"):
         get_policy("tetris")
+
+
+def test_kubegpu_sends_cpu_only_pods_where_the_cards_are_already_used() -> None:
+    # Both nodes keep fragment 0 after the pod; FGD would take rank 0 and spend CPU next to
+    # two free cards, ours spends it on the node whose cards are all allocated.
+    nodes = [node("free-cards", (1000, 1000), rank=0), node("cards-used", (0, 0), rank=1)]
+    cpu_pod = PodRequest(4000, 1024)
+    assert engine(nodes, "fgd").choose(cpu_pod).node == "free-cards"  # type: ignore[union-attr]
+    assert engine(nodes, "kubegpu").choose(cpu_pod).node == "cards-used"  # type: ignore[union-attr]
+
+
+def test_kubegpu_scores_follow_fragment_growth_best_node_100() -> None:
+    nodes = [node("whole", (1000,), rank=0), node("fragmented", (600,), rank=1)]
+    assert engine(nodes, "kubegpu").score(share(300)) == {"whole": 0, "fragmented": 100}
+
+
+def test_kubegpu_breaks_equal_fragment_growth_by_the_tightest_card() -> None:
+    # Cards 1 and 2 both cut the fragment by 300; FGD takes the first (index 1), we take the
+    # tighter one (600 free) and keep the 700 for a bigger share.
+    nodes = [node("n", (1000, 700, 600))]
+    assert engine(nodes, "fgd").pick_gpus("n", share(300)) == (1,)
+    assert engine(nodes, "kubegpu").pick_gpus("n", share(300)) == (2,)

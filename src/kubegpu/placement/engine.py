@@ -13,6 +13,7 @@ sorted by device index, so "lowest index" is the first column.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -36,6 +37,9 @@ MAX_SPEC_GPU_MILLI = 8 * MILLI_PER_GPU
 _NO_CARD = -1  # free milli of a card slot the node does not have: never fits anything
 _UNTRACKED_MEMORY = np.iinfo(np.int64).max // 4
 
+# Our policy orders nodes by fragmentation growth in buckets of this many milli-GPU (see
+# PlacementEngine._kubegpu_order for why not the exact value).
+GROWTH_BUCKET_MILLI = 300.0
 _PodKey = tuple[int, int, int, frozenset[str]]
 _StateKey = tuple[int, tuple[int, ...], str]
 
@@ -94,6 +98,7 @@ class PlacementEngine:
         self._state_keys: list[_StateKey] = []
         self.state_id = np.zeros(n, dtype=np.int64)
         self._score_tables: dict[_PodKey, npt.NDArray[np.int16]] = {}
+        self._delta_tables: dict[_PodKey, npt.NDArray[np.float64]] = {}
         for i in range(n):
             self._refresh_row(i)
 
@@ -359,8 +364,109 @@ class PlacementEngine:
                 best_score, best_col = score, col
         return best_score, (best_col,)
 
+    # --- kubegpu: bucketed fragmentation growth, then first fit -----------------
+    def _state_delta(self, key: _StateKey, pod: PodRequest) -> float:
+        """Least fragment growth F(n') − F(n) over the pod's possible cards on state ``key``."""
+        assert self.memo is not None
+        cpu, free, model = key
+        before = self.memo.fragment(cpu, free, model)
+        cpu_after = cpu - pod.cpu_milli
+        if not pod.is_gpu_share:
+            after = whole_card_sorted_after(free, pod.gpu_count)
+            return self.memo.fragment(cpu_after, after, model) - before
+        best = math.inf
+        previous = -1
+        for pos, value in enumerate(free):
+            if value < pod.gpu_milli or value == previous:
+                continue
+            previous = value
+            after = _replace_sorted(free, pos, value - pod.gpu_milli)
+            best = min(best, self.memo.fragment(cpu_after, after, model) - before)
+        return best
+
+    def _fragment_growth(self, pod: PodRequest, rows: IntArray) -> npt.NDArray[np.float64]:
+        if pod.gpu_memory_mib is not None:
+            return np.array([self._kubegpu_row(int(i), pod)[0] for i in rows], dtype=np.float64)
+        key: _PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
+        table = self._delta_tables.get(key)
+        needed = len(self._state_keys)
+        if table is None or table.size < needed:
+            grown = np.full(max(needed * 2, 1024), np.nan, dtype=np.float64)
+            if table is not None:
+                grown[: table.size] = table
+            table = grown
+            self._delta_tables[key] = table
+        ids = self.state_id[rows]
+        out = table[ids]
+        missing = np.isnan(out)
+        if missing.any():
+            for sid in np.unique(ids[missing]).tolist():
+                table[sid] = self._state_delta(self._state_keys[sid], pod)
+            out = table[ids]
+        return out
+
+    def _kubegpu_order(self, pod: PodRequest, rows: IntArray) -> IntArray:
+        """Positions of ``rows``, best first, for our policy.
+
+        1. Least fragmentation growth, in buckets of :data:`GROWTH_BUCKET_MILLI`. FGD's
+           truncated sigmoid already lumps small differences together and lets the rank decide;
+           measured on the openb grid, exact ΔF ordering *loses* ~1 pp on default (it scatters
+           pods over the cluster), while ~300-milli buckets keep the consolidation and follow
+           ΔF where it matters.
+        2. CPU-only pods: the node with the least free GPU (CPU spent where the cards are
+           already used strands nothing); this is where most of the gain on CPU-heavy traces
+           comes from.
+        3. Rank: a fixed order, i.e. first fit, which consolidates load on the same nodes.
+        """
+        growth = self._fragment_growth(pod, rows)
+        bucket = np.floor(np.round(growth, 6) / GROWTH_BUCKET_MILLI)
+        if pod.gpu_count:
+            return np.lexsort((bucket,))
+        return np.lexsort((self.gpu_free_total[rows], bucket))
+
     def _kubegpu(self, pod: PodRequest, rows: IntArray) -> IntArray:
-        return self._fgd(pod, rows)
+        # Live scores for the extender: the order above mapped onto 100 … 0 (equal keys, equal
+        # scores), so the best node scores 100 and the scheduler's own tie-break stays sane.
+        if rows.size == 1:
+            return np.full(1, 100, dtype=np.int64)
+        order = self._kubegpu_order(pod, rows)
+        bucket = np.floor(np.round(self._fragment_growth(pod, rows), 6) / GROWTH_BUCKET_MILLI)
+        second = self.gpu_free_total[rows] if pod.gpu_count == 0 else np.zeros(rows.size)
+        out = np.zeros(rows.size, dtype=np.int64)
+        position = 0
+        previous: tuple[float, float] | None = None
+        for k, idx in enumerate(order.tolist()):
+            current = (float(bucket[idx]), float(second[idx]))
+            if current != previous:
+                position, previous = k, current
+            out[idx] = 100 - position * 100 // (rows.size - 1)
+        return out
+
+    def _kubegpu_row(self, i: int, pod: PodRequest) -> tuple[float, tuple[int, ...]]:
+        """Least fragment growth on row ``i`` and the card giving it; among equal growth the
+        tightest card (best fit), then the lowest index."""
+        assert self.memo is not None
+        count = int(self.gpu_count[i])
+        free_cols = self.card_free[i, :count].tolist()
+        sorted_free = tuple(sorted(free_cols))
+        cpu, model = int(self.cpu_free[i]), self.models[i]
+        if not pod.is_gpu_share:
+            delta = self._state_delta((cpu, sorted_free, model), pod)
+            return delta, self._lowest_full_cards(i, pod.gpu_count)
+        before = self.memo.fragment(cpu, sorted_free, model)
+        eligible = self._eligible_cards(np.array([i]), pod)[0]
+        best: tuple[float, int, int] | None = None
+        for col in range(count):
+            if not eligible[col]:
+                continue
+            value = free_cols[col]
+            after = _replace_sorted(sorted_free, sorted_free.index(value), value - pod.gpu_milli)
+            delta = round(self.memo.fragment(cpu - pod.cpu_milli, after, model) - before, 6)
+            candidate = (delta, value, col)
+            if best is None or candidate < best:
+                best = candidate
+        assert best is not None
+        return best[0], (best[2],)
 
     # ----------------------------------------------------------------- card choice
     def _lowest_full_cards(self, i: int, k: int) -> tuple[int, ...]:
@@ -382,6 +488,8 @@ class PlacementEngine:
         if choice is GpuChoice.BEST_FIT:
             masked = np.where(eligible, self.card_free[i], MILLI_PER_GPU + 1)
             return (int(masked.argmin()),)  # argmin: first (lowest-index) of the tightest
+        if self.policy.node_score is NodeScore.KUBEGPU:
+            return self._kubegpu_row(i, pod)[1]
         return self._fgd_row(i, pod)[1]
 
     # ----------------------------------------------------------------- mutation
@@ -454,6 +562,10 @@ class PlacementEngine:
         rows = self.feasible_rows(pod)
         if rows.size == 0:
             return None
+        if self.policy.node_score is NodeScore.KUBEGPU:
+            best = int(self._kubegpu_order(pod, rows)[0])
+            i = int(rows[best])
+            return i, self.pick_columns(i, pod), 100
         scores = self.scores(pod, rows)
         best = int(scores.argmax())  # first maximum = smallest rank among the best
         i = int(rows[best])

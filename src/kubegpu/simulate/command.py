@@ -25,7 +25,7 @@ import click
 from kubegpu.placement.model import NodeState
 from kubegpu.placement.policies import POLICIES, PolicySpec, get_policy
 from kubegpu.simulate.arrivals import Arrivals, generate_arrivals, load_fixture
-from kubegpu.simulate.replay import COLUMNS, discretise, replay, typical_workload
+from kubegpu.simulate.replay import COLUMNS, discretise, replay, target_workload
 from kubegpu.simulate.traces import TraceError, TracePod, load_nodes, load_pods
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def run_job(job: Job) -> JobResult:
     else:
         arrivals = generate_arrivals(pods, nodes, job.seed, job.inflation)
     spec = get_policy(job.policy)
-    workload = typical_workload([p.request for p in pods])
+    workload = target_workload(spec, [p.request for p in pods])
     result = replay(nodes, arrivals, spec, workload, job.seed)
     columns = discretise(result)
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
