@@ -154,3 +154,26 @@ async def test_the_api_being_down_refuses_shares_but_not_whole_gpus(
     assert caught.value.code == "UNAVAILABLE"
     alloc = await coordinator.allocate(whole_plan, [CARDS[1]])
     assert alloc.envs["NVIDIA_VISIBLE_DEVICES"] == CARDS[1]
+
+
+async def test_a_conflicting_ledger_write_is_redone_on_fresh_data(
+    server: FakeApiServer,
+    parts: tuple[SharingCoordinator, ScriptedPodResources, HealthBoard],
+) -> None:
+    coordinator, _, board = parts
+    server.store.put("pods", shared_pod("p", 3, ("a", "b")))
+    slot_plan = next(p for p in coordinator.plans if p.share_slots)
+    server.inject_failures("pods", "p", namespace="default", count=2, code=409)
+    first = await coordinator.allocate(slot_plan, [slot_id(INVENTORY.gpus[3].uuid, 0)])
+    second = await coordinator.allocate(slot_plan, [slot_id(INVENTORY.gpus[3].uuid, 1)])
+    assert first.envs["NVIDIA_VISIBLE_DEVICES"] == second.envs["NVIDIA_VISIBLE_DEVICES"] == CARDS[3]
+    ledger = decode_ledger(pod_annotations(server, "p")[ALLOCATED_ANNOTATION])
+    assert [(c.name, c.slot) for c in ledger.containers] == [
+        ("a", slot_id(INVENTORY.gpus[3].uuid, 0)),
+        ("b", slot_id(INVENTORY.gpus[3].uuid, 1)),
+    ]
+    assert server.count("patch", "pods") == 4  # two refused with 409, then two that landed
+    assert board.blocked["nvidia.com/gpu"] == frozenset({CARDS[3]})
+    # Every container served: a third slot on that card finds no pending pod.
+    with pytest.raises(AllocationRefused, match="no pending pod has a kubegpu decision"):
+        await coordinator.allocate(slot_plan, [slot_id(INVENTORY.gpus[3].uuid, 0)])
