@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -21,12 +23,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kubegpu.config.model import DEFAULT_RESOURCE, GpuShare
 from kubegpu.kubelet.cli import DEFAULT_KUBELET_DIR
 from kubegpu.testing.apiserver import FakeApiServer, make_node
 from kubegpu.testing.kubelet import KubeletEmulator
 from tests.deploy.manifests import (
+    DEPLOY,
     arg_value,
     container,
     container_env,
@@ -228,3 +232,74 @@ def test_extender_probes_pass_once_it_has_synced_with_the_api_server(tmp_path: P
             while not all_pass() and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert all_pass()
+
+
+def _https_status(url: str, context: ssl.SSLContext) -> int | str:
+    try:
+        with urllib.request.urlopen(url, timeout=5, context=context) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as err:
+        err.close()
+        return err.code
+    except (OSError, ssl.SSLError) as err:
+        return type(err).__name__
+
+
+def test_default_scheduler_extender_serves_only_clients_with_the_scheduler_certificate(
+    tmp_path: Path,
+) -> None:
+    # Certificates made by the overlay's script, as docs/install.md tells the admin to.
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed")
+    overlay = DEPLOY / "overlays" / "default-scheduler"
+    certs = tmp_path / "certs"
+    subprocess.run(
+        [str(overlay / "make-certs.sh"), str(certs)],
+        env={**_env(), "BITS": "2048"},
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    objs = render("overlays/default-scheduler")
+    daemonset = find(objs, "DaemonSet", "kubegpu-extender")
+    item = container(daemonset, "extender")
+    paths = materialise_config_volumes(objs, daemonset, "extender", tmp_path / "config")
+    tls_mount = "/etc/kubegpu/tls"
+    assert tls_mount in {m["mountPath"] for m in item["volumeMounts"]}
+    config_file = Path(paths["/etc/kubegpu/config.yaml"])
+    config_file.write_text(config_file.read_text().replace(tls_mount, str(certs)))
+    scheduler = yaml.safe_load((overlay / "kube-scheduler-config.yaml").read_text())
+    (extender,) = scheduler["extenders"]
+    port = free_port()
+    url = extender["urlPrefix"].replace(":8443", f":{port}") + "/readyz"
+
+    # What kube-scheduler does with its tlsConfig: verify the server against caFile (by IP)
+    # and present certFile/keyFile.
+    tls = extender["tlsConfig"]
+    like_scheduler = ssl.create_default_context(cafile=str(certs / Path(tls["caFile"]).name))
+    like_scheduler.load_cert_chain(
+        str(certs / Path(tls["certFile"]).name), str(certs / Path(tls["keyFile"]).name)
+    )
+    # What the kubelet's HTTPS probe does: no client certificate, no verification.
+    like_kubelet = ssl.create_default_context()
+    like_kubelet.check_hostname = False
+    like_kubelet.verify_mode = ssl.CERT_NONE
+
+    with FakeApiServer().run_in_thread() as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        args = [
+            *substitute(item["args"], container_env(item), paths),
+            f"--port={port}",
+            f"--kubeconfig={kubeconfig}",
+        ]
+        with running(args, _env()):
+            deadline = time.monotonic() + 30
+            while _https_status(url, like_scheduler) != 200 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert _https_status(url, like_scheduler) == 200
+            # The probe in the manifest: a TCP connection to the address kube-scheduler uses.
+            target = item["readinessProbe"]["tcpSocket"]
+            with socket.create_connection((target["host"], port), timeout=5):
+                pass
+            # An HTTP probe would never see 200: the handshake fails without a certificate.
+            assert _https_status(url, like_kubelet) != 200
