@@ -111,3 +111,13 @@ def test_inconsistent_requests_are_rejected(kwargs: dict[str, int], message: str
 def test_fgd_without_a_target_workload_is_a_configuration_error() -> None:
     with pytest.raises(ValueError, match="target workload"):
         PlacementEngine(cluster(), "fgd")
+
+
+def test_one_shot_helpers_agree_with_a_long_lived_engine() -> None:
+    from kubegpu.placement.engine import filter_nodes, pick_gpus, score_nodes
+
+    pod = PodRequest(1000, 1024, 1, 300)
+    eng = PlacementEngine(cluster(), "kubegpu", WORKLOAD)
+    assert score_nodes(cluster(), pod, "kubegpu", WORKLOAD) == eng.score(pod)
+    assert filter_nodes(cluster(), pod) == eng.filter(pod)
+    assert pick_gpus(cluster()[0], pod, "kubegpu", WORKLOAD) == eng.pick_gpus("node-a", pod)

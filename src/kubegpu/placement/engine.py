@@ -25,7 +25,7 @@ from kubegpu.placement.fragmentation import (
     sigmoid_score,
     whole_card_sorted_after,
 )
-from kubegpu.placement.model import MILLI_PER_GPU, Fit, NodeState, Placement, PodRequest
+from kubegpu.placement.model import MILLI_PER_GPU, Fit, GpuState, NodeState, Placement, PodRequest
 from kubegpu.placement.policies import GpuChoice, NodeScore, PolicySpec, get_policy
 
 IntArray = npt.NDArray[np.int64]
@@ -128,8 +128,6 @@ class PlacementEngine:
 
     def node_state(self, node: str) -> NodeState:
         """The engine's current view of one node, as a value."""
-        from kubegpu.placement.model import GpuState
-
         i = self.row_of(node)
         gpus = tuple(
             GpuState(
@@ -613,3 +611,34 @@ def _min_max_normalise(raw: npt.NDArray[np.float64]) -> IntArray:
     if high == low:
         return np.zeros(scores.size, dtype=np.int64)
     return (scores - low) * 100 // (high - low)
+
+
+# ----------------------------------------------------------------- one-shot helpers
+# For callers that hold node values rather than a long-lived engine (the extender handles one
+# request at a time; the device plugin knows one node). Each builds an engine for the call.
+
+
+def filter_nodes(nodes: Sequence[NodeState], pod: PodRequest) -> list[Fit]:
+    """Fit of ``pod`` on each node, with a reason where it does not fit."""
+    return PlacementEngine(nodes, "bestfit").filter(pod)
+
+
+def score_nodes(
+    nodes: Sequence[NodeState],
+    pod: PodRequest,
+    policy: PolicySpec | str,
+    workload: TypicalWorkload | None = None,
+) -> dict[str, int]:
+    """Score 0…100 of each node ``pod`` fits on (absent: does not fit)."""
+    return PlacementEngine(nodes, policy, workload).score(pod)
+
+
+def pick_gpus(
+    node: NodeState,
+    pod: PodRequest,
+    policy: PolicySpec | str,
+    workload: TypicalWorkload | None = None,
+) -> tuple[int, ...]:
+    """Device indices on ``node`` for ``pod``; raises ``ValueError`` with the reason if it
+    does not fit."""
+    return PlacementEngine([node], policy, workload).pick_gpus(node.name, pod)
