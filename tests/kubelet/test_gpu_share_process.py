@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from kubegpu.kubelet.resources import card_of
-from kubegpu.sharing.annotations import INVENTORY_ANNOTATION, decode_inventory
+from kubegpu.sharing.annotations import (
+    ALLOCATION_ANNOTATION,
+    INVENTORY_ANNOTATION,
+    decode_allocation,
+    decode_inventory,
+)
 from kubegpu.testing.kubelet import AllocationError
 from tests.kubelet.conftest import short_tempdir
 from tests.kubelet.sharenode import (
@@ -114,6 +119,15 @@ def test_a_kubelet_serving_the_younger_pod_first_is_repaired_by_reconciliation(
     assert "repaired" in (node.drift("a") or "")
     assert "repaired" in (node.drift("b") or "")
     assert "pod default/a: container main: the agent recorded card" in node.plugin.log()
+
+    # The extender's records follow the truth, so its accounting stays right after a restart.
+    def decided(name: str) -> tuple[str, ...]:
+        return decode_allocation(node.annotations(name)[ALLOCATION_ANNOTATION]).gpu_uuids
+
+    real_a, real_b = card_of(got_a.device_ids[0]), card_of(got_b.device_ids[0])
+    node.wait_until(lambda: decided("a") == (real_a,), "decision of a moved to its real card")
+    node.wait_until(lambda: decided("b") == (real_b,), "decision of b moved to its real card")
+    assert "decision moved so the extender accounts the truth" in (node.drift("a") or "")
     # Identical requests: whichever way round, no card holds more than it has.
     for compute, memory in card_totals(node, ["a", "b"]).values():
         assert compute <= 1000 and memory <= T4_MIB

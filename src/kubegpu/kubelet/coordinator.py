@@ -16,6 +16,13 @@ holding shares reports its whole-GPU id Unhealthy, a card in whole use reports i
 Unhealthy), so the kubelet cannot pick them; and ``Allocate`` verifies and refuses. Allocations
 are serialised by one lock: the kubelet admits pods one at a time anyway, and the ledger read +
 write must not interleave.
+
+Reconciliation lists the kubelet's PodResources (which knows pod ↔ slot) and repairs what
+differs: a container missing from a ledger is recorded, a wrong card is corrected, and when
+a shared pod really runs on another card than decided, its decision annotation is moved to
+that card (the extender only writes it before binding, so the agent is its sole writer
+afterwards) so that the extender's accounting is the truth. Every repair is logged with node,
+pod and card and noted in the pod's ``kubegpu.io/gpu-drift`` annotation.
 """
 
 from __future__ import annotations
@@ -55,7 +62,12 @@ from kubegpu.kubelet.shares import (
     share_env,
     whole_decision_cards,
 )
-from kubegpu.sharing.annotations import CardShare
+from kubegpu.sharing.annotations import (
+    ALLOCATION_ANNOTATION,
+    AllocationDecision,
+    CardShare,
+    encode_allocation,
+)
 from kubegpu.sharing.resources import ResourceNames
 
 log = logging.getLogger(__name__)
@@ -405,14 +417,17 @@ class SharingCoordinator:
                 continue
             changed = True
             ledger = ledger.with_container(granted)
-            if pod.shared_card is not None and card != pod.shared_card:
-                problems.append(
-                    f"container {h.container} runs on card {card} but the extender decided card "
-                    f"{pod.shared_card}; its accounting of both cards is off for this pod"
-                )
         if not changed:
             return 0
         patch: dict[str, str | None] = {ALLOCATED_ANNOTATION: encode_ledger(ledger)}
+        moved = self._moved_decision(pod, ledger)
+        if moved is not None:
+            assert pod.shared_card is not None
+            problems.append(
+                f"the kubelet runs it on card {moved.cards[0].uuid}, the extender had decided "
+                f"card {pod.shared_card}; decision moved so the extender accounts the truth"
+            )
+            patch[ALLOCATION_ANNOTATION] = encode_allocation(moved)
         if problems:
             patch[DRIFT_ANNOTATION] = f"{_now_rfc3339(self.clock)} " + "; ".join(problems)
         for problem in problems:
@@ -429,6 +444,32 @@ class SharingCoordinator:
         if not problems:
             log.info("node %s: pod %s: PodResources confirms its cards", self.node, pod.key)
         return len(problems)
+
+    def _moved_decision(self, pod: NodePod, ledger: Ledger) -> AllocationDecision | None:
+        """The pod's shared decision moved to the one card all its containers really run on,
+        or None when it already names it (or they are split over cards, which a shared
+        decision cannot express: the drift note then stands alone)."""
+        decision = pod.decision
+        if decision is None or not decision.shared or not ledger.containers:
+            return None
+        cards = {c.uuid for c in ledger.containers}
+        if len(cards) != 1 or cards == {pod.shared_card}:
+            return None
+        (uuid,) = cards
+        index = next((g.index for p in self.plans for g in p.gpus if g.uuid == uuid), None)
+        if index is None:
+            return None
+
+        def move(share: CardShare) -> CardShare:
+            return replace(share, uuid=uuid, index=index)
+
+        return replace(
+            decision,
+            cards=tuple(move(c) for c in decision.cards),
+            containers=tuple(
+                replace(c, cards=tuple(move(x) for x in c.cards)) for c in decision.containers
+            ),
+        )
 
     # -- loops ---------------------------------------------------------------------------------
 
