@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jsonschema
 import pytest
 
@@ -11,6 +13,7 @@ from kubegpu.inspect.model import (
     InventoryState,
     NodeView,
     PendingState,
+    ReadCache,
     UnplacedReason,
     UsageState,
     WarningKind,
@@ -294,3 +297,31 @@ def test_the_schema_rejects_a_document_missing_a_card_field() -> None:
 
 def test_the_schema_is_itself_a_valid_2020_12_schema() -> None:
     jsonschema.Draft202012Validator.check_schema(load_schema())
+
+
+def versioned(objects: list[dict[str, Any]], version: str) -> list[dict[str, Any]]:
+    for obj in objects:
+        obj["metadata"]["resourceVersion"] = version
+    return objects
+
+
+def test_a_warm_cache_gives_the_same_report_and_rereads_changed_objects() -> None:
+    cache = ReadCache()
+    nodes, pods = versioned(mc.nodes(), "1"), versioned(mc.pods(), "1")
+    cold = build_report(nodes, pods, cache=cache)
+    assert len(cache.pods) == len(pods) and len(cache.nodes) == len(nodes)
+    assert build_report(nodes, pods, cache=cache) == cold
+    # A pod changes (new resourceVersion): its new decision is read, not the cached one.
+    pods = versioned(mc.pods(), "1")
+    moved = next(p for p in pods if p["metadata"]["name"] == "infer-c")
+    replacement = mc.shared_pod("infer-c", "web", "a100", 6, 2048, 100)
+    moved["metadata"]["annotations"] = replacement["metadata"]["annotations"]
+    moved["spec"] = replacement["spec"]
+    moved["metadata"]["resourceVersion"] = "2"
+    warm = build_report(nodes, pods, cache=cache)
+    assert warm == build_report(nodes, pods)
+    a100 = node(warm, "a100")
+    assert a100.cards[1].pods == () and [p.key for p in a100.cards[6].pods] == ["web/infer-c"]
+    # Deleted objects leave the cache.
+    build_report(nodes[:1], pods[:2], cache=cache)
+    assert len(cache.nodes) == 1 and len(cache.pods) == 2

@@ -33,7 +33,13 @@ from kubegpu.inspect.cluster import (
     make_client,
 )
 from kubegpu.inspect.exporters import DEFAULT_URL_TEMPLATE, exporter_url, fetch_usage
-from kubegpu.inspect.model import Filters, InspectReport, build_report, node_address
+from kubegpu.inspect.model import (
+    Filters,
+    InspectReport,
+    ReadCache,
+    build_report,
+    node_address,
+)
 from kubegpu.inspect.render import render_text, report_to_json
 from kubegpu.inspect.usage import UsageResult
 
@@ -61,6 +67,7 @@ async def build_cluster_report(
     pods: Iterable[Mapping[str, Any]],
     options: InspectOptions,
     usage: Mapping[str, UsageResult] | None = None,
+    cache: ReadCache | None = None,
 ) -> tuple[InspectReport, dict[str, UsageResult] | None]:
     """The report, fetching exporter usage for the nodes it shows unless ``usage`` is given
     (watch mode reuses the last fetch between refreshes). Returns the usage it used."""
@@ -68,7 +75,7 @@ async def build_cluster_report(
     pods = list(pods)
     fetched: dict[str, UsageResult] | None = dict(usage) if usage is not None else None
     if options.usage and fetched is None:
-        first = build_report(nodes, pods, filters=options.filters)
+        first = build_report(nodes, pods, filters=options.filters, cache=cache)
         shown = {view.name for view in first.nodes}
         addresses = {
             str((n.get("metadata") or {}).get("name")): node_address(n)
@@ -90,6 +97,7 @@ async def build_cluster_report(
         fetched if options.usage else None,
         filters=options.filters,
         generated_at=_now(),
+        cache=cache,
     )
     return report, fetched
 
@@ -145,13 +153,14 @@ async def inspect_watch(
     interactive = out.isatty()
     usage: dict[str, UsageResult] | None = None
     usage_at = -float("inf")
+    cache = ReadCache()
     try:
         while not stop.is_set():
             state.changed.clear()
             if options.usage and time.monotonic() - usage_at >= usage_interval_s:
                 usage, usage_at = None, time.monotonic()
             report, usage = await build_cluster_report(
-                list(state.nodes.values()), list(state.pods.values()), options, usage
+                list(state.nodes.values()), list(state.pods.values()), options, usage, cache
             )
             if interactive:
                 out.write(CLEAR_SCREEN)

@@ -336,6 +336,31 @@ class _PodFacts:
     gpu_memory_mib: int
 
 
+@dataclass(frozen=True)
+class _PodReading:
+    facts: _PodFacts | None
+    warnings: tuple[DriftWarning, ...]
+    pending: tuple[PendingPod, ...]
+
+
+@dataclass
+class ReadCache:
+    """Per-object readings keyed by (uid or name, resourceVersion): a watch re-renders after
+    one event without re-parsing every annotation in the cluster. Objects without a
+    resourceVersion are never cached."""
+
+    nodes: dict[tuple[str, str], NodeInfo] = field(default_factory=dict)
+    pods: dict[tuple[str, str], _PodReading] = field(default_factory=dict)
+
+
+def _version_key(obj: Mapping[str, Any], id_field: str) -> tuple[str, str] | None:
+    meta = _meta(obj)
+    ident, version = meta.get(id_field), meta.get("resourceVersion")
+    if isinstance(ident, str) and ident and isinstance(version, str) and version:
+        return ident, version
+    return None
+
+
 @dataclass
 class _NodeWork:
     json: Mapping[str, Any]
@@ -351,19 +376,41 @@ def build_report(
     filters: Filters = Filters(),
     names: ResourceNames | None = None,
     generated_at: str = "",
+    cache: ReadCache | None = None,
 ) -> InspectReport:
     """The report for ``nodes`` and ``pods`` (Kubernetes JSON, as listed). ``usage`` maps node
-    names to what their exporter answered; ``None`` means usage was not asked for."""
+    names to what their exporter answered; ``None`` means usage was not asked for. ``cache``
+    (watch mode) reuses the readings of objects whose resourceVersion has not changed."""
     names = names or ResourceNames()
     warnings: list[DriftWarning] = []
     work: dict[str, _NodeWork] = {}
+    memo = cache if cache is not None else ReadCache()
+    node_memo: dict[tuple[str, str], NodeInfo] = {}
     for node in nodes:
-        info = _node_inventory(node)
+        key = _version_key(node, "name")
+        info = memo.nodes.get(key) if key else None
+        if info is None:
+            info = _node_inventory(node)
+        if key:
+            node_memo[key] = info
         if info.name:
             work[info.name] = _NodeWork(node, info)
     pending: list[PendingPod] = []
+    pod_memo: dict[tuple[str, str], _PodReading] = {}
     for pod in pods:
-        facts = _read_pod(pod, names, warnings, pending)
+        key = _version_key(pod, "uid")
+        reading = memo.pods.get(key) if key else None
+        if reading is None:
+            found: list[DriftWarning] = []
+            waiting: list[PendingPod] = []
+            reading = _PodReading(
+                _read_pod(pod, names, found, waiting), tuple(found), tuple(waiting)
+            )
+        if key:
+            pod_memo[key] = reading
+        warnings.extend(reading.warnings)
+        pending.extend(reading.pending)
+        facts = reading.facts
         if facts is not None and facts.node in work:
             work[facts.node].pods.append(facts)
         elif facts is not None:
@@ -398,6 +445,7 @@ def build_report(
             _node_view(item, _allocatable(item.json, names.whole_gpu), node_usage, warnings)
         )
 
+    memo.nodes, memo.pods = node_memo, pod_memo  # forget objects no longer listed
     report_usage = UsageState.OFF if usage is None else UsageState.OK
     return _filtered(
         InspectReport(
