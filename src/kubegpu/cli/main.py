@@ -35,6 +35,8 @@ register("exporter", "kubegpu.exporter.cli:exporter_command")
 register("fake-apiserver", "kubegpu.testing.apiserver.cli:fake_apiserver")
 register("discover", "kubegpu.inventory.cli:discover")
 register("fake-gpu", "kubegpu.inventory.cli:fake_gpu")
+register("inspect", "kubegpu.inspect.command:inspect_command")
+register("extender", "kubegpu.extender.cli:extender_command")
 
 
 class LazyGroup(click.Group):
