@@ -260,7 +260,7 @@ def test_mixed_model_node_serves_a_t4_decision_on_the_t4(tempdir: Path) -> None:
 
 
 def test_mps_mode_supervises_the_daemon_and_hands_out_per_client_limits(tempdir: Path) -> None:
-    from tests.enforcement.conftest import install_fake_mps_control
+    from tests.enforcement.fakes import install_fake_mps_control
 
     command = install_fake_mps_control(tempdir)
     mps = SharedNode(tempdir, enforcement="mps", mps_command=str(command))
