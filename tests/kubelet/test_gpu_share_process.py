@@ -184,14 +184,19 @@ def test_a_node_agent_crash_between_bind_and_allocate_loses_nothing(node: Shared
     first = node.allocate_share(uid, "p", "first")
 
     # Decision written, one container done: the agent dies hard and comes back.
+    registered = len(node.kubelet.registrations)
     node.plugin.proc.send_signal(signal.SIGKILL)
     node.plugin.proc.wait()
     node.plugin.stop()
-    before = node.kubelet.restarts
+    node.wait_until(lambda: not node.kubelet.is_connected(SLOT), "old stream ended")
     node.plugin = node.start_plugin()
     node.wait_until(
-        lambda: node.kubelet.is_connected(SLOT) and node.kubelet.restarts == before,
-        "plugin re-registered",
+        lambda: (
+            len(node.kubelet.registrations) >= registered + 2
+            and node.kubelet.is_connected(SLOT)
+            and node.kubelet.is_connected(WHOLE)
+        ),
+        "both resources registered again",
     )
     node.wait_ready()
 
