@@ -6,7 +6,7 @@ import contextlib
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kubegpu.sharing.annotations import (
@@ -104,7 +104,7 @@ def test_malformed_inventory_is_a_typed_error(text: object, problem: str) -> Non
     assert problem in str(excinfo.value)
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.recursive(
         st.none() | st.booleans() | st.integers() | st.text(max_size=8),

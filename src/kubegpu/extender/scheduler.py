@@ -13,10 +13,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+
+from kubegpu.extender.reasons import NodeFacts, explain_rows, rows_of, structural
 from kubegpu.kube.view import ClusterView
 from kubegpu.placement.engine import PlacementEngine
 from kubegpu.placement.fragmentation import TypicalWorkload
@@ -24,7 +27,6 @@ from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
 from kubegpu.placement.policies import get_policy
 from kubegpu.sharing.accounting import NodeInfo, PodUsage, node_state
 from kubegpu.sharing.annotations import (
-    INVENTORY_ANNOTATION,
     AllocationDecision,
     CardShare,
     ContainerAllocation,
@@ -95,6 +97,8 @@ class GpuScheduler:
         self.workload_refresh_s = workload_refresh_s
         self.clock = clock
         self._engine: PlacementEngine | None = None
+        self._rows: dict[str, int] = {}
+        self._facts: NodeFacts | None = None
         self._built_topology = -1
         self._built_at = 0.0
         self.rebuilds = 0
@@ -142,6 +146,8 @@ class GpuScheduler:
         states = [node_state(info, view.usages_on(name)) for name, info in view.nodes.items()]
         workload = self.current_workload() if self._needs_workload() else None
         self._engine = PlacementEngine(states, self.engine_policy, workload=workload)
+        self._rows = {name: i for i, name in enumerate(self._engine.names)}
+        self._facts = NodeFacts.build(self._engine, view.nodes)
         self._built_topology = view.topology_version
         self._built_at = self.clock()
         self.rebuilds += 1
@@ -152,7 +158,7 @@ class GpuScheduler:
         shape no longer matches (the caller rebuilds)."""
         engine = self._engine
         info = self.view.nodes.get(node)
-        if engine is None or info is None or node not in engine._row:
+        if engine is None or info is None or node not in self._rows:
             return info is None  # a vanished node's row is harmless until the next rebuild
         i = engine.row_of(node)
         state = node_state(info, self.view.usages_on(node))
@@ -171,34 +177,11 @@ class GpuScheduler:
     # ------------------------------------------------------------------ verbs
     def structural_reason(self, info: NodeInfo | None, name: str, request: GpuRequest) -> str:
         """Why the node can never take this pod, whatever is freed (empty if it might)."""
-        if info is None:
+        self.engine()
+        row = self._rows.get(name)
+        if info is None or row is None or self._facts is None:
             return ""
-        inventory = info.inventory
-        if inventory is None:
-            if info.inventory_error:
-                return f"{name}: GPU inventory unreadable ({info.inventory_error})"
-            return (
-                f"{name}: no GPU inventory published (annotation {INVENTORY_ANNOTATION} "
-                "missing: is the kubegpu node agent running there?)"
-            )
-        healthy = [g for g in inventory.gpus if g.healthy]
-        if request.gpu_models and not any(g.model in request.gpu_models for g in healthy):
-            have = ",".join(sorted({g.model for g in healthy})) or "none healthy"
-            wanted = ",".join(sorted(request.gpu_models))
-            return f"{name}: GPU models {have}, pod allows {wanted}"
-        if request.kind is RequestKind.WHOLE and len(healthy) < request.whole_gpus:
-            return (
-                f"{name}: has {len(healthy)} healthy GPUs, pod needs "
-                f"{request.whole_gpus} whole GPUs"
-            )
-        if request.kind is RequestKind.SHARED:
-            biggest = max((g.memory_mib for g in healthy), default=0)
-            if biggest < request.gpu_memory_mib:
-                return (
-                    f"{name}: largest card has {biggest} MiB in total, pod needs "
-                    f"{request.gpu_memory_mib} MiB"
-                )
-        return ""
+        return structural(self._facts, row, name, request)
 
     def filter(self, request: GpuRequest, node_names: Sequence[str]) -> FilterOutcome:
         out = FilterOutcome()
@@ -206,29 +189,45 @@ class GpuScheduler:
             out.passed = list(node_names)
             return out
         engine = self.engine()
+        facts = self._facts
+        assert facts is not None
         pod = request.to_placement()
-        feasible = {engine.names[i] for i in engine.feasible_rows(pod).tolist()}
-        for name in node_names:
-            if name in feasible:
-                out.passed.append(name)
-                continue
-            info = self.view.nodes.get(name)
-            if info is None:
-                out.failed[name] = f"{name}: not yet seen by the kubegpu extender's node watch"
-                continue
-            structural = self.structural_reason(info, name, request)
-            if structural:
-                out.unresolvable[name] = structural
-            else:
-                out.failed[name] = engine.explain(name, pod).reason or f"{name}: does not fit"
+        rows = rows_of(self._rows, node_names)
+        # One spare False slot at the end: unknown names (row -1) land there.
+        feasible = np.zeros(len(engine.names) + 1, dtype=bool)
+        feasible[engine.feasible_rows(pod)] = True
+        fits = feasible[rows]
+        out.passed = [node_names[k] for k in np.flatnonzero(fits).tolist()]
+        failing = np.flatnonzero(~fits)
+        failing_rows = rows[failing]
+        unknown = failing_rows < 0
+        never = np.zeros(failing.size, dtype=bool)
+        never[~unknown] = facts.never_fits(failing_rows[~unknown], request)
+        for k in failing[unknown].tolist():
+            name = node_names[k]
+            out.failed[name] = f"{name}: not yet seen by the kubegpu extender's node watch"
+        for k in failing[never].tolist():
+            name = node_names[k]
+            out.unresolvable[name] = structural(facts, int(rows[k]), name, request)
+        now = failing[~unknown & ~never]
+        explain_names = [node_names[k] for k in now.tolist()]
+        reasons = explain_rows(engine, pod, rows[now])
+        for name, reason in zip(explain_names, reasons, strict=True):
+            out.failed[name] = reason or f"{name}: does not fit"
         return out
 
     def prioritize(self, request: GpuRequest, node_names: Sequence[str]) -> list[tuple[str, int]]:
         if request.kind is RequestKind.NONE:
             return []
         engine = self.engine()
-        known = [n for n in node_names if n in engine._row]
-        scores = engine.score(request.to_placement(), known)
+        known = [n for n in node_names if n in self._rows]
+        pod = request.to_placement()
+        if self._needs_workload() and pod.gpu_memory_mib is not None:
+            # Fragmentation is scored on compute only: the engine's memory-aware FGD walks
+            # nodes one by one (~25 µs each), too slow for a 5 ms budget. Filter already
+            # removed nodes without a card that has the memory; bind picks the card with it.
+            pod = replace(pod, gpu_memory_mib=None)
+        scores = engine.score(pod, known)
         out: list[tuple[str, int]] = []
         for name in node_names:
             score = scores.get(name)

@@ -1,0 +1,286 @@
+"""Scheduler-extender benchmark: filter + prioritize latency and decisions/s over HTTP.
+
+Run from a checkout::
+
+    .venv/bin/python bench/bench_extender.py                       # openb + synthetic 5,000
+    .venv/bin/python bench/bench_extender.py --json
+    .venv/bin/python bench/bench_extender.py --nodes-csv PATH --synthetic-nodes 0
+
+Set-up, per cluster: the fake API server (in a thread of this process) holds the nodes, each
+with a published ``kubegpu.io/gpu-inventory``; ``kubegpu extender`` runs as a **separate
+process** (so its CPU is not shared with the load generator) pointed at it through a
+kubeconfig, node-cache-capable, policy ``kubegpu`` unless ``--policy``. A warm-up binds
+``--warmup-pods`` pods the way kube-scheduler would (filter, prioritize, best score, bind) so
+cards are partly used and node states differ. Then, for ``--requests`` pods of mixed shapes
+(60 % shares of 1-20 GiB and 10-50 % compute, 30 % one whole card, 10 % 2-4 whole cards):
+
+* **latency**: one client, one decision at a time: ``POST /filter`` with every node name
+  (``percentageOfNodesToScore: 100``), then ``POST /prioritize`` with the nodes that passed;
+  p50/p99 of each verb and of the pair, measured at the client (includes HTTP and JSON).
+* **throughput**: ``--concurrency`` clients doing the same pairs: completed pairs per second.
+
+The openb cluster comes from ``openb_node_list_gpu_node.csv`` (columns sn, cpu_milli,
+memory_mib, gpu, model; card memory is not in the trace, so it is set per model, see
+``MODEL_MEMORY_MIB``). The synthetic cluster has 8-card nodes of four models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import datetime
+import json
+import os
+import platform
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from kubegpu.sharing.annotations import (
+    INVENTORY_ANNOTATION,
+    GpuRecord,
+    NodeGpuInventory,
+    encode_inventory,
+)
+from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node, make_pod
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CSV = REPO / "../shared/traces/openb/openb_node_list_gpu_node.csv"
+MODEL_MEMORY_MIB = {
+    "P100": 16384,
+    "T4": 15360,
+    "V100M16": 16384,
+    "V100M32": 32768,
+    "A10": 24576,
+    "G2": 32768,  # anonymised models in the trace: assumed 32 GiB
+    "G3": 32768,
+}
+SYNTHETIC_MODELS = [("A100-80GB", 81920), ("H100-80GB", 81920), ("L40S", 46068), ("T4", 15360)]
+MEMORY, COMPUTE, SLOT, WHOLE = (
+    "kubegpu.io/gpu-memory",
+    "kubegpu.io/gpu-compute",
+    "kubegpu.io/gpu-shared",
+    "nvidia.com/gpu",
+)
+
+
+def node_object(name: str, cpu_milli: int, memory_mib: int, cards: int, model: str,
+                card_mib: int) -> dict[str, Any]:
+    inventory = NodeGpuInventory(
+        tuple(GpuRecord(f"GPU-{name}-{i}", i, model, card_mib) for i in range(cards))
+    )
+    return make_node(
+        name,
+        cpu=f"{cpu_milli}m",
+        memory=f"{memory_mib}Mi",
+        extended={WHOLE: str(cards), SLOT: str(16 * cards)},
+        annotations={INVENTORY_ANNOTATION: encode_inventory(inventory)},
+    )
+
+
+def openb_nodes(path: Path) -> list[dict[str, Any]]:
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    return [
+        node_object(
+            row["sn"],
+            int(row["cpu_milli"]),
+            int(row["memory_mib"]),
+            int(row["gpu"]),
+            row["model"],
+            MODEL_MEMORY_MIB.get(row["model"], 32768),
+        )
+        for row in rows
+    ]
+
+
+def synthetic_nodes(count: int, rng: random.Random) -> list[dict[str, Any]]:
+    out = []
+    for i in range(count):
+        model, card_mib = SYNTHETIC_MODELS[i % len(SYNTHETIC_MODELS)]
+        out.append(node_object(f"syn-{i:05d}", rng.choice([64000, 96000, 128000]),
+                               524288, 8, model, card_mib))
+    return out
+
+
+def random_pod(name: str, rng: random.Random) -> dict[str, Any]:
+    roll = rng.random()
+    requests = {"cpu": f"{rng.choice([500, 1000, 2000, 4000])}m", "memory": "2Gi"}
+    if roll < 0.6:
+        limits = {MEMORY: str(rng.randint(1, 20) * 1024),
+                  COMPUTE: str(rng.choice([100, 200, 300, 500])), SLOT: "1"}
+    elif roll < 0.9:
+        limits = {WHOLE: "1"}
+    else:
+        limits = {WHOLE: str(rng.choice([2, 4]))}
+    pod = make_pod(name, requests=requests, limits=limits)
+    pod["metadata"]["uid"] = f"uid-{name}"
+    return pod
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def wait_ready(http: aiohttp.ClientSession, url: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            async with http.get(f"{url}/readyz") as response:
+                if response.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.2)
+    raise RuntimeError("extender never became ready")
+
+
+async def decide(http: aiohttp.ClientSession, url: str, pod: dict[str, Any],
+                 names: list[str]) -> tuple[float, float, list[dict[str, Any]]]:
+    start = time.perf_counter()
+    async with http.post(f"{url}/filter",
+                         json={"Pod": pod, "Nodes": None, "NodeNames": names}) as response:
+        filtered = await response.json()
+    middle = time.perf_counter()
+    passed = filtered["NodeNames"]
+    scores: list[dict[str, Any]] = []
+    if len(passed) > 1:  # kube-scheduler skips prioritize with one feasible node
+        async with http.post(f"{url}/prioritize",
+                             json={"Pod": pod, "Nodes": None, "NodeNames": passed}) as response:
+            scores = await response.json()
+    elif passed:
+        scores = [{"Host": passed[0], "Score": 10}]
+    end = time.perf_counter()
+    return middle - start, end - middle, scores
+
+
+async def drive(url: str, api: ServerThread, names: list[str], args: argparse.Namespace,
+                seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http:
+        await wait_ready(http, url)
+        bound = 0
+        for i in range(args.warmup_pods):
+            pod = random_pod(f"warm-{i}", rng)
+            api.store.put("pods", pod)
+            _, _, scores = await decide(http, url, pod, names)
+            if not scores:
+                continue
+            best = max(scores, key=lambda s: s["Score"])["Host"]
+            async with http.post(f"{url}/bind", json={
+                "PodName": pod["metadata"]["name"], "PodNamespace": "default",
+                "PodUID": pod["metadata"]["uid"], "Node": best}) as response:
+                bound += (await response.json())["Error"] == ""
+        pods = [random_pod(f"bench-{i}", rng) for i in range(args.requests)]
+        filter_s, prioritize_s, pair_s = [], [], []
+        for pod in pods:
+            f, p, _ = await decide(http, url, pod, names)
+            filter_s.append(f)
+            prioritize_s.append(p)
+            pair_s.append(f + p)
+        queue = list(pods)
+
+        async def worker() -> int:
+            done = 0
+            while queue:
+                await decide(http, url, queue.pop(), names)
+                done += 1
+            return done
+
+        start = time.perf_counter()
+        done = sum(await asyncio.gather(*(worker() for _ in range(args.concurrency))))
+        elapsed = time.perf_counter() - start
+    return {
+        "nodes": len(names),
+        "warmup_bound": bound,
+        "filter_ms": _pcts(filter_s),
+        "prioritize_ms": _pcts(prioritize_s),
+        "pair_ms": _pcts(pair_s),
+        "decisions_per_s": round(done / elapsed, 1),
+        "concurrency": args.concurrency,
+    }
+
+
+def _pcts(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "p50": round(statistics.median(ordered) * 1000, 2),
+        "p99": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 2),
+        "max": round(ordered[-1] * 1000, 2),
+    }
+
+
+def run_cluster(label: str, nodes: list[dict[str, Any]], args: argparse.Namespace,
+                seed: int) -> dict[str, Any]:
+    with FakeApiServer(history_size=100_000).run_in_thread() as api, \
+            tempfile.TemporaryDirectory() as tmp:
+        for node in nodes:
+            api.store.put("nodes", node)
+        kubeconfig = api.write_kubeconfig(Path(tmp) / "kubeconfig")
+        port = free_port()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kubegpu", "--log-level", "warning", "extender",
+             "--kubeconfig", str(kubeconfig), "--port", str(port), "--policy", args.policy],
+            env={**os.environ, "NO_PROXY": "*"},
+        )
+        try:
+            result = asyncio.run(
+                drive(f"http://127.0.0.1:{port}", api, [n["metadata"]["name"] for n in nodes],
+                      args, seed)
+            )
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    return {"cluster": label, "policy": args.policy, **result}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes-csv", type=Path, default=DEFAULT_CSV)
+    parser.add_argument("--synthetic-nodes", type=int, default=5000)
+    parser.add_argument("--policy", default="kubegpu")
+    parser.add_argument("--warmup-pods", type=int, default=1000)
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    results = []
+    if args.nodes_csv and args.nodes_csv.exists():
+        results.append(run_cluster("openb", openb_nodes(args.nodes_csv.resolve()), args, 1))
+    if args.synthetic_nodes:
+        nodes = synthetic_nodes(args.synthetic_nodes, random.Random(2))
+        results.append(run_cluster(f"synthetic-{args.synthetic_nodes}", nodes, args, 2))
+    report = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}",
+        "results": results,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"{report['date']} on {report['machine']}")
+    for r in results:
+        print(
+            f"{r['cluster']:>16} {r['nodes']:>5} nodes  policy {r['policy']}  "
+            f"filter p50/p99 {r['filter_ms']['p50']}/{r['filter_ms']['p99']} ms  "
+            f"prioritize {r['prioritize_ms']['p50']}/{r['prioritize_ms']['p99']} ms  "
+            f"pair {r['pair_ms']['p50']}/{r['pair_ms']['p99']} ms  "
+            f"{r['decisions_per_s']} decisions/s (x{r['concurrency']})  "
+            f"warm-up bound {r['warmup_bound']}"
+        )
+
+
+if __name__ == "__main__":
+    main()
