@@ -18,7 +18,7 @@ from kubegpu.cli.main import cli
 from kubegpu.inspect.cluster import RawPod
 from kubegpu.inspect.command import kubectl_gpu
 from kubegpu.inspect.render import load_schema
-from kubegpu.testing.apiserver import ServerThread
+from kubegpu.testing.apiserver import ServerThread, make_pod
 from kubegpu.testing.kubeconfig import write_kubeconfig
 from tests.inspect import mixed_cluster as mc
 from tests.inspect.metrics_server import NodePage, serve_metrics
@@ -191,6 +191,42 @@ def test_an_unreachable_exporter_shows_a_question_mark(kubeconfig: Path) -> None
     card_rows = [line for line in result.stdout.splitlines() if line.strip()[:1].isdigit()]
     assert len(card_rows) == 2 and all(" ? " in row for row in card_rows)
     assert "exporter unavailable: HTTP 404" in result.stdout
+
+
+def test_a_bad_exporter_url_template_is_a_usage_error(kubeconfig: Path) -> None:
+    result = run("--kubeconfig", str(kubeconfig), "--exporter-url-template", "http://{ip}/m")
+    assert result.exit_code == 2
+    assert "bad placeholder" in result.stderr
+
+
+def test_the_exporter_url_uses_the_node_agent_pods_ip(
+    apiserver: ServerThread, kubeconfig: Path
+) -> None:
+    # The agent pod on "sick" reports 127.0.0.1 as its IP, so {pod_ip} reaches our server.
+    agent = make_pod(
+        "agent-sick",
+        "default",
+        node_name="sick",
+        labels={"app.kubernetes.io/name": "kubegpu-node-agent"},
+    )
+    agent["status"] = {"phase": "Running", "podIP": "127.0.0.1"}
+    apiserver.store.put("pods", agent)
+    page = NodePage("sick", gpu_used_bytes={(0, mc.uuid("sick", 0)): 512 * MIB})
+    with serve_metrics({"sick": page}) as metrics:
+        port = metrics.url.rsplit(":", 1)[1]
+        doc = json.loads(
+            run(
+                "--kubeconfig",
+                str(kubeconfig),
+                "-o",
+                "json",
+                "--node",
+                "sick",
+                "--exporter-url-template",
+                "http://{pod_ip}:" + port + "/{node}/metrics",
+            ).stdout
+        )
+    assert doc["nodes"][0]["cards"][0]["usedMemoryMiB"] == 512
 
 
 def free_port() -> int:

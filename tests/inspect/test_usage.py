@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from kubegpu.inspect.exporters import exporter_url, fetch_usage
+from kubegpu.inspect.exporters import exporter_pod_ips, exporter_url, fetch_usage
 from kubegpu.inspect.usage import UsageParseError, parse_exporter_metrics
+from kubegpu.testing.apiserver import make_pod
 from tests.inspect.metrics_server import NodePage, serve_metrics
 
 MIB = 2**20
@@ -38,19 +41,38 @@ def test_a_page_that_is_not_prometheus_text_is_an_error() -> None:
 
 
 @pytest.mark.parametrize(
-    ("template", "url"),
+    ("template", "pod_ip", "url"),
     [
-        ("http://{address}:9400/metrics", "http://10.0.0.1:9400/metrics"),
-        ("http://{node}.exporters.svc:9400/metrics", "http://n1.exporters.svc:9400/metrics"),
+        ("http://{address}:9400/metrics", "", "http://10.0.0.1:9400/metrics"),
+        ("http://{node}.ex.svc:9400/metrics", "", "http://n1.ex.svc:9400/metrics"),
+        ("http://{pod_ip}:9400/metrics", "10.244.3.7", "http://10.244.3.7:9400/metrics"),
+        ("http://{pod_ip}:9400/metrics", "", "http://10.0.0.1:9400/metrics"),
     ],
 )
-def test_exporter_urls_fill_node_and_address(template: str, url: str) -> None:
-    assert exporter_url(template, "n1", "10.0.0.1") == url
+def test_exporter_urls_fill_node_address_and_pod_ip(template: str, pod_ip: str, url: str) -> None:
+    assert exporter_url(template, "n1", "10.0.0.1", pod_ip) == url
 
 
-def test_an_unknown_placeholder_is_refused() -> None:
-    with pytest.raises(ValueError, match="unknown placeholder"):
-        exporter_url("http://{host}/metrics", "n1", "10.0.0.1")
+@pytest.mark.parametrize("template", ["http://{host}/metrics", "http://{0}/metrics", "http://{/"])
+def test_a_bad_placeholder_is_refused(template: str) -> None:
+    with pytest.raises(ValueError, match="bad placeholder"):
+        exporter_url(template, "n1", "10.0.0.1")
+
+
+def agent_pod(node: str, ip: str, phase: str = "Running", name: str = "agent") -> dict[str, Any]:
+    pod = make_pod(f"{name}-{node}", "kube-system", node_name=node, labels={"app": name})
+    pod["status"] = {"phase": phase, "podIP": ip}
+    return pod
+
+
+def test_exporter_pods_are_found_by_label_on_each_node() -> None:
+    pods = [
+        agent_pod("n1", "10.244.1.5"),
+        agent_pod("n2", "10.244.2.5", phase="Pending"),
+        agent_pod("n3", "10.244.3.5", name="other"),
+        make_pod("no-ip", "kube-system", node_name="n4", labels={"app": "agent"}),
+    ]
+    assert exporter_pod_ips(pods, "app=agent") == {"n1": "10.244.1.5"}
 
 
 async def test_fetches_every_node_and_reports_failures_per_node() -> None:

@@ -32,7 +32,13 @@ from kubegpu.inspect.cluster import (
     list_cluster,
     make_client,
 )
-from kubegpu.inspect.exporters import DEFAULT_URL_TEMPLATE, exporter_url, fetch_usage
+from kubegpu.inspect.exporters import (
+    DEFAULT_EXPORTER_LABEL,
+    DEFAULT_URL_TEMPLATE,
+    exporter_pod_ips,
+    exporter_url,
+    fetch_usage,
+)
 from kubegpu.inspect.model import (
     Filters,
     InspectReport,
@@ -54,6 +60,7 @@ class InspectOptions:
     filters: Filters = field(default_factory=Filters)
     usage: bool = True
     url_template: str = DEFAULT_URL_TEMPLATE
+    exporter_label: str = DEFAULT_EXPORTER_LABEL
     exporter_timeout_s: float = 2.0
     exporter_concurrency: int = 64
 
@@ -77,15 +84,14 @@ async def build_cluster_report(
     if options.usage and fetched is None:
         first = build_report(nodes, pods, filters=options.filters, cache=cache)
         shown = {view.name for view in first.nodes}
-        addresses = {
-            str((n.get("metadata") or {}).get("name")): node_address(n)
-            for n in nodes
-            if (n.get("metadata") or {}).get("name") in shown
-        }
-        urls = {
-            name: exporter_url(options.url_template, name, address)
-            for name, address in addresses.items()
-        }
+        pod_ips = exporter_pod_ips(pods, options.exporter_label)
+        urls = {}
+        for node in nodes:
+            name = str((node.get("metadata") or {}).get("name") or "")
+            if name in shown:
+                urls[name] = exporter_url(
+                    options.url_template, name, node_address(node), pod_ips.get(name, "")
+                )
         fetched = await fetch_usage(
             urls,
             timeout_s=options.exporter_timeout_s,
@@ -244,7 +250,16 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
     "--exporter-url-template",
     default=DEFAULT_URL_TEMPLATE,
     show_default=True,
-    help="Exporter metrics URL per node; {node} is the Node name, {address} its InternalIP.",
+    help="Exporter metrics URL per node: {node} is the Node name, {address} its InternalIP, "
+    "{pod_ip} the IP of the node agent pod there (see --exporter-pod-label; falls back to "
+    "{address}).",
+)
+@click.option(
+    "--exporter-pod-label",
+    default=DEFAULT_EXPORTER_LABEL,
+    show_default=True,
+    metavar="KEY=VALUE",
+    help="Label of the pods serving the exporter, for {pod_ip}.",
 )
 @click.option(
     "--exporter-timeout",
@@ -277,6 +292,7 @@ def inspect_command(
     request_timeout: float,
     usage: bool,
     exporter_url_template: str,
+    exporter_pod_label: str,
     exporter_timeout: float,
     refresh_interval: float,
     usage_interval: float,
@@ -284,14 +300,17 @@ def inspect_command(
     """Show every GPU node's cards: allocated and used memory, compute, health, the pods on
     each card, pending GPU pods and drift warnings."""
     try:
-        exporter_url(exporter_url_template, "node", "127.0.0.1")
+        exporter_url(exporter_url_template, "node", "127.0.0.1", "127.0.0.2")
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--exporter-url-template") from None
+    if "=" not in exporter_pod_label:
+        raise click.BadParameter("expected KEY=VALUE", param_hint="--exporter-pod-label")
     options = InspectOptions(
         output=output,
         filters=Filters(tuple(nodes), namespace),
         usage=usage,
         url_template=exporter_url_template,
+        exporter_label=exporter_pod_label,
         exporter_timeout_s=exporter_timeout,
     )
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:

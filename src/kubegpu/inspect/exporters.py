@@ -3,15 +3,18 @@
 A report must come back even when half the exporters are down, firewalled or slow, so every
 fetch runs concurrently (at most ``concurrency`` at a time) under one overall deadline; a node
 that has not answered by then gets an error result and shows ``?``. Never raises for a node's
-failure. The URL of a node's exporter comes from a template with ``{node}`` (the Node's name)
-and ``{address}`` (its InternalIP, else ExternalIP, else hostname).
+failure. The URL of a node's exporter comes from a template with ``{node}`` (the Node's name),
+``{address}`` (its InternalIP, else ExternalIP, else hostname) and ``{pod_ip}`` (the IP of the
+node agent pod on that node, found by label among the listed pods — the shipped DaemonSet
+serves the exporter on its pod network, not the host's — else the node's address).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import aiohttp
 
@@ -19,20 +22,40 @@ from kubegpu.inspect.usage import UsageParseError, UsageResult, parse_exporter_m
 
 log = logging.getLogger(__name__)
 
-DEFAULT_URL_TEMPLATE = "http://{address}:9400/metrics"
+DEFAULT_URL_TEMPLATE = "http://{pod_ip}:9400/metrics"
+DEFAULT_EXPORTER_LABEL = "app.kubernetes.io/name=kubegpu-node-agent"
 # A metrics page for 8 GPUs and 100 pods is ~100 KiB; anything far larger is not ours.
 MAX_PAGE_BYTES = 16 * 2**20
 
 
-def exporter_url(template: str, node: str, address: str) -> str:
+def exporter_url(template: str, node: str, address: str, pod_ip: str = "") -> str:
     """``template`` filled for one node; raises ``ValueError`` for unknown placeholders."""
     try:
-        return template.format(node=node, address=address or node)
-    except (KeyError, IndexError) as exc:
+        return template.format(node=node, address=address or node, pod_ip=pod_ip or address or node)
+    except (KeyError, IndexError, ValueError) as exc:
         raise ValueError(
-            f"exporter URL template {template!r}: unknown placeholder {exc}; "
-            "use {node} and {address}"
+            f"exporter URL template {template!r}: bad placeholder {exc}; "
+            "use {node}, {address} and {pod_ip}"
         ) from None
+
+
+def exporter_pod_ips(pods: Iterable[Mapping[str, Any]], label: str) -> dict[str, str]:
+    """Node name -> IP of a running pod carrying ``label`` (``key=value``) on that node."""
+    key, _, value = label.partition("=")
+    found: dict[str, str] = {}
+    for pod in pods:
+        meta = pod.get("metadata")
+        labels = meta.get("labels") if isinstance(meta, Mapping) else None
+        if not isinstance(labels, Mapping) or labels.get(key) != value:
+            continue
+        spec, status = pod.get("spec"), pod.get("status")
+        node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+        ip = status.get("podIP") if isinstance(status, Mapping) else None
+        if isinstance(status, Mapping) and status.get("phase") != "Running":
+            continue
+        if isinstance(node, str) and node and isinstance(ip, str) and ip:
+            found[node] = ip
+    return found
 
 
 async def fetch_usage(
