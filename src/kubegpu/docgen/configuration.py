@@ -1,0 +1,987 @@
+"""``docs/configuration.md``, generated from the config models and the commands that read them.
+
+Run ``python -m kubegpu.docgen.configuration --write`` from the repository root after changing
+a config model or a flag (``--check`` exits 1 when the file is stale; plain prints to stdout).
+
+What is read, and from where, so the reference says only what the code does:
+
+* the node agent's file: every field of :class:`kubegpu.config.model.AgentConfig`, walked
+  through pydantic's ``model_fields`` (YAML key = the field's alias, type from the annotation,
+  default from the field, bounds from its ``Ge``/``Gt``/``Le`` metadata, allowed values from
+  ``Literal``); the description joins the field's ``description``, the comment above the field
+  in the model's source and the inline comment of the same key in the shipped
+  ``example-config.yaml`` (the user-facing text), then :data:`AGENT_NOTES` where both are
+  silent;
+* which flag and environment variables override a field: ``kubegpu device-plugin``'s click
+  parameters and the option → config path table the command itself applies
+  (``kubegpu.kubelet.cli._OVERRIDES``); environment names are the ones click would read,
+  explicit ``envvar`` first, then the ``KUBEGPU_<COMMAND>_<OPTION>`` name click derives;
+* the extender: the fields of the :class:`kubegpu.extender.config.ExtenderConfig` dataclass,
+  each matched to the ``kubegpu extender`` option that sets it (the settings file's keys are
+  those option names);
+* rules that span fields (:data:`AGENT_RULES`, :data:`EXTENDER_RULES`) cannot be read off a
+  type, so they are written here as data *with a bad input each*; ``tests/docs`` feeds every
+  bad input to the real loader or command and checks that it is refused as the rule says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import importlib
+import inspect
+import json
+import re
+import sys
+import textwrap
+import types
+import typing
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import annotated_types
+import click
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from kubegpu.cli.main import cli as root_command
+from kubegpu.config.model import AgentConfig
+from kubegpu.extender.config import CONFIG_API_VERSION, CONFIG_KIND, ExtenderConfig
+
+DEFAULT_OUTPUT = Path("docs/configuration.md")
+REGENERATE = "python -m kubegpu.docgen.configuration --write"
+
+# Descriptions for agent config fields that neither the model nor the example config explains,
+# keyed by YAML path. A test checks every key is a real field, so a renamed field cannot leave
+# a note behind.
+AGENT_NOTES: dict[str, str] = {
+    "version": "Config schema version; the only one is `v1`.",
+    "flags": "Settings shaped like NVIDIA's device plugin `flags`.",
+    "flags.plugin": "Settings shaped like NVIDIA's `flags.plugin`.",
+    "flags.plugin.cdiAnnotationPrefix": (
+        "Prefix of the pod annotation keys `Allocate` returns with the `cdi-annotations` "
+        "device list strategy."
+    ),
+    "resources": "Which GPUs are advertised under which extended resource name.",
+    "resources.gpus": (
+        "Product-name patterns and the resource each matching GPU is advertised as; the "
+        "first matching entry wins, a GPU matching none is not advertised."
+    ),
+    "resources.gpus[].pattern": (
+        "Shell glob matched against the GPU's product name (e.g. `*A100*`); the first "
+        "matching entry wins."
+    ),
+    "resources.gpus[].name": (
+        "Extended resource name for the matching GPUs; a bare name gets `nvidia.com/`."
+    ),
+    "sharing": "Time-slicing (NVIDIA-compatible) and card-level sharing with the extender.",
+    "sharing.timeSlicing": "NVIDIA-style time-slicing: several device ids per GPU, no limits.",
+    "sharing.timeSlicing.failRequestsGreaterThanOne": (
+        "Refuse (`Allocate` error) a container asking for more than one replica of a "
+        "time-sliced resource, as NVIDIA's option of the same name does."
+    ),
+    "sharing.timeSlicing.resources": "Which resources are time-sliced, and how many ways.",
+    "sharing.timeSlicing.resources[].name": "A resource from `resources.gpus` to time-slice.",
+    "sharing.timeSlicing.resources[].rename": (
+        "Advertise the replicas under this name instead (the GPUs leave the original name)."
+    ),
+    "sharing.timeSlicing.resources[].devices": (
+        "`all`, the first N GPUs by index, or a list of indices / UUIDs; anything but `all` "
+        "needs `rename` or `renameByDefault`."
+    ),
+    "sharing.gpuShare.mps": "The CUDA MPS control daemon run for `enforcement: mps`.",
+    "sharing.gpuShare.mps.restartInitialS": (
+        "First delay before restarting an MPS control daemon that exited (seconds; doubles)."
+    ),
+    "sharing.gpuShare.mps.restartMaxS": "Longest restart delay for the MPS daemon (seconds).",
+    "health.disabled": "Turn health checking off: every GPU stays Healthy whatever happens.",
+    "flags.failOnInitError": (
+        "When the GPU backend cannot be opened: `true` exits 1; `false` logs the error and "
+        "idles until stopped (for nodes without usable GPUs)."
+    ),
+    "flags.plugin.passDeviceSpecs": (
+        "Also return device specs for `/dev/nvidiactl`, `/dev/nvidia-uvm`, "
+        "`/dev/nvidia-uvm-tools` and each GPU's `/dev/nvidiaN` (under `devRoot` on the host)."
+    ),
+    "flags.plugin.deviceListStrategy": (
+        "How `Allocate` names the GPUs: `envvar` sets `NVIDIA_VISIBLE_DEVICES`; "
+        "`volume-mounts` mounts `/dev/null` at `/var/run/nvidia-container-devices/<id>`; "
+        "`cdi-cri` returns CDI device names; `cdi-annotations` returns them as a pod "
+        "annotation under `cdiAnnotationPrefix`. A `cdi-*` strategy also writes a CDI spec "
+        "into `cdiDir`."
+    ),
+    "flags.plugin.deviceIDStrategy": (
+        "What containers see in the device list: GPU UUIDs or indices."
+    ),
+    "flags.plugin.sharedDevicesAllocationPolicy": (
+        "Which time-slicing replicas `GetPreferredAllocation` prefers: `distributed` takes "
+        "from the least used GPU first, `packed` fills the busiest GPU first."
+    ),
+    "sharing.timeSlicing.renameByDefault": (
+        "Advertise every time-sliced resource as `<name>.shared` unless it has its own `rename`."
+    ),
+    "sharing.timeSlicing.resources[].replicas": (
+        "Device ids advertised per GPU (`<uuid>::0` ... `<uuid>::N-1`); nothing limits what "
+        "each replica's container uses."
+    ),
+    "sharing.gpuShare.enabled": (
+        "Advertise share slots next to the whole GPUs and serve the extender's decisions. "
+        "Needs API access (`--kubeconfig` or in-cluster) and `--node-name`, else exit 2."
+    ),
+    "sharing.gpuShare.resourceName": (
+        "The share-slot resource advertised per card (one slot per sharing container)."
+    ),
+    "sharing.gpuShare.memoryResourceName": (
+        "GPU memory in MiB that pods request; accounted by the extender only, never "
+        "advertised by the node."
+    ),
+    "sharing.gpuShare.computeResourceName": (
+        "Compute in milli-GPU (1000 = one card) that pods request; accounted by the extender "
+        "only, never advertised by the node."
+    ),
+    "sharing.gpuShare.devices": (
+        "Which cards offer share slots: `all`, the first N by index, or a list of indices / UUIDs."
+    ),
+    "sharing.gpuShare.enforcement": (
+        "`none`: the container is told its share in environment variables and nothing holds "
+        "it to it (trust-based). `mps`: the agent runs the CUDA MPS control daemon and sets "
+        "per-client memory and thread limits."
+    ),
+    "sharing.gpuShare.podResourcesSocket": (
+        "The kubelet's PodResources API socket, used to reconcile which pod got which card."
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A check that spans fields or is coded in a validator, with an input that breaks it."""
+
+    text: str
+    bad_input: Any  # agent: a config mapping; extender: ``kubegpu extender`` arguments
+    fragment: str  # part of the error message the bad input must produce
+
+
+AGENT_RULES: tuple[Rule, ...] = (
+    Rule(
+        "Unknown keys are errors at every level (a typo is never silently ignored).",
+        {"flags": {"plugin": {"passDeviceSpec": True}}},
+        "unknown field",
+    ),
+    Rule(
+        "Resource names: a bare name gets `nvidia.com/`; a full name needs a DNS domain that "
+        "is not `kubernetes.io` and may not start with `requests.` (the kubelet's rules).",
+        {"resources": {"gpus": [{"pattern": "*", "name": "kubernetes.io/gpu"}]}},
+        "not a valid extended resource name",
+    ),
+    Rule(
+        "`resources.gpus` may not be empty.",
+        {"resources": {"gpus": []}},
+        "at least one GPU resource is required",
+    ),
+    Rule(
+        "`flags.plugin.deviceListStrategy` takes a list, one string or a comma list, and may "
+        "not be empty.",
+        {"flags": {"plugin": {"deviceListStrategy": []}}},
+        "at least one device list strategy is required",
+    ),
+    Rule(
+        "`flags.plugin.cdiKind` must look like `vendor.com/class`.",
+        {"flags": {"plugin": {"cdiKind": "nvidia"}}},
+        "CDI kind must look like vendor.com/class",
+    ),
+    Rule(
+        "A time-sliced resource must be one of `resources.gpus[].name`.",
+        {"sharing": {"timeSlicing": {"resources": [{"name": "example.com/gpu", "replicas": 2}]}}},
+        "is not one of the GPU resources",
+    ),
+    Rule(
+        "A resource is time-sliced at most once.",
+        {
+            "sharing": {
+                "timeSlicing": {
+                    "resources": [
+                        {"name": "nvidia.com/gpu", "replicas": 2},
+                        {"name": "nvidia.com/gpu", "replicas": 3},
+                    ]
+                }
+            }
+        },
+        "is shared twice",
+    ),
+    Rule(
+        "Time-slicing a subset of GPUs (`devices` other than `all`) needs `rename` or "
+        "`renameByDefault`, or shared and unshared GPUs would mix under one name.",
+        {
+            "sharing": {
+                "timeSlicing": {
+                    "resources": [{"name": "nvidia.com/gpu", "replicas": 2, "devices": [0]}]
+                }
+            }
+        },
+        "needs rename or renameByDefault",
+    ),
+    Rule(
+        "A device count (`devices: N`) is at least 1.",
+        {"sharing": {"gpuShare": {"devices": 0}}},
+        "a device count must be at least 1",
+    ),
+    Rule(
+        "The three `sharing.gpuShare` share resource names need a domain (`kubegpu.io/x`).",
+        {"sharing": {"gpuShare": {"memoryResourceName": "gpu-memory"}}},
+        "a share resource needs a domain",
+    ),
+    Rule(
+        "With `sharing.gpuShare.enabled`, `wholeResourceName` must be one of "
+        "`resources.gpus[].name`.",
+        {"sharing": {"gpuShare": {"enabled": True, "wholeResourceName": "example.com/gpu"}}},
+        "sharing.gpuShare.wholeResourceName",
+    ),
+    Rule(
+        "With `sharing.gpuShare.enabled`, `resourceName` may not also be a whole-GPU resource.",
+        {
+            "resources": {
+                "gpus": [
+                    {"pattern": "*T4*", "name": "kubegpu.io/gpu-shared"},
+                    {"pattern": "*", "name": "nvidia.com/gpu"},
+                ]
+            },
+            "sharing": {"gpuShare": {"enabled": True}},
+        },
+        "is already a GPU resource",
+    ),
+    Rule(
+        "With `sharing.gpuShare.enabled`, its whole-GPU resource cannot also be time-sliced: "
+        "card-level sharing needs whole cards.",
+        {
+            "sharing": {
+                "gpuShare": {"enabled": True},
+                "timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]},
+            }
+        },
+        "card-level sharing needs whole cards",
+    ),
+)
+
+EXTENDER_RULES: tuple[Rule, ...] = (
+    Rule(
+        "`policy` must be `binpack`, `spread`, `fgd`, `kubegpu` or a placement engine policy.",
+        ["--policy", "roundrobin"],
+        "unknown; choose one of",
+    ),
+    Rule(
+        "`tls-cert-file` and `tls-key-file` are given together or not at all.",
+        ["--tls-cert-file", "cert.pem"],
+        "tls-cert-file and tls-key-file go together",
+    ),
+    Rule(
+        "`client-ca-file` needs `tls-cert-file` and `tls-key-file`.",
+        ["--client-ca-file", "ca.pem"],
+        "client-ca-file needs tls-cert-file and tls-key-file",
+    ),
+    Rule(
+        "Plain HTTP is refused on any address but loopback unless `allow-insecure-http` is set.",
+        ["--host", "0.0.0.0"],
+        "refusing plain HTTP on 0.0.0.0",
+    ),
+    Rule("`max-body-bytes` is at least 1024.", ["--max-body-bytes", "100"], "is too small"),
+    Rule(
+        "`bind-attempts` is at least 1.",
+        ["--bind-attempts", "0"],
+        "bind-attempts must be at least 1",
+    ),
+    Rule(
+        "The four resource names are distinct, each `domain/name`.",
+        ["--gpu-memory-resource", "kubegpu.io/gpu-compute"],
+        "GPU resource names must be distinct",
+    ),
+    Rule(
+        "A settings file must have `apiVersion: kubegpu.io/v1alpha1` and `kind: ExtenderConfig`.",
+        None,  # needs a file; the test writes one
+        "apiVersion/kind must be",
+    ),
+)
+
+
+# --- reading the sources -------------------------------------------------------------------
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """The ``#`` comment lines directly above each annotated field in ``cls``'s source."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    lines = source.splitlines()
+    found: dict[str, str] = {}
+    for node in ast.parse(source).body[0].body:  # type: ignore[attr-defined]
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            above: list[str] = []
+            row = node.lineno - 2
+            while row >= 0 and lines[row].strip().startswith("#"):
+                above.insert(0, lines[row].strip().lstrip("#").strip())
+                row -= 1
+            inline = lines[node.lineno - 1].partition("  # ")[2].strip()
+            text = " ".join([*above, inline]).strip()
+            if text:
+                found[node.target.id] = text
+    return found
+
+
+_KEY_LINE = re.compile(r"^(?P<item>- )?(?P<key>[A-Za-z][A-Za-z0-9]*):(?P<rest>.*)$")
+
+
+def example_comments(text: str) -> dict[str, str]:
+    """Inline comments of the example config, keyed by YAML path (``resources.gpus[].name``).
+
+    A small indentation parser, enough for the shipped file's block style: each key's path is
+    the keys above it with smaller indentation; a ``- `` item marks its parent as a list.
+    """
+    stack: list[tuple[int, str]] = []
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        body = line.lstrip()
+        if not body or body.startswith("#"):
+            continue
+        indent = len(line) - len(body)
+        match = _KEY_LINE.match(body)
+        if match is None:
+            continue
+        if match["item"]:
+            indent += 2
+            if stack and not stack[-1][1].endswith("[]"):
+                stack[-1] = (stack[-1][0], stack[-1][1] + "[]")
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = ".".join([*(key for _, key in stack), match["key"]])
+        stack.append((indent, match["key"]))
+        comment = _inline_comment(match["rest"])
+        if comment and not comment.lower().startswith("example"):
+            found[path] = comment
+    return found
+
+
+def _inline_comment(rest: str) -> str:
+    """The text after the first `` #`` outside quotes (YAML's comment rule), else ``""``."""
+    quote = ""
+    for i, char in enumerate(rest):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or rest[i - 1].isspace()):
+            return rest[i + 1 :].strip()
+    return ""
+
+
+def _shipped_example() -> str:
+    return (resources.files("kubegpu.config") / "example-config.yaml").read_text(encoding="utf-8")
+
+
+# --- types, defaults, bounds ---------------------------------------------------------------
+
+
+def _is_model(annotation: object) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _list_item_model(annotation: object) -> type[BaseModel] | None:
+    if typing.get_origin(annotation) is list:
+        (item,) = typing.get_args(annotation)
+        if _is_model(item):
+            return typing.cast(type[BaseModel], item)
+    return None
+
+
+_SCALARS = {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null"}
+
+
+def type_text(annotation: object) -> str:
+    """A reader's name for a type: ``"uuid" | "index"``, ``list of integer``, ``object``."""
+    if annotation in _SCALARS:
+        return _SCALARS[annotation]
+    if _is_model(annotation):
+        return "object"
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is Literal:
+        return " \\| ".join(f"`{json.dumps(a)}`" for a in args)
+    if origin is list:
+        inner = type_text(args[0])
+        return f"list of ({inner})" if "|" in inner else f"list of {inner}"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(type_text(a) for a in args)
+    if isinstance(annotation, type):
+        return "path" if issubclass(annotation, Path) else annotation.__name__
+    return str(annotation)
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True)
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def default_text(info: FieldInfo) -> str:
+    if info.is_required():
+        return "required"
+    value = info.get_default(call_default_factory=True)
+    return f"`{json.dumps(_jsonable(value))}`"
+
+
+_BOUND_WORDS = (
+    (annotated_types.Ge, "ge", "≥"),
+    (annotated_types.Gt, "gt", ">"),
+    (annotated_types.Le, "le", "≤"),
+    (annotated_types.Lt, "lt", "<"),
+)
+
+
+def bounds_text(info: FieldInfo) -> str:
+    parts = []
+    for meta in info.metadata:
+        for kind, attr, symbol in _BOUND_WORDS:
+            if isinstance(meta, kind):
+                parts.append(f"{symbol} {getattr(meta, attr)}")
+    return ", ".join(parts)
+
+
+# --- overrides: flags and environment ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Override:
+    flags: tuple[str, ...]
+    envvars: tuple[str, ...]
+
+
+# The subcommands documented here and where their click commands live (the same targets as
+# ``kubegpu.cli.main``'s registrations; a test holds them equal).
+COMMANDS: dict[str, str] = {
+    "device-plugin": "kubegpu.kubelet.cli:device_plugin",
+    "extender": "kubegpu.extender.cli:extender_command",
+    "labels": "kubegpu.labels.cli:labels_command",
+    "exporter": "kubegpu.exporter.cli:exporter_command",
+}
+
+
+def command(name: str) -> click.Command:
+    """A documented ``kubegpu`` subcommand's click command."""
+    module_name, _, attr = COMMANDS[name].partition(":")
+    found = getattr(importlib.import_module(module_name), attr)
+    assert isinstance(found, click.Command)
+    return found
+
+
+def _auto_prefix(name: str) -> str:
+    parent = click.Context(root_command, info_name="kubegpu", auto_envvar_prefix="KUBEGPU")
+    prefix = click.Context(command(name), info_name=name, parent=parent).auto_envvar_prefix
+    assert prefix is not None
+    return prefix
+
+
+def params(name: str) -> list[click.Option]:
+    return [
+        p
+        for p in command(name).params
+        if isinstance(p, click.Option) and p.name != "help" and not p.hidden
+    ]
+
+
+def override_of(name: str, param: click.Option) -> Override:
+    """The flags and environment variables click reads for ``param`` of ``kubegpu NAME``."""
+    explicit = param.envvar
+    envvars = [explicit] if isinstance(explicit, str) else list(explicit or ())
+    if param.allow_from_autoenv and param.name is not None:
+        envvars.append(f"{_auto_prefix(name)}_{param.name.upper()}")
+    return Override(tuple(param.opts + param.secondary_opts), tuple(dict.fromkeys(envvars)))
+
+
+def agent_overrides() -> dict[str, Override]:
+    """Config path → what overrides it, from the command's own option → path table."""
+    from kubegpu.kubelet.cli import _OVERRIDES
+
+    by_name = {p.name: p for p in params("device-plugin")}
+    found: dict[str, Override] = {}
+    for option, path in _OVERRIDES.items():
+        found[path] = override_of("device-plugin", by_name[option])
+    return found
+
+
+# --- the node agent's file -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FieldDoc:
+    path: str
+    type: str
+    default: str
+    bounds: str
+    description: str
+    override: Override | None
+    section: bool  # an object holding further fields
+
+
+@dataclass(frozen=True)
+class SectionDoc:
+    path: str  # "" for the root
+    intro: str
+    fields: tuple[FieldDoc, ...]
+
+
+def _describe(*parts: str | None) -> str:
+    seen: list[str] = []
+    for part in parts:
+        text = (part or "").strip()
+        if text and not any(text.rstrip(".").lower() in s.lower() for s in seen):
+            seen.append(text)
+    sentences = [p[0].upper() + p[1:] for p in seen]
+    return " ".join(p if p.endswith((".", ")")) else p + "." for p in sentences)
+
+
+def _class_intro(cls: type) -> str:
+    doc = inspect.getdoc(cls) or ""
+    inherited = inspect.getdoc(BaseModel) or ""
+    return "" if doc == inherited else " ".join(doc.split())
+
+
+def agent_sections() -> list[SectionDoc]:
+    """Every section of the agent config, depth first, with every field."""
+    overrides = agent_overrides()
+    examples = example_comments(_shipped_example())
+    sections: list[SectionDoc] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        comments = _field_comments(model)
+        fields: list[FieldDoc] = []
+        nested: list[tuple[type[BaseModel], str]] = []
+        for name, info in model.model_fields.items():
+            key = info.alias or name
+            path = f"{prefix}.{key}" if prefix else key
+            annotation = info.annotation
+            item = _list_item_model(annotation)
+            section = _is_model(annotation) or item is not None
+            default = "" if _is_model(annotation) else default_text(info)
+            fields.append(
+                FieldDoc(
+                    path=path,
+                    type=type_text(annotation) if item is None else "list of objects",
+                    default=default,
+                    bounds=bounds_text(info),
+                    description=_describe(
+                        info.description,
+                        AGENT_NOTES.get(path),
+                        comments.get(name),
+                        _class_intro(typing.cast(type, annotation))
+                        if _is_model(annotation)
+                        else None,
+                    )
+                    or _describe(examples.get(path)),
+                    override=overrides.get(path),
+                    section=section,
+                )
+            )
+            if _is_model(annotation):
+                nested.append((typing.cast(type[BaseModel], annotation), path))
+            elif item is not None:
+                nested.append((item, f"{path}[]"))
+        sections.append(SectionDoc(prefix, _class_intro(model), tuple(fields)))
+        for child, child_prefix in nested:
+            walk(child, child_prefix)
+
+    walk(AgentConfig, "")
+    return sections
+
+
+def agent_fields() -> Iterator[FieldDoc]:
+    for section in agent_sections():
+        yield from section.fields
+
+
+# --- the extender --------------------------------------------------------------------------
+
+# Descriptions for extender settings whose option has no help text, keyed by settings key.
+# A test checks every key is a real setting.
+EXTENDER_NOTES: dict[str, str] = {
+    "port": "Port to listen on.",
+    "tls-cert-file": "PEM certificate (chain) to serve HTTPS with; needs tls-key-file.",
+    "tls-key-file": "PEM private key of tls-cert-file.",
+    "max-body-bytes": "Largest request body accepted; a bigger one is answered 413.",
+    "workload-refresh-seconds": (
+        "How often the target workload of fgd/kubegpu is re-derived from the cluster's GPU "
+        "pods (not used with workload-file)."
+    ),
+    "bind-attempts": (
+        "How many times bind decides again when the pod changed meanwhile (409) before it "
+        "gives up with an error."
+    ),
+    "whole-gpu-resource": "Whole-GPU resource name (the node agent's wholeResourceName).",
+    "gpu-memory-resource": "GPU memory resource, MiB (the agent's memoryResourceName).",
+    "gpu-compute-resource": "GPU compute resource, milli-GPU (computeResourceName).",
+    "share-slot-resource": "Share-slot resource (the node agent's gpuShare resourceName).",
+}
+
+# ExtenderConfig field → ``kubegpu extender`` option, where the names differ.
+_EXTENDER_OPTION_FOR_FIELD = {"workload_refresh_s": "workload_refresh_seconds"}
+
+
+@dataclass(frozen=True)
+class SettingDoc:
+    field: str  # ExtenderConfig attribute (dotted into ``names``)
+    key: str  # settings-file key = long option name
+    type: str
+    default: str
+    bounds: str
+    description: str
+    override: Override
+
+
+def _click_bounds(param: click.Option) -> str:
+    kind = param.type
+    if isinstance(kind, click.IntRange | click.FloatRange):
+        parts = []
+        if kind.min is not None:
+            parts.append(f"{'>' if kind.min_open else '≥'} {kind.min}")
+        if kind.max is not None:
+            parts.append(f"{'<' if kind.max_open else '≤'} {kind.max}")
+        return ", ".join(parts)
+    if isinstance(kind, click.Choice):
+        return ", ".join(f"`{c}`" for c in kind.choices)
+    return ""
+
+
+def _click_default(param: click.Option) -> str:
+    if param.is_flag and not param.secondary_opts:
+        return f"`{json.dumps(param.default is True)}`"
+    value = param.default() if callable(param.default) else param.default
+    # click marks "no default" with None or, since 8.3, its own UNSET sentinel.
+    if not isinstance(value, str | int | float | bool | list | tuple | Path):
+        return "unset"
+    return f"`{json.dumps(_jsonable(value))}`"
+
+
+def _extender_fields() -> Iterator[tuple[str, str, object, object]]:
+    """(dotted field, option name, type, dataclass default) for every setting."""
+    hints = typing.get_type_hints(ExtenderConfig)
+    for f in dataclasses.fields(ExtenderConfig):
+        if dataclasses.is_dataclass(hints[f.name]):
+            inner_type = typing.cast(type, hints[f.name])
+            inner_hints = typing.get_type_hints(inner_type)
+            for g in dataclasses.fields(inner_type):
+                yield f"{f.name}.{g.name}", f"{g.name}_resource", inner_hints[g.name], g.default
+        else:
+            option = _EXTENDER_OPTION_FOR_FIELD.get(f.name, f.name)
+            yield f.name, option, hints[f.name], f.default
+
+
+def extender_settings() -> list[SettingDoc]:
+    by_name = {p.name: p for p in params("extender")}
+    comments = _field_comments(ExtenderConfig)
+    found: list[SettingDoc] = []
+    for dotted, option, kind, _default in _extender_fields():
+        param = by_name.get(option)
+        if param is None:
+            raise LookupError(
+                f"ExtenderConfig.{dotted} has no `kubegpu extender --{option.replace('_', '-')}`"
+                " option; map it in kubegpu.docgen.configuration._EXTENDER_OPTION_FOR_FIELD"
+            )
+        found.append(
+            SettingDoc(
+                field=dotted,
+                key=param.opts[0].removeprefix("--"),
+                type=type_text(kind),
+                default=_click_default(param),
+                bounds=_click_bounds(param),
+                description=_describe(
+                    param.help or EXTENDER_NOTES.get(param.opts[0].removeprefix("--"))
+                )
+                or _describe(comments.get(dotted)),
+                override=override_of("extender", param),
+            )
+        )
+    return found
+
+
+def extender_defaults_agree() -> list[str]:
+    """Settings whose dataclass default differs from the option's default (should be none)."""
+    by_name = {p.name: p for p in params("extender")}
+    differing = []
+    for dotted, option, _kind, default in _extender_fields():
+        param = by_name[option]
+        if isinstance(default, dataclasses._MISSING_TYPE):  # default_factory (names)
+            continue
+        cli_default = param.default
+        if param.is_flag and not param.secondary_opts:
+            cli_default = cli_default is True
+        elif not isinstance(cli_default, str | int | float | bool | Path):
+            cli_default = None  # click's UNSET
+        if _jsonable(default) != _jsonable(cli_default):
+            differing.append(f"{dotted}: dataclass {default!r}, option {cli_default!r}")
+    return differing
+
+
+# --- rendering -----------------------------------------------------------------------------
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ") if "\\|" not in text else text
+
+
+def _override_lines(override: Override | None) -> list[str]:
+    if override is None:
+        return []
+    lines = [f"- Flag: {', '.join(f'`{f}`' for f in override.flags)}"]
+    if override.envvars:
+        lines.append(f"- Environment: {', '.join(f'`{e}`' for e in override.envvars)}")
+    return lines
+
+
+def _option_table(name: str, skip: set[str] | None = None) -> list[str]:
+    rows = [
+        "| Option | Environment | Default | Allowed | Description |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for param in params(name):
+        if skip and param.name in skip:
+            continue
+        override = override_of(name, param)
+        rows.append(
+            "| "
+            + " | ".join(
+                [
+                    " ".join(f"`{f}`" for f in override.flags),
+                    " ".join(f"`{e}`" for e in override.envvars),
+                    _click_default(param),
+                    _cell(_click_bounds(param)),
+                    _cell(" ".join((param.help or "").split())),
+                ]
+            )
+            + " |"
+        )
+    return rows
+
+
+def _agent_part() -> list[str]:
+    from kubegpu.kubelet.cli import _OVERRIDES
+
+    out = [
+        "## Node agent: `kubegpu device-plugin --config FILE`",
+        "",
+        "A versioned YAML (or JSON) file, `version: v1`, shaped like NVIDIA's device plugin",
+        "config where the concepts match. Every key is optional and unknown keys are errors.",
+        "Precedence: flag > environment variable > file > default. `SIGHUP` re-reads the file",
+        "and applies the flags and environment again on top. An invalid file, flag or",
+        "environment value exits with code 2 and a message naming the field path and the value",
+        "(see [troubleshooting.md](troubleshooting.md#node-agent-configuration)). A commented",
+        "example with every field is shipped as `src/kubegpu/config/example-config.yaml`;",
+        "the manifests' copy is `deploy/base/node-agent-config.yaml`.",
+        "",
+        "`kubegpu labels --config` and `kubegpu exporter --config` read the same file: the",
+        "labels take the sharing strategy and replicas from `sharing`, both take the health",
+        "policy from `health`.",
+        "",
+        "### Summary",
+        "",
+        "| YAML path | Type | Default | Bounds | Flag |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for doc in agent_fields():
+        if doc.section and doc.type == "object":
+            continue
+        flag = " ".join(f"`{f}`" for f in doc.override.flags) if doc.override else ""
+        out.append(
+            f"| [`{doc.path}`](#{_anchor(doc.path)}) | {_cell(doc.type)} | {_cell(doc.default)} "
+            f"| {doc.bounds} | {flag} |"
+        )
+    out.append("")
+    for section in agent_sections():
+        title = f"`{section.path}`" if section.path else "Top level"
+        out += [f"### {title}", ""]
+        if section.intro:
+            out += [section.intro, ""]
+        for doc in section.fields:
+            out += [f"#### `{doc.path}`", ""]
+            if doc.description:
+                out += [doc.description, ""]
+            if doc.section and doc.type == "object":
+                out += [f"- Type: object, see the fields below ({doc.path}.*)", ""]
+                continue
+            out.append(f"- Type: {doc.type}")
+            out.append(f"- Default: {doc.default}")
+            if doc.bounds:
+                out.append(f"- Bounds: {doc.bounds}")
+            out += _override_lines(doc.override)
+            out.append("")
+    out += [
+        "### Rules across fields",
+        "",
+        "Checked when the file is loaded (and again on every reload); each is refused with exit",
+        "code 2 and the quoted fragment in the message:",
+        "",
+    ]
+    out += [f"- {rule.text} (`{rule.fragment}`)" for rule in AGENT_RULES]
+    out += [
+        "",
+        "### Environment read by the health checks",
+        "",
+        "NVIDIA's variables are honoured on top of `health` (the agent reads them at start and",
+        "on reload):",
+        "",
+        "- `DP_DISABLE_HEALTHCHECKS`: `all` or `xids` turns Xid health checking off; a comma",
+        "  list of Xids adds them to the ignored ones.",
+        "- `DP_ENABLE_HEALTHCHECKS`: a comma list of Xids (or `all`) that are critical whatever",
+        "  else says; with `DP_DISABLE_HEALTHCHECKS=all` it is an allow-list.",
+        "",
+        "Unlike NVIDIA's plugin, a token that is not a number, `all` or `xids` is an error",
+        "(exit 2) instead of being dropped.",
+        "",
+        "### Options that are not in the file",
+        "",
+    ]
+    out += _option_table("device-plugin", skip=set(_OVERRIDES))
+    out += [
+        "",
+        "The config-file options above also accept the environment variable names NVIDIA's",
+        "plugin reads (`DEVICE_LIST_STRATEGY`, `PASS_DEVICE_SPECS`, ...) where the concept",
+        "matches; the list per field is under *Environment*, in the order click tries them.",
+        "",
+    ]
+    return out
+
+
+def _extender_part() -> list[str]:
+    out = [
+        "## Scheduler extender: `kubegpu extender`",
+        "",
+        "Settings come from flags, `KUBEGPU_EXTENDER_*` environment variables, or a settings",
+        "file passed with `--config` (flag > environment > file > default). The file's keys",
+        "are the long option names (`-` or `_` both work):",
+        "",
+        "```yaml",
+        f"apiVersion: {CONFIG_API_VERSION}",
+        f"kind: {CONFIG_KIND}",
+        "settings:",
+    ]
+    for setting in extender_settings():
+        if setting.default not in ("unset",) and setting.key not in ("allow-insecure-http",):
+            out.append(f"  {setting.key}: {json.loads(setting.default.strip('`'))}")
+    out += [
+        "```",
+        "",
+        "(the values shown are the defaults; `deploy/scheduler/extender-config.yaml` is the",
+        "shipped file). The resolved settings are logged once at start; an invalid setting",
+        "exits with code 2 (`kubegpu extender: <message>`).",
+        "",
+        "| Settings key | Type | Default | Allowed | Environment | Description |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in extender_settings():
+        env = " ".join(f"`{e}`" for e in s.override.envvars)
+        out.append(
+            f"| `{s.key}` | {_cell(s.type)} | {_cell(s.default)} | {_cell(s.bounds)} | {env} "
+            f"| {_cell(s.description)} |"
+        )
+    out += [
+        "",
+        "`--config FILE` itself can be given as `KUBEGPU_EXTENDER_CONFIG`.",
+        "",
+        "### Rules across settings",
+        "",
+    ]
+    out += [f"- {rule.text} (`{rule.fragment}`)" for rule in EXTENDER_RULES]
+    out += [
+        "",
+        "The resource names must equal the node agent's `sharing.gpuShare` names",
+        "(`resourceName` = `share-slot-resource`, `memoryResourceName`, `computeResourceName`,",
+        "`wholeResourceName`); nothing checks that at run time, the shipped manifests are",
+        "checked by `tests/deploy`.",
+        "",
+    ]
+    return out
+
+
+def _other_roles_part() -> list[str]:
+    out = [
+        "## Other node roles",
+        "",
+        "These run as their own processes (or, for the exporter, inside the node agent) and",
+        "take flags only; `--config` points at the node agent's file above.",
+        "",
+    ]
+    for name in ("labels", "exporter"):
+        out += [f"### `kubegpu {name}`", ""]
+        out += _option_table(name)
+        out.append("")
+    out += [
+        "### Global options",
+        "",
+        "Before the subcommand: `kubegpu --log-level debug|info|warning|error` (default `info`,",
+        "environment `KUBEGPU_LOG_LEVEL`) and `--log-format text|json` (default `text`,",
+        "`KUBEGPU_LOG_FORMAT`).",
+        "",
+    ]
+    return out
+
+
+def _anchor(path: str) -> str:
+    # GitHub's heading anchors: lower case, punctuation other than - and _ dropped.
+    return re.sub(r"[^a-z0-9_\- ]", "", path.lower()).replace(" ", "-")
+
+
+def render() -> str:
+    lines = [
+        "<!-- Generated by `python -m kubegpu.docgen.configuration --write` from the config",
+        "     models and the click commands. Do not edit by hand: tests/docs fails when this",
+        "     file differs from what the generator writes. -->",
+        "",
+        "# Configuration reference",
+        "",
+        "Every setting of the long-running roles: the node agent's config file",
+        "(`kubegpu device-plugin`), the scheduler extender's settings (`kubegpu extender`) and",
+        "the flags of `kubegpu labels` and `kubegpu exporter`. For what the settings are for,",
+        "see [install.md](install.md), [sharing.md](sharing.md) and",
+        "[architecture.md](architecture.md).",
+        "",
+        "Not implemented, so not configurable: MIG strategies other than `none` (MIG GPUs are",
+        "advertised whole) and Dynamic Resource Allocation (DRA); kubegpu is a device plugin",
+        "plus a scheduler extender.",
+        "",
+    ]
+    lines += _agent_part()
+    lines += _extender_part()
+    lines += _other_roles_part()
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m kubegpu.docgen.configuration", description=__doc__.split("\n")[0]
+    )
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--write", action="store_true", help=f"write {DEFAULT_OUTPUT}")
+    group.add_argument("--check", action="store_true", help=f"exit 1 if {DEFAULT_OUTPUT} is stale")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    args = parser.parse_args(argv)
+    text = render()
+    if args.write:
+        args.output.write_text(text, encoding="utf-8")
+    elif args.check:
+        current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
+        if current != text:
+            print(f"{args.output} is stale; run: {REGENERATE}", file=sys.stderr)
+            return 1
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
