@@ -310,3 +310,14 @@ def test_writes_from_the_test_thread_reach_a_watch_served_on_the_server_thread(
         ("ADDED", "direct"),
         ("DELETED", "direct"),
     ]
+
+
+async def test_a_watch_whose_client_hung_up_is_unregistered(server: FakeApiServer) -> None:
+    async with aiohttp.ClientSession() as session:
+        response = await session.get(f"{server.url}/api/v1/pods?watch=1")
+        await server.wait_for_watches(1)
+        response.close()
+    async with asyncio.timeout(EVENT_WAIT_S):
+        while server.store.open_watches:
+            await asyncio.sleep(0.01)
+    server.store.put("pods", make_pod("after"))  # nothing left to deliver to

@@ -123,7 +123,16 @@ class FakeApiServer:
     async def start(self) -> None:
         app = web.Application(client_max_size=self.max_body_bytes)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+        # handler_cancellation: a client that hangs up cancels its handler, so an idle watch
+        # whose client is gone does not stay registered. Verbs never await mid-write, so a
+        # cancellation cannot leave a half-done change.
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=5.0,
+            handler_cancellation=True,
+        )
         await runner.setup()
         ssl_context = None
         if self.tls_cert_file:
@@ -454,9 +463,12 @@ class FakeApiServer:
                         request.transport.abort()
                     return response
                 await response.write(_line(item))
+            await response.write_eof()
+        except ConnectionResetError:
+            # The client went away mid-stream; that ends a watch, it is not a server error.
+            log.debug("watch client of %s disconnected", rtype.plural)
         finally:
             self.store.close_watch(watch)
-        await response.write_eof()
         return response
 
 
