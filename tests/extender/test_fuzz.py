@@ -73,8 +73,13 @@ def extender() -> Iterator[Extender]:
             return service
 
         service = api.call(start)
-        yield Extender(api, service)
-        api.call(service.stop)
+        extender = Extender(api, service)
+        try:
+            yield extender
+        finally:
+            extender.connection.close()
+            api.call(service.stop)
+            api.call(service.client.close)
 
 
 quantity = st.one_of(
