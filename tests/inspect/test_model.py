@@ -18,6 +18,7 @@ from kubegpu.inspect.model import (
     UsageState,
     WarningKind,
     build_report,
+    gpu_node_names,
 )
 from kubegpu.inspect.render import load_schema, report_to_json
 from kubegpu.inspect.usage import NodeUsage, UsageResult
@@ -325,3 +326,8 @@ def test_a_warm_cache_gives_the_same_report_and_rereads_changed_objects() -> Non
     # Deleted objects leave the cache.
     build_report(nodes[:1], pods[:2], cache=cache)
     assert len(cache.nodes) == 1 and len(cache.pods) == 2
+
+
+def test_usage_is_asked_of_nodes_that_publish_or_advertise_gpus() -> None:
+    assert gpu_node_names(mc.nodes()) == ["a100", "mixed", "sick", "legacy"]
+    assert gpu_node_names(mc.nodes(), Filters(nodes=("sick", "cpu"))) == ["sick"]

@@ -35,6 +35,25 @@ def test_parses_card_and_pod_series_by_uuid() -> None:
     }
 
 
+def test_reads_escaped_labels_timestamps_and_skips_similar_names() -> None:
+    page = "\n".join(
+        [
+            "# HELP kubegpu_gpu_memory_used_bytes memory in use",
+            "# TYPE kubegpu_gpu_memory_used_bytes gauge",
+            'kubegpu_gpu_memory_used_bytes{model="A \\"big\\" one\\\\",uuid="GPU-1"} 1.048576e+09',
+            'kubegpu_gpu_memory_used_bytes_total{uuid="GPU-1"} 5',
+            'kubegpu_pod_gpu_memory_used_bytes{namespace="ml",pod="p",uuid="GPU-1"} 2097152 17e11',
+            'kubegpu_gpu_utilization_ratio{uuid="GPU-1"} NaN',
+            "kubegpu_gpu_memory_used_bytes 7",
+            "",
+        ]
+    )
+    usage = parse_exporter_metrics(page)
+    assert usage.gpu_memory_used_mib == {"GPU-1": 1000}
+    assert usage.pod_memory_used_mib == {("ml", "p", "GPU-1"): 2}
+    assert usage.gpu_utilization_ratio == {}
+
+
 def test_a_page_that_is_not_prometheus_text_is_an_error() -> None:
     with pytest.raises(UsageParseError):
         parse_exporter_metrics('kubegpu_gpu_memory_used_bytes{uuid="x" 12\n')

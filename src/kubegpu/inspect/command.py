@@ -44,6 +44,7 @@ from kubegpu.inspect.model import (
     InspectReport,
     ReadCache,
     build_report,
+    gpu_node_names,
     node_address,
 )
 from kubegpu.inspect.render import render_text, report_to_json
@@ -82,8 +83,7 @@ async def build_cluster_report(
     pods = list(pods)
     fetched: dict[str, UsageResult] | None = dict(usage) if usage is not None else None
     if options.usage and fetched is None:
-        first = build_report(nodes, pods, filters=options.filters, cache=cache)
-        shown = {view.name for view in first.nodes}
+        shown = set(gpu_node_names(nodes, options.filters))
         pod_ips = exporter_pod_ips(pods, options.exporter_label)
         urls = {}
         for node in nodes:

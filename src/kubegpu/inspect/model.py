@@ -322,6 +322,29 @@ def _started(pod: Mapping[str, Any], phase: str) -> bool:
     return False
 
 
+def gpu_node_names(
+    nodes: Iterable[Mapping[str, Any]],
+    filters: Filters = Filters(),
+    names: ResourceNames | None = None,
+) -> list[str]:
+    """Nodes worth asking for usage: they publish an inventory or advertise GPUs, and pass
+    the node filter. Cheap (no annotation is parsed), so usage can be fetched before the
+    report is built."""
+    names = names or ResourceNames()
+    wanted = set(filters.nodes)
+    found: list[str] = []
+    for node in nodes:
+        meta = _meta(node)
+        name = meta.get("name")
+        if not isinstance(name, str) or not name or (wanted and name not in wanted):
+            continue
+        annotations = meta.get("annotations")
+        published = isinstance(annotations, Mapping) and INVENTORY_ANNOTATION in annotations
+        if published or _allocatable(node, names.whole_gpu) or _allocatable(node, names.share_slot):
+            found.append(name)
+    return found
+
+
 # --------------------------------------------------------------------------- building
 @dataclass
 class _PodFacts:

@@ -7,10 +7,9 @@ values out; fetching lives in :mod:`kubegpu.inspect.exporters`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-from prometheus_client.parser import text_string_to_metric_families
 
 GPU_MEMORY_USED = "kubegpu_gpu_memory_used_bytes"
 GPU_UTILIZATION = "kubegpu_gpu_utilization_ratio"
@@ -46,31 +45,64 @@ class UsageParseError(ValueError):
     """The page is not Prometheus text exposition."""
 
 
+_WANTED = (GPU_MEMORY_USED, GPU_UTILIZATION, POD_MEMORY_USED, POD_OVER_SHARE)
+_SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?\s*")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def _labels(raw: str, line: str) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    position = 0
+    while position < len(raw):
+        match = _LABEL.match(raw, position)
+        if match is None:
+            raise UsageParseError(f"not a Prometheus metrics page (bad labels in {line[:80]!r})")
+        value = match.group(2)
+        if "\\" in value:
+            value = re.sub(r"\\.", lambda m: _ESCAPES.get(m.group(0), m.group(0)), value)
+        labels[match.group(1)] = value
+        position = match.end()
+    return labels
+
+
 def parse_exporter_metrics(text: str) -> NodeUsage:
-    """The series inspect needs from one exporter's ``/metrics`` page."""
+    """The series inspect needs from one exporter's ``/metrics`` page (Prometheus text
+    exposition 0.0.4). Only lines of the four wanted metrics are parsed: a page from a node
+    with many pods is mostly other series, and a full parse of every page of a large cluster
+    would cost more than fetching them."""
     gpu_used: dict[str, int] = {}
     gpu_util: dict[str, float] = {}
     pod_used: dict[PodCardKey, int] = {}
     pod_over: dict[PodCardKey, bool] = {}
-    try:
-        families = list(text_string_to_metric_families(text))
-    except (ValueError, TypeError, IndexError) as exc:
-        raise UsageParseError(f"not a Prometheus metrics page ({exc})") from None
-    for family in families:
-        for sample in family.samples:
-            labels = sample.labels
-            uuid = labels.get("uuid")
-            if not uuid or sample.value != sample.value:  # NaN: nothing to show
-                continue
-            if sample.name == GPU_MEMORY_USED:
-                gpu_used[uuid] = int(sample.value) // _MIB
-            elif sample.name == GPU_UTILIZATION:
-                gpu_util[uuid] = float(sample.value)
-            elif sample.name in (POD_MEMORY_USED, POD_OVER_SHARE):
-                key = (labels.get("namespace", ""), labels.get("pod", ""), uuid)
-                if sample.name == POD_MEMORY_USED:
-                    # Several containers of one pod on one card add up.
-                    pod_used[key] = pod_used.get(key, 0) + int(sample.value) // _MIB
-                else:
-                    pod_over[key] = pod_over.get(key, False) or sample.value > 0
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        if not line.startswith(_WANTED):
+            continue
+        match = _SAMPLE.fullmatch(line)
+        if match is None:
+            raise UsageParseError(f"not a Prometheus metrics page (line {line[:80]!r})")
+        name, raw_labels, raw_value = match.groups()
+        if name not in _WANTED:
+            continue  # a longer name sharing the prefix (e.g. ..._bytes_total)
+        try:
+            value = float(raw_value)
+        except ValueError:
+            raise UsageParseError(f"not a Prometheus metrics page (value {raw_value!r})") from None
+        labels = _labels(raw_labels or "", line)
+        uuid = labels.get("uuid")
+        if not uuid or value != value:  # no card, or NaN: nothing to show
+            continue
+        if name == GPU_MEMORY_USED:
+            gpu_used[uuid] = int(value) // _MIB
+        elif name == GPU_UTILIZATION:
+            gpu_util[uuid] = value
+        else:
+            key = (labels.get("namespace", ""), labels.get("pod", ""), uuid)
+            if name == POD_MEMORY_USED:
+                # Several containers of one pod on one card add up.
+                pod_used[key] = pod_used.get(key, 0) + int(value) // _MIB
+            else:
+                pod_over[key] = pod_over.get(key, False) or value > 0
     return NodeUsage(gpu_used, gpu_util, pod_used, pod_over)
