@@ -64,6 +64,7 @@ from kubegpu.testing.scheduler import (
     Outcome,
     SchedulerSettings,
     SchedulerStandIn,
+    node_allocatable,
 )
 
 log = logging.getLogger(__name__)
@@ -407,6 +408,7 @@ async def replay(
     tasks += [asyncio.create_task(d.run(), name=f"kubelet-{d.node_name}") for d in drivers]
     try:
         await asyncio.wait_for(scheduler.synced.wait(), START_TIMEOUT_S)
+        await _wait_for_capacity(run, scheduler)
         summary, table = await _submit_and_wait(run, client, scheduler, pods, tasks)
         report(summary, table)
         if run.options.keep_running:
@@ -421,6 +423,27 @@ async def replay(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await client.close()
+
+
+async def _wait_for_capacity(run: DemoRun, scheduler: SchedulerStandIn) -> None:
+    """Until the scheduler sees each node's device-plugin resources in its allocatable (the
+    kubelets publish them), or NodeResourcesFit would refuse every GPU pod."""
+    wanted = (run.names.whole_gpu, run.names.share_slot)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        missing = [
+            n.spec.name
+            for n in run.nodes
+            if not all(
+                node_allocatable(scheduler.nodes.get(n.spec.name) or {}).get(r, 0) > 0
+                for r in wanted
+            )
+        ]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise DemoError(f"kubelet: nodes {missing} never reported GPU allocatable")
+        await asyncio.sleep(POLL_S)
 
 
 async def _submit_and_wait(

@@ -9,9 +9,12 @@ extender exactly what kube-scheduler sends with ``nodeCacheCapable: true``: ``Ex
 
 Deliberate reductions, documented because they change outcomes:
 
-* No in-tree filter plugins except "node is Ready and schedulable". The extender checks CPU,
-  memory and cards; kube-scheduler's NodeResourcesFit on ``nvidia.com/gpu`` and the share slot
-  only repeats, at node level, what the extender checks per card.
+* Of kube-scheduler's in-tree filters only two run, before the extender as in kube-scheduler:
+  node Ready and schedulable, and NodeResourcesFit (CPU, memory, pod count, and the extended
+  resources the extender leaves to the scheduler: ``nvidia.com/gpu`` and the share slot,
+  against the node's ``status.allocatable`` minus what its bound pods request; the card
+  memory and compute resources are ``ignoredByScheduler``). Pods just bound count at once, as
+  kube-scheduler's "assumed" pods do.
 * Scoring is the extender's score alone (kube-scheduler adds its in-tree scores to
   ``score x weight``); ties go to the lexicographically smallest node name, where
   kube-scheduler picks among ties at random. Deterministic runs are worth more in a demo.
@@ -44,6 +47,7 @@ from lightkube.resources.core_v1 import Event, Node, Pod, PodStatus
 from lightkube.types import PatchType
 
 from kubegpu.sharing.annotations import INVENTORY_ANNOTATION
+from kubegpu.sharing.resources import RequestError, ResourceNames, parse_quantity, pod_totals
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +130,71 @@ async def follow(
 
 
 @dataclass(frozen=True)
+class Footprint:
+    """What a pod counts against its node in NodeResourcesFit."""
+
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    extended: Mapping[str, int] = field(default_factory=dict)
+
+
+def footprint(pod: Mapping[str, Any], names: ResourceNames) -> Footprint:
+    try:
+        totals = pod_totals(pod, names)
+    except RequestError:
+        return Footprint()  # the extender explains; nothing to count
+    return Footprint(
+        totals.cpu_milli,
+        totals.memory_mib,
+        {names.whole_gpu: totals.whole_gpus, names.share_slot: totals.share_slots},
+    )
+
+
+def node_allocatable(node: Mapping[str, Any]) -> dict[str, int]:
+    """``status.allocatable`` as integers: cpu in milli, memory in MiB, the rest as counts."""
+    out: dict[str, int] = {}
+    for name, raw in ((node.get("status") or {}).get("allocatable") or {}).items():
+        try:
+            value = parse_quantity(raw)
+        except RequestError:
+            continue
+        if name == "cpu":
+            out[name] = int(value * 1000)
+        elif name == "memory":
+            out[name] = int(value / (1 << 20))
+        else:
+            out[name] = int(value)
+    return out
+
+
+def fit_reasons(pod: Footprint, node: Mapping[str, Any], bound: list[Footprint]) -> list[str]:
+    """NodeResourcesFit's refusals, in its words ("Insufficient cpu", "Too many pods")."""
+    allocatable = node_allocatable(node)
+    reasons = []
+    if len(bound) + 1 > allocatable.get("pods", 110):
+        reasons.append("Too many pods")
+    if pod.cpu_milli and pod.cpu_milli > allocatable.get("cpu", 0) - sum(
+        b.cpu_milli for b in bound
+    ):
+        reasons.append("Insufficient cpu")
+    if pod.memory_mib and pod.memory_mib > allocatable.get("memory", 0) - sum(
+        b.memory_mib for b in bound
+    ):
+        reasons.append("Insufficient memory")
+    for name, amount in sorted(pod.extended.items()):
+        used = sum(b.extended.get(name, 0) for b in bound)
+        if amount and amount > allocatable.get(name, 0) - used:
+            reasons.append(f"Insufficient {name}")
+    return reasons
+
+
+@dataclass(frozen=True)
 class SchedulerSettings:
     extender_url: str
     scheduler_name: str = DEFAULT_SCHEDULER_NAME
     max_attempts: int = 5
     http_timeout_s: float = 10.0
+    names: ResourceNames = field(default_factory=ResourceNames)
 
 
 @dataclass(frozen=True)
@@ -226,6 +290,7 @@ class SchedulerStandIn:
         self.on_outcome = on_outcome
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, dict[str, Any]] = {}  # uid -> pod JSON, ours and pending
+        self.bound: dict[str, tuple[str, Footprint]] = {}  # uid -> node, request (any pod)
         self.outcomes: dict[str, Outcome] = {}
         self._active: dict[str, None] = {}  # FIFO of uids to try
         self._unschedulable: dict[str, int] = {}  # uid -> attempts so far
@@ -273,6 +338,8 @@ class SchedulerStandIn:
             self.nodes[name] = node
             if before is None or _inventory(before) != _inventory(node):
                 self._retry_unschedulable(f"node {name} added or its GPUs changed")
+            elif node_allocatable(before) != node_allocatable(node):
+                self._retry_unschedulable(f"node {name}: allocatable changed")
 
     async def _watch_pods(self) -> None:
         async for event, pod in follow(self.client, Pod):
@@ -284,9 +351,11 @@ class SchedulerStandIn:
             status = pod.get("status") or {}
             meta = pod.get("metadata") or {}
             gone = event == "DELETED" or status.get("phase") in TERMINAL_PHASES
-            if gone and spec.get("nodeName"):
-                # A bound pod left: its cards are free again.
+            if gone and self.bound.pop(uid, None) is not None:
+                # A bound pod left: its node resources and cards are free again.
                 self._retry_unschedulable(f"pod {pod_name(pod)} finished or was deleted")
+            elif not gone and spec.get("nodeName"):
+                self.bound[uid] = (str(spec["nodeName"]), footprint(pod, self.settings.names))
             ours = spec.get("schedulerName") == self.settings.scheduler_name
             if gone or spec.get("nodeName") or meta.get("deletionTimestamp") or not ours:
                 self.pods.pop(uid, None)
@@ -334,12 +403,19 @@ class SchedulerStandIn:
         key = pod_name(pod)
         attempts = self._attempts.get(uid, 0) + 1
         self._attempts[uid] = attempts
-        candidates = sorted(name for name, node in self.nodes.items() if node_ready(node))
-        reasons: dict[str, str] = {
-            name: "node(s) were not ready or were unschedulable"
-            for name, node in self.nodes.items()
-            if not node_ready(node)
-        }
+        reasons: dict[str, str] = {}
+        wants = footprint(pod, self.settings.names)
+        on_node: dict[str, list[Footprint]] = {}
+        for node_name, use in self.bound.values():
+            on_node.setdefault(node_name, []).append(use)
+        candidates = []
+        for name, node_obj in sorted(self.nodes.items()):
+            if not node_ready(node_obj):
+                reasons[name] = "node(s) were not ready or were unschedulable"
+            elif misfit := fit_reasons(wants, node_obj, on_node.get(name, [])):
+                reasons[name] = ", ".join(misfit)
+            else:
+                candidates.append(name)
         try:
             passed, failed = await extender.filter(pod, candidates) if candidates else ([], {})
             reasons.update(failed)
@@ -348,11 +424,12 @@ class SchedulerStandIn:
                 node = pick_node(scores)
                 error = await extender.bind(pod, node)
                 if not error:
+                    self.bound[uid] = (node, wants)  # assumed until the watch says so
                     log.info("pod %s bound to node %s (score %d)", key, node, scores[node])
                     return Outcome(key, uid, node, attempts)
                 reasons = {node: f"binding rejected: {error}"}
         except SchedulingError as exc:
-            reasons = {name: str(exc) for name in candidates} or {"-": str(exc)}
+            reasons.update({name: str(exc) for name in candidates} or {"-": str(exc)})
         message = unschedulable_message(len(self.nodes), reasons)
         log.info("pod %s unschedulable (attempt %d): %s", key, attempts, message)
         await self._record_unschedulable(pod, message)

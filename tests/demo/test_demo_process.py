@@ -1,0 +1,160 @@
+"""``kubegpu demo`` as a user runs it: a real process tree, real sockets, real HTTP."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import lightkube
+import pytest
+import yaml
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.resources.core_v1 import Event, Node, Pod
+
+from kubegpu.kubelet.shares import ALLOCATED_ANNOTATION, decode_ledger
+from kubegpu.sharing.annotations import INVENTORY_ANNOTATION, decode_inventory
+from kubegpu.sharing.podstate import read_decision
+from tests.demo.conftest import DemoProcess, alive_kubegpu_processes, sockets_under
+
+pytestmark = pytest.mark.slow
+
+COMPONENTS = {"fake-apiserver", "extender"}
+
+
+def assert_nothing_left(demo: DemoProcess, work_dir: Path, nodes: int) -> None:
+    pids = demo.child_pids()
+    names = set(pids.values())
+    assert names >= COMPONENTS
+    assert sum(n.startswith("node-agent-") for n in names) == nodes
+    assert alive_kubegpu_processes(pids) == []
+    assert sockets_under(work_dir) == []
+    assert list(work_dir.iterdir()) == []  # the demo's temporary directory is gone too
+
+
+def test_demo_replays_the_scenario_prints_inspect_and_a_summary_and_cleans_up(
+    work_dir: Path, demo_process: type[DemoProcess]
+) -> None:
+    demo = demo_process(work_dir, "--nodes", "3", "--pods", "40")
+    code = demo.wait()
+    out = demo.output
+    assert code == 0, out
+    table = out.split("kubectl gpu inspect:", 1)[1].split("summary:", 1)[0]
+    # One block per node, each with at least one pod on a card.
+    assert table.count("node gpu-node-") == 3
+    assert "default/" in table.split("pending GPU pods")[0]
+    assert "cards used" in out and "memory packed" in out
+    summary = json.loads(demo.summary_json.read_text())
+    assert summary["pods_submitted"] == 40
+    assert summary["pods_running"] > 0 and summary["cards_used"] > 0
+    assert summary["pods_running"] + summary["pods_refused"] + summary["pods_failed"] == 40
+    assert summary["over_committed"] == []
+    assert summary["cards_total"] == 8 + 4 + 4
+    assert_nothing_left(demo, work_dir, nodes=3)
+
+
+def _audit_cards(pods: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Per card (node/uuid): compute and memory held by live pods, read from the decisions
+    the extender recorded; each shared pod's ledger (written by the node agent at Allocate)
+    must name the same card."""
+    capacity = {}
+    for node in nodes:
+        inventory = decode_inventory(node["metadata"]["annotations"][INVENTORY_ANNOTATION])
+        for gpu in inventory.gpus:
+            capacity[f"{node['metadata']['name']}/{gpu.uuid}"] = gpu.memory_mib
+    held: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for pod in pods:
+        if pod["status"].get("phase") != "Running":
+            continue
+        decision, problem = read_decision(pod)
+        assert problem == ""
+        if decision is None:
+            continue
+        assert decision.node == pod["spec"]["nodeName"]
+        if decision.shared:
+            ledger = decode_ledger(pod["metadata"]["annotations"][ALLOCATED_ANNOTATION])
+            assert {c.uuid for c in ledger.containers} == {decision.cards[0].uuid}
+        for card in decision.cards:
+            key = f"{decision.node}/{card.uuid}"
+            assert key in capacity
+            held[key][0] += card.compute_milli
+            held[key][1] += card.memory_mib
+    for key, (compute, memory) in held.items():
+        assert compute <= 1000, key
+        assert memory <= capacity[key], key
+    return held
+
+
+def test_keep_running_serves_the_cluster_until_ctrl_c_with_no_card_over_capacity(
+    work_dir: Path, demo_process: type[DemoProcess]
+) -> None:
+    demo = demo_process(work_dir, "--nodes", "3", "--pods", "30", "--keep-running")
+    demo.wait_for_output("Ctrl-C to stop")
+    kubeconfig = json.loads(demo.summary_json.read_text())["kubeconfig"]
+    # From a dict: lightkube's from_file leaves the file open (a ResourceWarning here).
+    config = KubeConfig.from_dict(yaml.safe_load(Path(kubeconfig).read_text()))
+    client = lightkube.Client(config, trust_env=False)
+    try:
+        pods = [p.to_dict() for p in client.list(Pod, namespace="*")]
+        nodes = [n.to_dict() for n in client.list(Node)]
+        events = [e.to_dict() for e in client.list(Event, namespace="*")]
+    finally:
+        client.close()
+    assert len(pods) == 30
+    held = _audit_cards(pods, nodes)
+    assert held, "no card holds anything"
+    refused = [
+        p
+        for p in pods
+        if not p["spec"].get("nodeName")
+        and any(
+            c["type"] == "PodScheduled" and c["status"] == "False"
+            for c in p["status"].get("conditions") or []
+        )
+    ]
+    running = [p for p in pods if p["status"].get("phase") == "Running"]
+    assert len(refused) + len(running) == 30
+    assert running and refused
+    for pod in refused:
+        (condition,) = pod["status"]["conditions"]
+        assert condition["reason"] == "Unschedulable"
+        assert condition["message"].startswith("0/3 nodes are available: ")
+    failed_scheduling = {
+        e["involvedObject"]["name"] for e in events if e["reason"] == "FailedScheduling"
+    }
+    assert {p["metadata"]["name"] for p in refused} <= failed_scheduling
+    # What the kubelets report: device-plugin resources in allocatable.
+    for node in nodes:
+        allocatable = node["status"]["allocatable"]
+        assert "nvidia.com/gpu" in allocatable and "kubegpu.io/gpu-shared" in allocatable
+
+    demo.interrupt()
+    assert demo.wait(60) == 0, demo.output
+    assert_nothing_left(demo, work_dir, nodes=3)
+
+
+def test_ctrl_c_in_the_middle_of_the_replay_stops_everything(
+    work_dir: Path, demo_process: type[DemoProcess]
+) -> None:
+    demo = demo_process(work_dir, "--nodes", "2", "--pods", "48")
+    demo.wait_for_output("replaying")
+    demo.interrupt()
+    assert demo.wait(60) == 130, demo.output
+    assert "interrupted (SIGINT)" in demo.output
+    assert_nothing_left(demo, work_dir, nodes=2)
+
+
+def test_a_component_that_fails_to_start_is_named_with_its_log(
+    work_dir: Path, demo_process: type[DemoProcess]
+) -> None:
+    demo = demo_process(work_dir, "--nodes", "1", "--policy", "no-such-policy")
+    assert demo.wait(60) == 1
+    out = demo.output
+    assert "kubegpu demo: extender: exited with code 2" in out
+    assert "--- extender log tail ---" in out
+    assert "no-such-policy" in out
+    pids = demo.child_pids()
+    assert set(pids.values()) == {"fake-apiserver", "extender"}
+    assert alive_kubegpu_processes(pids) == []
+    assert list(work_dir.iterdir()) == []
