@@ -291,3 +291,28 @@ async def test_probes_and_metrics() -> None:
     assert 'kubegpu_extender_request_duration_seconds_count{verb="filter"} 1.0' in text
     assert 'kubegpu_extender_node_rejections_total{reason="gpu-memory"} 1.0' in text
     assert 'kubegpu_extender_decisions_total{outcome="unschedulable",verb="filter"} 1.0' in text
+
+
+async def test_a_card_turning_unhealthy_is_withdrawn_without_rebuilding_the_engine() -> None:
+    async with FakeApiServer() as server:
+        seed(server, ("nodes", gpu_node("node-a", cards=2)))
+        async with running_extender(server) as ext, http_session() as http:
+            pod = whole_pod("w", 2)
+            _, before = await post(http, f"{ext.url}/filter", filter_args(pod, ["node-a"]))
+            rebuilds = ext.scheduler.rebuilds
+            server.store.put("nodes", gpu_node("node-a", cards=2, unhealthy=[1]))
+            for _ in range(200):
+                info = ext.view.nodes["node-a"]
+                if info.inventory is not None and not info.inventory.gpus[1].healthy:
+                    break
+                await asyncio.sleep(0.01)
+            _, after = await post(http, f"{ext.url}/filter", filter_args(pod, ["node-a"]))
+            _, share = await post(
+                http, f"{ext.url}/filter", filter_args(shared_pod("s", 1024, 100), ["node-a"])
+            )
+            assert ext.scheduler.rebuilds == rebuilds
+    assert before["NodeNames"] == ["node-a"]
+    assert after["FailedAndUnresolvableNodes"] == {
+        "node-a": "node-a: has 1 healthy GPUs, pod needs 2 whole GPUs"
+    }
+    assert share["NodeNames"] == ["node-a"]  # the healthy card still takes shares

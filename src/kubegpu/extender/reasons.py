@@ -56,37 +56,41 @@ class NodeFacts:
 
     @classmethod
     def build(cls, engine: PlacementEngine, nodes: Mapping[str, NodeInfo]) -> NodeFacts:
-        missing: list[str] = []
-        healthy: list[int] = []
-        biggest: list[int] = []
-        models: list[frozenset[str]] = []
-        for name in engine.names:
-            info = nodes.get(name)
-            inventory = info.inventory if info is not None else None
-            if inventory is None:
-                error = info.inventory_error if info is not None else ""
-                missing.append(
-                    f"{name}: GPU inventory unreadable ({error})"
-                    if error
-                    else f"{name}: no GPU inventory published (annotation "
-                    f"{INVENTORY_ANNOTATION} missing: is the kubegpu node agent running there?)"
-                )
-                healthy.append(0)
-                biggest.append(0)
-                models.append(frozenset())
-                continue
-            good = [g for g in inventory.gpus if g.healthy]
-            missing.append("")
-            healthy.append(len(good))
-            biggest.append(max((g.memory_mib for g in good), default=0))
-            models.append(frozenset(g.model for g in good))
-        return cls(
-            missing,
-            np.array(healthy, dtype=np.int64),
-            np.array(biggest, dtype=np.int64),
-            models,
-            np.array([bool(m) for m in missing], dtype=bool),
+        n = len(engine.names)
+        facts = cls(
+            [""] * n,
+            np.zeros(n, dtype=np.int64),
+            np.zeros(n, dtype=np.int64),
+            [frozenset()] * n,
+            np.zeros(n, dtype=bool),
         )
+        for row, name in enumerate(engine.names):
+            facts.update(row, name, nodes.get(name))
+        return facts
+
+    def update(self, row: int, name: str, info: NodeInfo | None) -> None:
+        """Refresh one row after its node changed (health, allocatable, inventory)."""
+        self._model_masks.clear()
+        inventory = info.inventory if info is not None else None
+        if inventory is None:
+            error = info.inventory_error if info is not None else ""
+            self.missing[row] = (
+                f"{name}: GPU inventory unreadable ({error})"
+                if error
+                else f"{name}: no GPU inventory published (annotation "
+                f"{INVENTORY_ANNOTATION} missing: is the kubegpu node agent running there?)"
+            )
+            self.healthy[row] = 0
+            self.biggest_mib[row] = 0
+            self.models[row] = frozenset()
+            self.missing_flags[row] = True
+            return
+        good = [g for g in inventory.gpus if g.healthy]
+        self.missing[row] = ""
+        self.healthy[row] = len(good)
+        self.biggest_mib[row] = max((g.memory_mib for g in good), default=0)
+        self.models[row] = frozenset(g.model for g in good)
+        self.missing_flags[row] = False
 
 
 def structural(facts: NodeFacts, row: int, name: str, request: GpuRequest) -> str:

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from kubegpu.extender.reasons import NodeFacts, explain_rows, rows_of, structural
 from kubegpu.kube.view import ClusterView
@@ -98,6 +99,7 @@ class GpuScheduler:
         self.clock = clock
         self._engine: PlacementEngine | None = None
         self._rows: dict[str, int] = {}
+        self._row_cache: dict[tuple[str, ...], npt.NDArray[np.int64]] = {}
         self._facts: NodeFacts | None = None
         self._built_topology = -1
         self._built_at = 0.0
@@ -147,6 +149,7 @@ class GpuScheduler:
         workload = self.current_workload() if self._needs_workload() else None
         self._engine = PlacementEngine(states, self.engine_policy, workload=workload)
         self._rows = {name: i for i, name in enumerate(self._engine.names)}
+        self._row_cache.clear()
         self._facts = NodeFacts.build(self._engine, view.nodes)
         self._built_topology = view.topology_version
         self._built_at = self.clock()
@@ -164,7 +167,13 @@ class GpuScheduler:
         state = node_state(info, self.view.usages_on(node))
         gpus = sorted(state.gpus, key=lambda g: g.index)
         if tuple(g.index for g in gpus) != engine.card_index[i]:
-            return False
+            return False  # cards appeared or vanished: the row's width may change
+        if state.gpu_model != engine.models[i] or state.cpu_capacity_milli != int(
+            engine.cpu_capacity[i]
+        ):
+            return False  # per-row constants of the engine (model masks, normalisers)
+        if self._facts is not None:
+            self._facts.update(i, node, info)
         engine.cpu_free[i] = state.cpu_free_milli
         engine.memory_free[i] = state.memory_free_mib
         for j, gpu in enumerate(gpus):
@@ -192,7 +201,7 @@ class GpuScheduler:
         facts = self._facts
         assert facts is not None
         pod = request.to_placement()
-        rows = rows_of(self._rows, node_names)
+        rows = self.rows(node_names)
         # One spare False slot at the end: unknown names (row -1) land there.
         feasible = np.zeros(len(engine.names) + 1, dtype=bool)
         feasible[engine.feasible_rows(pod)] = True
@@ -216,27 +225,41 @@ class GpuScheduler:
             out.failed[name] = reason or f"{name}: does not fit"
         return out
 
+    def rows(self, node_names: Sequence[str]) -> npt.NDArray[np.int64]:
+        """Engine rows of ``node_names`` (-1: unknown). kube-scheduler sends the same list
+        again and again (every node, with percentageOfNodesToScore 100), so the last few
+        mappings are cached until the engine is rebuilt."""
+        key = tuple(node_names)
+        found = self._row_cache.get(key)
+        if found is None:
+            found = rows_of(self._rows, key)
+            if len(self._row_cache) >= 8:
+                self._row_cache.pop(next(iter(self._row_cache)))
+            self._row_cache[key] = found
+        return found
+
     def prioritize(self, request: GpuRequest, node_names: Sequence[str]) -> list[tuple[str, int]]:
         if request.kind is RequestKind.NONE:
             return []
         engine = self.engine()
-        known = [n for n in node_names if n in self._rows]
         pod = request.to_placement()
         if self._needs_workload() and pod.gpu_memory_mib is not None:
             # Fragmentation is scored on compute only: the engine's memory-aware FGD walks
             # nodes one by one (~25 µs each), too slow for a 5 ms budget. Filter already
             # removed nodes without a card that has the memory; bind picks the card with it.
             pod = replace(pod, gpu_memory_mib=None)
-        scores = engine.score(pod, known)
-        out: list[tuple[str, int]] = []
-        for name in node_names:
-            score = scores.get(name)
-            if score is None:
-                continue
-            if self.spread:
-                score = 100 - score
-            out.append((name, (score * MAX_EXTENDER_PRIORITY + 50) // 100))
-        return out
+        rows = self.rows(node_names)
+        feasible = np.zeros(len(engine.names) + 1, dtype=bool)
+        feasible[engine.feasible_rows(pod)] = True
+        wanted = np.flatnonzero(feasible[rows])  # positions in node_names, in their order
+        by_row = np.argsort(rows[wanted], kind="stable")  # the engine wants tie-break order
+        ordered = rows[wanted][by_row]
+        scores = np.empty(wanted.size, dtype=np.int64)
+        scores[by_row] = engine.scores(pod, ordered)
+        if self.spread:
+            scores = 100 - scores
+        scaled = (scores * MAX_EXTENDER_PRIORITY + 50) // 100
+        return list(zip([node_names[k] for k in wanted.tolist()], scaled.tolist(), strict=True))
 
     def decide(self, pod: dict[str, Any], request: GpuRequest, node: str) -> AllocationDecision:
         """Choose the cards on ``node`` and reserve them in the view (undo with

@@ -8,8 +8,9 @@ pod back. Local *reservations* (a bind in flight) sit beside the observed pods a
 them until the bind settles.
 
 Consumers read :attr:`ClusterView.dirty_nodes` (nodes whose usage changed) and
-:attr:`ClusterView.topology_version` (bumped when a node appears, disappears or changes its
-allocatable CPU/memory or inventory) to update the placement engine incrementally.
+:attr:`ClusterView.topology_version` (bumped when a node appears or disappears; a node whose
+allocatable or inventory changed is only marked dirty) to update the placement engine
+incrementally.
 """
 
 from __future__ import annotations
@@ -195,7 +196,10 @@ class ClusterView:
         ):
             log.warning("node %s: %s; its GPUs are not offered", name, info.inventory_error)
         self.nodes[name] = info
-        self.topology_version += 1
+        if previous is None:
+            self.topology_version += 1
+        else:
+            self.dirty_nodes.add(name)
 
     # ------------------------------------------------------------------ list + watch
     async def run(self) -> None:
