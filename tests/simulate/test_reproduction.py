@@ -53,3 +53,70 @@ def test_random_is_within_half_a_point_of_the_published_mean_over_ten_seeds(open
     ours = [run(openb, "default", "random", seed)[100] for seed in range(42, 52)]
     theirs = [published[seed][100] for seed in range(42, 52)]
     assert abs(sum(ours) / 10 - sum(theirs) / 10) <= 0.5  # type: ignore[operator]
+
+
+@pytest.mark.slow
+def test_cli_with_fixtures_reports_the_row_as_exact(openb: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kubegpu",
+            "simulate",
+            "--nodes",
+            str(openb / "openb_node_list_gpu_node.csv"),
+            "--pods",
+            str(openb / "openb_pod_list_multigpu50.csv"),
+            "--policy",
+            "bestfit",
+            "--seeds",
+            "42",
+            "--arrivals",
+            str(openb / "arrivals"),
+            "--paper",
+            str(openb / "paper_allocation_ratio.csv"),
+            "--out",
+            str(tmp_path),
+            "--no-plot",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if "05-BestFit" in line)
+    assert "1/1" in row and "+0.00" in row
+
+
+def test_cli_without_a_fixture_for_a_seed_exits_2(openb: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kubegpu",
+            "simulate",
+            "--nodes",
+            str(openb / "openb_node_list_gpu_node.csv"),
+            "--pods",
+            str(openb / "openb_pod_list_default.csv"),
+            "--seeds",
+            "7",
+            "--arrivals",
+            str(openb / "arrivals"),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "openb_pod_list_default_seed7.txt.gz: no arrival fixture for seed 7" in result.stderr
