@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -140,7 +141,11 @@ async def inspect_watch(
     """Re-render on every change (at most once per ``refresh_interval_s``) until SIGINT or
     SIGTERM; the first list failing raises ``ClusterError``."""
     # Fail like a plain inspect when the cluster cannot be read at all.
-    first = await list_cluster(connection.client, connection.server_url)
+    try:
+        first = await list_cluster(connection.client, connection.server_url)
+    except BaseException:
+        await connection.client.close()
+        raise
     state = ClusterState()
     for node in first.nodes:
         state.apply("nodes", "ADDED", node)
@@ -150,7 +155,7 @@ async def inspect_watch(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    errors: list[str] = []
+    errors: deque[str] = deque(maxlen=1)  # the latest watch failure, shown under the table
     follower = asyncio.create_task(
         follow_cluster(
             connection.client, state, server_url=connection.server_url, on_error=errors.append

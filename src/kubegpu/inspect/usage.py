@@ -52,17 +52,16 @@ _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
 def _labels(raw: str, line: str) -> dict[str, str]:
+    # Lenient on purpose (findall skips what it cannot read): a label we do not use that is
+    # malformed should not cost the whole node its usage column.
+    pairs = _LABEL.findall(raw)
+    if raw.strip() and not pairs:
+        raise UsageParseError(f"not a Prometheus metrics page (bad labels in {line[:80]!r})")
     labels: dict[str, str] = {}
-    position = 0
-    while position < len(raw):
-        match = _LABEL.match(raw, position)
-        if match is None:
-            raise UsageParseError(f"not a Prometheus metrics page (bad labels in {line[:80]!r})")
-        value = match.group(2)
+    for key, value in pairs:
         if "\\" in value:
             value = re.sub(r"\\.", lambda m: _ESCAPES.get(m.group(0), m.group(0)), value)
-        labels[match.group(1)] = value
-        position = match.end()
+        labels[key] = value
     return labels
 
 
