@@ -29,7 +29,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from kubegpu.sharing.accounting import ClusterSnapshot, NodeInfo, PodUsage, snapshot_from
 from kubegpu.sharing.annotations import INVENTORY_ANNOTATION, AnnotationError, decode_inventory
 from kubegpu.sharing.podstate import pod_uid, read_pod
-from kubegpu.sharing.resources import RequestError, ResourceNames, parse_quantity, pod_key
+from kubegpu.sharing.resources import RequestError, ResourceNames, parse_quantity
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +291,3 @@ class ClusterView:
 def _every_namespace(kind: type[Node] | type[Pod]) -> dict[str, Any]:
     # lightkube lists a namespaced kind in the client's own namespace unless told "*".
     return {"namespace": "*"} if kind is Pod else {}
-
-
-def describe_pod(pod: Mapping[str, Any]) -> str:
-    return pod_key(pod)
