@@ -249,9 +249,9 @@ def render_summary(summary: DemoSummary) -> list[str]:
     lines.extend(f"  ! {line}" for line in s.over_committed)
     if s.top_reasons:
         lines.append("top refusal reasons (pod x node):")
-        lines.extend(
-            f"  {g.count:>3} x {g.reason}  [{g.pods} pods; e.g. {g.example}]" for g in s.top_reasons
-        )
+        for g in s.top_reasons:
+            example = f"; e.g. {g.example}" if g.example != g.reason else ""
+            lines.append(f"  {g.count:>3} x {g.reason}  [{g.pods} pods{example}]")
     for pod, message in sorted(s.failures.items()):
         lines.append(f"failed {pod}: {message}")
     return lines

@@ -23,8 +23,9 @@ Deliberate reductions, documented because they change outcomes:
 A pod nobody can take gets ``PodScheduled=False`` (reason ``Unschedulable``) with kube-scheduler's
 message shape ("0/3 nodes are available: ...") built from the extender's per-node reasons, and a
 ``FailedScheduling`` Warning Event. Unschedulable pods are retried when capacity may have freed
-(a pod deleted or finished, a node added or its GPU inventory changed), at most
-``max_attempts`` times each.
+(a pod deleted or finished, a node added, its GPU inventory or allocatable changed) and, like
+kube-scheduler's periodic flush, every ``retry_interval_s`` while idle; at most
+``max_attempts`` times each, so a pod nothing can ever hold stops costing extender calls.
 """
 
 from __future__ import annotations
@@ -192,7 +193,8 @@ def fit_reasons(pod: Footprint, node: Mapping[str, Any], bound: list[Footprint])
 class SchedulerSettings:
     extender_url: str
     scheduler_name: str = DEFAULT_SCHEDULER_NAME
-    max_attempts: int = 5
+    max_attempts: int = 10
+    retry_interval_s: float = 5.0
     http_timeout_s: float = 10.0
     names: ResourceNames = field(default_factory=ResourceNames)
 
@@ -384,7 +386,12 @@ class SchedulerStandIn:
         while True:
             if not self._active:
                 self._wake.clear()
-                await self._wake.wait()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self.settings.retry_interval_s)
+                except TimeoutError:
+                    # Like kube-scheduler's periodic flush of its unschedulable queue: covers a
+                    # freed card the extender had not seen yet when the event retry ran.
+                    self._retry_unschedulable("periodic retry")
                 continue
             uid = next(iter(self._active))
             del self._active[uid]

@@ -1,0 +1,111 @@
+"""The kubelet admission driver against a real node agent process in shared mode, the kubelet
+emulator (gRPC over unix sockets) and the fake API server (HTTP, lightkube)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import lightkube
+import pytest
+from lightkube.resources.core_v1 import Pod
+
+from kubegpu.kubelet.resources import card_of
+from kubegpu.sharing.resources import ResourceNames
+from kubegpu.testing.node import KubeletDriver, admission_order, device_requests
+from tests.kubelet.conftest import short_tempdir
+from tests.kubelet.sharenode import NODE, SLOT, SharedNode, ShareSpec
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def node() -> Iterator[SharedNode]:
+    root = short_tempdir()
+    shared = SharedNode(root)
+    try:
+        shared.wait_ready()
+        yield shared
+    finally:
+        shared.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def eventually(check: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def status(node: SharedNode, name: str) -> dict[str, Any]:
+    pod = node.api.store.get("pods", "default", name)
+    return (pod or {}).get("status") or {}
+
+
+async def test_admits_a_decided_share_fails_an_undecided_one_and_releases_on_delete(
+    node: SharedNode,
+) -> None:
+    client = lightkube.AsyncClient(node.api.kubeconfig(), trust_env=False)
+    driver = KubeletDriver(client, NODE, node.kubelet)
+    task = asyncio.create_task(driver.run())
+    try:
+        uid = node.add_shared_pod("decided", 2, [ShareSpec("main", 300, 4000)])
+        rogue = node.add_shared_pod("rogue", None, [ShareSpec("main", 100, 1000)], decide=False)
+        await eventually(lambda: status(node, "decided").get("phase") == "Running", "Running")
+        await eventually(lambda: status(node, "rogue").get("phase") == "Failed", "Failed")
+
+        running = status(node, "decided")
+        assert {c["type"] for c in running["conditions"]} >= {"Ready", "PodScheduled"}
+        (allocation,) = [a for a in node.kubelet.allocations() if a.pod_uid == uid]
+        assert allocation.resource_name == SLOT
+        assert card_of(allocation.device_ids[0]) == node.card(2).uuid
+        assert allocation.envs["KUBEGPU_GPU_MEMORY_LIMIT_MIB"] == "4000"
+
+        failed = status(node, "rogue")
+        assert failed["reason"] == "UnexpectedAdmissionError"
+        assert failed["message"].startswith("Pod was rejected: Allocate failed due to ")
+        assert "no pending pod has a kubegpu decision" in failed["message"]
+        assert not [a for a in node.kubelet.allocations() if a.pod_uid == rogue]
+
+        # The kubelet reports device-plugin resources on its Node.
+        def reported() -> bool:
+            stored = node.api.store.get("nodes", None, NODE) or {}
+            return SLOT in (stored.get("status") or {}).get("allocatable", {})
+
+        await eventually(reported, "allocatable published")
+
+        await client.delete(Pod, "decided", namespace="default")
+        await eventually(
+            lambda: not [a for a in node.kubelet.allocations() if a.pod_uid == uid], "released"
+        )
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.close()
+
+
+def test_containers_are_admitted_init_first_and_pods_oldest_first() -> None:
+    names = ResourceNames()
+    pod = {
+        "metadata": {"name": "p", "uid": "u", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {
+            "initContainers": [
+                {"name": "init", "resources": {"limits": {names.whole_gpu: "1"}}},
+            ],
+            "containers": [
+                {"name": "cpu-only", "resources": {"requests": {"cpu": "1"}}},
+                {"name": "app", "resources": {"limits": {names.whole_gpu: "2"}}},
+            ],
+        },
+    }
+    assert device_requests(pod, names) == [
+        ("init", True, names.whole_gpu, 1),
+        ("app", False, names.whole_gpu, 2),
+    ]
+    older = {"metadata": {"uid": "z", "creationTimestamp": "2025-12-31T23:59:59Z"}}
+    assert sorted([pod, older], key=admission_order)[0] is older
