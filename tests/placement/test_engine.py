@@ -121,3 +121,14 @@ def test_one_shot_helpers_agree_with_a_long_lived_engine() -> None:
     assert score_nodes(cluster(), pod, "kubegpu", WORKLOAD) == eng.score(pod)
     assert filter_nodes(cluster(), pod) == eng.filter(pod)
     assert pick_gpus(cluster()[0], pod, "kubegpu", WORKLOAD) == eng.pick_gpus("node-a", pod)
+
+
+def test_update_node_replaces_a_rows_free_resources_in_place() -> None:
+    eng = PlacementEngine(cluster(), "kubegpu", WORKLOAD)
+    fresh = cluster()[1].with_allocation(PodRequest(4000, 1024, 1, 700), (0,))
+    eng.update_node(fresh)
+    assert eng.node_state("node-b").gpus == fresh.gpus
+    assert eng.node_state("node-b").affinity_counts == {"share-gpu": 1}
+    assert "node-b" not in eng.score(PodRequest(1000, 0, 1, 500))
+    with pytest.raises(ValueError, match="rebuild"):
+        eng.update_node(NodeState("node-b", 32_000, 32_000, 1, "T4", fresh.gpus))

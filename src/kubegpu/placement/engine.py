@@ -588,6 +588,25 @@ class PlacementEngine:
         i = self.row_of(node)
         self.release_row(i, pod, tuple(self.card_index[i].index(g) for g in gpu_indices))
 
+    def update_node(self, state: NodeState) -> None:
+        """Overwrite one node's free resources from a fresh value (e.g. the extender's view
+        after a watch event). The node must keep its cards, model and CPU capacity; for a
+        changed node build a new engine."""
+        i = self.row_of(state.name)
+        gpus = sorted(state.gpus, key=lambda g: g.index)
+        if tuple(g.index for g in gpus) != self.card_index[i] or state.gpu_model != self.models[i]:
+            raise ValueError(f"node {state.name}: cards or model changed; rebuild the engine")
+        if state.cpu_capacity_milli != int(self.cpu_capacity[i]):
+            raise ValueError(f"node {state.name}: CPU capacity changed; rebuild the engine")
+        self.cpu_free[i] = state.cpu_free_milli
+        self.memory_free[i] = state.memory_free_mib
+        for j, gpu in enumerate(gpus):
+            self.card_free[i, j] = gpu.free_milli
+            mem = gpu.free_memory_mib
+            self.card_memory[i, j] = _UNTRACKED_MEMORY if mem is None else mem
+        self.affinity[i] = dict(state.affinity_counts)
+        self._refresh_row(i)
+
     @property
     def gpu_used_milli(self) -> int:
         return int(self.gpu_count.sum()) * MILLI_PER_GPU - int(self.gpu_free_total.sum())
