@@ -93,8 +93,8 @@ class DemoProcess:
         self._reader.join(timeout=5)
         return code
 
-    def interrupt(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
+    def interrupt(self, signum: int = signal.SIGINT) -> None:
+        self.proc.send_signal(signum)
 
     def child_pids(self) -> dict[int, str]:
         pids: dict[int, str] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,21 @@ def test_ctrl_c_in_the_middle_of_the_replay_stops_everything(
     assert demo.wait(60) == 130, demo.output
     assert "interrupted (SIGINT)" in demo.output
     assert_nothing_left(demo, work_dir, nodes=2)
+
+
+def test_sigterm_while_the_node_agents_start_stops_everything_started_so_far(
+    work_dir: Path, demo_process: type[DemoProcess]
+) -> None:
+    demo = demo_process(work_dir, "--nodes", "3", "--pods", "10")
+    demo.wait_for_output("node gpu-node-1 (")
+    demo.interrupt(signal.SIGTERM)
+    assert demo.wait(60) == 130, demo.output
+    assert "interrupted (SIGTERM)" in demo.output
+    pids = demo.child_pids()
+    assert {"fake-apiserver", "extender", "node-agent-gpu-node-0"} <= set(pids.values())
+    assert alive_kubegpu_processes(pids) == []
+    assert sockets_under(work_dir) == []
+    assert list(work_dir.iterdir()) == []
 
 
 def test_a_component_that_fails_to_start_is_named_with_its_log(

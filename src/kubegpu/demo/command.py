@@ -30,16 +30,23 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any, cast
 
 import click
 import lightkube
 import yaml
+from lightkube.config.kubeconfig import KubeConfig
 from lightkube.resources.core_v1 import Node, NodeStatus, Pod
 from lightkube.types import PatchType
 
-from kubegpu.demo.processes import Child, ComponentError, Supervisor, kubegpu_command
+from kubegpu.demo.processes import (
+    Child,
+    ComponentError,
+    Interrupted,
+    InterruptGuard,
+    Supervisor,
+    kubegpu_command,
+)
 from kubegpu.demo.scenario import (
     DEMO_LABEL,
     DEMO_NAMESPACE,
@@ -89,10 +96,6 @@ sharing:
 
 class DemoError(Exception):
     """The demo cannot go on; the message says which component and why."""
-
-
-class Interrupted(Exception):
-    """Ctrl-C or SIGTERM."""
 
 
 @dataclass(frozen=True)
@@ -184,13 +187,14 @@ def start_api_server(run: DemoRun) -> None:
     _echo(f"  listening on {run.api_url}, kubeconfig {kubeconfig}")
 
 
-def client_for(run: DemoRun) -> lightkube.Client:
-    from lightkube.config.kubeconfig import KubeConfig
-
+def kube_config(run: DemoRun) -> KubeConfig:
+    # From the parsed text: lightkube's from_file leaves the file handle open.
     assert run.kubeconfig is not None
-    return lightkube.Client(
-        KubeConfig.from_file(str(run.kubeconfig)), field_manager="kubegpu-demo", trust_env=False
-    )
+    return KubeConfig.from_dict(yaml.safe_load(run.kubeconfig.read_text()))
+
+
+def client_for(run: DemoRun) -> lightkube.Client:
+    return lightkube.Client(kube_config(run), field_manager="kubegpu-demo", trust_env=False)
 
 
 def register_nodes(run: DemoRun, client: lightkube.Client) -> None:
@@ -208,7 +212,7 @@ def register_nodes(run: DemoRun, client: lightkube.Client) -> None:
         )
 
 
-def start_extender(run: DemoRun) -> None:
+def start_extender(run: DemoRun) -> Child:
     assert run.kubeconfig is not None
     child = run.supervisor.start(
         "extender",
@@ -238,6 +242,7 @@ def start_extender(run: DemoRun) -> None:
         child, lambda: _http_ok(f"{run.extender_url}/readyz"), "ready (/readyz)", START_TIMEOUT_S
     )
     _echo(f"  serving filter/prioritize/bind on {run.extender_url}")
+    return child
 
 
 def _no_proxy() -> dict[str, str]:
@@ -258,14 +263,15 @@ def _http_ok(url: str) -> bool:
 
 def start_nodes(run: DemoRun) -> None:
     assert run.kubeconfig is not None
-    for i, node in enumerate(run.nodes):
+    for node in run.nodes:
         d = node.directory
         d.mkdir(parents=True)
         (d / "gpus.yaml").write_text(node_gpu_spec(node.spec))
         (d / "agent.yaml").write_text(
             AGENT_CONFIG.format(slots=run.options.slots_per_card, pod_resources=d / "pr.sock")
         )
-        node.emulator.start()
+        with run.supervisor.guard.critical():  # a started emulator is one run.close() stops
+            node.emulator.start()
         node.agent = run.supervisor.start(
             f"node-agent-{node.spec.name}",
             kubegpu_command(
@@ -292,7 +298,6 @@ def start_nodes(run: DemoRun) -> None:
             f"node {node.spec.name} ({node.spec.preset}): node agent pid {node.agent.pid}, "
             f"kubelet emulator on {node.emulator.kubelet_socket}"
         )
-        del i
 
 
 def wait_for_nodes(run: DemoRun, client: lightkube.Client) -> None:
@@ -393,10 +398,7 @@ async def replay(
 ) -> None:
     """Run the scheduler and the kubelets, submit ``pods``, wait until they settle, hand the
     inspect table and summary to ``report``; with keep-running, go on until ``stop``."""
-    from kubegpu.kube.client import async_client
-
-    assert run.kubeconfig is not None
-    client = async_client(run.kubeconfig, trust_env=False, field_manager="kubegpu-demo")
+    client = lightkube.AsyncClient(kube_config(run), field_manager="kubegpu-demo", trust_env=False)
     scheduler = SchedulerStandIn(
         client, SchedulerSettings(run.extender_url, scheduler_name=DEFAULT_SCHEDULER_NAME)
     )
@@ -522,26 +524,14 @@ def load_pods(options: DemoOptions) -> tuple[list[DemoPod], str]:
     return take(builtin_pods(), options.pods), "built-in scenario"
 
 
-@contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise Interrupted(signal.Signals(signum).name)
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
 def run_demo(options: DemoOptions) -> int:
     pods, source = load_pods(options)
     if options.pid_file is not None:
         options.pid_file.write_text("")
     root = Path(tempfile.mkdtemp(prefix="kgd-", dir=options.work_dir))
     (root / "logs").mkdir()
-    run = DemoRun(options, root, Supervisor(root / "logs", options.pid_file))
+    guard = InterruptGuard()
+    run = DemoRun(options, root, Supervisor(root / "logs", options.pid_file, guard))
     run.nodes = [
         NodeRuntime(
             spec,
@@ -572,21 +562,21 @@ def run_demo(options: DemoOptions) -> int:
             options.summary_json.write_text(json.dumps(doc, indent=2))
         reported.append(summary)
 
+    guard.install()  # from here to the report, Ctrl-C / SIGTERM end the run cleanly
     try:
-        with _signals_interrupt():
-            started = time.monotonic()
-            start_api_server(run)
-            client = client_for(run)
-            try:
-                register_nodes(run, client)
-                start_extender(run)
-                start_nodes(run)
-                wait_for_nodes(run, client)
-            finally:
-                client.close()
-            wait_for_extender_view(run, run.supervisor.children[1])
-            _echo(f"cluster up in {time.monotonic() - started:.1f} s")
-            _run_async(run, pods, report, lambda: bool(reported))
+        started = time.monotonic()
+        start_api_server(run)
+        client = client_for(run)
+        try:
+            register_nodes(run, client)
+            extender = start_extender(run)
+            start_nodes(run)
+            wait_for_nodes(run, client)
+        finally:
+            client.close()
+        wait_for_extender_view(run, extender)
+        _echo(f"cluster up in {time.monotonic() - started:.1f} s")
+        _run_async(run, pods, report, lambda: bool(reported))
     except Interrupted as exc:
         _echo(f"interrupted ({exc}); cleaning up")
         code = 0 if options.keep_running and reported else 130
@@ -595,6 +585,7 @@ def run_demo(options: DemoOptions) -> int:
         code = 1
     finally:
         # A second Ctrl-C must not cut the clean-up short (it is bounded anyway).
+        guard.restore()
         previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             leftovers = run.close()

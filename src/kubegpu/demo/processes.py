@@ -16,10 +16,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from types import FrameType
+from typing import IO, Any
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,48 @@ STOP_GRACE_S = 10.0
 
 class ComponentError(Exception):
     """A component did not come up; the message names it and ends with its log tail."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM arrived; the argument is the signal's name."""
+
+
+class InterruptGuard:
+    """SIGINT/SIGTERM raise :class:`Interrupted`, except inside :meth:`critical`, where the
+    signal is held until the section ends: a signal landing between fork and the bookkeeping
+    of a new child would otherwise leave that child unknown, and so never stopped."""
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._pending: str | None = None
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self._depth:
+            self._pending = self._pending or name
+            return
+        raise Interrupted(name)
+
+    @contextlib.contextmanager
+    def critical(self) -> Iterator[None]:
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+        if not self._depth and self._pending is not None:
+            name, self._pending = self._pending, None
+            raise Interrupted(name)
 
 
 @dataclass
@@ -61,31 +104,35 @@ def kubegpu_command(*args: str, log_level: str = "info") -> list[str]:
 class Supervisor:
     """Owns every child it started; :meth:`stop_all` is safe to call more than once."""
 
-    def __init__(self, log_dir: Path, pid_file: Path | None = None) -> None:
+    def __init__(
+        self, log_dir: Path, pid_file: Path | None = None, guard: InterruptGuard | None = None
+    ) -> None:
         self.log_dir = log_dir
         self.pid_file = pid_file
+        self.guard = guard or InterruptGuard()
         self.children: list[Child] = []
 
     def start(self, name: str, command: Sequence[str], env: dict[str, str] | None = None) -> Child:
         log_path = self.log_dir / f"{name}.log"
-        log_file = log_path.open("wb")
-        try:
-            process = subprocess.Popen(
-                list(command),
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, **(env or {})},
-            )
-        except OSError as exc:
-            log_file.close()
-            raise ComponentError(f"{name}: cannot start {command[0]}: {exc}") from None
-        child = Child(name, process, log_path, log_file)
-        self.children.append(child)
-        if self.pid_file is not None:
-            with self.pid_file.open("a", encoding="utf-8") as handle:
-                handle.write(f"{process.pid} {name}\n")
+        with self.guard.critical():
+            log_file = log_path.open("wb")
+            try:
+                process = subprocess.Popen(
+                    list(command),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env={**os.environ, **(env or {})},
+                )
+            except OSError as exc:
+                log_file.close()
+                raise ComponentError(f"{name}: cannot start {command[0]}: {exc}") from None
+            child = Child(name, process, log_path, log_file)
+            self.children.append(child)
+            if self.pid_file is not None:
+                with self.pid_file.open("a", encoding="utf-8") as handle:
+                    handle.write(f"{process.pid} {name}\n")
         log.info("started %s (pid %d)", name, process.pid)
         return child
 
