@@ -125,6 +125,27 @@ def test_node_filter_shows_only_that_node(kubeconfig: Path) -> None:
     assert [w["kind"] for w in doc["warnings"]] == ["overcommitted-card"]
 
 
+def test_a_node_filter_lists_only_that_nodes_objects_with_the_same_result(
+    apiserver: ServerThread, kubeconfig: Path
+) -> None:
+    whole = inspect_json(kubeconfig)
+    apiserver.server.request_log.clear()
+    narrow = inspect_json(kubeconfig, "--node", "a100")
+    selectors = sorted(
+        (r.resource, r.params.get("fieldSelector", ""))
+        for r in apiserver.server.request_log
+        if r.verb == "list"
+    )
+    assert selectors == [
+        ("nodes", "metadata.name=a100"),
+        ("pods", "spec.nodeName="),
+        ("pods", "spec.nodeName=a100"),
+    ]
+    assert narrow["nodes"] == [by_name(whole["nodes"], "a100")]
+    # The decided pod still waiting for its binding is found through the unbound list.
+    assert [p["name"] for p in narrow["pending"]] == ["binding"]
+
+
 def test_namespace_filter_shows_only_that_namespaces_pods(kubeconfig: Path) -> None:
     doc = inspect_json(kubeconfig, "-n", "web")
     listed = [p["namespace"] for n in doc["nodes"] for c in n["cards"] for p in c["pods"]] + [

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,13 +183,35 @@ class ClusterListing:
     pods_version: str = ""
 
 
-async def list_cluster(client: lightkube.AsyncClient, server_url: str = "") -> ClusterListing:
-    """Every Node and every Pod (all namespaces) as JSON; raises :class:`ClusterError`."""
+async def list_cluster(
+    client: lightkube.AsyncClient, server_url: str = "", nodes: Collection[str] = ()
+) -> ClusterListing:
+    """Every Node and every Pod (all namespaces) as JSON; raises :class:`ClusterError`.
+
+    With ``nodes``, only those Nodes, the Pods bound to them and the Pods not bound yet
+    (a decided pod waiting for its binding names its node only in its annotation) are listed,
+    through field selectors, so inspecting one node of a large cluster moves a few objects,
+    not the cluster."""
     try:
-        node_list = client.list(RawNode)
-        pod_list = client.list(RawPod, namespace="*")
-        nodes, pods = await asyncio.gather(_collect(node_list), _collect(pod_list))
-        return ClusterListing(nodes, pods, node_list.resourceVersion, pod_list.resourceVersion)
+        if not nodes:
+            node_list = client.list(RawNode)
+            pod_list = client.list(RawPod, namespace="*")
+            found_nodes, found_pods = await asyncio.gather(_collect(node_list), _collect(pod_list))
+            return ClusterListing(
+                found_nodes, found_pods, node_list.resourceVersion, pod_list.resourceVersion
+            )
+        wanted = sorted(set(nodes))
+        node_lists = [client.list(RawNode, fields={"metadata.name": n}) for n in wanted]
+        pod_lists = [
+            client.list(RawPod, namespace="*", fields={"spec.nodeName": n}) for n in [*wanted, ""]
+        ]
+        parts = await asyncio.gather(*(_collect(x) for x in [*node_lists, *pod_lists]))
+        found_nodes = [n for part in parts[: len(node_lists)] for n in part]
+        by_uid: dict[str, dict[str, Any]] = {}
+        for part in parts[len(node_lists) :]:
+            for pod in part:
+                by_uid[str((pod.get("metadata") or {}).get("uid") or id(pod))] = pod
+        return ClusterListing(found_nodes, list(by_uid.values()))
     except _FAILURES as exc:
         raise ClusterError(describe_failure(server_url, exc)) from exc
 

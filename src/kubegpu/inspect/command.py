@@ -112,7 +112,9 @@ async def build_cluster_report(
 async def inspect_once(connection: Connection, options: InspectOptions) -> InspectReport:
     """List the cluster once and build its report; raises ``ClusterError``."""
     try:
-        listing = await list_cluster(connection.client, connection.server_url)
+        listing = await list_cluster(
+            connection.client, connection.server_url, options.filters.nodes
+        )
     finally:
         await connection.client.close()
     report, _ = await build_cluster_report(listing.nodes, listing.pods, options)
