@@ -14,6 +14,7 @@ annotations, 2 to 4 per card), 40 % whole-GPU pods with a decision (1 or 2 cards
 * **inspect -o json, in process**: :func:`kubegpu.inspect.command.inspect_once` — kubeconfig
   resolved, Nodes and Pods listed over HTTP (lightkube, JSON decoding), report built, JSON
   document encoded — i.e. the command without Python start-up. p50 and min of ``--runs``.
+* **--node, one node**: the same with ``--node`` naming one node (field-selector lists).
 * the same split into **list over HTTP**, **build report**, **encode JSON**, **render table**
   (the plain-text table, as a string).
 * **kubegpu inspect -o json, new process**: the installed command as a user runs it, Python
@@ -54,7 +55,7 @@ from prometheus_client.registry import Collector
 
 from kubegpu.inspect.cluster import list_cluster, make_client
 from kubegpu.inspect.command import InspectOptions, build_cluster_report, inspect_once
-from kubegpu.inspect.model import ReadCache, build_report
+from kubegpu.inspect.model import Filters, ReadCache, build_report
 from kubegpu.inspect.render import render_text, report_to_json
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
@@ -299,7 +300,11 @@ def main() -> None:
             report = asyncio.run(inspect_once(make_client(kubeconfig), options))
             return json.dumps(report_to_json(report))
 
+        one_node = InspectOptions(
+            output="json", usage=False, filters=Filters(nodes=(f"gpu-{args.nodes // 2:05d}",))
+        )
         encoded = once(off)  # warm-up (imports, first connection)
+        results["in_process_json_one_node"] = summary(timed(args.runs, lambda: once(one_node)))
         results["json_bytes"] = len(encoded)
         results["in_process_json"] = summary(timed(args.runs, lambda: once(off)))
 
@@ -390,6 +395,7 @@ def main() -> None:
     )
     for key in (
         "in_process_json",
+        "in_process_json_one_node",
         "list_over_http",
         "build_report",
         "encode_json",
