@@ -17,6 +17,9 @@ cards are partly used and node states differ. Then, for ``--requests`` pods of m
 * **latency**: one client, one decision at a time: ``POST /filter`` with every node name
   (``percentageOfNodesToScore: 100``), then ``POST /prioritize`` with the nodes that passed;
   p50/p99 of each verb and of the pair, measured at the client (includes HTTP and JSON).
+* **extender CPU per pair**: the extender process's user+system CPU time over the latency
+  phase divided by the pairs served (from ``/proc/<pid>/stat``): what a decision costs the
+  extender, independent of what else the machine runs.
 * **throughput**: ``--concurrency`` clients doing the same pairs: completed pairs per second.
 
 The openb cluster comes from ``openb_node_list_gpu_node.csv`` (columns sn, cpu_milli,
@@ -73,8 +76,9 @@ MEMORY, COMPUTE, SLOT, WHOLE = (
 )
 
 
-def node_object(name: str, cpu_milli: int, memory_mib: int, cards: int, model: str,
-                card_mib: int) -> dict[str, Any]:
+def node_object(
+    name: str, cpu_milli: int, memory_mib: int, cards: int, model: str, card_mib: int
+) -> dict[str, Any]:
     inventory = NodeGpuInventory(
         tuple(GpuRecord(f"GPU-{name}-{i}", i, model, card_mib) for i in range(cards))
     )
@@ -107,8 +111,11 @@ def synthetic_nodes(count: int, rng: random.Random) -> list[dict[str, Any]]:
     out = []
     for i in range(count):
         model, card_mib = SYNTHETIC_MODELS[i % len(SYNTHETIC_MODELS)]
-        out.append(node_object(f"syn-{i:05d}", rng.choice([64000, 96000, 128000]),
-                               524288, 8, model, card_mib))
+        out.append(
+            node_object(
+                f"syn-{i:05d}", rng.choice([64000, 96000, 128000]), 524288, 8, model, card_mib
+            )
+        )
     return out
 
 
@@ -116,8 +123,11 @@ def random_pod(name: str, rng: random.Random) -> dict[str, Any]:
     roll = rng.random()
     requests = {"cpu": f"{rng.choice([500, 1000, 2000, 4000])}m", "memory": "2Gi"}
     if roll < 0.6:
-        limits = {MEMORY: str(rng.randint(1, 20) * 1024),
-                  COMPUTE: str(rng.choice([100, 200, 300, 500])), SLOT: "1"}
+        limits = {
+            MEMORY: str(rng.randint(1, 20) * 1024),
+            COMPUTE: str(rng.choice([100, 200, 300, 500])),
+            SLOT: "1",
+        }
     elif roll < 0.9:
         limits = {WHOLE: "1"}
     else:
@@ -146,18 +156,21 @@ async def wait_ready(http: aiohttp.ClientSession, url: str, timeout_s: float = 1
     raise RuntimeError("extender never became ready")
 
 
-async def decide(http: aiohttp.ClientSession, url: str, pod: dict[str, Any],
-                 names: list[str]) -> tuple[float, float, list[dict[str, Any]]]:
+async def decide(
+    http: aiohttp.ClientSession, url: str, pod: dict[str, Any], names: list[str]
+) -> tuple[float, float, list[dict[str, Any]]]:
     start = time.perf_counter()
-    async with http.post(f"{url}/filter",
-                         json={"Pod": pod, "Nodes": None, "NodeNames": names}) as response:
+    async with http.post(
+        f"{url}/filter", json={"Pod": pod, "Nodes": None, "NodeNames": names}
+    ) as response:
         filtered = await response.json()
     middle = time.perf_counter()
     passed = filtered["NodeNames"]
     scores: list[dict[str, Any]] = []
     if len(passed) > 1:  # kube-scheduler skips prioritize with one feasible node
-        async with http.post(f"{url}/prioritize",
-                             json={"Pod": pod, "Nodes": None, "NodeNames": passed}) as response:
+        async with http.post(
+            f"{url}/prioritize", json={"Pod": pod, "Nodes": None, "NodeNames": passed}
+        ) as response:
             scores = await response.json()
     elif passed:
         scores = [{"Host": passed[0], "Score": 10}]
@@ -165,8 +178,15 @@ async def decide(http: aiohttp.ClientSession, url: str, pod: dict[str, Any],
     return middle - start, end - middle, scores
 
 
-async def drive(url: str, api: ServerThread, names: list[str], args: argparse.Namespace,
-                seed: int) -> dict[str, Any]:
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def drive(
+    url: str, api: ServerThread, names: list[str], args: argparse.Namespace, seed: int, pid: int
+) -> dict[str, Any]:
     rng = random.Random(seed)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http:
         await wait_ready(http, url)
@@ -178,17 +198,25 @@ async def drive(url: str, api: ServerThread, names: list[str], args: argparse.Na
             if not scores:
                 continue
             best = max(scores, key=lambda s: s["Score"])["Host"]
-            async with http.post(f"{url}/bind", json={
-                "PodName": pod["metadata"]["name"], "PodNamespace": "default",
-                "PodUID": pod["metadata"]["uid"], "Node": best}) as response:
+            async with http.post(
+                f"{url}/bind",
+                json={
+                    "PodName": pod["metadata"]["name"],
+                    "PodNamespace": "default",
+                    "PodUID": pod["metadata"]["uid"],
+                    "Node": best,
+                },
+            ) as response:
                 bound += (await response.json())["Error"] == ""
         pods = [random_pod(f"bench-{i}", rng) for i in range(args.requests)]
         filter_s, prioritize_s, pair_s = [], [], []
+        cpu_before = process_cpu_s(pid)
         for pod in pods:
             f, p, _ = await decide(http, url, pod, names)
             filter_s.append(f)
             prioritize_s.append(p)
             pair_s.append(f + p)
+        cpu_per_pair_ms = (process_cpu_s(pid) - cpu_before) / len(pods) * 1000
         queue = list(pods)
 
         async def worker() -> int:
@@ -207,6 +235,7 @@ async def drive(url: str, api: ServerThread, names: list[str], args: argparse.Na
         "filter_ms": _pcts(filter_s),
         "prioritize_ms": _pcts(prioritize_s),
         "pair_ms": _pcts(pair_s),
+        "extender_cpu_ms_per_pair": round(cpu_per_pair_ms, 2),
         "decisions_per_s": round(done / elapsed, 1),
         "concurrency": args.concurrency,
     }
@@ -221,23 +250,44 @@ def _pcts(values: list[float]) -> dict[str, float]:
     }
 
 
-def run_cluster(label: str, nodes: list[dict[str, Any]], args: argparse.Namespace,
-                seed: int) -> dict[str, Any]:
-    with FakeApiServer(history_size=100_000).run_in_thread() as api, \
-            tempfile.TemporaryDirectory() as tmp:
+def run_cluster(
+    label: str, nodes: list[dict[str, Any]], args: argparse.Namespace, seed: int
+) -> dict[str, Any]:
+    with (
+        FakeApiServer(history_size=100_000).run_in_thread() as api,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         for node in nodes:
             api.store.put("nodes", node)
         kubeconfig = api.write_kubeconfig(Path(tmp) / "kubeconfig")
         port = free_port()
         process = subprocess.Popen(
-            [sys.executable, "-m", "kubegpu", "--log-level", "warning", "extender",
-             "--kubeconfig", str(kubeconfig), "--port", str(port), "--policy", args.policy],
+            [
+                sys.executable,
+                "-m",
+                "kubegpu",
+                "--log-level",
+                "warning",
+                "extender",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--port",
+                str(port),
+                "--policy",
+                args.policy,
+            ],
             env={**os.environ, "NO_PROXY": "*"},
         )
         try:
             result = asyncio.run(
-                drive(f"http://127.0.0.1:{port}", api, [n["metadata"]["name"] for n in nodes],
-                      args, seed)
+                drive(
+                    f"http://127.0.0.1:{port}",
+                    api,
+                    [n["metadata"]["name"] for n in nodes],
+                    args,
+                    seed,
+                    process.pid,
+                )
             )
         finally:
             process.terminate()
@@ -277,6 +327,7 @@ def main() -> None:
             f"filter p50/p99 {r['filter_ms']['p50']}/{r['filter_ms']['p99']} ms  "
             f"prioritize {r['prioritize_ms']['p50']}/{r['prioritize_ms']['p99']} ms  "
             f"pair {r['pair_ms']['p50']}/{r['pair_ms']['p99']} ms  "
+            f"extender CPU {r['extender_cpu_ms_per_pair']} ms/pair  "
             f"{r['decisions_per_s']} decisions/s (x{r['concurrency']})  "
             f"warm-up bound {r['warmup_bound']}"
         )

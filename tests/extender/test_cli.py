@@ -13,8 +13,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from kubegpu.testing.apiserver import FakeApiServer
 from tests.extender.cluster import gpu_node
+
+pytestmark = pytest.mark.slow
 
 
 def free_port() -> int:

@@ -10,6 +10,8 @@ import random
 from collections import defaultdict
 from typing import Any
 
+import pytest
+
 from kubegpu.extender.service import ExtenderService
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
@@ -26,6 +28,8 @@ from tests.extender.cluster import (
     shared_pod,
     whole_pod,
 )
+
+pytestmark = pytest.mark.slow
 
 NODES = [f"node-{i}" for i in range(10)]
 PODS = 1000

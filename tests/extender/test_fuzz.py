@@ -21,6 +21,8 @@ from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, INVENTORY_ANNOTAT
 from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node
 from tests.extender.cluster import COMPUTE, MEMORY, SLOT, WHOLE, gpu_node, whole_pod
 
+pytestmark = pytest.mark.slow
+
 KNOWN = ["node-0", "node-1", "node-2", "bad-inventory", "no-inventory"]
 
 
