@@ -150,3 +150,7 @@ def test_summary_counts_cards_and_packing_and_flags_an_over_committed_card() -> 
 def test_reason_templates_drop_the_node_and_the_numbers() -> None:
     assert reason_template("gpu-node-1: needs 2 whole GPUs, 1 free") == "needs N whole GPUs, N free"
     assert reason_template("Insufficient cpu") == "Insufficient cpu"
+    assert (
+        reason_template("n: GPU models NVIDIA A100-SXM4-80GB, pod allows Tesla T4")
+        == "GPU models NVIDIA A100-SXM4-80GB, pod allows Tesla T4"
+    )

@@ -393,7 +393,7 @@ def count(pods: list[dict[str, Any]], outcomes: dict[str, Outcome]) -> Progress:
 async def replay(
     run: DemoRun,
     pods: list[DemoPod],
-    report: Callable[[DemoSummary, str], None],
+    report: Callable[[DemoSummary, str, list[str]], None],
     stop: asyncio.Event,
 ) -> None:
     """Run the scheduler and the kubelets, submit ``pods``, wait until they settle, hand the
@@ -412,7 +412,7 @@ async def replay(
         await asyncio.wait_for(scheduler.synced.wait(), START_TIMEOUT_S)
         await _wait_for_capacity(run, scheduler)
         summary, table = await _submit_and_wait(run, client, scheduler, pods, tasks)
-        report(summary, table)
+        report(summary, table, allocation_examples(summary, drivers))
         if run.options.keep_running:
             _echo("")
             _echo("the cluster keeps running; from another terminal:")
@@ -425,6 +425,27 @@ async def replay(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await client.close()
+
+
+def allocation_examples(summary: DemoSummary, drivers: list[KubeletDriver]) -> list[str]:
+    """The environment of the first running shared pod and the first whole-GPU pod."""
+    envs = {pod: env for d in drivers for pod, env in d.container_env.items()}
+    lines = []
+    for shared in (True, False):
+        pod = next(
+            (
+                key
+                for key, place in summary.placements.items()
+                if place["phase"] == "Running" and place["shared"] is shared and key in envs
+            ),
+            None,
+        )
+        if pod is None:
+            continue
+        for container, env in envs[pod].items():
+            shown = " ".join(f"{k}={v}" for k, v in sorted(env.items()))
+            lines.append(f"{pod} ({container}): {shown}")
+    return lines
 
 
 async def _wait_for_capacity(run: DemoRun, scheduler: SchedulerStandIn) -> None:
@@ -549,11 +570,16 @@ def run_demo(options: DemoOptions) -> int:
     code = 0
     reported: list[DemoSummary] = []
 
-    def report(summary: DemoSummary, table: str) -> None:
+    def report(summary: DemoSummary, table: str, examples: list[str]) -> None:
         _echo("")
         _echo("kubectl gpu inspect:")
         click.echo(table, nl=False)
         _echo("")
+        if examples:
+            _echo("what the node agents' Allocate told two of the containers:")
+            for line in examples:
+                _echo(f"  {line}")
+            _echo("")
         _echo("summary:")
         for line in render_summary(summary):
             _echo(f"  {line}")
@@ -601,7 +627,7 @@ def run_demo(options: DemoOptions) -> int:
 def _run_async(
     run: DemoRun,
     pods: list[DemoPod],
-    report: Callable[[DemoSummary, str], None],
+    report: Callable[[DemoSummary, str, list[str]], None],
     reported: Callable[[], bool],
 ) -> None:
     """The asyncio part. SIGINT/SIGTERM cancel it, except once the summary is out under

@@ -20,7 +20,7 @@ from kubegpu.sharing.annotations import (
 )
 from kubegpu.sharing.podstate import TERMINAL_PHASES, read_decision
 
-_NUMBER = re.compile(r"\d+")
+_NUMBER = re.compile(r"\b\d+\b")  # whole numbers only: model names keep theirs
 
 
 @dataclass(frozen=True)

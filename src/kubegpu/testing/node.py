@@ -83,6 +83,8 @@ class KubeletDriver:
         self.pod_ip_prefix = pod_ip_prefix
         self.admitted: dict[str, str] = {}  # uid -> pod
         self.rejected: dict[str, str] = {}  # uid -> message
+        # "namespace/name" -> container -> the environment the node agent's Allocate returned
+        self.container_env: dict[str, dict[str, Mapping[str, str]]] = {}
         self._pending: dict[str, dict[str, Any]] = {}
         self._current = ""  # uid being admitted: its watch events must not queue it again
         self._holding: set[str] = set()
@@ -162,6 +164,7 @@ class KubeletDriver:
                     namespace=str(meta.get("namespace") or "default"),
                     container=container,
                 )
+                self.container_env.setdefault(key, {})[container] = dict(allocation.envs)
                 if init:
                     pool = reusable.setdefault(resource, [])
                     pool.extend(d for d in allocation.device_ids if d not in pool)
