@@ -114,7 +114,10 @@ class SharedNode:
     def wait_ready(self) -> None:
         n = len(self.gpus)
         self.kubelet.wait_for_devices(WHOLE, lambda d: len(d) == n, timeout_s=30)
-        self.kubelet.wait_for_devices(SLOT, lambda d: len(d) > 0, timeout_s=30)
+        # Healthy ones: after a plugin dies the kubelet keeps its ids, marked Unhealthy.
+        self.kubelet.wait_for_devices(
+            SLOT, lambda d: any(s.healthy for s in d.values()), timeout_s=30
+        )
 
     def close(self) -> int:
         rc = self.plugin.stop()

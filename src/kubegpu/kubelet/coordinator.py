@@ -119,6 +119,7 @@ class SharingCoordinator:
         self.recent_whole: dict[str, float] = {}
         self.drift_count = 0
         self._problems: dict[str, str] = {}
+        self._collisions: set[str] = set()
 
     def set_plans(self, plans: Sequence[ResourcePlan]) -> None:
         self.plans = list(plans)
@@ -162,7 +163,9 @@ class SharingCoordinator:
     def _update_blocked(self) -> None:
         shares = self.share_cards()
         wholes = self.whole_cards()
-        for uuid in sorted(set(shares) & set(wholes)):
+        collisions = set(shares) & set(wholes)
+        new, self._collisions = collisions - self._collisions, collisions
+        for uuid in sorted(new):  # once per collision, not on every sync
             log.error(
                 "node %s: card %s is both shared (%s) and whole (%s); both withdrawn",
                 self.node,
