@@ -28,7 +28,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -539,6 +539,13 @@ async def _submit_and_wait(
 
 # --------------------------------------------------------------------------- orchestration
 def load_pods(options: DemoOptions) -> tuple[list[DemoPod], str]:
+    if options.trace is not None and str(options.trace) == "openb":
+        if not DEFAULT_TRACE.is_file():
+            raise ScenarioError(
+                f"--trace openb reads {DEFAULT_TRACE} (relative to this directory), which is "
+                "not there; give the pod CSV's path instead"
+            )
+        options = replace(options, trace=DEFAULT_TRACE)
     if options.trace is not None:
         count_ = options.pods if options.pods is not None else 40
         return trace_pods(options.trace, count_, options.seed), f"openb trace {options.trace}"
@@ -684,8 +691,8 @@ def _run_async(
     "--trace",
     type=click.Path(path_type=Path, dir_okay=False),
     default=None,
-    help=f"An openb pod CSV to replay a slice of (e.g. {DEFAULT_TRACE}) instead of "
-    "the built-in scenario.",
+    help=f"An openb pod CSV to replay a slice of instead of the built-in scenario; 'openb' "
+    f"means {DEFAULT_TRACE}.",
 )
 @click.option(
     "--policy",

@@ -27,11 +27,12 @@ from kubegpu.sharing.resources import GPU_MODELS_ANNOTATION, ResourceNames
 
 DEMO_NAMESPACE = "default"
 DEMO_LABEL = "kubegpu.io/demo"
-# Node presets in the order nodes are made; each with CPU and memory fitting such a machine.
+# Node presets in the order nodes are made, with CPU and memory like the openb cluster's
+# machines of that shape (its 4 x T4 nodes have 96 cores and 384 GiB, for instance).
 NODE_PRESETS: tuple[tuple[str, str, str], ...] = (
-    ("8xA100-80GB-NVLink", "128", "1Ti"),
-    ("4xT4", "32", "192Gi"),
-    ("2xV100-2xT4", "48", "256Gi"),
+    ("8xA100-80GB-NVLink", "128", "768Gi"),
+    ("4xT4", "96", "384Gi"),
+    ("2xV100-2xT4", "64", "256Gi"),
 )
 OPENB_SHARE_CARD_MIB = 16384
 _UUID_NAMESPACE = uuid.UUID("6b1f3c2e-7d4a-4f0e-9a51-0c9b8e2d4a17")

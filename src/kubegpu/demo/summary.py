@@ -57,6 +57,8 @@ class DemoSummary:
     cards_shared: int
     gpu_memory_total_mib: int
     gpu_memory_allocated_mib: int
+    shared_memory_total_mib: int  # on the cards holding shares
+    shared_memory_allocated_mib: int
     pods_submitted: int
     pods_running: int
     pods_refused: int
@@ -217,6 +219,10 @@ def summarize(
         cards_shared=sum(1 for c in uses if c.pods and not c.whole),
         gpu_memory_total_mib=sum(c.memory_mib for c in uses),
         gpu_memory_allocated_mib=sum(min(c.used_memory_mib, c.memory_mib) for c in uses),
+        shared_memory_total_mib=sum(c.memory_mib for c in uses if c.pods and not c.whole),
+        shared_memory_allocated_mib=sum(
+            min(c.used_memory_mib, c.memory_mib) for c in uses if c.pods and not c.whole
+        ),
         pods_submitted=len(pod_list),
         pods_running=running,
         pods_refused=refused,
@@ -230,6 +236,10 @@ def summarize(
     )
 
 
+def _pct(part: int, whole: int) -> float:
+    return 100.0 * part / whole if whole else 0.0
+
+
 def render_summary(summary: DemoSummary) -> list[str]:
     """Plain lines for the terminal."""
     s = summary
@@ -239,7 +249,9 @@ def render_summary(summary: DemoSummary) -> list[str]:
         f"{s.cards_whole} whole, {s.cards_shared} shared",
         f"memory packed   {s.gpu_memory_allocated_mib / 1024:.1f} of "
         f"{s.gpu_memory_total_mib / 1024:.1f} GiB GPU memory allocated "
-        f"({s.memory_packed_pct:.1f} %)",
+        f"({s.memory_packed_pct:.1f} %); on the {s.cards_shared} shared cards "
+        f"{s.shared_memory_allocated_mib / 1024:.1f} of {s.shared_memory_total_mib / 1024:.1f} GiB "
+        f"({_pct(s.shared_memory_allocated_mib, s.shared_memory_total_mib):.1f} %)",
         f"pods            {s.pods_submitted} submitted: {s.pods_running} running, "
         f"{s.pods_refused} refused by the scheduler, {s.pods_failed} failed at admission, "
         f"{s.pods_pending} pending",
