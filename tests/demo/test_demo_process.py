@@ -30,6 +30,8 @@ def assert_nothing_left(demo: DemoProcess, work_dir: Path, nodes: int) -> None:
     assert names >= COMPONENTS
     assert sum(n.startswith("node-agent-") for n in names) == nodes
     assert alive_kubegpu_processes(pids) == []
+    # Every component removed its own sockets before the demo removed its directory.
+    assert "sockets left behind" not in demo.output
     assert sockets_under(work_dir) == []
     assert list(work_dir.iterdir()) == []  # the demo's temporary directory is gone too
 
@@ -157,6 +159,7 @@ def test_sigterm_while_the_node_agents_start_stops_everything_started_so_far(
     pids = demo.child_pids()
     assert {"fake-apiserver", "extender", "node-agent-gpu-node-0"} <= set(pids.values())
     assert alive_kubegpu_processes(pids) == []
+    assert "sockets left behind" not in demo.output
     assert sockets_under(work_dir) == []
     assert list(work_dir.iterdir()) == []
 
