@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lightkube.resources.core_v1 import Node
 
 from kubegpu.kubelet.resources import card_of
 from kubegpu.sharing.annotations import (
@@ -189,6 +190,8 @@ def test_a_node_agent_crash_between_bind_and_allocate_loses_nothing(node: Shared
     node.plugin.proc.wait()
     node.plugin.stop()
     node.wait_until(lambda: not node.kubelet.is_connected(SLOT), "old stream ended")
+    # Meanwhile someone mangles the node's inventory: the restarted agent re-asserts it.
+    node.client.patch(Node, NODE, {"metadata": {"annotations": {INVENTORY_ANNOTATION: "junk"}}})
     node.plugin = node.start_plugin()
     node.wait_until(
         lambda: (
@@ -211,6 +214,14 @@ def test_a_node_agent_crash_between_bind_and_allocate_loses_nothing(node: Shared
     node.wait_verified("q", 1)
     totals = card_totals(node, ["p", "q"])
     assert totals == {uuid_of(node, 1): (500, 8000), uuid_of(node, 3): (900, 12000)}
+
+    def published() -> str:
+        raw = node.api.store.get("nodes", None, NODE) or {}
+        return str((raw.get("metadata", {}).get("annotations") or {}).get(INVENTORY_ANNOTATION))
+
+    node.wait_until(lambda: published() != "junk", "inventory re-asserted")
+    text = published()
+    assert len(decode_inventory(text).gpus) == 4
 
 
 def test_whole_gpus_and_shares_never_meet_on_one_card(node: SharedNode) -> None:
