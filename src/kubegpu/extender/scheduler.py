@@ -11,6 +11,7 @@ can never both take the last room on a card, and no lock (node-wide or other) is
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -206,7 +207,7 @@ class GpuScheduler:
         feasible = np.zeros(len(engine.names) + 1, dtype=bool)
         feasible[engine.feasible_rows(pod)] = True
         fits = feasible[rows]
-        out.passed = [node_names[k] for k in np.flatnonzero(fits).tolist()]
+        out.passed = _pick(node_names, np.flatnonzero(fits))
         failing = np.flatnonzero(~fits)
         failing_rows = rows[failing]
         unknown = failing_rows < 0
@@ -259,7 +260,7 @@ class GpuScheduler:
         if self.spread:
             scores = 100 - scores
         scaled = (scores * MAX_EXTENDER_PRIORITY + 50) // 100
-        return list(zip([node_names[k] for k in wanted.tolist()], scaled.tolist(), strict=True))
+        return list(zip(_pick(node_names, wanted), scaled.tolist(), strict=True))
 
     def decide(self, pod: dict[str, Any], request: GpuRequest, node: str) -> AllocationDecision:
         """Choose the cards on ``node`` and reserve them in the view (undo with
@@ -328,6 +329,15 @@ class GpuScheduler:
         if best is None:
             raise Unschedulable(engine.explain(node, pod).reason or f"{node}: no card fits")
         return (best[2],)
+
+
+def _pick(names: Sequence[str], positions: npt.NDArray[np.int64]) -> list[str]:
+    """``[names[k] for k in positions]`` without a Python-level loop (thousands of nodes)."""
+    if positions.size == 0:
+        return []
+    if positions.size == 1:
+        return [names[int(positions[0])]]
+    return list(operator.itemgetter(*positions.tolist())(names))
 
 
 def _split_whole(

@@ -10,6 +10,7 @@ clears a recorded decision. Only the pod being bound is locked, never a node.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import time
@@ -189,8 +190,11 @@ class ExtenderApp:
             self.metrics.decisions.labels(
                 "filter", "schedulable" if outcome.passed else "unschedulable"
             ).inc()
-            for reason in (*outcome.failed.values(), *outcome.unresolvable.values()):
-                self.metrics.rejections.labels(reason_category(reason)).inc()
+            categories = collections.Counter(
+                map(reason_category, (*outcome.failed.values(), *outcome.unresolvable.values()))
+            )
+            for category, count in categories.items():
+                self.metrics.rejections.labels(category).inc(count)
             if not outcome.passed:
                 log.info(
                     "pod %s fits none of %d nodes: %s",
