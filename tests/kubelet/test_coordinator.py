@@ -177,3 +177,30 @@ async def test_a_conflicting_ledger_write_is_redone_on_fresh_data(
     # Every container served: a third slot on that card finds no pending pod.
     with pytest.raises(AllocationRefused, match="no pending pod has a kubegpu decision"):
         await coordinator.allocate(slot_plan, [slot_id(INVENTORY.gpus[3].uuid, 0)])
+
+
+async def test_whole_gpus_follow_the_decision_else_the_extenders_highest_index_assumption(
+    server: FakeApiServer,
+    parts: tuple[SharingCoordinator, ScriptedPodResources, HealthBoard],
+) -> None:
+    coordinator, _, _ = parts
+    whole_plan = next(p for p in coordinator.plans if not p.share_slots)
+    # Placed by another scheduler: the extender charges the highest-index free cards.
+    assert await coordinator.preferred(whole_plan, CARDS, [], 2) == (CARDS[3], CARDS[2])
+    assert await coordinator.preferred(whole_plan, CARDS[:2], [], 1) == (CARDS[1],)
+    shares = tuple(CardShare(CARDS[i], i, 1000, 15360) for i in (0, 2))
+    decision = AllocationDecision(
+        NODE, shares, (ContainerAllocation("main", False, shares),), "t", "test", False
+    )
+    whole_pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "w",
+            "namespace": "default",
+            "annotations": {ALLOCATION_ANNOTATION: encode_allocation(decision)},
+        },
+        "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "x"}]},
+    }
+    server.store.put("pods", whole_pod)
+    assert await coordinator.preferred(whole_plan, CARDS, [], 2) == (CARDS[0], CARDS[2])

@@ -215,7 +215,14 @@ class SharingCoordinator:
                 return None
             by_card = {str(card_of(i)): i for i in available if plan.lookup(i).replica is None}
             cards = preferred_whole_cards(self.pods, set(by_card), size)
-            return None if cards is None else tuple(by_card[c] for c in cards)
+            if cards is not None:
+                return tuple(by_card[c] for c in cards)
+            # No decision (placed by another scheduler): the extender assumes such a pod holds
+            # the highest-index free cards, so make that true rather than guess topology.
+            if len(by_card) < size:
+                return None
+            ordered = sorted(by_card.values(), key=lambda i: -plan.lookup(i).gpu.index)
+            return tuple(ordered[:size])
 
     async def allocate(self, plan: ResourcePlan, device_ids: Sequence[str]) -> ContainerAllocation:
         for device_id in device_ids:
