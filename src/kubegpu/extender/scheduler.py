@@ -175,13 +175,7 @@ class GpuScheduler:
             return False  # per-row constants of the engine (model masks, normalisers)
         if self._facts is not None:
             self._facts.update(i, node, info)
-        engine.cpu_free[i] = state.cpu_free_milli
-        engine.memory_free[i] = state.memory_free_mib
-        for j, gpu in enumerate(gpus):
-            engine.card_free[i, j] = gpu.free_milli
-            engine.card_memory[i, j] = gpu.free_memory_mib or 0
-        # A no-op allocation makes the engine refresh the row's derived columns.
-        engine.allocate_row(i, PodRequest(0, 0), ())
+        engine.update_node(state)
         return True
 
     # ------------------------------------------------------------------ verbs
