@@ -9,6 +9,13 @@ set by the node agent's ``Allocate``). A daemon that exits is restarted after a 
 doubling delay (reset once it has stayed up for the longest delay). Stopping asks it to
 ``quit`` the way an operator would (the same command in client mode, ``quit`` on stdin), then
 terminates it if it does not go. The command is injectable: tests run a fake daemon script.
+
+What the node must provide (not done here): the agent's container sees the GPUs and the MPS
+binaries and has ``host_dir`` mounted at the same path; MPS clients talk to the server through
+POSIX shared memory too, so sharing pods need the host IPC namespace (``hostIPC: true``) or the
+same ``/dev/shm``. Limits are per client process and cooperative at the CUDA level: a pod that
+unsets the variables escapes them, which is why ``mps`` is enforcement against mistakes, not a
+security boundary.
 """
 
 from __future__ import annotations
