@@ -556,7 +556,11 @@ def run_demo(options: DemoOptions) -> int:
     pods, source = load_pods(options)
     if options.pid_file is not None:
         options.pid_file.write_text("")
-    root = Path(tempfile.mkdtemp(prefix="kgd-", dir=options.work_dir))
+    parent = options.work_dir
+    if parent is None and len(tempfile.gettempdir()) > 40 and Path("/tmp").is_dir():
+        # Unix socket paths are limited to 107 bytes (macOS's $TMPDIR alone is ~50).
+        parent = Path("/tmp")
+    root = Path(tempfile.mkdtemp(prefix="kgd-", dir=parent))
     (root / "logs").mkdir()
     guard = InterruptGuard()
     run = DemoRun(options, root, Supervisor(root / "logs", options.pid_file, guard))
