@@ -202,6 +202,8 @@ class GpuScheduler:
         feasible[engine.feasible_rows(pod)] = True
         fits = feasible[rows]
         out.passed = _pick(node_names, np.flatnonzero(fits))
+        # kube-scheduler usually prioritizes exactly the nodes that just passed: remember them.
+        self._remember_rows(tuple(out.passed), rows[fits])
         failing = np.flatnonzero(~fits)
         failing_rows = rows[failing]
         unknown = failing_rows < 0
@@ -228,10 +230,13 @@ class GpuScheduler:
         found = self._row_cache.get(key)
         if found is None:
             found = rows_of(self._rows, key)
-            if len(self._row_cache) >= 8:
-                self._row_cache.pop(next(iter(self._row_cache)))
-            self._row_cache[key] = found
+            self._remember_rows(key, found)
         return found
+
+    def _remember_rows(self, key: tuple[str, ...], rows: npt.NDArray[np.int64]) -> None:
+        if len(self._row_cache) >= 8:
+            self._row_cache.pop(next(iter(self._row_cache)))
+        self._row_cache[key] = rows
 
     def prioritize(self, request: GpuRequest, node_names: Sequence[str]) -> list[tuple[str, int]]:
         if request.kind is RequestKind.NONE:
