@@ -4,6 +4,7 @@ the fake API server through lightkube."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -316,3 +317,55 @@ async def test_a_card_turning_unhealthy_is_withdrawn_without_rebuilding_the_engi
         "node-a": "node-a: has 1 healthy GPUs, pod needs 2 whole GPUs"
     }
     assert share["NodeNames"] == ["node-a"]  # the healthy card still takes shares
+
+
+@pytest.mark.parametrize("policy", ["fgd", "kubegpu"])
+async def test_fragmentation_policies_take_a_configured_target_workload(
+    policy: str, tmp_path: Path
+) -> None:
+    workload = tmp_path / "workload.yaml"
+    workload.write_text(
+        "pods:\n"
+        "  - {cpuMilli: 1000, gpuMilli: 500, gpuCount: 1, weight: 3}\n"
+        "  - {cpuMilli: 4000, gpuMilli: 1000, gpuCount: 2, weight: 1}\n"
+    )
+    async with FakeApiServer() as server:
+        seed(
+            server,
+            ("nodes", gpu_node("node-a", cards=2)),
+            ("nodes", gpu_node("node-b", cards=4)),
+            ("pods", shared_pod("p", 8192, 500)),
+        )
+        async with (
+            running_extender(server, policy=policy, workload_file=workload) as ext,
+            http_session() as http,
+        ):
+            _, scores = await post(
+                http,
+                f"{ext.url}/prioritize",
+                filter_args(stored_pod(server, "p"), ["node-a", "node-b"]),
+            )
+            uid = stored_pod(server, "p")["metadata"]["uid"]
+            _, bound = await post(
+                http,
+                f"{ext.url}/bind",
+                {"PodName": "p", "PodNamespace": "default", "PodUID": uid, "Node": "node-b"},
+            )
+    assert {s["Host"] for s in scores} == {"node-a", "node-b"}
+    assert bound == {"Error": ""}
+    decision = decode_allocation(
+        stored_pod(server, "p")["metadata"]["annotations"][ALLOCATION_ANNOTATION]
+    )
+    assert decision.policy == policy and decision.cards[0].compute_milli == 500
+
+
+def test_a_bad_workload_file_names_the_entry() -> None:
+    import tempfile
+
+    from kubegpu.extender.config import ConfigError, load_workload
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as handle:
+        handle.write("pods:\n  - {cpuMilli: 1000, gpuMilli: 500}\n")
+        handle.flush()
+        with pytest.raises(ConfigError, match=r"pods\[0\]: 'weight'"):
+            load_workload(Path(handle.name))
