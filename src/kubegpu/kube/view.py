@@ -229,6 +229,11 @@ class ClusterView:
             except (httpx.HTTPError, OSError, ValueError) as exc:
                 failures += 1
                 await self._pause(label, failures, f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # a bug must not end the watch and leave the view stale
+                log.exception("%s watch loop failed; relisting", label)
+                self._versions[label] = None
+                failures += 1
+                await self._pause(label, failures, f"{type(exc).__name__}: {exc}")
 
     async def _pause(self, label: str, failures: int, why: str) -> None:
         delay = self.backoff.delay(failures)
