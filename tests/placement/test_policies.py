@@ -161,3 +161,34 @@ def test_kubegpu_breaks_equal_fragment_growth_by_the_tightest_card() -> None:
     nodes = [node("n", (1000, 700, 600))]
     assert engine(nodes, "fgd").pick_gpus("n", share(300)) == (1,)
     assert engine(nodes, "kubegpu").pick_gpus("n", share(300)) == (2,)
+
+
+def test_kubegpu_keeps_a_pair_of_free_cards_for_a_rare_two_card_class() -> None:
+    # 19 one-card pods and one two-card pod: FGD's target (classes covering 95 % of pods) drops
+    # the two-card class, so every node scores 50 for a one-card pod and rank 0 wins, leaving
+    # it one free card. The replay gives ours the whole workload: taking a card on "pair" would
+    # strand the last two-card slot, so the pod goes to "three", which keeps a pair.
+    from kubegpu.simulate.replay import target_workload
+
+    trace = [PodRequest(1000, 1024, 1, 1000)] * 19 + [PodRequest(1000, 1024, 2, 1000)]
+    nodes = [node("pair", (1000, 1000), rank=0), node("three", (1000, 1000, 1000), rank=1)]
+    one_card = PodRequest(1000, 1024, 1, 1000)
+    fgd_engine = PlacementEngine(nodes, "fgd", target_workload(get_policy("fgd"), trace))
+    ours = PlacementEngine(nodes, "kubegpu", target_workload(get_policy("kubegpu"), trace))
+    assert fgd_engine.choose(one_card).node == "pair"  # type: ignore[union-attr]
+    assert ours.choose(one_card).node == "three"  # type: ignore[union-attr]
+    assert ours.score(one_card) == {"pair": 0, "three": 100}
+
+
+def test_kubegpu_lets_rank_decide_gpu_pods_whose_fgd_scores_tie() -> None:
+    # Half whole-card pods, half 250-milli shares. A 100-milli share grows the fragment of a
+    # 330-free card by 65 and of a 300-free card by 50: exact growth prefers "tight", but both
+    # truncate to FGD score 48, so rank 0 wins (first fit, which consolidates load).
+    workload = TypicalWorkload.from_weights(
+        [(PodRequest(1000, 0, 1, 1000), 0.5), (PodRequest(1000, 0, 1, 250), 0.5)]
+    )
+    nodes = [node("first", (330,), rank=0), node("tight", (300,), rank=1)]
+    ours = engine(nodes, "kubegpu", workload)
+    assert ours._fragment_growth(share(100), ours.feasible_rows(share(100))).tolist() == [65, 50]
+    assert engine(nodes, "fgd", workload).score(share(100)) == {"first": 48, "tight": 48}
+    assert ours.choose(share(100)).node == "first"  # type: ignore[union-attr]
