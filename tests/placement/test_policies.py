@@ -163,21 +163,41 @@ def test_kubegpu_breaks_equal_fragment_growth_by_the_tightest_card() -> None:
     assert engine(nodes, "kubegpu").pick_gpus("n", share(300)) == (2,)
 
 
-def test_kubegpu_keeps_a_pair_of_free_cards_for_a_rare_two_card_class() -> None:
-    # 19 one-card pods and one two-card pod: FGD's target (classes covering 95 % of pods) drops
-    # the two-card class, so every node scores 50 for a one-card pod and rank 0 wins, leaving
-    # it one free card. The replay gives ours the whole workload: taking a card on "pair" would
-    # strand the last two-card slot, so the pod goes to "three", which keeps a pair.
+def test_kubegpu_keeps_a_whole_card_free_for_a_rare_whole_card_class() -> None:
+    # 19 half-card shares and one whole-card pod: FGD's target (classes covering 95 % of pods)
+    # drops the whole-card class, so both nodes score 50 for a share and rank 0 wins, breaking
+    # its only whole card. Ours scores shares against the whole workload: the share closes the
+    # 500-free card on "two-cards" (fragment −25) instead of halving "one-card" (+25).
+    from kubegpu.simulate.replay import target_workload
+
+    trace = [PodRequest(1000, 1024, 1, 500)] * 19 + [PodRequest(1000, 1024, 1, 1000)]
+    nodes = [node("one-card", (1000,), rank=0), node("two-cards", (1000, 500), rank=1)]
+    fgd_engine = PlacementEngine(nodes, "fgd", target_workload(get_policy("fgd"), trace))
+    ours = PlacementEngine(nodes, "kubegpu", target_workload(get_policy("kubegpu"), trace))
+    assert fgd_engine.choose(share(500)).node == "one-card"  # type: ignore[union-attr]
+    assert ours.choose(share(500)).node == "two-cards"  # type: ignore[union-attr]
+    assert ours.pick_gpus("two-cards", share(500)) == (1,)
+    assert ours.score(share(500)) == {"one-card": 0, "two-cards": 100}
+
+
+def test_kubegpu_scores_whole_card_pods_against_the_popular_classes_only() -> None:
+    # A rare two-card class (1 of 20 pods): for one-card pods ours, like FGD, ignores it, so
+    # both nodes keep fragment 0 and rank 0 wins; the whole-workload measure would have kept
+    # the pair on "pair" free.
     from kubegpu.simulate.replay import target_workload
 
     trace = [PodRequest(1000, 1024, 1, 1000)] * 19 + [PodRequest(1000, 1024, 2, 1000)]
     nodes = [node("pair", (1000, 1000), rank=0), node("three", (1000, 1000, 1000), rank=1)]
-    one_card = PodRequest(1000, 1024, 1, 1000)
-    fgd_engine = PlacementEngine(nodes, "fgd", target_workload(get_policy("fgd"), trace))
     ours = PlacementEngine(nodes, "kubegpu", target_workload(get_policy("kubegpu"), trace))
-    assert fgd_engine.choose(one_card).node == "pair"  # type: ignore[union-attr]
-    assert ours.choose(one_card).node == "three"  # type: ignore[union-attr]
-    assert ours.score(one_card) == {"pair": 0, "three": 100}
+    assert ours.choose(PodRequest(1000, 1024, 1, 1000)).node == "pair"  # type: ignore[union-attr]
+
+
+def test_popular_classes_of_a_weighted_workload_match_fgds_cut_of_the_pod_list() -> None:
+    trace = [PodRequest(1000, 1024, 1, 500)] * 15 + [PodRequest(2000, 1024, 1, 1000)] * 4
+    trace += [PodRequest(1000, 1024, 2, 1000)]
+    whole = TypicalWorkload.from_pods(trace, popularity_percent=100)
+    assert whole.popular(95.0) == TypicalWorkload.from_pods(trace)
+    assert len(whole.popular(95.0).pods) == 2 and len(whole.pods) == 3
 
 
 def test_kubegpu_lets_rank_decide_gpu_pods_whose_fgd_scores_tie() -> None:

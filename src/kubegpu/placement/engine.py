@@ -40,6 +40,8 @@ _UNTRACKED_MEMORY = np.iinfo(np.int64).max // 4
 # Our policy orders CPU-only pods by fragmentation growth in buckets of this many milli-GPU
 # (see PlacementEngine._kubegpu_keys for why not the exact value).
 GROWTH_BUCKET_MILLI = 300.0
+# ... and whole-card pods against the classes covering this share of the target workload.
+POPULAR_PERCENT = 95.0
 _PodKey = tuple[int, int, int, frozenset[str]]
 _StateKey = tuple[int, tuple[int, ...], str]
 
@@ -94,6 +96,12 @@ class PlacementEngine:
         # Fragmentation state: each row's (free CPU, sorted free milli, model) is interned to a
         # small id, and per pod class a table maps id -> FGD score (-1 = not computed yet).
         self.memo = FragmentationMemo(workload) if workload is not None else None
+        # Ours scores whole-card pods against FGD's popular classes only (see _kubegpu_keys).
+        self._whole_card_memo = (
+            FragmentationMemo(workload.popular(POPULAR_PERCENT))
+            if workload is not None and self.policy.node_score is NodeScore.KUBEGPU
+            else self.memo
+        )
         self._state_ids: dict[_StateKey, int] = {}
         self._state_keys: list[_StateKey] = []
         self.state_id = np.zeros(n, dtype=np.int64)
@@ -296,11 +304,14 @@ class PlacementEngine:
         """FGD score of a node in state ``key`` for ``pod`` (best card for a share)."""
         assert self.memo is not None
         cpu, free, model = key
-        before = self.memo.fragment(cpu, free, model)
         cpu_after = cpu - pod.cpu_milli
         if not pod.is_gpu_share:
+            memo = self._whole_card_memo if pod.gpu_count else self.memo
+            assert memo is not None
             after = whole_card_sorted_after(free, pod.gpu_count)
-            return sigmoid_score(before, self.memo.fragment(cpu_after, after, model))
+            before_whole = memo.fragment(cpu, free, model)
+            return sigmoid_score(before_whole, memo.fragment(cpu_after, after, model))
+        before = self.memo.fragment(cpu, free, model)
         best = -1
         previous = -1
         for pos, value in enumerate(free):
@@ -406,11 +417,14 @@ class PlacementEngine:
     def _kubegpu_keys(self, pod: PodRequest, rows: IntArray) -> list[npt.NDArray[np.float64]]:
         """Sort keys of ``rows`` for our policy, most significant first; rank breaks the rest.
 
-        GPU pods: FGD's integer score (negated), but against the *whole* target workload
-        rather than the classes covering 95 % of pods. The truncated sigmoid lumps small
-        fragmentation differences together (one point is ~40 milli near zero growth) and lets
-        the fixed rank decide, i.e. first fit, which consolidates load; measured on the openb
-        grid, ordering by the exact growth *loses* ~1 pp on default (it scatters pods).
+        GPU pods: FGD's integer score (negated). GPU shares are scored against the *whole*
+        target workload, whole-card pods against FGD's classes covering
+        :data:`POPULAR_PERCENT` of it (measured on openb: the whole workload helps shares on
+        CPU-heavy traces, but for whole cards the rare classes it adds cost multi-GPU traces).
+        The truncated sigmoid lumps small fragmentation differences together (one point is ~40
+        milli near zero growth) and lets the fixed rank decide, i.e. first fit, which
+        consolidates load; measured on the openb grid, ordering by the exact growth *loses*
+        ~1 pp on default (it scatters pods).
 
         CPU-only pods: fragmentation growth in :data:`GROWTH_BUCKET_MILLI` buckets, then the
         node with the least free GPU. CPU spent where the cards are already used strands

@@ -94,6 +94,30 @@ class TypicalWorkload:
             tuple(TypicalPod(c, m, n, models, w / total) for (c, m, n, models), w in ordered)
         )
 
+    def popular(self, percent: float) -> TypicalWorkload:
+        """The most likely classes covering ``percent`` of the probability, renormalised
+        (FGD's cut of :meth:`from_pods`, applied to weights; ties by class, descending)."""
+        ordered = sorted(
+            self.pods,
+            key=lambda t: (t.weight, (t.cpu_milli, t.gpu_milli, t.gpu_count, sorted(t.gpu_models))),
+            reverse=True,
+        )
+        kept: list[TypicalPod] = []
+        cumulative = 0.0
+        for t in ordered:
+            if cumulative >= percent / 100.0 - 1e-12:
+                break
+            cumulative += t.weight
+            kept.append(t)
+        return TypicalWorkload(
+            tuple(
+                TypicalPod(
+                    t.cpu_milli, t.gpu_milli, t.gpu_count, t.gpu_models, t.weight / cumulative
+                )
+                for t in kept
+            )
+        )
+
 
 def node_fragment_milli(
     cpu_free_milli: int, gpu_free_milli: Iterable[int], gpu_model: str, workload: TypicalWorkload
