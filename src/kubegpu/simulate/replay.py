@@ -90,8 +90,9 @@ def typical_workload(pods: Sequence[PodRequest]) -> TypicalWorkload:
 def target_workload(policy: PolicySpec, pods: Sequence[PodRequest]) -> TypicalWorkload:
     """The workload a policy measures fragmentation against.
 
-    FGD keeps the classes covering 95 % of pods; ours keeps all of them, so the rare
-    multi-GPU classes of the default trace also count (arrivals are drawn from the whole trace).
+    FGD keeps the classes covering 95 % of pods; ours gets all of them (arrivals are drawn from
+    the whole trace) and itself cuts them back to FGD's 95 % for whole-card pods only (see
+    ``PlacementEngine._kubegpu_keys``).
     """
     if policy.node_score is NodeScore.KUBEGPU:
         return TypicalWorkload.from_pods(pods, popularity_percent=100.0)
