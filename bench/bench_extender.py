@@ -261,11 +261,17 @@ def run_cluster(
             api.store.put("nodes", node)
         kubeconfig = api.write_kubeconfig(Path(tmp) / "kubeconfig")
         port = free_port()
+        # --profile: the extender under cProfile (it exits cleanly on SIGTERM, so the profile
+        # is written); one file per cluster.
+        profile = (
+            ["-m", "cProfile", "-o", f"{args.profile}.{label}", "-m", "kubegpu"]
+            if args.profile
+            else ["-m", "kubegpu"]
+        )
         process = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "kubegpu",
+                *profile,
                 "--log-level",
                 "warning",
                 "extender",
@@ -304,9 +310,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--no-openb", action="store_true", help="skip the openb cluster")
+    parser.add_argument(
+        "--profile", metavar="PREFIX", help="run the extender under cProfile, to PREFIX.<cluster>"
+    )
     args = parser.parse_args()
     results = []
-    if args.nodes_csv and args.nodes_csv.exists():
+    if not args.no_openb and args.nodes_csv.exists():
         results.append(run_cluster("openb", openb_nodes(args.nodes_csv.resolve()), args, 1))
     if args.synthetic_nodes:
         nodes = synthetic_nodes(args.synthetic_nodes, random.Random(2))

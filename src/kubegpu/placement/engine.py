@@ -446,17 +446,7 @@ class PlacementEngine:
         # scores), so the best node scores 100 and the scheduler's own tie-break stays sane.
         if rows.size == 1:
             return np.full(1, 100, dtype=np.int64)
-        keys = self._kubegpu_keys(pod, rows)
-        order = np.lexsort(tuple(reversed(keys)))
-        out = np.zeros(rows.size, dtype=np.int64)
-        position = 0
-        previous: tuple[float, ...] | None = None
-        for k, idx in enumerate(order.tolist()):
-            current = tuple(float(key[idx]) for key in keys)
-            if current != previous:
-                position, previous = k, current
-            out[idx] = 100 - position * 100 // (rows.size - 1)
-        return out
+        return order_scores(self._kubegpu_keys(pod, rows))
 
     def _kubegpu_row(self, i: int, pod: PodRequest) -> tuple[float, tuple[int, ...]]:
         """Least fragment growth on row ``i`` and the card giving it; among equal growth the
@@ -639,6 +629,28 @@ def _replace_sorted(values: tuple[int, ...], pos: int, new: int) -> tuple[int, .
         lo += 1
     out.insert(lo, new)
     return tuple(out)
+
+
+def order_scores(keys: Sequence[npt.NDArray[np.float64]]) -> IntArray:
+    """Scores 100 … 0 from sort keys (most significant first, equal-length, at least two
+    elements): each element scores ``100 - p·100 div (n−1)``, where ``p`` is the position in
+    the stable lexicographic order of the first element with the same keys, so equal keys
+    score equally and the best scores 100.
+
+    Vectorised (a Python loop over the order cost ~5 ms at 5,000 nodes); a test holds it equal
+    to that loop. NaN never equals NaN here, as with Python floats.
+    """
+    n = keys[0].size
+    order = np.lexsort(tuple(reversed(keys)))
+    starts = np.zeros(n, dtype=bool)
+    starts[0] = True
+    for key in keys:
+        ordered = key[order]
+        starts[1:] |= ordered[1:] != ordered[:-1]
+    position = np.maximum.accumulate(np.where(starts, np.arange(n, dtype=np.int64), 0))
+    out = np.empty(n, dtype=np.int64)
+    out[order] = 100 - position * 100 // (n - 1)
+    return out
 
 
 def _min_max_normalise(raw: npt.NDArray[np.float64]) -> IntArray:
