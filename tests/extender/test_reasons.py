@@ -1,5 +1,7 @@
 """The vectorised rejection reasons say exactly what the engine's own ``explain`` says, on
-random cluster states and pods."""
+random cluster states and pods; their metric labels are what ``reason_category`` reads from
+the strings; remembered structural reasons equal freshly formatted ones, also after a node's
+facts change."""
 
 from __future__ import annotations
 
@@ -8,9 +10,20 @@ import random
 import numpy as np
 import pytest
 
-from kubegpu.extender.reasons import explain_rows
+from kubegpu.extender.reasons import (
+    EXPLAIN_CATEGORIES,
+    STRUCTURAL_CATEGORIES,
+    NodeFacts,
+    explain_rows,
+    explain_rows_coded,
+    structural,
+)
+from kubegpu.extender.scheduler import reason_category
 from kubegpu.placement.engine import PlacementEngine
 from kubegpu.placement.model import GpuState, NodeState, PodRequest
+from kubegpu.sharing.accounting import NodeInfo
+from kubegpu.sharing.annotations import GpuRecord, NodeGpuInventory
+from kubegpu.sharing.resources import GpuRequest, RequestKind
 
 
 def random_cluster(rng: random.Random) -> list[NodeState]:
@@ -57,3 +70,79 @@ def test_vectorised_reasons_equal_the_engines_explain(seed: int) -> None:
         rows = np.array([i for i in range(len(engine.names)) if i not in feasible], dtype=np.int64)
         expected = [engine.explain(engine.names[i], pod).reason for i in rows.tolist()]
         assert explain_rows(engine, pod, rows) == expected
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_explain_codes_give_the_label_reason_category_reads_from_the_reason(seed: int) -> None:
+    rng = random.Random(seed)
+    engine = PlacementEngine(random_cluster(rng), "bestfit")
+    for _ in range(25):
+        pod = random_pod(rng)
+        feasible = set(engine.feasible_rows(pod).tolist())
+        rows = np.array([i for i in range(len(engine.names)) if i not in feasible], dtype=np.int64)
+        reasons, codes = explain_rows_coded(engine, pod, rows)
+        assert reasons == explain_rows(engine, pod, rows)
+        for reason, code in zip(reasons, codes.tolist(), strict=True):
+            assert EXPLAIN_CATEGORIES[code] == reason_category(reason or "n: does not fit")
+
+
+def random_info(rng: random.Random, name: str) -> NodeInfo:
+    shape = rng.random()
+    if shape < 0.1:
+        return NodeInfo(name, 64000, 262144)  # no inventory published
+    if shape < 0.15:
+        return NodeInfo(name, 64000, 262144, inventory_error="annotation is not JSON")
+    cards = tuple(
+        GpuRecord(
+            f"GPU-{name}-{i}",
+            i,
+            rng.choice(["A100", "T4"]),
+            rng.choice([15360, 40960, 81920]),
+            rng.random() > 0.2,
+        )
+        for i in range(rng.choice([0, 1, 2, 4, 8]))
+    )
+    return NodeInfo(name, 64000, 262144, NodeGpuInventory(cards))
+
+
+def random_request(rng: random.Random) -> GpuRequest:
+    models = rng.choice([frozenset(), frozenset({"T4"}), frozenset({"A100", "H100"})])
+    if rng.random() < 0.5:
+        return GpuRequest(
+            RequestKind.WHOLE, 1000, 1024, whole_gpus=rng.choice([1, 2, 4, 8]), gpu_models=models
+        )
+    return GpuRequest(
+        RequestKind.SHARED,
+        1000,
+        1024,
+        compute_milli=rng.choice([100, 500]),
+        gpu_memory_mib=rng.choice([1024, 20480, 50000, 90000]),
+        gpu_models=models,
+    )
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_remembered_structural_reasons_equal_fresh_ones_as_facts_change(seed: int) -> None:
+    rng = random.Random(seed)
+    states = [NodeState(f"n{i:02d}", 64000, 64000, 262144, "T4") for i in range(40)]
+    engine = PlacementEngine(states, "bestfit")
+    infos = {name: random_info(rng, name) for name in engine.names}
+    facts = NodeFacts.build(engine, infos)
+    requests = [random_request(rng) for _ in range(6)]
+    for _ in range(30):
+        request = rng.choice(requests)
+        rows = np.arange(len(engine.names), dtype=np.int64)
+        never = rows[facts.never_fits(rows, request)]
+        names = [engine.names[i] for i in never.tolist()]
+        fresh = [
+            structural(facts, i, name, request)
+            for i, name in zip(never.tolist(), names, strict=True)
+        ]
+        assert all(fresh)
+        assert facts.structural_reasons(never, names, request) == fresh
+        labels = [STRUCTURAL_CATEGORIES[c] for c in facts.structural_codes(never, request).tolist()]
+        assert labels == [reason_category(reason) for reason in fresh]
+        # A node's inventory, health or memory changes (or only its usage: same facts).
+        changed = rng.choice(engine.names)
+        infos[changed] = random_info(rng, changed) if rng.random() < 0.7 else infos[changed]
+        facts.update(engine.row_of(changed), changed, infos[changed])

@@ -13,6 +13,8 @@ now": kube-scheduler may preempt for the second, never for the first.
 
 from __future__ import annotations
 
+import operator
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -27,6 +29,24 @@ from kubegpu.sharing.resources import GpuRequest, RequestKind
 
 IntArray = npt.NDArray[np.int64]
 
+# The rejections metric's label of each first failing check, for counting without reading the
+# strings (kubegpu_extender_node_rejections_total; reason_category gives the same for one
+# string). Explain codes index EXPLAIN_CATEGORIES, structural codes STRUCTURAL_CATEGORIES.
+EXPLAIN_CATEGORIES = (
+    "cpu",
+    "memory",
+    "other",  # a CPU-only pod that fits: never asked for (kept for explain's order)
+    "no-gpu",
+    "gpu-model",
+    "whole-gpus",
+    "gpu-compute",
+    "gpu-memory",
+    "other",  # fits after all
+)
+STRUCTURAL_CATEGORIES = ("no-inventory", "gpu-model", "whole-gpus", "gpu-memory")
+_STRUCTURAL_CACHE_SHAPES = 64
+_StructuralKey = tuple[frozenset[str], RequestKind, int, int]
+
 
 @dataclass
 class NodeFacts:
@@ -38,21 +58,76 @@ class NodeFacts:
     models: list[frozenset[str]]  # models of healthy cards
     missing_flags: npt.NDArray[np.bool_]  # missing[i] != ""
     _model_masks: dict[frozenset[str], npt.NDArray[np.bool_]] = field(default_factory=dict)
+    # Per request shape, each row's structural reason once computed (None: not yet). The
+    # reasons change only with the facts, so update() drops them all.
+    _reasons: OrderedDict[_StructuralKey, list[str | None]] = field(default_factory=OrderedDict)
+
+    def _allowed(self, models: frozenset[str]) -> npt.NDArray[np.bool_]:
+        allowed = self._model_masks.get(models)
+        if allowed is None:
+            allowed = np.array([bool(m & models) for m in self.models], dtype=bool)
+            self._model_masks[models] = allowed
+        return allowed
 
     def never_fits(self, rows: IntArray, request: GpuRequest) -> npt.NDArray[np.bool_]:
         """Per row: does :func:`structural` give a reason? (vectorised pre-check)"""
         mask: npt.NDArray[np.bool_] = self.missing_flags[rows].copy()
         if request.gpu_models:
-            allowed = self._model_masks.get(request.gpu_models)
-            if allowed is None:
-                allowed = np.array([bool(m & request.gpu_models) for m in self.models])
-                self._model_masks[request.gpu_models] = allowed
-            mask |= ~allowed[rows]
+            mask |= ~self._allowed(request.gpu_models)[rows]
         if request.kind is RequestKind.WHOLE:
             mask |= self.healthy[rows] < request.whole_gpus
         elif request.kind is RequestKind.SHARED:
             mask |= self.biggest_mib[rows] < request.gpu_memory_mib
         return mask
+
+    def structural_codes(self, rows: IntArray, request: GpuRequest) -> IntArray:
+        """Per row (all with a structural reason): which check of :func:`structural` fails,
+        as an index into :data:`STRUCTURAL_CATEGORIES`."""
+        model_bad = (
+            ~self._allowed(request.gpu_models)[rows]
+            if request.gpu_models
+            else np.zeros(rows.size, dtype=bool)
+        )
+        whole_bad = (
+            self.healthy[rows] < request.whole_gpus
+            if request.kind is RequestKind.WHOLE
+            else np.zeros(rows.size, dtype=bool)
+        )
+        codes: IntArray = np.select(
+            [self.missing_flags[rows], model_bad, whole_bad], [0, 1, 2], default=3
+        ).astype(np.int64)
+        return codes
+
+    def structural_reasons(
+        self, rows: IntArray, names: Sequence[str], request: GpuRequest
+    ) -> list[str]:
+        """:func:`structural` of each (row, name) pair, remembered per request shape (the same
+        few shapes come again and again; formatting hundreds of strings each time does not
+        fit a 5 ms filter). ``names`` must be the rows' engine names."""
+        key = (request.gpu_models, request.kind, request.whole_gpus, request.gpu_memory_mib)
+        cached = self._reasons.get(key)
+        if cached is None:
+            cached = [None] * len(self.missing)
+            self._reasons[key] = cached
+            if len(self._reasons) > _STRUCTURAL_CACHE_SHAPES:
+                self._reasons.popitem(last=False)
+        else:
+            self._reasons.move_to_end(key)
+        positions = rows.tolist()
+        if not positions:
+            return []
+        found = (
+            list(operator.itemgetter(*positions)(cached))
+            if len(positions) > 1
+            else [cached[positions[0]]]
+        )
+        if None in found:
+            for k, (row, name) in enumerate(zip(positions, names, strict=True)):
+                if found[k] is None:
+                    reason = structural(self, row, name, request)
+                    cached[row] = reason
+                    found[k] = reason
+        return found  # no None left
 
     @classmethod
     def build(cls, engine: PlacementEngine, nodes: Mapping[str, NodeInfo]) -> NodeFacts:
@@ -70,27 +145,36 @@ class NodeFacts:
 
     def update(self, row: int, name: str, info: NodeInfo | None) -> None:
         """Refresh one row after its node changed (health, allocatable, inventory)."""
-        self._model_masks.clear()
         inventory = info.inventory if info is not None else None
         if inventory is None:
             error = info.inventory_error if info is not None else ""
-            self.missing[row] = (
+            missing = (
                 f"{name}: GPU inventory unreadable ({error})"
                 if error
                 else f"{name}: no GPU inventory published (annotation "
                 f"{INVENTORY_ANNOTATION} missing: is the kubegpu node agent running there?)"
             )
-            self.healthy[row] = 0
-            self.biggest_mib[row] = 0
-            self.models[row] = frozenset()
-            self.missing_flags[row] = True
-            return
-        good = [g for g in inventory.gpus if g.healthy]
-        self.missing[row] = ""
-        self.healthy[row] = len(good)
-        self.biggest_mib[row] = max((g.memory_mib for g in good), default=0)
-        self.models[row] = frozenset(g.model for g in good)
-        self.missing_flags[row] = False
+            healthy, biggest, models = 0, 0, frozenset[str]()
+        else:
+            good = [g for g in inventory.gpus if g.healthy]
+            missing = ""
+            healthy = len(good)
+            biggest = max((g.memory_mib for g in good), default=0)
+            models = frozenset(g.model for g in good)
+        if (missing, healthy, biggest, models) == (
+            self.missing[row],
+            int(self.healthy[row]),
+            int(self.biggest_mib[row]),
+            self.models[row],
+        ):
+            return  # usage changed, not the facts: the cached masks and reasons still hold
+        self._model_masks.clear()
+        self._reasons.clear()
+        self.missing[row] = missing
+        self.healthy[row] = healthy
+        self.biggest_mib[row] = biggest
+        self.models[row] = models
+        self.missing_flags[row] = bool(missing)
 
 
 def structural(facts: NodeFacts, row: int, name: str, request: GpuRequest) -> str:
@@ -114,8 +198,16 @@ def structural(facts: NodeFacts, row: int, name: str, request: GpuRequest) -> st
 
 def explain_rows(engine: PlacementEngine, pod: PodRequest, rows: IntArray) -> list[str]:
     """``engine.explain(name, pod).reason`` for each of ``rows`` (all infeasible), vectorised."""
+    return explain_rows_coded(engine, pod, rows)[0]
+
+
+def explain_rows_coded(
+    engine: PlacementEngine, pod: PodRequest, rows: IntArray
+) -> tuple[list[str], IntArray]:
+    """:func:`explain_rows`, plus per row which check failed (an index into
+    :data:`EXPLAIN_CATEGORIES`; 2 and 8 go with an empty reason)."""
     if rows.size == 0:
-        return []
+        return [], np.zeros(0, dtype=np.int64)
     names = engine.names
     cpu = engine.cpu_free[rows]
     memory = engine.memory_free[rows]
@@ -140,35 +232,59 @@ def explain_rows(engine: PlacementEngine, pod: PodRequest, rows: IntArray) -> li
             best_memory = np.where(enough, engine.card_memory[rows], -1).max(axis=1)
         else:
             best_memory = np.zeros(rows.size, dtype=np.int64)
+    everywhere = np.ones(rows.size, dtype=bool)
+    model_bad = (
+        np.array([not pod.allows_model(engine.models[i]) for i in rows.tolist()], dtype=bool)
+        if pod.gpu_models
+        else ~everywhere
+    )
+    codes: IntArray = np.select(
+        [
+            cpu_short,
+            memory_short,
+            everywhere if pod.gpu_count == 0 else ~everywhere,
+            count == 0,
+            model_bad,
+            everywhere if pod.gpu_milli >= MILLI_PER_GPU else ~everywhere,
+            largest < pod.gpu_milli,
+            everywhere if pod.gpu_memory_mib is not None else ~everywhere,
+        ],
+        range(8),
+        default=8,
+    ).astype(np.int64)
     out: list[str] = []
-    for k, i in enumerate(rows.tolist()):
+    allowed = "|".join(sorted(pod.gpu_models))
+    # One f-string per row (the strings are the point); the branch is already decided.
+    for code, i, c, m, w, big, mem in zip(
+        codes.tolist(),
+        rows.tolist(),
+        cpu.tolist(),
+        memory.tolist(),
+        whole.tolist(),
+        largest.tolist(),
+        best_memory.tolist(),
+        strict=True,
+    ):
         name = names[i]
-        if cpu_short[k]:
-            out.append(f"{name}: {int(cpu[k])} milli-CPU free, pod needs {pod.cpu_milli}")
-        elif memory_short[k]:
-            out.append(f"{name}: {int(memory[k])} MiB memory free, pod needs {pod.memory_mib}")
-        elif pod.gpu_count == 0:
-            out.append("")
-        elif count[k] == 0:
+        if code == 0:
+            out.append(f"{name}: {c} milli-CPU free, pod needs {pod.cpu_milli}")
+        elif code == 1:
+            out.append(f"{name}: {m} MiB memory free, pod needs {pod.memory_mib}")
+        elif code == 3:
             out.append(f"{name}: has no GPU")
-        elif not pod.allows_model(engine.models[i]):
-            allowed = "|".join(sorted(pod.gpu_models))
+        elif code == 4:
             out.append(f"{name}: GPU model {engine.models[i]}, pod allows {allowed}")
-        elif pod.gpu_milli >= MILLI_PER_GPU:
-            out.append(f"{name}: needs {pod.gpu_count} whole GPUs, {int(whole[k])} free")
-        elif largest[k] < pod.gpu_milli:
+        elif code == 5:
+            out.append(f"{name}: needs {pod.gpu_count} whole GPUs, {w} free")
+        elif code == 6:
+            out.append(f"{name}: largest free card share is {big} milli, pod needs {pod.gpu_milli}")
+        elif code == 7:
             out.append(
-                f"{name}: largest free card share is {int(largest[k])} milli, "
-                f"pod needs {pod.gpu_milli}"
-            )
-        elif pod.gpu_memory_mib is not None:
-            out.append(
-                f"{name}: largest free card has {int(best_memory[k])} MiB, "
-                f"pod needs {pod.gpu_memory_mib} MiB"
+                f"{name}: largest free card has {mem} MiB, pod needs {pod.gpu_memory_mib} MiB"
             )
         else:
             out.append("")
-    return out
+    return out, codes
 
 
 def rows_of(engine_rows: Mapping[str, int], names: Sequence[str]) -> IntArray:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import operator
 import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -21,7 +22,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kubegpu.extender.reasons import NodeFacts, explain_rows, rows_of, structural
+from kubegpu.extender.reasons import (
+    EXPLAIN_CATEGORIES,
+    STRUCTURAL_CATEGORIES,
+    NodeFacts,
+    explain_rows_coded,
+    rows_of,
+    structural,
+)
 from kubegpu.kube.view import ClusterView
 from kubegpu.placement.engine import PlacementEngine
 from kubegpu.placement.fragmentation import TypicalWorkload
@@ -56,9 +64,11 @@ class Unschedulable(Exception):
 
 @dataclass
 class FilterOutcome:
-    passed: list[str] = field(default_factory=list)
+    passed: tuple[str, ...] = ()
     failed: dict[str, str] = field(default_factory=dict)  # preemption might help
     unresolvable: dict[str, str] = field(default_factory=dict)  # it will not
+    # Rejections per reason_category label, counted from which check failed (not the text).
+    categories: Counter[str] = field(default_factory=Counter)
 
 
 def reason_category(reason: str) -> str:
@@ -100,7 +110,7 @@ class GpuScheduler:
         self.clock = clock
         self._engine: PlacementEngine | None = None
         self._rows: dict[str, int] = {}
-        self._row_cache: dict[tuple[str, ...], npt.NDArray[np.int64]] = {}
+        self._row_cache: OrderedDict[tuple[str, ...], npt.NDArray[np.int64]] = OrderedDict()
         self._facts: NodeFacts | None = None
         self._built_topology = -1
         self._built_at = 0.0
@@ -190,7 +200,7 @@ class GpuScheduler:
     def filter(self, request: GpuRequest, node_names: Sequence[str]) -> FilterOutcome:
         out = FilterOutcome()
         if request.kind is RequestKind.NONE:
-            out.passed = list(node_names)
+            out.passed = tuple(node_names)
             return out
         engine = self.engine()
         facts = self._facts
@@ -203,23 +213,39 @@ class GpuScheduler:
         fits = feasible[rows]
         out.passed = _pick(node_names, np.flatnonzero(fits))
         # kube-scheduler usually prioritizes exactly the nodes that just passed: remember them.
-        self._remember_rows(tuple(out.passed), rows[fits])
+        self._remember_rows(out.passed, rows[fits])
         failing = np.flatnonzero(~fits)
         failing_rows = rows[failing]
         unknown = failing_rows < 0
         never = np.zeros(failing.size, dtype=bool)
         never[~unknown] = facts.never_fits(failing_rows[~unknown], request)
-        for k in failing[unknown].tolist():
-            name = node_names[k]
-            out.failed[name] = f"{name}: not yet seen by the kubegpu extender's node watch"
-        for k in failing[never].tolist():
-            name = node_names[k]
-            out.unresolvable[name] = structural(facts, int(rows[k]), name, request)
+        # Reasons are built with C-level dict(zip(...)) over names picked in one step: on a
+        # busy cluster most of thousands of nodes are rejected, each with its own reason.
+        if unknown.any():
+            for name in _pick(node_names, failing[unknown]):
+                out.failed[name] = f"{name}: not yet seen by the kubegpu extender's node watch"
+            out.categories["unknown-node"] += int(unknown.sum())
+        if never.any():
+            never_rows = failing_rows[never]
+            never_names = _pick(node_names, failing[never])
+            out.unresolvable = dict(
+                zip(
+                    never_names,
+                    facts.structural_reasons(never_rows, never_names, request),
+                    strict=True,
+                )
+            )
+            _count(
+                out.categories, STRUCTURAL_CATEGORIES, facts.structural_codes(never_rows, request)
+            )
         now = failing[~unknown & ~never]
-        explain_names = [node_names[k] for k in now.tolist()]
-        reasons = explain_rows(engine, pod, rows[now])
-        for name, reason in zip(explain_names, reasons, strict=True):
-            out.failed[name] = reason or f"{name}: does not fit"
+        if now.size:
+            reasons, codes = explain_rows_coded(engine, pod, rows[now])
+            now_names = _pick(node_names, now)
+            out.failed.update(zip(now_names, reasons, strict=True))
+            _count(out.categories, EXPLAIN_CATEGORIES, codes)
+            for k in np.flatnonzero((codes == 2) | (codes == 8)).tolist():
+                out.failed[now_names[k]] = f"{now_names[k]}: does not fit"
         return out
 
     def rows(self, node_names: Sequence[str]) -> npt.NDArray[np.int64]:
@@ -231,16 +257,34 @@ class GpuScheduler:
         if found is None:
             found = rows_of(self._rows, key)
             self._remember_rows(key, found)
+        else:
+            self._row_cache.move_to_end(key)  # least recently used goes first
         return found
 
     def _remember_rows(self, key: tuple[str, ...], rows: npt.NDArray[np.int64]) -> None:
-        if len(self._row_cache) >= 8:
-            self._row_cache.pop(next(iter(self._row_cache)))
         self._row_cache[key] = rows
+        self._row_cache.move_to_end(key)
+        if len(self._row_cache) > 8:
+            self._row_cache.popitem(last=False)
 
     def prioritize(self, request: GpuRequest, node_names: Sequence[str]) -> list[tuple[str, int]]:
+        """(node, score 0..10) for each of ``node_names`` the pod fits, in their order."""
+        positions, _, scores = self.prioritize_rows(request, node_names)
+        return list(zip(_pick(node_names, positions), scores.tolist(), strict=True))
+
+    @property
+    def row_names(self) -> Sequence[str]:
+        """Node name of each engine row (a new object whenever the engine is rebuilt)."""
+        return self.engine().names
+
+    def prioritize_rows(
+        self, request: GpuRequest, node_names: Sequence[str]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """:meth:`prioritize` as arrays: positions in ``node_names`` of the nodes that fit, in
+        order, their engine rows (see :attr:`row_names`) and their scores 0..10."""
+        empty = np.zeros(0, dtype=np.int64)
         if request.kind is RequestKind.NONE:
-            return []
+            return empty, empty, empty
         engine = self.engine()
         pod = request.to_placement()
         if self._needs_workload() and pod.gpu_memory_mib is not None:
@@ -259,7 +303,7 @@ class GpuScheduler:
         if self.spread:
             scores = 100 - scores
         scaled = (scores * MAX_EXTENDER_PRIORITY + 50) // 100
-        return list(zip(_pick(node_names, wanted), scaled.tolist(), strict=True))
+        return wanted, rows[wanted], scaled
 
     def decide(self, pod: dict[str, Any], request: GpuRequest, node: str) -> AllocationDecision:
         """Choose the cards on ``node`` and reserve them in the view (undo with
@@ -330,13 +374,21 @@ class GpuScheduler:
         return (best[2],)
 
 
-def _pick(names: Sequence[str], positions: npt.NDArray[np.int64]) -> list[str]:
-    """``[names[k] for k in positions]`` without a Python-level loop (thousands of nodes)."""
+def _pick(names: Sequence[str], positions: npt.NDArray[np.int64]) -> tuple[str, ...]:
+    """``tuple(names[k] for k in positions)`` without a Python-level loop (thousands of
+    nodes)."""
     if positions.size == 0:
-        return []
+        return ()
     if positions.size == 1:
-        return [names[int(positions[0])]]
-    return list(operator.itemgetter(*positions.tolist())(names))
+        return (names[int(positions[0])],)
+    picked: tuple[str, ...] = operator.itemgetter(*positions.tolist())(names)
+    return picked
+
+
+def _count(counter: Counter[str], labels: Sequence[str], codes: npt.NDArray[np.int64]) -> None:
+    for code, number in enumerate(np.bincount(codes, minlength=len(labels)).tolist()):
+        if number:
+            counter[labels[code]] += number
 
 
 def _split_whole(

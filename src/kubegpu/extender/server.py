@@ -10,7 +10,6 @@ clears a recorded decision. Only the pod being bound is locked, never a node.
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import logging
 import time
@@ -27,11 +26,14 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kubegpu.extender.scheduler import GpuScheduler, Unschedulable, reason_category
 from kubegpu.extender.wire import (
+    ExtenderArgs,
+    NodeNamesCache,
+    PriorityEncoder,
     WireError,
+    encode_filter_result,
     filter_result,
     parse_binding_args,
-    parse_extender_args,
-    priority_list,
+    parse_extender_body,
 )
 from kubegpu.kube import pods as kpods
 from kubegpu.sharing.podstate import read_decision
@@ -128,6 +130,8 @@ class ExtenderApp:
         self.max_body_bytes = max_body_bytes
         self.bind_attempts = bind_attempts
         self._pod_locks: dict[str, asyncio.Lock] = {}
+        self._node_names = NodeNamesCache()
+        self._priorities: PriorityEncoder | None = None
 
     def application(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes, middlewares=[_no_crash])
@@ -158,11 +162,22 @@ class ExtenderApp:
         try:
             return _DECODER.decode(raw)
         except (msgspec.DecodeError, RecursionError) as exc:
-            self.metrics.bad_requests.labels(verb).inc()
-            raise web.HTTPBadRequest(
-                text=json.dumps({"Error": f"body is not JSON: {exc}"}),
-                content_type="application/json",
-            ) from None
+            raise self._not_json(verb, exc) from None
+
+    def _not_json(self, verb: str, exc: Exception) -> web.HTTPBadRequest:
+        self.metrics.bad_requests.labels(verb).inc()
+        return web.HTTPBadRequest(
+            text=json.dumps({"Error": f"body is not JSON: {exc}"}),
+            content_type="application/json",
+        )
+
+    async def _extender_args(self, request: web.Request, verb: str) -> ExtenderArgs:
+        """The ExtenderArgs of a filter or prioritize call (raises 400 / 413 / WireError)."""
+        raw = await request.read()  # raises 413 beyond client_max_size
+        try:
+            return parse_extender_body(raw, self._node_names)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise self._not_json(verb, exc) from None
 
     def _bad(self, verb: str, exc: Exception) -> web.Response:
         self.metrics.bad_requests.labels(verb).inc()
@@ -172,7 +187,7 @@ class ExtenderApp:
     # ------------------------------------------------------------------ filter / prioritize
     async def handle_filter(self, request: web.Request) -> web.Response:
         try:
-            args = parse_extender_args(await self._body(request, "filter"))
+            args = await self._extender_args(request, "filter")
         except WireError as exc:
             return self._bad("filter", exc)
         if not self.view.synced.is_set():
@@ -190,10 +205,7 @@ class ExtenderApp:
             self.metrics.decisions.labels(
                 "filter", "schedulable" if outcome.passed else "unschedulable"
             ).inc()
-            categories = collections.Counter(
-                map(reason_category, (*outcome.failed.values(), *outcome.unresolvable.values()))
-            )
-            for category, count in categories.items():
+            for category, count in outcome.categories.items():
                 self.metrics.rejections.labels(category).inc(count)
             if not outcome.passed:
                 log.info(
@@ -202,11 +214,18 @@ class ExtenderApp:
                     len(args.node_names),
                     "; ".join(list({**outcome.failed, **outcome.unresolvable}.values())[:3]),
                 )
+        if args.nodes is None:
+            # Node-cache mode (kube-scheduler's usual): written directly, and the passed list
+            # remembered so the prioritize that sends it back is recognised by its bytes.
+            body = encode_filter_result(
+                outcome.passed, outcome.failed, outcome.unresolvable, self._node_names
+            )
+            return web.Response(body=body, content_type="application/json")
         return _reply(filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable))
 
     async def handle_prioritize(self, request: web.Request) -> web.Response:
         try:
-            args = parse_extender_args(await self._body(request, "prioritize"))
+            args = await self._extender_args(request, "prioritize")
         except WireError as exc:
             return self._bad("prioritize", exc)
         try:
@@ -215,7 +234,13 @@ class ExtenderApp:
             return _reply([])  # filter already explained it
         if not self.view.synced.is_set():
             return _reply([])
-        return _reply(priority_list(self.scheduler.prioritize(gpu, args.node_names)))
+        _, rows, scores = self.scheduler.prioritize_rows(gpu, args.node_names)
+        names = self.scheduler.row_names
+        if self._priorities is None or self._priorities.names is not names:
+            self._priorities = PriorityEncoder(names)  # once per engine rebuild
+        return web.Response(
+            body=self._priorities.encode(rows, scores), content_type="application/json"
+        )
 
     # ------------------------------------------------------------------ bind
     async def handle_bind(self, request: web.Request) -> web.Response:
