@@ -27,6 +27,15 @@ _NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
+def parse_listen_address(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` as ``(host, port)``: ``127.0.0.1:9401``, ``[::1]:9401``, or ``:9401`` for
+    every interface. Port 0 picks a free port (tests). Raises ValueError naming the value."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected HOST:PORT (e.g. 0.0.0.0:9401), got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
 def qualify_resource_name(name: str) -> str:
     """``gpu`` → ``nvidia.com/gpu`` (NVIDIA's convention); full names are checked as the kubelet
     does for extended resources: a domain that is not ``kubernetes.io``, no ``requests.``."""
@@ -92,7 +101,19 @@ class Flags(_Model):
     # Only "none" for now: MIG devices are not advertised (MIG GPUs count as whole GPUs).
     mig_strategy: Literal["none"] = "none"
     fail_on_init_error: bool = True
+    # HOST:PORT (e.g. `0.0.0.0:9401`) where the agent serves the kubelet's probes: `/healthz`
+    # is 200 while its event loop and every resource's gRPC server answer, `/readyz` while every
+    # resource is registered with the running kubelet; 503 with the reason otherwise. Empty =
+    # off, the default, so several agents on one machine (`kubegpu demo`) never collide.
+    health_listen: str = ""
     plugin: PluginFlags = Field(default_factory=PluginFlags)
+
+    @field_validator("health_listen")
+    @classmethod
+    def _listen_address(cls, value: str) -> str:
+        if value:
+            parse_listen_address(value)
+        return value
 
 
 class GpuResource(_Model):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from kubegpu.config.model import parse_listen_address
 from kubegpu.inventory.backend import GpuBackend
 
 log = logging.getLogger(__name__)
@@ -34,10 +35,10 @@ def open_backend(kind: str, fake_gpus: str | None) -> GpuBackend:
 
 
 def parse_listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise click.BadParameter(f"expected HOST:PORT, got {value!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    try:
+        return parse_listen_address(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from err
 
 
 @click.command("exporter")

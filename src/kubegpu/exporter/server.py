@@ -10,14 +10,11 @@ are stuck.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
@@ -27,6 +24,7 @@ from kubegpu.core.metrics import MetricsSource
 from kubegpu.exporter.cgroups import ProcPodResolver
 from kubegpu.exporter.collector import GpuCollector
 from kubegpu.exporter.health import HealthFeed
+from kubegpu.exporter.http import HttpThread, StartResponse, WsgiApp, text_reply
 from kubegpu.exporter.pods import (
     DEFAULT_POD_RESOURCES_SOCKET,
     KubeletPodResources,
@@ -40,21 +38,8 @@ from kubegpu.inventory.backend import GpuBackend
 
 log = logging.getLogger(__name__)
 
-StartResponse = Callable[..., Any]
 
-
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a slow client must not keep the process alive
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("http: " + format, *args)
-
-
-def make_app(
-    registry: CollectorRegistry, refresher: Refresher, stale_after_s: float
-) -> Callable[[dict[str, Any], StartResponse], Iterable[bytes]]:
+def make_app(registry: CollectorRegistry, refresher: Refresher, stale_after_s: float) -> WsgiApp:
     metrics_app = make_wsgi_app(registry)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -66,12 +51,9 @@ def make_app(
             since = refresher.started_at if latest is None else latest.taken_at
             age = refresher.clock() - since
             fresh = age <= stale_after_s
-            status = "200 OK" if fresh else "503 Service Unavailable"
-            body = f"{'ok' if fresh else 'stale'}: snapshot age {age:.1f}s\n".encode()
-            start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
-            return [body]
-        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-        return [b"kubegpu exporter: see /metrics and /healthz\n"]
+            text = f"{'ok' if fresh else 'stale'}: snapshot age {age:.1f}s"
+            return text_reply(start_response, 200 if fresh else 503, text)
+        return text_reply(start_response, 404, "kubegpu exporter: see /metrics and /healthz")
 
     return app
 
@@ -94,7 +76,7 @@ class RunningExporter:
         self,
         refresher: Refresher,
         registry: CollectorRegistry,
-        server: _ThreadingServer,
+        server: HttpThread,
         health: HealthFeed,
     ) -> None:
         self._on_stop: list[Callable[[], None]] = []
@@ -102,20 +84,14 @@ class RunningExporter:
         self.registry = registry
         self.health = health
         self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever, name="kubegpu-exporter-http", daemon=True
-        )
-        self._thread.start()
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self._server.port
 
     @property
     def url(self) -> str:
-        host = self._server.server_address[0]
-        host = host.decode() if isinstance(host, bytes) else host
-        return f"http://{host}:{self.port}"
+        return self._server.url
 
     def close_on_stop(self, close: Callable[[], None]) -> None:
         """Run ``close`` after the server and refresher have stopped."""
@@ -130,9 +106,7 @@ class RunningExporter:
         self.health.set_healthy(uuid, healthy)
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5.0)
+        self._server.stop()
         self.refresher.stop()
         for close in self._on_stop:
             close()
@@ -176,14 +150,14 @@ def start_exporter(
     )
     registry = build_registry(refresher, health)
     app = make_app(registry, refresher, settings.stale_after_s)
-    server = make_server(
-        settings.listen_host,
-        settings.listen_port,
-        app,
-        server_class=_ThreadingServer,
-        handler_class=_QuietHandler,
+    server = HttpThread(
+        settings.listen_host, settings.listen_port, app, name="kubegpu-exporter-http"
     )
-    refresher.start()
+    try:
+        refresher.start()
+    except BaseException:
+        server.stop()
+        raise
     running = RunningExporter(refresher, registry, server, health)
     log.info(
         "node %s: exporter serving %s/metrics (refresh every %.0fs, NVML timeout %.1fs)",
