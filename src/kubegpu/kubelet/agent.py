@@ -7,6 +7,9 @@ without inotify) and, on a new ``kubelet.sock`` or a missing socket of ours, sto
 server (ending its stream), bind a fresh socket and register again. Registration failures are
 retried with a bounded exponential backoff given as data. Signals arrive as events on the same
 queue: SIGHUP reloads the config, SIGTERM/SIGINT stop everything and remove what we created.
+With ``flags.healthListen`` set it also serves ``/healthz`` and ``/readyz``
+(:mod:`~kubegpu.kubelet.probes`), answered from what this supervisor knows: which servers
+answer on their sockets, and which resources are registered with the kubelet running now.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from kubegpu.config.load import ConfigError, load_config, render_config
-from kubegpu.config.model import AgentConfig, Health
+from kubegpu.config.model import AgentConfig, Health, parse_listen_address
 from kubegpu.core.gpu import GpuUuid, NodeInventory
 from kubegpu.core.health import HealthCheckPolicy
 from kubegpu.enforcement.mps import MpsDaemon, mps_spec_for
+from kubegpu.exporter.http import HttpThread
 from kubegpu.inventory.backend import GpuBackend
 from kubegpu.kube.inventory import inventory_records
 from kubegpu.kubelet import cdi
@@ -39,6 +43,7 @@ from kubegpu.kubelet.plugin import (
     PluginServer,
     socket_identity,
 )
+from kubegpu.kubelet.probes import ProbeResult, ProbeServerError, ping_all, start_probe_server
 from kubegpu.kubelet.resources import PlanError, ResourcePlan, all_gpus, build_plans
 from kubegpu.kubelet.shares import MpsPaths
 
@@ -188,6 +193,9 @@ class Agent:
         self._cdi_kind: str | None = None
         self._kubelet_socket: tuple[int, int] | None = None
         self.registered_count = 0  # successful Register calls, for logs and tests
+        # resource -> identity of the kubelet.sock it was registered through (readiness).
+        self.registered: dict[str, tuple[int, int] | None] = {}
+        self.probes: HttpThread | None = None
         self._delayed: set[asyncio.Task[None]] = set()
         self.coordinator: SharingCoordinator | None = None
         self._coordinator_task: asyncio.Task[None] | None = None
@@ -213,6 +221,7 @@ class Agent:
             loop.add_signal_handler(sig, self.events.put_nowait, event)
         watcher = asyncio.create_task(self._watch(), name="watch-kubelet-dir")
         try:
+            self._start_probes()
             self._start_health()
             self._start_inventory_publisher()
             await self._start_sharing()
@@ -243,6 +252,7 @@ class Agent:
                     )
                     self._later(delay, Event.KUBELET_RESTARTED)
         finally:
+            await self._stop_probes()
             for task in [watcher, *self._delayed]:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -328,12 +338,21 @@ class Agent:
                     self.kubelet_socket,
                 )
                 return
-            await retry_with_backoff(
-                server.register,
+
+            async def attempt() -> tuple[int, int] | None:
+                # Which kubelet we register with: a restart before the reply leaves us not
+                # ready (and re-registering) rather than ready with the old one.
+                kubelet = socket_identity(self.kubelet_socket)
+                await server.register()
+                return kubelet
+
+            kubelet = await retry_with_backoff(
+                attempt,
                 self.settings.backoff,
                 describe=f"node {self.node} resource {server.resource_name}: register",
                 sleep=self._sleep,
             )
+            self.registered[server.resource_name] = kubelet
             self.registered_count += 1
 
         self.registrations[server.resource_name] = asyncio.create_task(
@@ -343,6 +362,7 @@ class Agent:
     async def _stop_servers(self) -> None:
         tasks = list(self.registrations.values())
         self.registrations.clear()
+        self.registered.clear()
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -370,11 +390,57 @@ class Agent:
             task = self.registrations.pop(server.resource_name, None)
             if task is not None:
                 task.cancel()
+            self.registered.pop(server.resource_name, None)
             await server.stop()
             fresh = PluginServer(self._servicer(server.servicer.plan), self.settings.kubelet_dir)
             await fresh.start()
             self.servers[i] = fresh
             self._register_later(fresh)
+
+    # -- probes: /healthz and /readyz ------------------------------------------------------------
+
+    async def liveness(self) -> ProbeResult:
+        """Alive when this runs at all (the loop turns) and every resource's server answers
+        ``GetDevicePluginOptions`` on its socket."""
+        serving = {s.resource_name for s in self.servers}
+        missing = [p.resource_name for p in self.plans if p.resource_name not in serving]
+        if missing:
+            # Between stopping and starting servers (a reload or kubelet restart), briefly.
+            return ProbeResult(False, f"not serving: {', '.join(missing)}")
+        failures = await ping_all((s.resource_name, s.socket_path) for s in self.servers)
+        if failures:
+            return ProbeResult(False, f"gRPC server not answering: {failures}")
+        names = ", ".join(s.resource_name for s in self.servers)
+        return ProbeResult(True, f"ok: serving {names or 'nothing (no GPU matches any resource)'}")
+
+    async def readiness(self) -> ProbeResult:
+        """Ready when every resource is registered through the kubelet.sock that exists now."""
+        if not self.plans:
+            return ProbeResult(True, "ok: no GPU matches any resource; nothing to register")
+        current = socket_identity(self.kubelet_socket)
+        if current is None:
+            return ProbeResult(False, f"not registered: no kubelet socket at {self.kubelet_socket}")
+        missing = [
+            p.resource_name for p in self.plans if self.registered.get(p.resource_name) != current
+        ]
+        if missing:
+            return ProbeResult(False, f"not registered with the kubelet: {', '.join(missing)}")
+        return ProbeResult(True, f"ok: registered {', '.join(p.resource_name for p in self.plans)}")
+
+    def _start_probes(self) -> None:
+        """Raises ProbeServerError when the address cannot be served."""
+        listen = self.config.flags.health_listen
+        if listen:
+            self.probes = start_probe_server(
+                parse_listen_address(listen), self, asyncio.get_running_loop(), node=self.node
+            )
+
+    async def _stop_probes(self) -> None:
+        probes, self.probes = self.probes, None
+        if probes is not None:
+            # stop() waits for the serving thread to notice: off the loop, which the thread's
+            # in-flight requests may be waiting on.
+            await asyncio.get_running_loop().run_in_executor(None, probes.stop)
 
     # -- health --------------------------------------------------------------------------------
 
@@ -554,11 +620,19 @@ class Agent:
         await self._stop_servers()
         self._remove_cdi()
         health_changed = new.health != self.config.health
+        probes_changed = new.flags.health_listen != self.config.flags.health_listen
         await self._stop_sharing(keep_mps=new.sharing.gpu_share.enabled)
         self.config, self.plans = new, plans
         if health_changed:
             await self._stop_health()
             self._start_health()
+        if probes_changed:
+            await self._stop_probes()
+            try:
+                self._start_probes()
+            except ProbeServerError as err:
+                # The probes then fail and the kubelet restarts us, which reports it again.
+                log.error("node %s: %s; health endpoints are off until restart", self.node, err)
         await self._start_sharing()
         self._write_cdi()
         await self._start_servers()

@@ -2,7 +2,8 @@
 
 Reads settings (flag > ``KUBEGPU_*`` / NVIDIA's env names > config file > defaults), opens the
 GPU backend, and runs the :class:`~kubegpu.kubelet.agent.Agent` until SIGTERM. Exit codes: 0 on
-a requested stop, 1 when the GPU backend cannot be opened, 2 for an invalid config.
+a requested stop, 1 when the GPU backend cannot be opened or the health endpoints cannot be
+served, 2 for an invalid config.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 _OVERRIDES: dict[str, str] = {
     "mig_strategy": "flags.migStrategy",
     "fail_on_init_error": "flags.failOnInitError",
+    "health_listen": "flags.healthListen",
     "pass_device_specs": "flags.plugin.passDeviceSpecs",
     "device_list_strategy": "flags.plugin.deviceListStrategy",
     "device_id_strategy": "flags.plugin.deviceIDStrategy",
@@ -56,12 +58,24 @@ def _open_backend(kind: str, fake_gpus: str | None, fake_control: Path | None) -
     return open_backend(kind, fake_gpus=fake_gpus, fake_control=fake_control)
 
 
-async def _wait_for_stop() -> None:
+async def _idle(config: AgentConfig, node: str, reason: str) -> None:
+    """Wait for SIGTERM/SIGINT, answering the probes as alive and ready meanwhile."""
+    from kubegpu.config.model import parse_listen_address
+    from kubegpu.kubelet.probes import IdleTarget, start_probe_server
+
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    probes = None
+    if config.flags.health_listen:
+        address = parse_listen_address(config.flags.health_listen)
+        probes = start_probe_server(address, IdleTarget(reason), loop, node=node)
+    try:
+        await stop.wait()
+    finally:
+        if probes is not None:
+            await loop.run_in_executor(None, probes.stop)
 
 
 @click.command("device-plugin")
@@ -136,6 +150,11 @@ async def _wait_for_stop() -> None:
     help="If off, a backend that cannot start is logged and the agent idles (non-GPU nodes).",
 )
 @click.option(
+    "--health-listen",
+    envvar=_env("HEALTH_LISTEN"),
+    help="flags.healthListen: HOST:PORT for /healthz and /readyz (e.g. 0.0.0.0:9401).",
+)
+@click.option(
     "--pass-device-specs/--no-pass-device-specs",
     default=None,
     envvar=_env("PASS_DEVICE_SPECS", "PASS_DEVICE_SPECS"),
@@ -186,6 +205,7 @@ def device_plugin(
     from kubegpu.config.load import ConfigError, load_config, render_config
     from kubegpu.inventory.backend import InventoryError
     from kubegpu.kubelet.agent import AgentSettings, health_policy
+    from kubegpu.kubelet.probes import ProbeServerError
     from kubegpu.kubelet.resources import PlanError
 
     node = node_name or "-"
@@ -204,7 +224,12 @@ def device_plugin(
             click.echo(f"kubegpu device-plugin: {err}", err=True)
             sys.exit(1)
         log.error("node %s: %s; failOnInitError=false, idling until stopped", node, err)
-        asyncio.run(_wait_for_stop())
+        try:
+            reason = f"GPU backend unavailable: {str(err).splitlines()[0] if str(err) else err!r}"
+            asyncio.run(_idle(config, node, reason))
+        except ProbeServerError as probe_err:
+            click.echo(f"kubegpu device-plugin: {probe_err}", err=True)
+            sys.exit(1)
         sys.exit(0)
 
     settings = AgentSettings(
@@ -227,6 +252,9 @@ def device_plugin(
         except (PlanError, ValueError) as err:
             click.echo(f"kubegpu device-plugin: invalid config: {err}", err=True)
             sys.exit(2)
+        except ProbeServerError as err:
+            click.echo(f"kubegpu device-plugin: {err}", err=True)
+            sys.exit(1)
     finally:
         gpu_backend.close()
 
