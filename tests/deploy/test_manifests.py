@@ -17,10 +17,10 @@ import yaml
 import kubegpu
 from kubegpu.cli.main import SUBCOMMANDS, cli
 from kubegpu.config.load import load_config
-from kubegpu.config.model import DEFAULT_RESOURCE, GpuShare, PluginFlags
+from kubegpu.config.model import GpuShare, PluginFlags
 from kubegpu.exporter.cli import exporter_command, parse_listen
 from kubegpu.kubelet.cli import DEFAULT_KUBELET_DIR
-from kubegpu.kubelet.resources import socket_name_for
+from kubegpu.kubelet.probes import LOOP_TIMEOUT_S
 from kubegpu.sharing.resources import ResourceNames
 from tests.deploy.manifests import (
     DEPLOY,
@@ -102,7 +102,6 @@ EXPECTED_RULES: dict[tuple[str, str], list[dict[str, Any]]] = {
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ],
     ("Role", "kubegpu-scheduler-leader-election"): [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
@@ -149,6 +148,24 @@ def test_rbac_rules_have_no_wildcards(kustomization: str) -> None:
                 assert "*" not in rule.get(key, []), f"{role['metadata']['name']}: {key}: *"
                 assert all("*" not in value for value in rule.get(key, []))
             assert rule["verbs"] and rule["resources"]
+
+
+def test_each_role_is_defined_in_exactly_one_file_under_deploy() -> None:
+    # One source per role: an overlay binds the base's ClusterRole instead of carrying a copy
+    # that could drift from it.
+    defined: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(DEPLOY.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") in ("Role", "ClusterRole"):
+                key = (doc["kind"], doc["metadata"]["name"])
+                defined.setdefault(key, []).append(path.relative_to(DEPLOY).as_posix())
+    assert defined == {
+        ("ClusterRole", "kubegpu-node-agent"): ["base/node-agent-rbac.yaml"],
+        ("ClusterRole", "kubegpu-extender"): ["base/extender-clusterrole.yaml"],
+        ("Role", "kubegpu-scheduler-leader-election"): [
+            "overlays/second-scheduler/scheduler-rbac.yaml"
+        ],
+    }
 
 
 @pytest.mark.parametrize("overlay", INSTALL_OVERLAYS)
@@ -258,17 +275,37 @@ def test_every_node_agent_container_knows_its_node_from_the_downward_api() -> No
         assert arg_value(item["args"], "--node-name") == "$(NODE_NAME)"
 
 
-def test_device_plugin_probes_call_the_socket_the_plugin_serves() -> None:
+def test_device_plugin_probes_ask_its_health_endpoints_on_the_port_it_listens_on() -> None:
     item = container(_agent(), "device-plugin")
-    socket = f"{DEFAULT_KUBELET_DIR}/{socket_name_for(DEFAULT_RESOURCE)}"
+    _, port = parse_listen(arg_value(item["args"], "--health-listen"))
+    ports = {p["name"]: p["containerPort"] for p in item["ports"]}
+    paths = {}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        command = item[probe]["exec"]["command"]
-        assert command[-1] == socket
-        assert "GetDevicePluginOptions" in command[2]
-    # The probed socket is the default resource's: the shipped config must not rename it.
-    config_text = _configmap_text(render("overlays/second-scheduler"), "kubegpu-node-agent-config")
-    names = [g["name"] for g in yaml.safe_load(config_text)["resources"]["gpus"]]
-    assert names == [DEFAULT_RESOURCE]
+        target = item[probe]["httpGet"]
+        assert ports[target["port"]] == port
+        paths[probe] = target["path"]
+        # Longer than the agent waits for its loop, so a 503 says why before the kubelet
+        # gives up on the request.
+        assert item[probe]["timeoutSeconds"] > LOOP_TIMEOUT_S
+    assert paths == {
+        "startupProbe": "/healthz",
+        "readinessProbe": "/readyz",
+        "livenessProbe": "/healthz",
+    }
+
+
+def test_the_labeller_reads_the_device_plugins_own_config_file() -> None:
+    # Its sharing labels then say what the device plugin advertises.
+    agent = _agent()
+    plugin, labels = container(agent, "device-plugin"), container(agent, "labels")
+    path = arg_value(plugin["args"], "--config")
+    assert arg_value(labels["args"], "--config") == path
+
+    def volume_of(item: Obj) -> str:
+        (mount,) = [m for m in item["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+        return str(mount["name"])
+
+    assert volume_of(labels) == volume_of(plugin) == "config"
 
 
 def test_exporter_probes_use_the_port_it_listens_on() -> None:

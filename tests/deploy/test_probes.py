@@ -138,7 +138,7 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def test_device_plugin_probe_passes_while_the_plugin_serves_and_fails_after(
+def test_device_plugin_probes_pass_once_it_serves_and_has_registered_and_fail_after(
     tmp_path: Path,
 ) -> None:
     objs = render("overlays/second-scheduler")
@@ -147,33 +147,45 @@ def test_device_plugin_probe_passes_while_the_plugin_serves_and_fails_after(
     env = container_env(item)
     # Unix socket paths must stay under 108 bytes; pytest's tmp_path may not.
     kubelet_dir = Path(tempfile.mkdtemp(prefix="kg-probe-", dir="/tmp"))
+    port = free_port()
     try:
         paths = materialise_config_volumes(objs, agent, "device-plugin", tmp_path)
         paths[DEFAULT_KUBELET_DIR] = str(kubelet_dir)
-        probe = substitute(item["livenessProbe"]["exec"]["command"], {}, paths)
-        assert probe[0] == "python"
-        probe[0] = sys.executable  # the image's `python` is the virtualenv's
+        args = substitute(item["args"], env, paths)
+        # The manifest's address is the pod IP's; here loopback on a free port.
+        assert arg_value(args, "--health-listen") is not None
+        args = [a for a in args if not a.startswith("--health-listen=")]
+        args.append(f"--health-listen=127.0.0.1:{port}")
+        ports = {p["name"]: p["containerPort"] for p in item["ports"]}
 
-        def run_probe() -> int:
-            return subprocess.run(probe, capture_output=True, timeout=30, check=False).returncode
+        def url(probe: str) -> str:
+            target = item[probe]["httpGet"]
+            assert ports[target["port"]] == 9401  # the manifest's; rebased to `port` here
+            return f"http://127.0.0.1:{port}{target['path']}"
 
+        probes = ("startupProbe", "livenessProbe", "readinessProbe")
+        assert all(http_status(url(p)) == 0 for p in probes)  # nothing listens yet
         # The shipped config turns on GPU sharing, which needs the API server (in a pod: the
         # service account) and the node's Node object.
         with FakeApiServer().run_in_thread() as api, KubeletEmulator(kubelet_dir) as kubelet:
             api.store.put("nodes", make_node(env["NODE_NAME"]))
             kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-            args = [
-                *substitute(item["args"], env, paths),
-                *FAKE,
-                f"--kubeconfig={kubeconfig}",
-            ]
+            args += [*FAKE, f"--kubeconfig={kubeconfig}"]
             with running(args, _env()) as plugin:
                 kubelet.wait_for_registration(DEFAULT_RESOURCE, timeout_s=30)
-                # Shared mode is on: the share slots are registered too.
+                # Shared mode is on: the share slots are registered too, and readiness waits
+                # for both.
                 kubelet.wait_for_registration(GpuShare().resource_name, timeout_s=30)
-                assert run_probe() == 0
+                for probe in probes:
+                    assert wait_for_status(url(probe), 200) == 200, probe
+                # The kubelet goes away: not ready, still alive.
+                kubelet.stop()
+                assert wait_for_status(url("readinessProbe"), 503) == 503
+                assert http_status(url("livenessProbe")) == 200
+                kubelet.start()
+                assert wait_for_status(url("readinessProbe"), 200) == 200
                 assert plugin.stop() == 0
-            assert run_probe() != 0
+            assert all(http_status(url(p)) == 0 for p in probes)
     finally:
         for leftover in kubelet_dir.iterdir():
             leftover.unlink()
