@@ -1,0 +1,103 @@
+"""``kubegpu labels --config``: GFD's sharing labels come from the node agent's own config file,
+so they say what the device plugin advertises; flags still override the file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kubegpu.config.model import DEFAULT_RESOURCE
+from kubegpu.testing.kubelet import KubeletEmulator
+from tests.kubelet.conftest import PluginProcess, short_tempdir
+
+TIME_SLICED = (
+    "version: v1\n"
+    "sharing:\n"
+    "  timeSlicing:\n"
+    "    resources:\n"
+    "      - name: nvidia.com/gpu\n"
+    "        replicas: 3\n"
+)
+
+LABELS = (sys.executable, "-m", "kubegpu", "labels", "--backend=fake", "--fake-gpus=4xT4")
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    path = short_tempdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def labels(*args: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    done = subprocess.run(
+        [*LABELS, "--once", "--no-timestamp", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("KUBEGPU_")},
+            **(env or {}),
+        },
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(line.split("=", 1) for line in done.stdout.splitlines())
+
+
+def test_sharing_labels_say_what_the_device_plugin_advertises_from_the_same_file(
+    root: Path,
+) -> None:
+    config = root / "config.yaml"
+    config.write_text(TIME_SLICED)
+    kubelet_dir = root / "dp"
+    with KubeletEmulator(kubelet_dir) as kubelet:
+        plugin = PluginProcess(kubelet_dir, preset="4xT4", config=config)
+        try:
+            kubelet.wait_for_devices(DEFAULT_RESOURCE, lambda d: len(d) > 0, timeout_s=30)
+            advertised = len(kubelet.devices(DEFAULT_RESOURCE))
+        finally:
+            assert plugin.stop() == 0
+    found = labels(f"--config={config}")
+    assert found["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    assert int(found["nvidia.com/gpu.replicas"]) * int(found["nvidia.com/gpu.count"]) == advertised
+    assert advertised == 12
+
+
+def test_the_config_file_comes_from_the_device_plugins_environment_variables_too(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(TIME_SLICED)
+    for name in ("KUBEGPU_CONFIG", "CONFIG_FILE"):  # ours, then NVIDIA's
+        found = labels(env={name: str(config)})
+        assert found["nvidia.com/gpu.replicas"] == "3", name
+
+
+def test_flags_override_each_sharing_label_from_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(TIME_SLICED)
+    found = labels(f"--config={config}", "--sharing-strategy=mps")
+    assert (found["nvidia.com/gpu.sharing-strategy"], found["nvidia.com/gpu.replicas"]) == (
+        "mps",
+        "3",
+    )
+    found = labels(f"--config={config}", "--replicas=1")
+    assert (found["nvidia.com/gpu.sharing-strategy"], found["nvidia.com/gpu.replicas"]) == (
+        "time-slicing",
+        "1",
+    )
+
+
+def test_without_a_file_or_flags_nothing_is_shared() -> None:
+    found = labels()
+    assert (found["nvidia.com/gpu.sharing-strategy"], found["nvidia.com/gpu.replicas"]) == (
+        "none",
+        "1",
+    )
