@@ -252,39 +252,53 @@ def explain_rows_coded(
         range(8),
         default=8,
     ).astype(np.int64)
-    out: list[str] = []
-    allowed = "|".join(sorted(pod.gpu_models))
-    # One f-string per row (the strings are the point); the branch is already decided.
-    for code, i, c, m, w, big, mem in zip(
-        codes.tolist(),
-        rows.tolist(),
-        cpu.tolist(),
-        memory.tolist(),
-        whole.tolist(),
-        largest.tolist(),
-        best_memory.tolist(),
-        strict=True,
-    ):
-        name = names[i]
+    # The strings are the point, so one f-string per row is unavoidable; but the branch is
+    # decided above, so each kind of reason is formatted by its own comprehension over just
+    # its rows (no per-row branching or indexing), then put back in row order.
+    row_list = rows.tolist()
+    picked = operator.itemgetter(*row_list)(names) if len(row_list) > 1 else (names[row_list[0]],)
+    row_names = np.empty(rows.size, dtype=object)
+    row_names[:] = picked
+    out = np.full(rows.size, "", dtype=object)
+    for code in np.unique(codes).tolist():
+        where = np.flatnonzero(codes == code)
+        who = row_names[where].tolist()
         if code == 0:
-            out.append(f"{name}: {c} milli-CPU free, pod needs {pod.cpu_milli}")
+            tail = f" milli-CPU free, pod needs {pod.cpu_milli}"
+            out[where] = [f"{n}: {v}{tail}" for n, v in zip(who, cpu[where].tolist(), strict=True)]
         elif code == 1:
-            out.append(f"{name}: {m} MiB memory free, pod needs {pod.memory_mib}")
+            tail = f" MiB memory free, pod needs {pod.memory_mib}"
+            out[where] = [
+                f"{n}: {v}{tail}" for n, v in zip(who, memory[where].tolist(), strict=True)
+            ]
         elif code == 3:
-            out.append(f"{name}: has no GPU")
+            out[where] = [f"{n}: has no GPU" for n in who]
         elif code == 4:
-            out.append(f"{name}: GPU model {engine.models[i]}, pod allows {allowed}")
+            allowed = "|".join(sorted(pod.gpu_models))
+            models = [engine.models[i] for i in rows[where].tolist()]
+            out[where] = [
+                f"{n}: GPU model {m}, pod allows {allowed}"
+                for n, m in zip(who, models, strict=True)
+            ]
         elif code == 5:
-            out.append(f"{name}: needs {pod.gpu_count} whole GPUs, {w} free")
+            head = f": needs {pod.gpu_count} whole GPUs, "
+            out[where] = [
+                f"{n}{head}{v} free" for n, v in zip(who, whole[where].tolist(), strict=True)
+            ]
         elif code == 6:
-            out.append(f"{name}: largest free card share is {big} milli, pod needs {pod.gpu_milli}")
+            tail = f" milli, pod needs {pod.gpu_milli}"
+            out[where] = [
+                f"{n}: largest free card share is {v}{tail}"
+                for n, v in zip(who, largest[where].tolist(), strict=True)
+            ]
         elif code == 7:
-            out.append(
-                f"{name}: largest free card has {mem} MiB, pod needs {pod.gpu_memory_mib} MiB"
-            )
-        else:
-            out.append("")
-    return out, codes
+            tail = f" MiB, pod needs {pod.gpu_memory_mib} MiB"
+            out[where] = [
+                f"{n}: largest free card has {v}{tail}"
+                for n, v in zip(who, best_memory[where].tolist(), strict=True)
+            ]
+    reasons: list[str] = out.tolist()
+    return reasons, codes
 
 
 def rows_of(engine_rows: Mapping[str, int], names: Sequence[str]) -> IntArray:

@@ -110,6 +110,7 @@ class GpuScheduler:
         self.clock = clock
         self._engine: PlacementEngine | None = None
         self._rows: dict[str, int] = {}
+        self._row_names: npt.NDArray[np.object_] = np.empty(0, dtype=object)
         self._row_cache: OrderedDict[tuple[str, ...], npt.NDArray[np.int64]] = OrderedDict()
         self._facts: NodeFacts | None = None
         self._built_topology = -1
@@ -160,6 +161,9 @@ class GpuScheduler:
         workload = self.current_workload() if self._needs_workload() else None
         self._engine = PlacementEngine(states, self.engine_policy, workload=workload)
         self._rows = {name: i for i, name in enumerate(self._engine.names)}
+        # Row -> name as an object array: numpy picks thousands of names in C.
+        self._row_names = np.empty(len(self._engine.names), dtype=object)
+        self._row_names[:] = self._engine.names
         self._row_cache.clear()
         self._facts = NodeFacts.build(self._engine, view.nodes)
         self._built_topology = view.topology_version
@@ -211,7 +215,7 @@ class GpuScheduler:
         feasible = np.zeros(len(engine.names) + 1, dtype=bool)
         feasible[engine.feasible_rows(pod)] = True
         fits = feasible[rows]
-        out.passed = _pick(node_names, np.flatnonzero(fits))
+        out.passed = self._names_of(rows[fits])
         # kube-scheduler usually prioritizes exactly the nodes that just passed: remember them.
         self._remember_rows(out.passed, rows[fits])
         failing = np.flatnonzero(~fits)
@@ -227,7 +231,7 @@ class GpuScheduler:
             out.categories["unknown-node"] += int(unknown.sum())
         if never.any():
             never_rows = failing_rows[never]
-            never_names = _pick(node_names, failing[never])
+            never_names = self._names_of(never_rows)
             out.unresolvable = dict(
                 zip(
                     never_names,
@@ -241,12 +245,16 @@ class GpuScheduler:
         now = failing[~unknown & ~never]
         if now.size:
             reasons, codes = explain_rows_coded(engine, pod, rows[now])
-            now_names = _pick(node_names, now)
+            now_names = self._names_of(rows[now])
             out.failed.update(zip(now_names, reasons, strict=True))
             _count(out.categories, EXPLAIN_CATEGORIES, codes)
             for k in np.flatnonzero((codes == 2) | (codes == 8)).tolist():
                 out.failed[now_names[k]] = f"{now_names[k]}: does not fit"
         return out
+
+    def _names_of(self, rows: npt.NDArray[np.int64]) -> tuple[str, ...]:
+        """Names of engine ``rows`` (all known), i.e. the names the caller sent for them."""
+        return tuple(self._row_names[rows].tolist())
 
     def rows(self, node_names: Sequence[str]) -> npt.NDArray[np.int64]:
         """Engine rows of ``node_names`` (-1: unknown). kube-scheduler sends the same list

@@ -10,6 +10,7 @@ clears a recorded decision. Only the pod being bound is locked, never a node.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import time
@@ -37,7 +38,13 @@ from kubegpu.extender.wire import (
 )
 from kubegpu.kube import pods as kpods
 from kubegpu.sharing.podstate import read_decision
-from kubegpu.sharing.resources import RequestError, RequestKind, gpu_request, pod_key
+from kubegpu.sharing.resources import (
+    GpuRequest,
+    RequestError,
+    RequestKind,
+    gpu_request,
+    pod_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +138,9 @@ class ExtenderApp:
         self.bind_attempts = bind_attempts
         self._pod_locks: dict[str, asyncio.Lock] = {}
         self._node_names = NodeNamesCache()
+        # Pod JSON -> its GPU request (or why it has none that can be served): prioritize
+        # sends the bytes filter just got; parsing quantities costs ~0.1 ms a pod.
+        self._requests: collections.OrderedDict[bytes, GpuRequest | str] = collections.OrderedDict()
         self._priorities: PriorityEncoder | None = None
 
     def application(self) -> web.Application:
@@ -179,6 +189,24 @@ class ExtenderApp:
         except (msgspec.DecodeError, RecursionError) as exc:
             raise self._not_json(verb, exc) from None
 
+    def _gpu_request(self, args: ExtenderArgs) -> GpuRequest:
+        """``gpu_request`` of the call's pod, remembered under the pod's bytes; raises
+        :class:`RequestError` as it does."""
+        if args.pod_raw is None:
+            return gpu_request(args.pod, self.view.names)
+        found = self._requests.get(args.pod_raw)
+        if found is None:
+            try:
+                found = gpu_request(args.pod, self.view.names)
+            except RequestError as exc:
+                found = str(exc)  # a message, not the exception: re-raising one grows its traceback
+            self._requests[args.pod_raw] = found
+            if len(self._requests) > 64:
+                self._requests.popitem(last=False)
+        if isinstance(found, str):
+            raise RequestError(found)
+        return found
+
     def _bad(self, verb: str, exc: Exception) -> web.Response:
         self.metrics.bad_requests.labels(verb).inc()
         log.warning("%s: malformed request: %s", verb, exc)
@@ -193,7 +221,7 @@ class ExtenderApp:
         if not self.view.synced.is_set():
             return _reply(filter_result(args, [], {}, {}, "kubegpu extender has not synced yet"))
         try:
-            gpu = gpu_request(args.pod, self.view.names)
+            gpu = self._gpu_request(args)
         except RequestError as exc:
             # Every node fails for the same, actionable reason; preemption cannot help.
             reason = str(exc)
@@ -229,7 +257,7 @@ class ExtenderApp:
         except WireError as exc:
             return self._bad("prioritize", exc)
         try:
-            gpu = gpu_request(args.pod, self.view.names)
+            gpu = self._gpu_request(args)
         except RequestError:
             return _reply([])  # filter already explained it
         if not self.view.synced.is_set():

@@ -15,11 +15,10 @@ gives; tests hold them equal.
 
 from __future__ import annotations
 
-import operator
 import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -42,6 +41,9 @@ class ExtenderArgs:
     node_names: tuple[str, ...]
     # Full Node objects when the scheduler is not node-cache-capable (echoed back on filter).
     nodes: tuple[Mapping[str, Any], ...] | None
+    # The Pod's JSON as sent, when read by the fast path: filter and prioritize of one pod send
+    # the same bytes, so what is derived from the pod can be remembered under them.
+    pod_raw: bytes | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ class _CacheModeArgs(msgspec.Struct, forbid_unknown_fields=True):
     """ExtenderArgs exactly as kube-scheduler's Go encoder writes it for a node-cache-capable
     extender: all three fields, ``Nodes`` null, ``NodeNames`` kept raw for the cache."""
 
-    Pod: dict[str, Any]
+    Pod: msgspec.Raw
     Nodes: None
     NodeNames: msgspec.Raw
 
@@ -169,14 +171,16 @@ def parse_extender_body(raw: bytes, cache: NodeNamesCache) -> ExtenderArgs:
     except (msgspec.DecodeError, RecursionError):
         fast = None
     if fast is not None:
-        pod = fast.Pod
+        pod_raw = bytes(fast.Pod)
+        pod = _GENERIC_DECODER.decode(pod_raw)
         names = cache.names(bytes(fast.NodeNames))
         if (
             names is not None
+            and isinstance(pod, dict)
             and isinstance(pod.get("metadata", {}), Mapping)
             and isinstance(pod.get("spec", {}), Mapping)
         ):
-            return ExtenderArgs(pod, names, None)
+            return ExtenderArgs(pod, names, None, pod_raw)
     return parse_extender_args(_GENERIC_DECODER.decode(raw))
 
 
@@ -266,7 +270,9 @@ class PriorityEncoder:
         for name in names:
             head = b'{"Host":' + _ENCODER.encode(name) + b',"Score":'
             pieces.extend(head + str(score).encode() + b"}" for score in range(self.SCORES))
-        self._pieces = pieces
+        # An object array: numpy's fancy indexing picks thousands of pieces in C.
+        self._pieces = np.empty(len(pieces), dtype=object)
+        self._pieces[:] = pieces
 
     def encode(self, rows: npt.NDArray[np.int64], scores: npt.NDArray[np.int64]) -> bytes:
         """The list for ``names[rows[k]]`` scoring ``scores[k]``, in that order."""
@@ -281,10 +287,8 @@ class PriorityEncoder:
                     ]
                 )
             )
-        index: list[int] = (rows * self.SCORES + scores).tolist()
-        if len(index) == 1:
-            return b"[" + self._pieces[index[0]] + b"]"
-        return b"[" + b",".join(operator.itemgetter(*index)(self._pieces)) + b"]"
+        picked: list[bytes] = self._pieces[rows * self.SCORES + scores].tolist()
+        return b"[" + b",".join(picked) + b"]"
 
 
 class HostPriority(msgspec.Struct):
