@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, decode_allocation
@@ -369,3 +370,27 @@ def test_a_bad_workload_file_names_the_entry() -> None:
         handle.flush()
         with pytest.raises(ConfigError, match=r"pods\[0\]: 'weight'"):
             load_workload(Path(handle.name))
+
+
+async def test_a_pods_request_is_read_again_whenever_its_json_differs() -> None:
+    # The extender remembers each pod's parsed request under its JSON bytes (kube-scheduler
+    # sends the same bytes to filter and then prioritize): any change must be seen.
+    async with FakeApiServer() as server:
+        seed(server, ("nodes", gpu_node("node-a", cards=2)))
+        async with running_extender(server) as ext, http_session() as http:
+            bad = make_pod("p", limits={MEMORY: "1024", COMPUTE: "1500", SLOT: "1"})
+            good = make_pod("p", limits={MEMORY: "1024", COMPUTE: "500", SLOT: "1"})
+            answers = []
+            for pod in (bad, good, bad, good):
+                raw = msgspec.json.encode(filter_args(pod, ["node-a"]))
+                for verb in ("filter", "prioritize"):
+                    async with http.post(
+                        f"{ext.url}/{verb}", data=raw, headers={"Content-Type": "application/json"}
+                    ) as response:
+                        answers.append(await response.json())
+    refused, passed, prioritized = answers[0], answers[2], answers[3]
+    assert refused["NodeNames"] == [] and answers[1] == []
+    assert "must fit on one card" in refused["FailedAndUnresolvableNodes"]["node-a"]
+    assert passed["NodeNames"] == ["node-a"] and passed["FailedAndUnresolvableNodes"] == {}
+    assert [entry["Host"] for entry in prioritized] == ["node-a"]
+    assert answers[4:] == answers[:4]
