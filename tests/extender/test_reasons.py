@@ -14,6 +14,7 @@ from kubegpu.extender.reasons import (
     EXPLAIN_CATEGORIES,
     STRUCTURAL_CATEGORIES,
     NodeFacts,
+    ReasonCache,
     explain_rows,
     explain_rows_coded,
     structural,
@@ -146,3 +147,35 @@ def test_remembered_structural_reasons_equal_fresh_ones_as_facts_change(seed: in
         changed = rng.choice(engine.names)
         infos[changed] = random_info(rng, changed) if rng.random() < 0.7 else infos[changed]
         facts.update(engine.row_of(changed), changed, infos[changed])
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_remembered_reasons_equal_fresh_ones_as_nodes_fill_and_empty(seed: int) -> None:
+    rng = random.Random(seed)
+    engine = PlacementEngine(random_cluster(rng), "bestfit")
+    versions = np.zeros(len(engine.names), dtype=np.int64)
+    cache = ReasonCache(len(engine.names), shapes=4)  # fewer shapes than pods: evictions too
+    shapes = [random_pod(rng) for _ in range(6)]
+    placed: list[tuple[int, PodRequest, tuple[int, ...]]] = []
+    for _ in range(60):
+        pod = rng.choice(shapes)
+        feasible = set(engine.feasible_rows(pod).tolist())
+        rows = np.array([i for i in range(len(engine.names)) if i not in feasible], dtype=np.int64)
+        reasons, codes = cache.explain(engine, pod, rows, versions)
+        fresh, fresh_codes = explain_rows_coded(engine, pod, rows)
+        assert reasons == fresh and codes.tolist() == fresh_codes.tolist()
+        # Between decisions the cluster changes: a pod lands or leaves, and its row's
+        # version moves on (as the scheduler's row rewrite does).
+        if placed and rng.random() < 0.3:
+            row, gone, cols = placed.pop(rng.randrange(len(placed)))
+            engine.release_row(row, gone, cols)
+        else:
+            extra = random_pod(rng)
+            found = engine.feasible_rows(extra)
+            if found.size == 0:
+                continue
+            row = int(found[rng.randrange(found.size)])
+            cols = engine.pick_columns(row, extra)
+            engine.allocate_row(row, extra, cols)
+            placed.append((row, extra, cols))
+        versions[row] += 1

@@ -232,26 +232,20 @@ def explain_rows_coded(
             best_memory = np.where(enough, engine.card_memory[rows], -1).max(axis=1)
         else:
             best_memory = np.zeros(rows.size, dtype=np.int64)
-    everywhere = np.ones(rows.size, dtype=bool)
-    model_bad = (
-        np.array([not pod.allows_model(engine.models[i]) for i in rows.tolist()], dtype=bool)
-        if pod.gpu_models
-        else ~everywhere
-    )
-    codes: IntArray = np.select(
-        [
-            cpu_short,
-            memory_short,
-            everywhere if pod.gpu_count == 0 else ~everywhere,
-            count == 0,
-            model_bad,
-            everywhere if pod.gpu_milli >= MILLI_PER_GPU else ~everywhere,
-            largest < pod.gpu_milli,
-            everywhere if pod.gpu_memory_mib is not None else ~everywhere,
-        ],
-        range(8),
-        default=8,
-    ).astype(np.int64)
+    # The first failing check, in explain's order: assigned from the last check to the first
+    # so that earlier checks win (np.select does the same, at several times the cost).
+    codes = np.full(rows.size, 7 if pod.gpu_memory_mib is not None else 8, dtype=np.int64)
+    codes[largest < pod.gpu_milli] = 6
+    if pod.gpu_milli >= MILLI_PER_GPU:
+        codes[:] = 5
+    if pod.gpu_models:
+        bad = [not pod.allows_model(engine.models[i]) for i in rows.tolist()]
+        codes[np.array(bad, dtype=bool)] = 4
+    codes[count == 0] = 3
+    if pod.gpu_count == 0:
+        codes[:] = 2
+    codes[memory_short] = 1
+    codes[cpu_short] = 0
     # The strings are the point, so one f-string per row is unavoidable; but the branch is
     # decided above, so each kind of reason is formatted by its own comprehension over just
     # its rows (no per-row branching or indexing), then put back in row order.
@@ -299,6 +293,61 @@ def explain_rows_coded(
             ]
     reasons: list[str] = out.tolist()
     return reasons, codes
+
+
+_PodShape = tuple[int, int, int, int, int | None, frozenset[str]]
+
+
+class ReasonCache:
+    """:func:`explain_rows_coded` remembered per (pod shape, row) while the row is unchanged.
+
+    A row's reason depends only on its free resources and the pod's shape, and between two
+    decisions a bind changes one node; pods come in replica sets of one shape. The caller
+    keeps ``versions`` (one counter per engine row, bumped whenever the row is rewritten) and
+    drops the cache when the engine is rebuilt.
+    """
+
+    def __init__(self, rows: int, shapes: int = 32) -> None:
+        self.rows = rows
+        self.shapes = shapes
+        # Per shape: reasons (object), codes (-1: not computed), row version when computed.
+        self._entries: OrderedDict[
+            _PodShape, tuple[npt.NDArray[np.object_], IntArray, IntArray]
+        ] = OrderedDict()
+
+    def explain(
+        self, engine: PlacementEngine, pod: PodRequest, rows: IntArray, versions: IntArray
+    ) -> tuple[list[str], IntArray]:
+        """What :func:`explain_rows_coded` gives for ``rows`` (all infeasible) now."""
+        shape = (
+            pod.cpu_milli,
+            pod.memory_mib,
+            pod.gpu_count,
+            pod.gpu_milli,
+            pod.gpu_memory_mib,
+            pod.gpu_models,
+        )
+        entry = self._entries.get(shape)
+        if entry is None:
+            entry = (
+                np.full(self.rows, "", dtype=object),
+                np.full(self.rows, -1, dtype=np.int64),
+                np.zeros(self.rows, dtype=np.int64),
+            )
+            self._entries[shape] = entry
+            if len(self._entries) > self.shapes:
+                self._entries.popitem(last=False)
+        else:
+            self._entries.move_to_end(shape)
+        reasons, codes, seen = entry
+        stale = rows[(codes[rows] < 0) | (seen[rows] != versions[rows])]
+        if stale.size:
+            fresh, fresh_codes = explain_rows_coded(engine, pod, stale)
+            reasons[stale] = fresh
+            codes[stale] = fresh_codes
+            seen[stale] = versions[stale]
+        out: list[str] = reasons[rows].tolist()
+        return out, codes[rows]
 
 
 def rows_of(engine_rows: Mapping[str, int], names: Sequence[str]) -> IntArray:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import operator
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -26,7 +26,7 @@ from kubegpu.extender.reasons import (
     EXPLAIN_CATEGORIES,
     STRUCTURAL_CATEGORIES,
     NodeFacts,
-    explain_rows_coded,
+    ReasonCache,
     rows_of,
     structural,
 )
@@ -111,7 +111,10 @@ class GpuScheduler:
         self._engine: PlacementEngine | None = None
         self._rows: dict[str, int] = {}
         self._row_names: npt.NDArray[np.object_] = np.empty(0, dtype=object)
-        self._row_cache: OrderedDict[tuple[str, ...], npt.NDArray[np.int64]] = OrderedDict()
+        # Bumped whenever a row is rewritten: what the reason cache checks its entries against.
+        self._row_versions: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self._reasons = ReasonCache(0)
+        self._row_cache: list[tuple[tuple[str, ...], npt.NDArray[np.int64]]] = []
         self._facts: NodeFacts | None = None
         self._built_topology = -1
         self._built_at = 0.0
@@ -164,6 +167,8 @@ class GpuScheduler:
         # Row -> name as an object array: numpy picks thousands of names in C.
         self._row_names = np.empty(len(self._engine.names), dtype=object)
         self._row_names[:] = self._engine.names
+        self._row_versions = np.zeros(len(self._engine.names), dtype=np.int64)
+        self._reasons = ReasonCache(len(self._engine.names))
         self._row_cache.clear()
         self._facts = NodeFacts.build(self._engine, view.nodes)
         self._built_topology = view.topology_version
@@ -190,6 +195,7 @@ class GpuScheduler:
         if self._facts is not None:
             self._facts.update(i, node, info)
         engine.update_node(state)
+        self._row_versions[i] += 1
         return True
 
     # ------------------------------------------------------------------ verbs
@@ -244,7 +250,7 @@ class GpuScheduler:
             )
         now = failing[~unknown & ~never]
         if now.size:
-            reasons, codes = explain_rows_coded(engine, pod, rows[now])
+            reasons, codes = self._reasons.explain(engine, pod, rows[now], self._row_versions)
             now_names = self._names_of(rows[now])
             out.failed.update(zip(now_names, reasons, strict=True))
             _count(out.categories, EXPLAIN_CATEGORIES, codes)
@@ -259,21 +265,26 @@ class GpuScheduler:
     def rows(self, node_names: Sequence[str]) -> npt.NDArray[np.int64]:
         """Engine rows of ``node_names`` (-1: unknown). kube-scheduler sends the same list
         again and again (every node, with percentageOfNodesToScore 100), so the last few
-        mappings are cached until the engine is rebuilt."""
+        mappings are cached until the engine is rebuilt.
+
+        The cache is a short list searched by identity, then equality, not a dict: hashing a
+        tuple of thousands of names is not cached by Python and cost more than the lookup
+        saved (the wire layer hands back the same tuple object for the same list)."""
         key = tuple(node_names)
-        found = self._row_cache.get(key)
-        if found is None:
-            found = rows_of(self._rows, key)
-            self._remember_rows(key, found)
-        else:
-            self._row_cache.move_to_end(key)  # least recently used goes first
+        cache = self._row_cache
+        for k in range(len(cache) - 1, -1, -1):
+            known, found = cache[k]
+            if known is key or (len(known) == len(key) and known == key):
+                cache.append(cache.pop(k))  # most recently used last
+                return found
+        found = rows_of(self._rows, key)
+        self._remember_rows(key, found)
         return found
 
     def _remember_rows(self, key: tuple[str, ...], rows: npt.NDArray[np.int64]) -> None:
-        self._row_cache[key] = rows
-        self._row_cache.move_to_end(key)
+        self._row_cache.append((key, rows))
         if len(self._row_cache) > 8:
-            self._row_cache.popitem(last=False)
+            del self._row_cache[0]
 
     def prioritize(self, request: GpuRequest, node_names: Sequence[str]) -> list[tuple[str, int]]:
         """(node, score 0..10) for each of ``node_names`` the pod fits, in their order."""
