@@ -20,7 +20,8 @@ cards are partly used and node states differ. Then, for ``--requests`` pods of m
 * **extender CPU per pair**: the extender process's user+system CPU time over the latency
   phase divided by the pairs served (from ``/proc/<pid>/stat``): what a decision costs the
   extender, independent of what else the machine runs.
-* **throughput**: ``--concurrency`` clients doing the same pairs: completed pairs per second.
+* **throughput**: ``--concurrency`` clients doing the same pairs: completed pairs per second,
+  and the extender's CPU per pair over that phase.
 * **pair latency while binding**: the warm-up's own filter + prioritize pairs, each followed by
   a bind, so every decision sees the node the previous one filled (the latency phase above
   holds the cluster still, which flatters whatever is cached per node).
@@ -248,8 +249,11 @@ async def drive(
             return done
 
         start = time.perf_counter()
+        cpu_before = process_cpu_s(pid)
         done = sum(await asyncio.gather(*(worker() for _ in range(args.concurrency))))
         elapsed = time.perf_counter() - start
+        concurrent_ms = sum(process_cpu_s(pid)) - sum(cpu_before)
+        concurrent_ms = concurrent_ms / done * 1000
     return {
         "nodes": len(names),
         "warmup_bound": bound,
@@ -260,6 +264,7 @@ async def drive(
         "extender_cpu_ms_per_pair": round(user_ms + sys_ms, 2),
         "extender_sys_ms_per_pair": round(sys_ms, 2),  # of which in the kernel (sockets)
         "decisions_per_s": round(done / elapsed, 1),
+        "extender_cpu_ms_per_pair_concurrent": round(concurrent_ms, 2),
         "concurrency": args.concurrency,
     }
 
@@ -362,7 +367,8 @@ def main() -> None:
             f"pair {r['pair_ms']['p50']}/{r['pair_ms']['p99']} ms  "
             f"extender CPU {r['extender_cpu_ms_per_pair']} ms/pair "
             f"({r['extender_sys_ms_per_pair']} system)  "
-            f"{r['decisions_per_s']} decisions/s (x{r['concurrency']})  "
+            f"{r['decisions_per_s']} decisions/s (x{r['concurrency']}, "
+            f"{r['extender_cpu_ms_per_pair_concurrent']} ms CPU each)  "
             f"warm-up bound {r['warmup_bound']}, its pairs "
             f"{r['pair_ms_while_binding']['p50']}/{r['pair_ms_while_binding']['p99']} ms"
         )
