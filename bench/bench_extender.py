@@ -26,7 +26,8 @@ cards are partly used and node states differ. Then, for ``--requests`` pods of m
   a bind, so every decision sees the node the previous one filled (the latency phase above
   holds the cluster still, which flatters whatever is cached per node).
 
-The client writes compact JSON with msgspec, as kube-scheduler's Go encoder does.
+The client writes compact JSON and reads replies into typed structs with msgspec, as
+kube-scheduler's Go encoder and decoder do.
 
 The openb cluster comes from ``openb_node_list_gpu_node.csv`` (columns sn, cpu_milli,
 memory_mib, gpu, model; card memory is not in the trace, so it is set per model, see
@@ -163,33 +164,50 @@ async def wait_ready(http: aiohttp.ClientSession, url: str, timeout_s: float = 1
     raise RuntimeError("extender never became ready")
 
 
-# kube-scheduler (Go's encoding/json) writes compact JSON, keys in the struct's order; the
-# load generator does the same with msgspec, which also keeps its own CPU use small (it shares
-# the machine with the extender).
+# kube-scheduler (Go's encoding/json) writes compact JSON, keys in the struct's order, and
+# reads replies into typed structs; the load generator does the same with msgspec, which also
+# keeps its own CPU use small (it shares the machine with the extender).
 _JSON = {"Content-Type": "application/json"}
 
 
-async def post_json(http: aiohttp.ClientSession, url: str, body: Any) -> Any:
+class FilterResult(msgspec.Struct):
+    NodeNames: list[str] | None
+    FailedNodes: dict[str, str] | None
+    FailedAndUnresolvableNodes: dict[str, str] | None
+    Error: str
+    Nodes: Any = None
+
+
+class HostPriority(msgspec.Struct):
+    Host: str
+    Score: int
+
+
+_FILTER_RESULT = msgspec.json.Decoder(FilterResult)
+_PRIORITIES = msgspec.json.Decoder(list[HostPriority])
+
+
+async def post(http: aiohttp.ClientSession, url: str, body: Any) -> bytes:
     async with http.post(url, data=msgspec.json.encode(body), headers=_JSON) as response:
-        return msgspec.json.decode(await response.read())
+        return await response.read()
 
 
 async def decide(
     http: aiohttp.ClientSession, url: str, pod: dict[str, Any], names: list[str]
-) -> tuple[float, float, list[dict[str, Any]]]:
+) -> tuple[float, float, list[HostPriority]]:
     start = time.perf_counter()
-    filtered = await post_json(
-        http, f"{url}/filter", {"Pod": pod, "Nodes": None, "NodeNames": names}
+    filtered = _FILTER_RESULT.decode(
+        await post(http, f"{url}/filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
     )
     middle = time.perf_counter()
-    passed = filtered["NodeNames"]
-    scores: list[dict[str, Any]] = []
+    passed = filtered.NodeNames or []
+    scores: list[HostPriority] = []
     if len(passed) > 1:  # kube-scheduler skips prioritize with one feasible node
-        scores = await post_json(
-            http, f"{url}/prioritize", {"Pod": pod, "Nodes": None, "NodeNames": passed}
+        scores = _PRIORITIES.decode(
+            await post(http, f"{url}/prioritize", {"Pod": pod, "Nodes": None, "NodeNames": passed})
         )
     elif passed:
-        scores = [{"Host": passed[0], "Score": 10}]
+        scores = [HostPriority(passed[0], 10)]
     end = time.perf_counter()
     return middle - start, end - middle, scores
 
@@ -216,7 +234,7 @@ async def drive(
             binding_pair_s.append(f + p)
             if not scores:
                 continue
-            best = max(scores, key=lambda s: s["Score"])["Host"]
+            best = max(scores, key=lambda s: s.Score).Host
             async with http.post(
                 f"{url}/bind",
                 json={
