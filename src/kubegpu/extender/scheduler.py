@@ -221,10 +221,14 @@ class GpuScheduler:
         feasible = np.zeros(len(engine.names) + 1, dtype=bool)
         feasible[engine.feasible_rows(pod)] = True
         fits = feasible[rows]
-        # Everything passes on a roomy cluster: then the list sent is the answer, as is.
-        out.passed = tuple(node_names) if fits.all() else self._names_of(rows[fits])
-        # kube-scheduler usually prioritizes exactly the nodes that just passed: remember them.
-        self._remember_rows(out.passed, rows[fits])
+        if fits.all():
+            # Everything passes on a roomy cluster: the list sent is the answer, as is (and
+            # its rows are cached already).
+            out.passed = tuple(node_names)
+        else:
+            out.passed = self._names_of(rows[fits])
+            # kube-scheduler usually prioritizes exactly the nodes that just passed.
+            self._remember_rows(out.passed, rows[fits])
         failing = np.flatnonzero(~fits)
         failing_rows = rows[failing]
         unknown = failing_rows < 0
