@@ -114,9 +114,16 @@ async def test_the_real_mps_daemon_serves_a_cuda_client_within_its_limits(tmp_pa
     command = shutil.which("nvidia-cuda-mps-control")
     if command is None:
         pytest.skip("nvidia-cuda-mps-control is not installed (no NVIDIA driver here)")
+    # Prints the SMs the client may use, then tries to take 1 GiB: MPS must refuse it under a
+    # 512 MiB limit, and report about a quarter of the SMs under a 25 % thread limit.
     probe = (
-        "import torch; torch.cuda.init(); "
-        "x = torch.ones(1024, device='cuda'); print(float(x.sum()))"
+        "import torch\n"
+        "print(torch.cuda.get_device_properties(0).multi_processor_count)\n"
+        "try:\n"
+        "    x = torch.empty(1024**3, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize()\n"
+        "    print('allocated')\n"
+        "except torch.OutOfMemoryError:\n"
+        "    print('refused')\n"
     )
     if importlib.util.find_spec("torch") is None:
         pytest.skip("no CUDA client available (torch is not installed)")
@@ -125,16 +132,28 @@ async def test_the_real_mps_daemon_serves_a_cuda_client_within_its_limits(tmp_pa
     await daemon.start()
     try:
         await wait_for(lambda: (spec.pipe_dir / "control").exists(), "MPS control pipe", 30)
-        env = {
-            **spec.env(),
+
+        def run_probe(extra: dict[str, str]) -> list[str]:
+            result = subprocess.run(
+                [sys.executable, "-c", probe],
+                env={**spec.env(), **extra},
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert result.returncode == 0, result.stderr
+            return result.stdout.split()
+
+        full_sms, unlimited = run_probe({})
+        assert unlimited == "allocated"
+        limits = {
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=512M",
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
         }
-        result = subprocess.run(
-            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
-        )
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.strip() == "1024.0"
+        limited_sms, limited = run_probe(limits)
+        assert limited == "refused", "MPS let a client past its 512 MiB memory limit"
+        # MPS provisions whole SM groups: about a quarter (32 of 132 on an H100), never a third.
+        assert 0 < int(limited_sms) <= int(full_sms) // 3, (limited_sms, full_sms)
     finally:
         await daemon.stop()
     assert daemon.pid is None

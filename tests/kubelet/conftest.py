@@ -26,7 +26,11 @@ def short_tempdir() -> Path:
 
 
 class PluginProcess:
-    """``kubegpu device-plugin --backend fake …`` started as a separate process."""
+    """``kubegpu device-plugin --backend fake …`` started as a separate process.
+
+    ``backend="nvml"`` runs it on the machine's real GPUs instead (``-m gpu`` tests only);
+    ``preset`` and the fake control socket are then unused.
+    """
 
     def __init__(
         self,
@@ -36,6 +40,7 @@ class PluginProcess:
         config: Path | None = None,
         extra: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        backend: str = "fake",
     ) -> None:
         self.kubelet_dir = kubelet_dir
         self.control = kubelet_dir.parent / f"{kubelet_dir.name}-fake.sock"
@@ -48,13 +53,14 @@ class PluginProcess:
             "debug",
             "device-plugin",
             "--backend",
-            "fake",
-            "--fake-gpus",
-            preset,
+            backend,
+            *(
+                ("--fake-gpus", preset, "--fake-control", str(self.control))
+                if backend == "fake"
+                else ()
+            ),
             "--kubelet-dir",
             str(kubelet_dir),
-            "--fake-control",
-            str(self.control),
             "--node-name",
             "test-node",
             *(("--config", str(config)) if config is not None else ()),

@@ -14,6 +14,7 @@ from typing import Any
 import lightkube
 from lightkube.resources.core_v1 import Pod
 
+from kubegpu.core.gpu import GpuDevice
 from kubegpu.inventory.spec import resolve_fake_spec
 from kubegpu.kubelet.shares import ALLOCATED_ANNOTATION, DRIFT_ANNOTATION, Ledger, decode_ledger
 from kubegpu.sharing.annotations import (
@@ -52,6 +53,17 @@ sharing:
 """
 
 
+def real_gpus() -> tuple[GpuDevice, ...]:
+    """This machine's GPUs through NVML (``-m gpu`` tests)."""
+    from kubegpu.inventory.nvml import NvmlBackend
+
+    backend = NvmlBackend()
+    try:
+        return backend.snapshot().gpus
+    finally:
+        backend.close()
+
+
 @dataclass(frozen=True)
 class ShareSpec:
     """One container's share in a test pod."""
@@ -72,10 +84,12 @@ class SharedNode:
         enforcement: str = "none",
         reconcile_s: float = 0.3,
         mps_command: str = "nvidia-cuda-mps-control",
+        backend: str = "fake",
     ) -> None:
         self.root = root
         self.preset = preset
-        self.gpus = resolve_fake_spec(preset).inventory.gpus
+        self.backend = backend
+        self.gpus = real_gpus() if backend == "nvml" else resolve_fake_spec(preset).inventory.gpus
         self.api: ServerThread = FakeApiServer().run_in_thread()
         self.api.store.put("nodes", make_node(NODE))
         self.client: lightkube.Client = self.api.client()
@@ -106,6 +120,7 @@ class SharedNode:
             self.kubelet_dir,
             preset=self.preset,
             config=self.config,
+            backend=self.backend,
             extra=("--kubeconfig", str(self.kubeconfig)),
         )
         self.kubelet.wait_for_registration(SLOT, timeout_s=30)
