@@ -177,7 +177,9 @@ def start_api_server(run: DemoRun) -> None:
     _echo(f"fake API server: pid {child.pid}")
     run.supervisor.wait_for(
         child,
-        lambda: kubeconfig.exists() and "listening on" in child.tail(),
+        # The server logs "listening on" before its CLI writes the kubeconfig; "written" comes
+        # after the file is complete (it is renamed into place).
+        lambda: kubeconfig.exists() and "kubeconfig written to" in child.tail(),
         "serving",
         START_TIMEOUT_S,
     )

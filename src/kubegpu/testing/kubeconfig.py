@@ -46,13 +46,22 @@ def write_kubeconfig(
     namespace: str = "default",
     ca_file: str | Path | None = None,
 ) -> Path:
-    """Write a kubeconfig file readable only by its owner and return its path."""
+    """Write a kubeconfig file readable only by its owner and return its path.
+
+    Written to a temporary file beside it and renamed into place, so that a process polling for
+    the file (the demo waits for the fake API server's) never reads it half-written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(
         kubeconfig_dict(server_url, namespace=namespace, ca_file=ca_file), sort_keys=False
     )
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     return path
