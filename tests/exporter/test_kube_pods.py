@@ -13,7 +13,7 @@ from lightkube.resources.core_v1 import Namespace, Pod
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.metrics import PodGpuShare, PodKey
 from kubegpu.exporter.pods import KubeNodePods
-from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_namespace, make_pod
+from kubegpu.testing.apiserver import ServerThread, make_namespace, make_pod
 
 SHARE = "example.test/share"
 
@@ -37,14 +37,8 @@ class Clock:
 
 
 @pytest.fixture
-def server() -> Iterator[ServerThread]:
-    with FakeApiServer().run_in_thread() as handle:
-        yield handle
-
-
-@pytest.fixture
-def client(server: ServerThread) -> Iterator[lightkube.Client]:
-    with server.client() as c:
+def client(fake_api_server: ServerThread) -> Iterator[lightkube.Client]:
+    with fake_api_server.client() as c:
         c.create(Namespace.from_dict(make_namespace("web")))
         for name, node, annotations in [
             ("a", "gpu-a", {SHARE: json.dumps({"uuid": "GPU-1", "bytes": 1024})}),
@@ -57,7 +51,7 @@ def client(server: ServerThread) -> Iterator[lightkube.Client]:
 
 
 def test_lists_only_this_nodes_pods_and_parses_their_shares(
-    client: lightkube.Client, server: ServerThread
+    client: lightkube.Client, fake_api_server: ServerThread
 ) -> None:
     clock = Clock()
     pods = KubeNodePods(client, "gpu-a", parse, clock=clock)
@@ -68,13 +62,13 @@ def test_lists_only_this_nodes_pods_and_parses_their_shares(
     # Pod b's annotation does not parse: no share, no failure.
     assert pods.shares() == {PodKey("web", "a"): (PodGpuShare(GpuUuid("GPU-1"), 1024),)}
     # One list serves both lookups until it is max_age_s old.
-    lists = server.count("list", "pods")
+    lists = fake_api_server.count("list", "pods")
     assert lists == 1
     pods.pods_by_uid()
-    assert server.count("list", "pods") == lists
+    assert fake_api_server.count("list", "pods") == lists
     clock.now += 10
     pods.shares()
-    assert server.count("list", "pods") == lists + 1
+    assert fake_api_server.count("list", "pods") == lists + 1
 
 
 def test_without_a_parser_there_are_no_shares(client: lightkube.Client) -> None:

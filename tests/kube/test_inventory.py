@@ -11,7 +11,7 @@ from lightkube.resources.core_v1 import Node
 from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
 from kubegpu.kube.inventory import inventory_records, publish_node_inventory, read_node_inventory
 from kubegpu.sharing.annotations import INVENTORY_ANNOTATION, AnnotationError
-from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node
+from kubegpu.testing.apiserver import ServerThread, make_node
 
 
 def device(index: int, model: str = "NVIDIA H200", memory: int = 143771) -> GpuDevice:
@@ -29,14 +29,8 @@ INVENTORY = NodeInventory(gpus=tuple(device(i) for i in range(8)))
 
 
 @pytest.fixture
-def server() -> Iterator[ServerThread]:
-    with FakeApiServer().run_in_thread() as handle:
-        yield handle
-
-
-@pytest.fixture
-def client(server: ServerThread) -> Iterator[lightkube.Client]:
-    with server.client() as client:
+def client(fake_api_server: ServerThread) -> Iterator[lightkube.Client]:
+    with fake_api_server.client() as client:
         client.create(Node.from_dict(make_node("gpu-1", annotations={"keep": "me"})))
         yield client
 
@@ -55,13 +49,13 @@ def test_publishes_every_card_with_uuid_index_model_memory_and_health(
 
 
 def test_republishing_the_same_inventory_writes_nothing(
-    client: lightkube.Client, server: ServerThread
+    client: lightkube.Client, fake_api_server: ServerThread
 ) -> None:
     records = inventory_records(INVENTORY)
     assert publish_node_inventory(client, "gpu-1", records)
-    patches = server.count("patch", "nodes")
+    patches = fake_api_server.count("patch", "nodes")
     assert not publish_node_inventory(client, "gpu-1", records)
-    assert server.count("patch", "nodes") == patches
+    assert fake_api_server.count("patch", "nodes") == patches
 
 
 def test_a_health_change_rewrites_the_whole_document(client: lightkube.Client) -> None:

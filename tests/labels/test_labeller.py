@@ -19,7 +19,7 @@ from kubegpu.exporter.health import HealthFeed
 from kubegpu.inventory.spec import resolve_fake_spec
 from kubegpu.labels.labeller import Labeller
 from kubegpu.labels.sinks import NfdFeatureFileSink, NodeLabelSink, parse_feature_file
-from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node
+from kubegpu.testing.apiserver import ServerThread, make_node
 
 
 class FakeClock:
@@ -39,14 +39,8 @@ class Inventory:
 
 
 @pytest.fixture
-def server() -> Iterator[ServerThread]:
-    with FakeApiServer().run_in_thread() as handle:
-        yield handle
-
-
-@pytest.fixture
-def client(server: ServerThread) -> Iterator[lightkube.Client]:
-    with server.client() as c:
+def client(fake_api_server: ServerThread) -> Iterator[lightkube.Client]:
+    with fake_api_server.client() as c:
         c.create(Node.from_dict(make_node("gpu-a", labels={"team": "ml"})))
         yield c
 

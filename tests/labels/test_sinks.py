@@ -21,7 +21,7 @@ from kubegpu.labels.sinks import (
     node_label_patch,
     parse_feature_file,
 )
-from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node
+from kubegpu.testing.apiserver import ServerThread, make_node
 
 FOREIGN = {"kubernetes.io/hostname": "gpu-a", "nvidia.com/gpu.machine": "DGX", "team": "ml"}
 
@@ -74,14 +74,8 @@ def test_patch_refuses_to_write_a_label_we_do_not_own() -> None:
 
 
 @pytest.fixture
-def server() -> Iterator[ServerThread]:
-    with FakeApiServer().run_in_thread() as handle:
-        yield handle
-
-
-@pytest.fixture
-def client(server: ServerThread) -> Iterator[lightkube.Client]:
-    with server.client() as c:
+def client(fake_api_server: ServerThread) -> Iterator[lightkube.Client]:
+    with fake_api_server.client() as c:
         c.create(Node.from_dict(make_node("gpu-a", labels=dict(FOREIGN))))
         yield c
 
@@ -105,13 +99,13 @@ def test_node_sink_sets_changes_and_removes_our_labels_only(client: lightkube.Cl
 
 
 def test_node_sink_does_not_write_when_nothing_changed(
-    client: lightkube.Client, server: ServerThread
+    client: lightkube.Client, fake_api_server: ServerThread
 ) -> None:
     sink = NodeLabelSink(client, "gpu-a")
     sink.apply({"nvidia.com/gpu.count": "8"})
-    patches = server.count("patch", "nodes")
+    patches = fake_api_server.count("patch", "nodes")
     sink.apply({"nvidia.com/gpu.count": "8"})
-    assert server.count("patch", "nodes") == patches
+    assert fake_api_server.count("patch", "nodes") == patches
 
 
 class RacingClient:
@@ -146,8 +140,8 @@ def test_node_sink_recomputes_after_a_conflicting_write(client: lightkube.Client
 
 
 def test_node_sink_gives_up_after_repeated_conflicts(
-    client: lightkube.Client, server: ServerThread
+    client: lightkube.Client, fake_api_server: ServerThread
 ) -> None:
-    server.inject_failures("nodes", "gpu-a", count=5, code=409)
+    fake_api_server.inject_failures("nodes", "gpu-a", count=5, code=409)
     with pytest.raises(lightkube.ApiError):
         NodeLabelSink(client, "gpu-a", max_attempts=3).apply({"nvidia.com/gpu.count": "8"})

@@ -43,14 +43,8 @@ class PodBindingRequest(GenericNamespacedStatus):
 
 
 @pytest.fixture
-def server() -> Iterator[ServerThread]:
-    with FakeApiServer().run_in_thread() as handle:
-        yield handle
-
-
-@pytest.fixture
-def client(server: ServerThread) -> Iterator[lightkube.Client]:
-    with server.client() as client:
+def client(fake_api_server: ServerThread) -> Iterator[lightkube.Client]:
+    with fake_api_server.client() as client:
         yield client
 
 
@@ -69,9 +63,9 @@ def api_error(excinfo: pytest.ExceptionInfo[ApiError]) -> tuple[int, str]:
 
 
 def test_created_node_gets_uid_timestamp_generation_and_a_new_resource_version(
-    client: lightkube.Client, server: ServerThread
+    client: lightkube.Client, fake_api_server: ServerThread
 ) -> None:
-    before = server.store.resource_version
+    before = fake_api_server.store.resource_version
     node = client.create(Node.from_dict(make_node("gpu-a")))
     assert node.metadata.uid
     assert node.metadata.creationTimestamp is not None
@@ -148,23 +142,25 @@ def test_pod_create_resets_status_to_pending_and_fills_scheduler_name(
 
 
 def test_list_returns_the_current_resource_version_across_and_within_namespaces(
-    client: lightkube.Client, server: ServerThread
+    client: lightkube.Client, fake_api_server: ServerThread
 ) -> None:
     client.create(Namespace(metadata=ObjectMeta(name="team")))
     client.create(Pod.from_dict(make_pod("a")))
     client.create(Pod.from_dict(make_pod("b", namespace="team")))
     everywhere = client.list(Pod, namespace="*")
     assert sorted(p.metadata.name for p in everywhere) == ["a", "b"]
-    assert everywhere.resourceVersion == str(server.store.resource_version)
+    assert everywhere.resourceVersion == str(fake_api_server.store.resource_version)
     assert [p.metadata.name for p in client.list(Pod, namespace="team")] == ["b"]
 
 
-def test_list_pages_with_limit_and_continue(client: lightkube.Client, server: ServerThread) -> None:
+def test_list_pages_with_limit_and_continue(
+    client: lightkube.Client, fake_api_server: ServerThread
+) -> None:
     for i in range(7):
         client.create(ConfigMap(metadata=ObjectMeta(name=f"cm-{i}"), data={"i": str(i)}))
     names = [c.metadata.name for c in client.list(ConfigMap, chunk_size=3)]
     assert names == [f"cm-{i}" for i in range(7)]
-    assert server.count("list", "configmaps") == 3
+    assert fake_api_server.count("list", "configmaps") == 3
 
 
 LABELLED = {
@@ -199,15 +195,18 @@ LABELLED = {
     ],
 )
 def test_label_selector_picks_the_matching_nodes(
-    client: lightkube.Client, server: ServerThread, labels: dict[str, Any], expected: list[str]
+    client: lightkube.Client,
+    fake_api_server: ServerThread,
+    labels: dict[str, Any],
+    expected: list[str],
 ) -> None:
     for name, node_labels in LABELLED.items():
-        server.store.put("nodes", make_node(name, labels=node_labels))
+        fake_api_server.store.put("nodes", make_node(name, labels=node_labels))
     assert sorted(n.metadata.name for n in client.list(Node, labels=labels)) == expected
 
 
 def raw(
-    server: ServerThread,
+    fake_api_server: ServerThread,
     path: str,
     method: str = "GET",
     body: bytes | None = None,
@@ -215,7 +214,7 @@ def raw(
 ) -> tuple[int, dict[str, Any]]:
     """One plain HTTP request, for what lightkube cannot send (bad bodies, preconditions)."""
     request = urllib.request.Request(
-        server.url + path, data=body, method=method, headers={"Content-Type": content_type}
+        fake_api_server.url + path, data=body, method=method, headers={"Content-Type": content_type}
     )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
@@ -225,32 +224,32 @@ def raw(
             return error.code, json.loads(error.read())
 
 
-def raw_get(server: ServerThread, path: str) -> tuple[int, dict[str, Any]]:
-    return raw(server, path)
+def raw_get(fake_api_server: ServerThread, path: str) -> tuple[int, dict[str, Any]]:
+    return raw(fake_api_server, path)
 
 
 def test_label_selector_accepts_double_equals_and_rejects_malformed_input(
-    server: ServerThread,
+    fake_api_server: ServerThread,
 ) -> None:
     for name, node_labels in LABELLED.items():
-        server.store.put("nodes", make_node(name, labels=node_labels))
-    code, body = raw_get(server, "/api/v1/nodes?labelSelector=" + quote("gpu==h100,tier"))
+        fake_api_server.store.put("nodes", make_node(name, labels=node_labels))
+    code, body = raw_get(fake_api_server, "/api/v1/nodes?labelSelector=" + quote("gpu==h100,tier"))
     assert code == 200
     assert [n["metadata"]["name"] for n in body["items"]] == ["a"]
     for bad in ("gpu in (h100", "gpu=h 100", "-bad-=x", "gpu in ()"):
-        code, body = raw_get(server, "/api/v1/nodes?labelSelector=" + quote(bad))
+        code, body = raw_get(fake_api_server, "/api/v1/nodes?labelSelector=" + quote(bad))
         assert (code, body["kind"], body["reason"]) == (400, "Status", "BadRequest"), bad
 
 
 def test_field_selectors_on_node_name_phase_and_name(
-    client: lightkube.Client, server: ServerThread
+    client: lightkube.Client, fake_api_server: ServerThread
 ) -> None:
-    server.store.put("pods", make_pod("on-a", node_name="node-a"))
-    server.store.put("pods", make_pod("on-b", node_name="node-b"))
-    server.store.put("pods", make_pod("pending"))
+    fake_api_server.store.put("pods", make_pod("on-a", node_name="node-a"))
+    fake_api_server.store.put("pods", make_pod("on-b", node_name="node-b"))
+    fake_api_server.store.put("pods", make_pod("pending"))
     running = make_pod("running", node_name="node-a")
     running["status"] = {"phase": "Running"}
-    server.store.put("pods", running)
+    fake_api_server.store.put("pods", running)
 
     def names(fields: dict[str, Any]) -> list[str]:
         return sorted(p.metadata.name for p in client.list(Pod, fields=fields))
@@ -456,7 +455,7 @@ def test_spec_node_name_cannot_be_patched_on_a_pod(client: lightkube.Client) -> 
 
 
 def test_binding_sets_node_name_copies_annotations_and_a_second_binding_conflicts(
-    client: lightkube.Client, server: ServerThread
+    client: lightkube.Client, fake_api_server: ServerThread
 ) -> None:
     created = client.create(Pod.from_dict(make_pod("p1")))
     bind(client, "p1", "node-a", uid=created.metadata.uid, annotations={"kubegpu.io/gpus": "GPU-1"})  # type: ignore[arg-type]
@@ -469,7 +468,7 @@ def test_binding_sets_node_name_copies_annotations_and_a_second_binding_conflict
         bind(client, "p1", "node-b")
     assert api_error(excinfo) == (409, "Conflict")
     assert 'already assigned to node "node-a"' in excinfo.value.status.message
-    assert server.count("create", "pods/binding") == 2
+    assert fake_api_server.count("create", "pods/binding") == 2
 
 
 def test_binding_a_missing_pod_is_not_found(client: lightkube.Client) -> None:
@@ -502,11 +501,11 @@ def test_typed_pod_binding_cannot_decode_the_status_reply_although_the_pod_is_bo
 
 
 def test_injected_failures_fail_the_next_writes_then_clear(
-    client: lightkube.Client, server: ServerThread
+    client: lightkube.Client, fake_api_server: ServerThread
 ) -> None:
     client.create(Node.from_dict(make_node("n1")))
-    server.inject_failures("nodes", "n1", count=2, code=409)
-    server.inject_failures("pods", count=1, code=500)
+    fake_api_server.inject_failures("nodes", "n1", count=2, code=409)
+    fake_api_server.inject_failures("pods", count=1, code=500)
     for _ in range(2):
         with pytest.raises(ApiError) as excinfo:
             client.patch(Node, "n1", {"metadata": {"labels": {"try": "x"}}})
@@ -558,10 +557,10 @@ def test_events_and_resource_quotas_are_stored_and_listed(client: lightkube.Clie
 
 
 def test_a_written_kubeconfig_file_points_lightkube_at_the_server(
-    server: ServerThread, tmp_path: Path
+    fake_api_server: ServerThread, tmp_path: Path
 ) -> None:
-    path = server.write_kubeconfig(tmp_path / "kubeconfig")
-    server.store.put("nodes", make_node("n1"))
+    path = fake_api_server.write_kubeconfig(tmp_path / "kubeconfig")
+    fake_api_server.store.put("nodes", make_node("n1"))
     with lightkube.Client(KubeConfig.from_file(path), trust_env=False) as client:
         assert [n.metadata.name for n in client.list(Node)] == ["n1"]
 
@@ -643,15 +642,15 @@ PODS = "/api/v1/namespaces/default/pods"
     ],
 )
 def test_bad_requests_get_a_status_with_the_real_code_and_reason(
-    server: ServerThread,
+    fake_api_server: ServerThread,
     method: str,
     path: str,
     body: bytes | None,
     content_type: str,
     expected: tuple[int, str],
 ) -> None:
-    server.store.put("pods", make_pod("p0"))
-    code, status = raw(server, path, method, body, content_type)
+    fake_api_server.store.put("pods", make_pod("p0"))
+    code, status = raw(fake_api_server, path, method, body, content_type)
     assert (code, status["reason"]) == expected
     assert (status["kind"], status["apiVersion"], status["status"]) == ("Status", "v1", "Failure")
     assert status["code"] == code
@@ -667,7 +666,7 @@ def test_a_body_over_the_size_limit_is_rejected_with_413() -> None:
 
 def test_delete_with_a_stale_resource_version_precondition_conflicts(
     client: lightkube.Client,
-    server: ServerThread,
+    fake_api_server: ServerThread,
 ) -> None:
     created = client.create(ConfigMap(metadata=ObjectMeta(name="cm")))
     client.patch(ConfigMap, "cm", {"data": {"k": "v"}})
@@ -677,15 +676,15 @@ def test_delete_with_a_stale_resource_version_precondition_conflicts(
         "preconditions": {"resourceVersion": created.metadata.resourceVersion},
     }
     path = "/api/v1/namespaces/default/configmaps/cm"
-    code, status = raw(server, path, "DELETE", json.dumps(options).encode())
+    code, status = raw(fake_api_server, path, "DELETE", json.dumps(options).encode())
     assert (code, status["reason"]) == (409, "Conflict")
     options["preconditions"] = {
         "resourceVersion": client.get(ConfigMap, "cm").metadata.resourceVersion
     }
-    code, deleted = raw(server, path, "DELETE", json.dumps(options).encode())
+    code, deleted = raw(fake_api_server, path, "DELETE", json.dumps(options).encode())
     assert code == 200
     assert deleted["metadata"]["name"] == "cm"
-    assert server.store.get("configmaps", "default", "cm") is None
+    assert fake_api_server.store.get("configmaps", "default", "cm") is None
 
 
 def test_deleting_a_namespace_removes_what_is_in_it(client: lightkube.Client) -> None:
@@ -699,9 +698,9 @@ def test_deleting_a_namespace_removes_what_is_in_it(client: lightkube.Client) ->
 
 
 def test_discovery_lists_the_served_resources_and_the_binding_subresource(
-    server: ServerThread,
+    fake_api_server: ServerThread,
 ) -> None:
-    code, core = raw_get(server, "/api/v1")
+    code, core = raw_get(fake_api_server, "/api/v1")
     assert code == 200
     names = {r["name"] for r in core["resources"]}
     assert {
@@ -715,16 +714,16 @@ def test_discovery_lists_the_served_resources_and_the_binding_subresource(
         "configmaps",
         "resourcequotas",
     } <= names
-    assert raw_get(server, "/api")[1]["versions"] == ["v1"]
+    assert raw_get(fake_api_server, "/api")[1]["versions"] == ["v1"]
 
 
 def test_graceful_pod_deletion_marks_a_running_pod_until_a_zero_grace_delete() -> None:
     with (
-        FakeApiServer(graceful_pod_deletion=True).run_in_thread() as server,
-        server.client() as client,
+        FakeApiServer(graceful_pod_deletion=True).run_in_thread() as fake_api_server,
+        fake_api_server.client() as client,
     ):
-        server.store.put("pods", make_pod("running", node_name="node-a"))
-        server.store.put("pods", make_pod("unscheduled"))
+        fake_api_server.store.put("pods", make_pod("running", node_name="node-a"))
+        fake_api_server.store.put("pods", make_pod("unscheduled"))
         client.delete(Pod, "running")
         terminating = client.get(Pod, "running")
         assert terminating.metadata.deletionTimestamp is not None
