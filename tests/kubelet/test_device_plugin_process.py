@@ -183,3 +183,49 @@ def test_without_fail_on_init_error_a_backend_error_idles_until_sigterm(tempdir:
     plugin.wait_for_log("idling until stopped", timeout_s=30)
     assert plugin.proc.poll() is None
     assert plugin.stop() == 0
+
+
+def imported_modules(log: str) -> set[str]:
+    """Module names from ``-X importtime`` lines (``import time: self | cumulative | name``)."""
+    return {
+        line.rsplit("|", 1)[1].strip()
+        for line in log.splitlines()
+        if line.startswith("import time:") and line.count("|") == 2
+    }
+
+
+def test_without_api_access_the_agent_never_imports_the_api_sharing_or_exporter_stack(
+    tempdir: Path,
+) -> None:
+    # Peak RSS has a target (docs/benchmarks.md): what a whole-GPU node without API access
+    # does not use must not be loaded, on start, on a health change or on stop.
+    node = Node(tempdir, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    try:
+        node.kubelet.wait_for_registration(RESOURCE, timeout_s=30)
+        node.kubelet.wait_for_devices(RESOURCE, all_healthy, timeout_s=30)
+        send_fake_gpu_command(node.plugin.control, "xid", gpu=1, xid=79)
+        node.kubelet.wait_for_devices(RESOURCE, lambda d: not d[UUIDS[1]].healthy, timeout_s=10)
+    finally:
+        assert node.close() == 0
+    modules = imported_modules(node.plugin.log())
+    assert {"grpc", "kubegpu.kubelet.agent", "kubegpu.inventory.health"} <= modules
+    unwanted_packages = (
+        "lightkube",
+        "httpx",
+        "httpx2",
+        "prometheus_client",
+        "kubegpu.kube",
+        "kubegpu.sharing",
+        "kubegpu.enforcement",
+        "kubegpu.kubelet.cluster",
+        "kubegpu.kubelet.coordinator",
+        "kubegpu.kubelet.shares",
+        # The probes serve /healthz on kubegpu.exporter.http; nothing else of the exporter.
+        "kubegpu.exporter.collector",
+        "kubegpu.exporter.refresher",
+        "kubegpu.exporter.server",
+        "kubegpu.exporter.pods",
+        "kubegpu.exporter.health",
+    )
+    unwanted = {m for m in modules for p in unwanted_packages if m == p or m.startswith(p + ".")}
+    assert sorted(unwanted) == []

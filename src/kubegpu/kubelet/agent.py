@@ -23,19 +23,15 @@ import signal
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from kubegpu.config.load import ConfigError, load_config, render_config
 from kubegpu.config.model import AgentConfig, Health, parse_listen_address
 from kubegpu.core.gpu import GpuUuid, NodeInventory
 from kubegpu.core.health import HealthCheckPolicy
-from kubegpu.enforcement.mps import MpsDaemon, mps_spec_for
 from kubegpu.exporter.http import HttpThread
 from kubegpu.inventory.backend import GpuBackend
-from kubegpu.kube.inventory import inventory_records
 from kubegpu.kubelet import cdi
-from kubegpu.kubelet.cluster import NodeApi, PodResourcesApi
-from kubegpu.kubelet.coordinator import SharingCoordinator
 from kubegpu.kubelet.plugin import (
     KUBELET_SOCKET,
     DevicePluginServicer,
@@ -45,7 +41,14 @@ from kubegpu.kubelet.plugin import (
 )
 from kubegpu.kubelet.probes import ProbeResult, ProbeServerError, ping_all, start_probe_server
 from kubegpu.kubelet.resources import PlanError, ResourcePlan, all_gpus, build_plans
-from kubegpu.kubelet.shares import MpsPaths
+
+if TYPE_CHECKING:
+    # Imported where used: API access (lightkube) and card-level sharing are optional, and a
+    # node agent serving whole GPUs should not pay their memory (the RSS target in
+    # docs/benchmarks.md).
+    from kubegpu.enforcement.mps import MpsDaemon
+    from kubegpu.kubelet.cluster import NodeApi, PodResourcesApi
+    from kubegpu.kubelet.coordinator import SharingCoordinator
 
 log = logging.getLogger(__name__)
 
@@ -494,6 +497,8 @@ class Agent:
         )
 
     async def _publish_inventory(self, api: NodeApi, changed: asyncio.Event) -> None:
+        from kubegpu.kube.inventory import inventory_records
+
         # The whole document from what we see now, on start, on every health change and
         # periodically (so a Node re-created or edited by hand gets it back).
         failures = 0
@@ -528,6 +533,10 @@ class Agent:
         share = self.config.sharing.gpu_share
         if not share.enabled or self.api is None:
             return
+        from kubegpu.enforcement.mps import MpsDaemon, mps_spec_for
+        from kubegpu.kubelet.coordinator import SharingCoordinator
+        from kubegpu.kubelet.shares import MpsPaths
+
         slot_cards = [str(g.uuid) for p in self.plans if p.share_slots for g in p.gpus]
         paths = None
         if share.enforcement == "mps":

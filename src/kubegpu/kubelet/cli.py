@@ -260,28 +260,33 @@ def device_plugin(
 
 
 def _kube_config(kubeconfig: Path | None) -> Any:
-    """lightkube config from ``--kubeconfig``, else in-cluster, else None (no API access)."""
+    """lightkube config from ``--kubeconfig``, else in-cluster, else None (no API access).
+
+    lightkube (and its HTTP stack) is imported only when there is API access to configure:
+    without it the agent serves whole GPUs and does not pay their memory."""
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and SERVICE_ACCOUNT_TOKEN.exists()
+    if kubeconfig is None and not in_cluster:
+        return None
     from lightkube.config.kubeconfig import KubeConfig
 
     if kubeconfig is not None:
         return KubeConfig.from_file(str(kubeconfig))
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and SERVICE_ACCOUNT_TOKEN.exists():
-        return KubeConfig.from_service_account()
-    return None
+    return KubeConfig.from_service_account()
 
 
 async def _run_agent(
     settings: AgentSettings, config: AgentConfig, backend: GpuBackend, kube_config: Any
 ) -> int:
-    # The API client is made on the running loop and closed on it.
-    import lightkube
-
     from kubegpu.kubelet.agent import Agent
-    from kubegpu.kubelet.cluster import KubeletPodResourcesApi, LightkubeNodeApi
 
     api = None
     pod_resources = None
     if kube_config is not None and settings.node_name:
+        # The API client is made on the running loop and closed on it.
+        import lightkube
+
+        from kubegpu.kubelet.cluster import KubeletPodResourcesApi, LightkubeNodeApi
+
         client = lightkube.AsyncClient(kube_config, field_manager="kubegpu-node-agent")
         api = LightkubeNodeApi(client, settings.node_name)
         socket = Path(config.sharing.gpu_share.pod_resources_socket)
