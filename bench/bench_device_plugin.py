@@ -5,6 +5,7 @@ Run from a checkout (takes about a minute)::
 
     .venv/bin/python bench/bench_device_plugin.py            # human-readable
     .venv/bin/python bench/bench_device_plugin.py --json     # one JSON object
+    .venv/bin/python bench/bench_device_plugin.py --api      # with API access configured
 
 What each figure measures:
 
@@ -15,6 +16,10 @@ What each figure measures:
   the kubelet emulator has received the ListAndWatch message marking that GPU Unhealthy
   (monotonic clock, same host); one sample per GPU, median and max reported.
 * Peak RSS: ``VmHWM`` of the agent process from ``/proc/<pid>/status`` after all of the above.
+  Without ``--api`` the agent has no API access (whole GPUs only, nothing published); with
+  ``--api`` it gets ``--kubeconfig`` for the bundled fake API server (started in this process)
+  and ``--node-name``, so it also loads lightkube and publishes the inventory annotation on
+  start and on each of the eight health changes.
 * Preferred allocation: :func:`kubegpu.placement.topology.best_gpu_set` in-process, every size
   from 2 to n-1 with no must-include ids (the worst case for the search), best of 5 runs per
   size, plus the gRPC round trip of ``GetPreferredAllocation`` on the 8-GPU node.
@@ -43,10 +48,13 @@ from kubegpu.inventory.fake import send_fake_gpu_command
 from kubegpu.inventory.spec import resolve_fake_spec
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from kubegpu.placement.topology import best_gpu_set
+from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node
 from kubegpu.testing.kubelet import KubeletEmulator
 
 RESOURCE = "nvidia.com/gpu"
 PRESET = "8xA100-80GB-NVLink"
+NODE = "bench-node"
+INVENTORY_ANNOTATION = "kubegpu.io/gpu-inventory"
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -86,19 +94,28 @@ def bench_preferred(preset: str, runs: int = 5) -> dict[str, float]:
     return {"preset": preset, "gpus": len(uuids), "worst_ms": per_size[worst], "worst_size": worst}
 
 
-def run(allocate_calls: int) -> dict[str, Any]:
+def run(allocate_calls: int, *, api: bool = False) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="kg-bench-", dir="/tmp"))
     kubelet_dir = root / "dp"
     control = root / "fake.sock"
     kubelet = KubeletEmulator(kubelet_dir)
     kubelet.start()
+    api_server: ServerThread | None = None
+    extra: list[str] = []
+    if api:
+        api_server = FakeApiServer().run_in_thread()
+        api_server.store.put("nodes", make_node(NODE))
+        kubeconfig = api_server.write_kubeconfig(root / "kubeconfig")
+        extra = ["--kubeconfig", str(kubeconfig), "--node-name", NODE]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBEGPU_")}
     log = (root / "plugin.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "kubegpu", "--log-level", "warning", "device-plugin",
          "--backend", "fake", "--fake-gpus", PRESET, "--kubelet-dir", str(kubelet_dir),
-         "--fake-control", str(control)],
-        stdout=log, stderr=subprocess.STDOUT,
+         "--fake-control", str(control), *extra],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
     )  # fmt: skip
+    published: bool | None = None
     try:
         reg = kubelet.wait_for_registration(RESOURCE, timeout_s=60)
         kubelet.wait_for_devices(RESOURCE, lambda d: len(d) == 8, timeout_s=60)
@@ -149,11 +166,16 @@ def run(allocate_calls: int) -> dict[str, Any]:
             )
             xid_lat.append((update.received_at_monotonic_s - start) * 1000)
         rss_peak = vm_hwm_kib(proc.pid)
+        if api_server is not None:
+            node = api_server.store.get("nodes", None, NODE) or {}
+            published = INVENTORY_ANNOTATION in node.get("metadata", {}).get("annotations", {})
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(30)
         log.close()
         kubelet.stop()
+        if api_server is not None:
+            api_server.stop()
         shutil.rmtree(root, ignore_errors=True)
 
     return {
@@ -180,6 +202,8 @@ def run(allocate_calls: int) -> dict[str, Any]:
             "median": statistics.median(xid_lat),
             "max": max(xid_lat),
         },
+        "api_access": api,
+        "inventory_published": published,
         "rss_mib": {"idle_after_registration": rss_idle / 1024, "peak_vmhwm": rss_peak / 1024},
         "preferred_allocation_search_ms": [
             bench_preferred("8xA100-80GB-NVLink"),
@@ -194,8 +218,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--allocate-calls", type=int, default=10_000)
+    parser.add_argument(
+        "--api", action="store_true", help="give the agent API access (the fake API server)"
+    )
     args = parser.parse_args()
-    result = run(args.allocate_calls)
+    result = run(args.allocate_calls, api=args.api)
     if args.json:
         print(json.dumps(result, indent=2))
         return
@@ -211,8 +238,11 @@ def main() -> None:
     print(f"Xid 79 -> ListAndWatch ({x['samples']} samples): median {x['median']:.1f} ms, "
           f"max {x['max']:.1f} ms")  # fmt: skip
     r = result["rss_mib"]
-    print(f"Agent RSS: {r['idle_after_registration']:.1f} MiB after registration, "
+    access = "with API access" if result["api_access"] else "no API access"
+    print(f"Agent RSS ({access}): {r['idle_after_registration']:.1f} MiB after registration, "
           f"peak (VmHWM) {r['peak_vmhwm']:.1f} MiB")  # fmt: skip
+    if result["api_access"]:
+        print(f"inventory annotation published: {result['inventory_published']}")
     for p in result["preferred_allocation_search_ms"]:
         print(f"best_gpu_set on {p['preset']} ({p['gpus']} GPUs): worst {p['worst_ms']:.3f} ms "
               f"(size {p['worst_size']})")  # fmt: skip
