@@ -6,9 +6,23 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
+
+
+def scraped_gpus(url: str) -> set[str]:
+    """UUIDs of the GPUs with a ``kubegpu_gpu_memory_total_bytes`` sample for node-cli."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        s.labels["uuid"]
+        for family in text_string_to_metric_families(text)
+        if family.name == "kubegpu_gpu_memory_total_bytes"
+        for s in family.samples
+        if s.labels["node"] == "node-cli"
+    }
 
 
 def test_exporter_command_serves_fake_gpus_and_stops_on_sigterm() -> None:
@@ -42,15 +56,14 @@ def test_exporter_command_serves_fake_gpus_and_stops_on_sigterm() -> None:
                 url = match.group(1)
                 break
         assert url, "the exporter never said where it serves"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            text = response.read().decode()
-        gpus = {
-            s.labels["uuid"]
-            for family in text_string_to_metric_families(text)
-            if family.name == "kubegpu_gpu_memory_total_bytes"
-            for s in family.samples
-            if s.labels["node"] == "node-cli"
-        }
+        # It serves at once and refreshes in the background: until the first refresh has
+        # completed a scrape has no GPU series yet, so poll (bounded) for one that has them.
+        deadline = time.monotonic() + 20.0
+        while True:
+            gpus = scraped_gpus(url)
+            if gpus or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert len(gpus) == 4
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
