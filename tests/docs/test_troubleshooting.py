@@ -42,7 +42,14 @@ SCOPES = (
     Scope(
         "node agent",
         ("kubelet",),
-        ("AllocationError", "AllocationRefused", "PlanError", "LedgerError"),
+        (
+            "AllocationError",
+            "AllocationRefused",
+            "PlanError",
+            "LedgerError",
+            "ProbeServerError",
+            "ExporterServerError",
+        ),
         logs=True,
         exclude=("protogen.py",),  # a developer tool, not the agent
     ),

@@ -74,3 +74,18 @@ def test_an_authoritative_verdict_overrides_the_fold() -> None:
     feed.set_healthy(B, False)
     assert feed.healthy_map() == {A: True, B: False}
     assert feed.tally().xid_counts == {(A, 79): 1}
+
+
+def test_counting_an_event_counts_its_xid_and_leaves_health_to_the_judge() -> None:
+    feed = HealthFeed([A, B])
+    for event in (
+        HealthEvent(HealthEventKind.XID, A, xid=79),
+        HealthEvent(HealthEventKind.XID, A, xid=79),
+        HealthEvent(HealthEventKind.XID, B, xid=13),
+        HealthEvent(HealthEventKind.LOST, B),
+        HealthEvent(HealthEventKind.XID, None, xid=48),
+        HealthEvent(HealthEventKind.XID, A, xid=None),
+    ):
+        feed.count(event)
+    assert feed.healthy_map() == {A: True, B: True}
+    assert feed.tally().xid_counts == {(A, 79): 2, (B, 13): 1, (A, 48): 1, (B, 48): 1}

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from kubegpu.core.gpu import GpuUuid
-from kubegpu.core.health import HealthCheckPolicy
+from kubegpu.core.gpu import GpuUuid, NodeInventory
+from kubegpu.core.health import HealthCheckPolicy, HealthEvent, HealthEventKind
+from kubegpu.inventory.backend import HealthWatcher
 from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.inventory.health import HealthMonitor
+from kubegpu.inventory.spec import resolve_fake_spec
 
 WAIT_S = 10.0  # generous upper bound; the callbacks normally arrive within one poll
 
@@ -171,3 +174,85 @@ def test_stop_closes_every_watcher(backend: FakeGpuBackend) -> None:
     assert [status["watchers"] for status in backend.status()] == [1, 1, 1, 1]
     monitor.stop()
     assert [status["watchers"] for status in backend.status()] == [0, 0, 0, 0]
+
+
+def test_every_event_read_is_passed_on_naming_its_gpu_judged_or_not(
+    backend: FakeGpuBackend,
+) -> None:
+    recorder = Recorder()
+    seen: list[HealthEvent] = []
+    done = threading.Event()
+
+    def on_event(event: HealthEvent) -> None:
+        seen.append(event)
+        if event.xid == 79:
+            done.set()
+
+    gpus = backend.snapshot().gpus
+    monitor = HealthMonitor(
+        backend, backend.snapshot(), HealthCheckPolicy(), recorder, poll_timeout_s=0.02,
+        on_event=on_event,
+    )  # fmt: skip
+    with monitor:
+        backend.inject_xid(1, 13)  # ignored by the policy, still passed on
+        backend.inject_xid(1, 79)
+        assert done.wait(WAIT_S)
+    assert [(e.kind, e.uuid, e.xid) for e in seen] == [
+        (HealthEventKind.XID, gpus[1].uuid, 13),
+        (HealthEventKind.XID, gpus[1].uuid, 79),
+    ]
+    assert recorder.calls == [(gpus[1].uuid, False, "Xid 79 (GPU has fallen off the bus)")]
+
+
+class NamelessXidBackend:
+    """A backend whose watchers each report one Xid 48 naming no GPU (as a driver event about
+    the whole node would arrive on every GPU's event set)."""
+
+    name = "nameless"
+
+    def __init__(self) -> None:
+        self.inventory = resolve_fake_spec("4xT4").inventory
+
+    def snapshot(self) -> NodeInventory:
+        return self.inventory
+
+    def watch_health(self, uuid: GpuUuid) -> HealthWatcher:
+        pending = [HealthEvent(HealthEventKind.XID, None, xid=48)]
+
+        class Watcher:
+            def wait(self, timeout_s: float) -> list[HealthEvent]:
+                if pending:
+                    return [pending.pop()]
+                time.sleep(timeout_s)
+                return []
+
+            def close(self) -> None:
+                pass
+
+        return Watcher()
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_event_naming_no_gpu_is_passed_on_once_per_watcher_as_its_gpu() -> None:
+    backend = NamelessXidBackend()
+    events: list[HealthEvent] = []
+    lock = threading.Lock()
+
+    def on_event(event: HealthEvent) -> None:
+        with lock:
+            events.append(event)
+
+    monitor = HealthMonitor(
+        backend, backend.inventory, HealthCheckPolicy(), Recorder(), poll_timeout_s=0.02,
+        on_event=on_event,
+    )  # fmt: skip
+    with monitor:
+        deadline = time.monotonic() + WAIT_S
+        while len(events) < 4:
+            assert time.monotonic() < deadline, events
+            time.sleep(0.01)
+    assert sorted((e.uuid, e.xid) for e in events) == sorted(
+        (gpu.uuid, 48) for gpu in backend.inventory.gpus
+    )

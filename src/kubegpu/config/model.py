@@ -24,6 +24,8 @@ CDI_STRATEGIES: frozenset[str] = frozenset({"cdi-annotations", "cdi-cri"})
 
 # Name part of an extended resource: a DNS-1123-ish label with dots, at most 63 characters.
 _NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+# Binding one of these takes the port on every address.
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
 _DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -248,12 +250,46 @@ class Health(_Model):
     recover_after_healthy_checks: int | None = Field(default=None, ge=1)
 
 
+class Exporter(_Model):
+    """The Prometheus exporter run inside the node agent: the same ``/metrics`` and ``/healthz``
+    as ``kubegpu exporter``, read through the agent's GPU backend, with GPU health and Xid
+    counts from the agent's own health monitor. Off by default; when off nothing of it is
+    loaded."""
+
+    # Serve the exporter from the agent; off, none of its modules (nor prometheus_client) load.
+    enabled: bool = False
+    # HOST:PORT for /metrics and /healthz (the DaemonSet uses `0.0.0.0:9400`).
+    listen: str = "127.0.0.1:9400"
+    # Seconds between background refreshes; a scrape only reads the latest one.
+    interval_s: float = Field(default=10.0, gt=0)
+    # Longest wait for one NVML read; the last snapshot is served meanwhile.
+    read_timeout_s: float = Field(default=5.0, gt=0)
+    # The kubelet's PodResources socket, for which container holds which GPU; "" = do not ask
+    # (per-pod metrics are then absent).
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    # Where pod names come from: `logs` (the kubelet's pod log directory, no API access) or
+    # `api` (the node's pods from the API server, which also gives shared pods' shares for
+    # kubegpu_pod_gpu_over_share; needs API access).
+    pod_directory: Literal["logs", "api"] = "logs"
+    pod_log_dir: str = "/var/log/pods"
+    # procfs root in which GPU processes' cgroups are read (the host's: mount it, e.g. at
+    # /host/proc, or run with hostPID).
+    proc: str = "/proc"
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_address(cls, value: str) -> str:
+        parse_listen_address(value)
+        return value
+
+
 class AgentConfig(_Model):
     version: Literal["v1"] = "v1"
     flags: Flags = Field(default_factory=Flags)
     resources: Resources = Field(default_factory=Resources)
     sharing: Sharing = Field(default_factory=Sharing)
     health: Health = Field(default_factory=Health)
+    exporter: Exporter = Field(default_factory=Exporter)
 
     @model_validator(mode="after")
     def _shared_resources_exist(self) -> AgentConfig:
@@ -290,6 +326,18 @@ class AgentConfig(_Model):
             raise ValueError(
                 f"sharing.gpuShare.resourceName: {share.resource_name!r} is already a GPU resource"
             )
+        exporter = self.exporter
+        if exporter.enabled and self.flags.health_listen:
+            (metrics_host, metrics_port), (probes_host, probes_port) = (
+                parse_listen_address(exporter.listen),
+                parse_listen_address(self.flags.health_listen),
+            )
+            hosts = {metrics_host, probes_host}
+            if metrics_port == probes_port != 0 and (len(hosts) == 1 or hosts & _WILDCARD_HOSTS):
+                raise ValueError(
+                    f"exporter.listen: {exporter.listen!r} is also flags.healthListen; the "
+                    "metrics and the health endpoints need a port each"
+                )
         return self
 
     @property

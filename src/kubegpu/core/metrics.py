@@ -276,13 +276,22 @@ def tally_event(
     ``RECOVERED`` makes it healthy again. Every Xid with a code is counted, application ones
     included, because they are what users debug."""
     targets = frozenset(all_gpus) if event.uuid is None else frozenset({event.uuid})
-    if event.kind is HealthEventKind.XID and event.xid is not None:
-        counts = dict(tally.xid_counts)
-        for uuid in targets:
-            counts[(uuid, event.xid)] = counts.get((uuid, event.xid), 0) + 1
-        tally = replace(tally, xid_counts=counts)
+    tally = count_xid(tally, event, targets)
     if event.kind is HealthEventKind.RECOVERED:
         return replace(tally, unhealthy=tally.unhealthy - targets)
     if policy.is_critical(event):
         tally = replace(tally, unhealthy=tally.unhealthy | targets)
     return tally
+
+
+def count_xid(tally: HealthTally, event: HealthEvent, all_gpus: Iterable[GpuUuid]) -> HealthTally:
+    """Count an Xid event (on its GPU, or on every GPU when it names none) without judging
+    health: for a consumer whose health verdicts come from elsewhere (the node agent's monitor).
+    Any other event leaves the tally as it is."""
+    if event.kind is not HealthEventKind.XID or event.xid is None:
+        return tally
+    targets = frozenset(all_gpus) if event.uuid is None else frozenset({event.uuid})
+    counts = dict(tally.xid_counts)
+    for uuid in targets:
+        counts[(uuid, event.xid)] = counts.get((uuid, event.xid), 0) + 1
+    return replace(tally, xid_counts=counts)

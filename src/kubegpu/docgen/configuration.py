@@ -265,6 +265,15 @@ AGENT_RULES: tuple[Rule, ...] = (
         },
         "card-level sharing needs whole cards",
     ),
+    Rule(
+        "With `exporter.enabled`, `exporter.listen` and `flags.healthListen` need different "
+        "ports (the same port on the same address, or either on every address, `0.0.0.0`).",
+        {
+            "flags": {"healthListen": "0.0.0.0:9401"},
+            "exporter": {"enabled": True, "listen": "127.0.0.1:9401"},
+        },
+        "the metrics and the health endpoints need a port each",
+    ),
 )
 
 EXTENDER_RULES: tuple[Rule, ...] = (

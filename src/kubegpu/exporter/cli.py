@@ -117,14 +117,12 @@ def exporter_command(
     """Serve per-GPU and per-pod GPU metrics for Prometheus on /metrics."""
     from kubegpu.config.load import ConfigError, load_config
     from kubegpu.exporter.health import HealthFeed
-    from kubegpu.exporter.pods import (
-        KubeNodePods,
-        PodDirectory,
-        PodLogDirectory,
-        PodShareLookup,
-        allocation_annotation_shares,
+    from kubegpu.exporter.server import (
+        ExporterSettings,
+        pod_sources,
+        stale_after,
+        start_node_exporter,
     )
-    from kubegpu.exporter.server import ExporterSettings, start_node_exporter
     from kubegpu.inventory.backend import InventoryError
     from kubegpu.kubelet.agent import health_policy
 
@@ -142,26 +140,20 @@ def exporter_command(
     except (InventoryError, ValueError) as exc:
         log.error("cannot open the GPU backend: %s", exc)
         sys.exit(1)
-    directory: PodDirectory
-    if pod_directory == "api":
+
+    def kube_client() -> object:
         import lightkube
 
-        directory = KubeNodePods(
-            lightkube.Client(field_manager="kubegpu-exporter"),
-            node,
-            parse_shares=allocation_annotation_shares,
-        )
-        shares: PodShareLookup | None = directory
-    else:
-        directory = PodLogDirectory(pod_log_dir)
-        shares = None
+        return lightkube.Client(field_manager="kubegpu-exporter")
+
+    directory, shares = pod_sources(pod_directory, pod_log_dir, node, kube_client)
     settings = ExporterSettings(
         node_name=node,
         listen_host=host,
         listen_port=port,
         interval_s=interval,
         read_timeout_s=read_timeout,
-        stale_after_s=max(60.0, 6 * interval),
+        stale_after_s=stale_after(interval),
         proc=proc,
     )
     log.info(

@@ -1,8 +1,9 @@
 """A thread-safe running tally of GPU health and Xid counts, fed by health events.
 
-Inside the node agent, the agent forwards its health monitor's verdicts with
-:meth:`HealthFeed.set_healthy` (and any raw events it sees with :meth:`HealthFeed.record`, which
-is what the Xid counters count). Run standalone (``kubegpu exporter`` / ``kubegpu labels``),
+Inside the node agent (``exporter.enabled``) the agent's health monitor is the one source: its
+verdicts arrive through :meth:`HealthFeed.set_healthy` and every event it reads through
+:meth:`HealthFeed.count`, which counts Xids without judging health (no second NVML event set,
+no second opinion). Run standalone (``kubegpu exporter`` / ``kubegpu labels``),
 :meth:`HealthFeed.watch` opens one watcher thread per GPU on the backend. Listeners are told
 after each event (the labeller relabels at once when health changes).
 """
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.health import HealthCheckPolicy, HealthEvent
-from kubegpu.core.metrics import HealthTally, tally_event
+from kubegpu.core.metrics import HealthTally, count_xid, tally_event
 from kubegpu.inventory.backend import GpuBackend
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,12 @@ class HealthFeed:
     def record(self, event: HealthEvent) -> None:
         with self._lock:
             self._tally = tally_event(self._tally, event, self._gpus, self._policy)
+        self._notify()
+
+    def count(self, event: HealthEvent) -> None:
+        """Count an event's Xid, leaving health to :meth:`set_healthy`'s judge."""
+        with self._lock:
+            self._tally = count_xid(self._tally, event, self._gpus)
         self._notify()
 
     def set_healthy(self, uuid: GpuUuid, healthy: bool) -> None:

@@ -1,4 +1,4 @@
-"""Serving the exporter over HTTP, and the composition root the CLI and node agent call.
+"""Serving the exporter over HTTP, and the composition roots the CLI and the node agent call.
 
 ``/metrics`` is prometheus_client's own WSGI app over an explicit registry (never the global
 one), so content negotiation between the text format and OpenMetrics (by ``Accept``) and gzip
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
@@ -28,13 +28,18 @@ from kubegpu.exporter.http import HttpThread, StartResponse, WsgiApp, text_reply
 from kubegpu.exporter.pods import (
     DEFAULT_POD_RESOURCES_SOCKET,
     KubeletPodResources,
+    KubeNodePods,
     PodDirectory,
     PodLogDirectory,
     PodResourcesSource,
     PodShareLookup,
+    allocation_annotation_shares,
 )
 from kubegpu.exporter.refresher import Refresher
 from kubegpu.inventory.backend import GpuBackend
+
+if TYPE_CHECKING:
+    from kubegpu.config.model import Exporter as ExporterConfig
 
 log = logging.getLogger(__name__)
 
@@ -200,25 +205,95 @@ def start_node_exporter(
     Stopping the returned exporter closes what this function opened, not the backend.
     """
     uuids = [gpu.uuid for gpu in backend.snapshot().gpus]
-    own_metrics = metrics is None
-    source = metrics if metrics is not None else metrics_source_for(backend)
-    feed = health if health is not None else HealthFeed(uuids)
-    if watch_health:
-        feed.watch(backend, uuids)
-    client = None if pod_resources_socket is None else KubeletPodResources(pod_resources_socket)
-    running = start_exporter(
-        settings,
-        inventory=backend.snapshot,
-        metrics=source,
-        pod_resources=client,
-        pod_directory=pod_directory if pod_directory is not None else PodLogDirectory(),
-        shares=shares,
-        health=feed,
-    )
-    if watch_health:
-        running.close_on_stop(feed.close)
-    if client is not None:
-        running.close_on_stop(client.close)
-    if own_metrics:
-        running.close_on_stop(source.close)
+    # What this function opens, closed in reverse when the exporter stops, or at once when it
+    # cannot start (a taken port): a node agent that retries on every SIGHUP must not pile up
+    # watcher threads and gRPC channels.
+    opened: list[Callable[[], None]] = []
+    try:
+        if metrics is None:
+            metrics = metrics_source_for(backend)
+            opened.append(metrics.close)
+        feed = health if health is not None else HealthFeed(uuids)
+        if watch_health:
+            opened.append(feed.close)
+            feed.watch(backend, uuids)
+        client = None
+        if pod_resources_socket is not None:
+            client = KubeletPodResources(pod_resources_socket)
+            opened.append(client.close)
+        running = start_exporter(
+            settings,
+            inventory=backend.snapshot,
+            metrics=metrics,
+            pod_resources=client,
+            pod_directory=pod_directory if pod_directory is not None else PodLogDirectory(),
+            shares=shares,
+            health=feed,
+        )
+    except BaseException:
+        for close in reversed(opened):
+            close()
+        raise
+    for close in reversed(opened):
+        running.close_on_stop(close)
     return running
+
+
+def pod_sources(
+    pod_directory: str, pod_log_dir: Path, node_name: str, kube_client: Callable[[], Any] | None
+) -> tuple[PodDirectory, PodShareLookup | None]:
+    """Where pod names (and shares) come from: ``logs`` reads the kubelet's pod log directory;
+    ``api`` lists the node's pods with ``kube_client()`` (a synchronous lightkube ``Client``,
+    called here once), which also gives each shared pod's share."""
+    if pod_directory == "api":
+        if kube_client is None:
+            raise ValueError("the api pod directory needs API access")
+        pods = KubeNodePods(kube_client(), node_name, parse_shares=allocation_annotation_shares)
+        return pods, pods
+    return PodLogDirectory(pod_log_dir), None
+
+
+def start_agent_exporter(
+    backend: GpuBackend,
+    config: ExporterConfig,
+    *,
+    node_name: str,
+    health: HealthFeed,
+    kube_client: Callable[[], Any] | None = None,
+) -> RunningExporter:
+    """The exporter inside the node agent (``exporter`` in its config): the agent's open backend,
+    and ``health`` fed by the agent's health monitor, so no watcher of its own.
+
+    Raises ``OSError`` when ``config.listen`` cannot be bound; nothing is left running then.
+    """
+    from kubegpu.config.model import parse_listen_address
+
+    host, port = parse_listen_address(config.listen)
+    directory, shares = pod_sources(
+        config.pod_directory, Path(config.pod_log_dir), node_name, kube_client
+    )
+    settings = ExporterSettings(
+        node_name=node_name,
+        listen_host=host,
+        listen_port=port,
+        interval_s=config.interval_s,
+        read_timeout_s=config.read_timeout_s,
+        stale_after_s=stale_after(config.interval_s),
+        proc=Path(config.proc),
+    )
+    return start_node_exporter(
+        backend,
+        settings,
+        pod_resources_socket=Path(config.pod_resources_socket)
+        if config.pod_resources_socket
+        else None,
+        pod_directory=directory,
+        shares=shares,
+        health=health,
+        watch_health=False,
+    )
+
+
+def stale_after(interval_s: float) -> float:
+    """When ``/healthz`` calls the snapshot stale: six refreshes missed, at least a minute."""
+    return max(60.0, 6 * interval_s)

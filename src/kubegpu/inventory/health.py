@@ -6,11 +6,14 @@ the defect NVIDIA's plugin shipped in v0.20.0 (one replica marked, the others le
 
 Which events matter is :class:`~kubegpu.core.health.HealthCheckPolicy`'s decision; this module
 only waits, applies it, and reports changes through one callback, called from the GPU's monitor
-thread, only when a GPU's state actually flips.
+thread, only when a GPU's state actually flips. An optional second callback sees every event
+read, judged or not, so a consumer that counts them (the exporter inside the node agent counts
+Xids) needs no event set of its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -29,6 +32,7 @@ from kubegpu.inventory.backend import GpuBackend, HealthWatcher, InventoryError
 log = logging.getLogger(__name__)
 
 HealthCallback = Callable[[GpuUuid, bool, str], None]
+EventCallback = Callable[[HealthEvent], None]
 
 
 @dataclass
@@ -55,6 +59,7 @@ class HealthMonitor:
         *,
         poll_timeout_s: float = 0.2,
         node_name: str = "",
+        on_event: EventCallback | None = None,
     ) -> None:
         if poll_timeout_s <= 0:
             raise ValueError(f"poll_timeout_s must be positive, got {poll_timeout_s}")
@@ -62,6 +67,7 @@ class HealthMonitor:
         self._inventory = inventory
         self._policy = policy
         self._on_change = on_change
+        self._on_event = on_event
         self._poll_timeout_s = poll_timeout_s
         self._node = node_name or "-"
         self._lock = threading.Lock()
@@ -173,6 +179,7 @@ class HealthMonitor:
     def _apply(self, gpu: GpuDevice, events: list[HealthEvent]) -> None:
         critical_seen = False
         for event in events:
+            self._tell(gpu, event)
             reason = describe_event(event)
             if event.kind is HealthEventKind.RECOVERED:
                 with self._lock:
@@ -194,6 +201,23 @@ class HealthMonitor:
                 )
         if not critical_seen:
             self._count_quiet_check(gpu)
+
+    def _tell(self, gpu: GpuDevice, event: HealthEvent) -> None:
+        if self._on_event is None:
+            return
+        if event.uuid is None:
+            # This thread's watcher is this GPU's: an event naming no GPU is about this one here
+            # (every GPU's watcher gets its own copy, so it must not count for all of them).
+            event = dataclasses.replace(event, uuid=gpu.uuid)
+        try:
+            self._on_event(event)
+        except Exception:
+            log.exception(
+                "node %s: health event callback failed for GPU %d (%s)",
+                self._node,
+                gpu.index,
+                gpu.uuid,
+            )
 
     def _count_quiet_check(self, gpu: GpuDevice) -> None:
         needed = self._policy.recover_after_healthy_checks

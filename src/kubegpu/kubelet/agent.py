@@ -10,6 +10,9 @@ queue: SIGHUP reloads the config, SIGTERM/SIGINT stop everything and remove what
 With ``flags.healthListen`` set it also serves ``/healthz`` and ``/readyz``
 (:mod:`~kubegpu.kubelet.probes`), answered from what this supervisor knows: which servers
 answer on their sockets, and which resources are registered with the kubelet running now.
+With ``exporter.enabled`` it also runs the Prometheus exporter (:mod:`kubegpu.exporter`, the
+same ``/metrics`` as ``kubegpu exporter``) on this process's GPU backend, its GPU health and
+Xid counts fed by this supervisor's health monitor: one health source, one NVML event set.
 """
 
 from __future__ import annotations
@@ -20,15 +23,16 @@ import dataclasses
 import enum
 import logging
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from kubegpu.config.load import ConfigError, load_config, render_config
 from kubegpu.config.model import AgentConfig, Health, parse_listen_address
 from kubegpu.core.gpu import GpuUuid, NodeInventory
-from kubegpu.core.health import HealthCheckPolicy
+from kubegpu.core.health import HealthCheckPolicy, HealthEvent
 from kubegpu.exporter.http import HttpThread
 from kubegpu.inventory.backend import GpuBackend
 from kubegpu.kubelet import cdi
@@ -46,7 +50,10 @@ if TYPE_CHECKING:
     # Imported where used: API access (lightkube) and card-level sharing are optional, and a
     # node agent serving whole GPUs should not pay their memory (the RSS target in
     # docs/benchmarks.md).
+    # The exporter (prometheus_client) likewise, when exporter.enabled.
     from kubegpu.enforcement.mps import MpsDaemon
+    from kubegpu.exporter.health import HealthFeed
+    from kubegpu.exporter.server import RunningExporter
     from kubegpu.kubelet.cluster import NodeApi, PodResourcesApi
     from kubegpu.kubelet.coordinator import SharingCoordinator
 
@@ -117,9 +124,17 @@ class Monitor(Protocol):
 
 
 HealthCallback = Callable[[GpuUuid, bool, str], None]
+EventCallback = Callable[[HealthEvent], None]
 MonitorFactory = Callable[
-    [GpuBackend, NodeInventory, HealthCheckPolicy, HealthCallback, str], Monitor
+    [GpuBackend, NodeInventory, HealthCheckPolicy, HealthCallback, EventCallback, str], Monitor
 ]
+# Makes the synchronous lightkube Client the exporter lists the node's pods with
+# (exporter.podDirectory: api); None without API access.
+KubeClientFactory = Callable[[], Any]
+
+
+class ExporterServerError(Exception):
+    """``exporter.listen`` cannot be served (the port is taken, or not this host's address)."""
 
 
 def default_monitor_factory(
@@ -127,11 +142,29 @@ def default_monitor_factory(
     inventory: NodeInventory,
     policy: HealthCheckPolicy,
     on_change: HealthCallback,
+    on_event: EventCallback,
     node_name: str,
 ) -> Monitor:
     from kubegpu.inventory.health import HealthMonitor
 
-    return HealthMonitor(backend, inventory, policy, on_change, node_name=node_name)
+    return HealthMonitor(
+        backend, inventory, policy, on_change, node_name=node_name, on_event=on_event
+    )
+
+
+def check_api_access(config: AgentConfig, *, api: bool, node_name: str) -> None:
+    """Raise PlanError for a setting that needs API access the agent was not given."""
+    if config.sharing.gpu_share.enabled and (not api or not node_name):
+        raise PlanError(
+            "sharing.gpuShare.enabled needs API access (--kubeconfig or in-cluster) and "
+            "--node-name: share slots are served from the extender's pod annotations"
+        )
+    exporter = config.exporter
+    if exporter.enabled and exporter.pod_directory == "api" and (not api or not node_name):
+        raise PlanError(
+            "exporter.podDirectory: api needs API access (--kubeconfig or in-cluster) and "
+            "--node-name; use logs to name pods from the kubelet's log directory"
+        )
 
 
 def health_policy(health: Health, env: Mapping[str, str]) -> HealthCheckPolicy:
@@ -172,12 +205,9 @@ class Agent:
         sleep: Sleep = asyncio.sleep,
         api: NodeApi | None = None,
         pod_resources: PodResourcesApi | None = None,
+        kube_client: KubeClientFactory | None = None,
     ) -> None:
-        if config.sharing.gpu_share.enabled and (api is None or not settings.node_name):
-            raise PlanError(
-                "sharing.gpuShare.enabled needs API access (--kubeconfig or in-cluster) and "
-                "--node-name: share slots are served from the extender's pod annotations"
-            )
+        check_api_access(config, api=api is not None, node_name=settings.node_name)
         self.settings = settings
         self.api = api
         self.pod_resources = pod_resources
@@ -206,6 +236,11 @@ class Agent:
         self._inventory_task: asyncio.Task[None] | None = None
         self._inventory_changed: asyncio.Event | None = None
         self.inventory_publications = 0
+        self._kube_client = kube_client
+        self.exporter: RunningExporter | None = None
+        # Made when the exporter first starts and kept across its restarts (a reload that
+        # moves it), so its Xid counters count from the agent's first exporter start.
+        self._exporter_feed: HealthFeed | None = None
 
     @property
     def kubelet_socket(self) -> Path:
@@ -225,6 +260,8 @@ class Agent:
         watcher = asyncio.create_task(self._watch(), name="watch-kubelet-dir")
         try:
             self._start_probes()
+            # Before the health monitor, so the exporter counts its first events too.
+            await self._start_exporter()
             self._start_health()
             self._start_inventory_publisher()
             await self._start_sharing()
@@ -256,6 +293,7 @@ class Agent:
                     self._later(delay, Event.KUBELET_RESTARTED)
         finally:
             await self._stop_probes()
+            await self._stop_exporter()
             for task in [watcher, *self._delayed]:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -456,13 +494,21 @@ class Agent:
             loop.call_soon_threadsafe(self._apply_health, uuid, healthy, reason)
 
         self._monitor = self._monitor_factory(
-            self.backend, self.inventory, policy, on_change, self.node
+            self.backend, self.inventory, policy, on_change, self._count_health_event, self.node
         )
         self._monitor.start()
+
+    def _count_health_event(self, event: HealthEvent) -> None:
+        # Called from a monitor thread with every event it reads; the feed is thread-safe.
+        feed = self._exporter_feed
+        if feed is not None:
+            feed.count(event)
 
     def _apply_health(self, uuid: GpuUuid, healthy: bool, reason: str) -> None:
         if not self.board.set(uuid, healthy, reason):
             return
+        if self._exporter_feed is not None:
+            self._exporter_feed.set_healthy(uuid, healthy)
         if self._inventory_changed is not None:
             self._inventory_changed.set()
         ids = [d.device_id for p in self.plans for d in p.devices if d.gpu.uuid == uuid]
@@ -484,6 +530,48 @@ class Agent:
         monitor, self._monitor = self._monitor, None
         if monitor is not None:
             await asyncio.get_running_loop().run_in_executor(None, monitor.stop)
+
+    # -- exporter: /metrics ------------------------------------------------------------------
+
+    async def _start_exporter(self) -> None:
+        """Raises ExporterServerError when ``exporter.listen`` cannot be served; nothing of the
+        exporter is left running then."""
+        config = self.config.exporter
+        if not config.enabled:
+            return
+        from kubegpu.exporter.health import HealthFeed
+        from kubegpu.exporter.server import start_agent_exporter
+
+        feed = self._exporter_feed
+        if feed is None:
+            feed = HealthFeed([gpu.uuid for gpu in self.inventory.gpus])
+            for uuid in self.board.unhealthy:
+                feed.set_healthy(uuid, False)
+            self._exporter_feed = feed
+
+        def start() -> RunningExporter:
+            return start_agent_exporter(
+                self.backend,
+                config,
+                # The metrics' node label: a node name is what dashboards join on.
+                node_name=self.settings.node_name or socket.gethostname(),
+                health=feed,
+                kube_client=self._kube_client,
+            )
+
+        try:
+            # Off the loop: it reads the backend once and opens the PodResources channel.
+            self.exporter = await asyncio.get_running_loop().run_in_executor(None, start)
+        except OSError as err:
+            raise ExporterServerError(
+                f"cannot serve the exporter's /metrics on {config.listen}: {err.strerror or err}"
+            ) from err
+
+    async def _stop_exporter(self) -> None:
+        exporter, self.exporter = self.exporter, None
+        if exporter is not None:
+            # Joins its HTTP and refresher threads (the refresher waits out an NVML read).
+            await asyncio.get_running_loop().run_in_executor(None, exporter.stop)
 
     # -- cluster: inventory annotation, sharing, MPS ------------------------------------------
 
@@ -617,6 +705,7 @@ class Agent:
         try:
             new = load_config(self.settings.config_path, self.settings.overrides)
             plans = build_plans(new, self.inventory)
+            check_api_access(new, api=self.api is not None, node_name=self.settings.node_name)
         except (ConfigError, PlanError) as err:
             log.error(
                 "node %s: config reload rejected, keeping the running config: %s", self.node, err
@@ -630,6 +719,7 @@ class Agent:
         self._remove_cdi()
         health_changed = new.health != self.config.health
         probes_changed = new.flags.health_listen != self.config.flags.health_listen
+        exporter_changed = new.exporter != self.config.exporter
         await self._stop_sharing(keep_mps=new.sharing.gpu_share.enabled)
         self.config, self.plans = new, plans
         if health_changed:
@@ -642,6 +732,16 @@ class Agent:
             except ProbeServerError as err:
                 # The probes then fail and the kubelet restarts us, which reports it again.
                 log.error("node %s: %s; health endpoints are off until restart", self.node, err)
+        if exporter_changed:
+            await self._stop_exporter()
+            try:
+                await self._start_exporter()
+            except ExporterServerError as err:
+                log.error(
+                    "node %s: %s; the exporter is off until the next config change or restart",
+                    self.node,
+                    err,
+                )
         await self._start_sharing()
         self._write_cdi()
         await self._start_servers()

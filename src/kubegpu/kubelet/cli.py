@@ -2,8 +2,8 @@
 
 Reads settings (flag > ``KUBEGPU_*`` / NVIDIA's env names > config file > defaults), opens the
 GPU backend, and runs the :class:`~kubegpu.kubelet.agent.Agent` until SIGTERM. Exit codes: 0 on
-a requested stop, 1 when the GPU backend cannot be opened or the health endpoints cannot be
-served, 2 for an invalid config.
+a requested stop, 1 when the GPU backend cannot be opened or the health endpoints or the
+exporter cannot be served, 2 for an invalid config.
 """
 
 from __future__ import annotations
@@ -41,6 +41,12 @@ _OVERRIDES: dict[str, str] = {
     "pre_start_container": "flags.plugin.preStartContainer",
     "gpu_share": "sharing.gpuShare.enabled",
     "pod_resources_socket": "sharing.gpuShare.podResourcesSocket",
+    "exporter": "exporter.enabled",
+    "exporter_listen": "exporter.listen",
+    "exporter_pod_resources_socket": "exporter.podResourcesSocket",
+    "exporter_pod_directory": "exporter.podDirectory",
+    "exporter_pod_log_dir": "exporter.podLogDir",
+    "exporter_proc": "exporter.proc",
 }
 
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
@@ -191,6 +197,38 @@ async def _idle(config: AgentConfig, node: str, reason: str) -> None:
     envvar=_env("PRE_START_CONTAINER"),
     help="Ask the kubelet to call PreStartContainer (a logged no-op).",
 )
+@click.option(
+    "--exporter/--no-exporter",
+    default=None,
+    envvar=_env("EXPORTER"),
+    help="exporter.enabled: also serve the Prometheus exporter's /metrics from this process.",
+)
+@click.option(
+    "--exporter-listen",
+    envvar=_env("EXPORTER_LISTEN"),
+    help="exporter.listen: HOST:PORT for /metrics and /healthz (e.g. 0.0.0.0:9400).",
+)
+@click.option(
+    "--exporter-pod-resources-socket",
+    envvar=_env("EXPORTER_POD_RESOURCES_SOCKET"),
+    help='exporter.podResourcesSocket: the kubelet\'s PodResources API ("" = do not ask).',
+)
+@click.option(
+    "--exporter-pod-directory",
+    type=click.Choice(["logs", "api"]),
+    envvar=_env("EXPORTER_POD_DIRECTORY"),
+    help="exporter.podDirectory: name pods from the kubelet's log directory or the API server.",
+)
+@click.option(
+    "--exporter-pod-log-dir",
+    envvar=_env("EXPORTER_POD_LOG_DIR"),
+    help="exporter.podLogDir: the kubelet's pod log root (pod names by UID).",
+)
+@click.option(
+    "--exporter-proc",
+    envvar=_env("EXPORTER_PROC"),
+    help="exporter.proc: procfs root holding GPU processes' cgroups (the host's).",
+)
 def device_plugin(
     backend: str,
     fake_gpus: str | None,
@@ -204,7 +242,12 @@ def device_plugin(
     """Run the kubelet device plugin (node agent) for this node's GPUs."""
     from kubegpu.config.load import ConfigError, load_config, render_config
     from kubegpu.inventory.backend import InventoryError
-    from kubegpu.kubelet.agent import AgentSettings, health_policy
+    from kubegpu.kubelet.agent import (
+        AgentSettings,
+        ExporterServerError,
+        check_api_access,
+        health_policy,
+    )
     from kubegpu.kubelet.probes import ProbeServerError
     from kubegpu.kubelet.resources import PlanError
 
@@ -243,16 +286,12 @@ def device_plugin(
         try:
             health_policy(config.health, settings.env)  # a bad DP_*_HEALTHCHECKS token
             kube_config = _kube_config(kubeconfig)
-            if config.sharing.gpu_share.enabled and (kube_config is None or not node_name):
-                raise PlanError(
-                    "sharing.gpuShare.enabled needs API access (--kubeconfig or in-cluster) "
-                    "and --node-name"
-                )
+            check_api_access(config, api=kube_config is not None, node_name=node_name)
             sys.exit(asyncio.run(_run_agent(settings, config, gpu_backend, kube_config)))
         except (PlanError, ValueError) as err:
             click.echo(f"kubegpu device-plugin: invalid config: {err}", err=True)
             sys.exit(2)
-        except ProbeServerError as err:
+        except (ProbeServerError, ExporterServerError) as err:
             click.echo(f"kubegpu device-plugin: {err}", err=True)
             sys.exit(1)
     finally:
@@ -281,6 +320,7 @@ async def _run_agent(
 
     api = None
     pod_resources = None
+    kube_client = None
     if kube_config is not None and settings.node_name:
         # The API client is made on the running loop and closed on it.
         import lightkube
@@ -291,8 +331,21 @@ async def _run_agent(
         api = LightkubeNodeApi(client, settings.node_name)
         socket = Path(config.sharing.gpu_share.pod_resources_socket)
         pod_resources = KubeletPodResourcesApi(socket)
+
+        def kube_client() -> lightkube.Client:
+            # The exporter's pod directory lists pods from its refresher thread: a
+            # synchronous client of its own, not the loop's.
+            return lightkube.Client(kube_config, field_manager="kubegpu-node-agent")
+
     try:
-        agent = Agent(settings, config, backend, api=api, pod_resources=pod_resources)
+        agent = Agent(
+            settings,
+            config,
+            backend,
+            api=api,
+            pod_resources=pod_resources,
+            kube_client=kube_client,
+        )
         return await agent.run()
     finally:
         if api is not None:
