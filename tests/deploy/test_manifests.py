@@ -17,8 +17,8 @@ import yaml
 import kubegpu
 from kubegpu.cli.main import SUBCOMMANDS, cli
 from kubegpu.config.load import load_config
-from kubegpu.config.model import GpuShare, PluginFlags
-from kubegpu.exporter.cli import exporter_command, parse_listen
+from kubegpu.config.model import Exporter, GpuShare, PluginFlags
+from kubegpu.exporter.cli import parse_listen
 from kubegpu.kubelet.cli import DEFAULT_KUBELET_DIR
 from kubegpu.kubelet.probes import LOOP_TIMEOUT_S
 from kubegpu.sharing.resources import ResourceNames
@@ -85,9 +85,12 @@ def test_the_podmonitor_scrapes_the_exporter_port_of_the_node_agent() -> None:
     agent = find(render("base"), "DaemonSet", "kubegpu-node-agent")
     labels = agent["spec"]["template"]["metadata"]["labels"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    port_names = {p["name"] for p in container(agent, "exporter").get("ports", [])}
+    # The exporter runs inside the device plugin's process (--exporter).
+    item = container(agent, "device-plugin")
+    ports = {p["name"]: p["containerPort"] for p in item.get("ports", [])}
+    _, listen_port = parse_listen(arg_value(item["args"], "--exporter-listen"))
     for endpoint in monitor["spec"]["podMetricsEndpoints"]:
-        assert endpoint["port"] in port_names
+        assert ports[endpoint["port"]] == listen_port
         assert endpoint["path"] == "/metrics"
 
 
@@ -204,11 +207,6 @@ def _agent() -> Obj:
     return find(render("overlays/second-scheduler"), "DaemonSet", "kubegpu-node-agent")
 
 
-def _exporter_default(option: str) -> Any:
-    (param,) = [p for p in exporter_command.params if p.name == option]
-    return param.default
-
-
 def test_node_agent_mounts_the_host_paths_the_code_uses_by_default() -> None:
     agent = _agent()
     plugin = host_mounts(agent, "device-plugin")
@@ -223,14 +221,14 @@ def test_node_agent_mounts_the_host_paths_the_code_uses_by_default() -> None:
     share_socket = Path(GpuShare().pod_resources_socket)
     assert plugin[str(share_socket.parent)] == (str(share_socket.parent), True)
 
-    exporter = host_mounts(agent, "exporter")
-    socket = Path(_exporter_default("pod_resources_socket"))
-    # The directory, not the socket: the kubelet re-creates the socket when it restarts.
-    assert exporter[str(socket.parent)] == (str(socket.parent), True)
-    exporter_args = container(agent, "exporter")["args"]
-    assert arg_value(exporter_args, "--pod-resources-socket") == str(socket)
-    proc_in_container, read_only = exporter["/proc"]
-    assert read_only and arg_value(exporter_args, "--proc") == proc_in_container
+    # The exporter inside it asks the kubelet's PodResources at its default socket (the
+    # directory is mounted, not the socket: the kubelet re-creates the socket when it
+    # restarts) and reads GPU processes' cgroups under the host's /proc.
+    assert not [a for a in args if a.startswith("--exporter-pod-resources-socket")]
+    socket = Path(Exporter().pod_resources_socket)
+    assert plugin[str(socket.parent)] == (str(socket.parent), True)
+    proc_in_container, read_only = plugin["/proc"]
+    assert read_only and arg_value(args, "--exporter-proc") == proc_in_container
     volumes = {v["name"]: v for v in pod_spec(agent)["volumes"]}
     assert all(v["hostPath"]["type"] for v in volumes.values() if "hostPath" in v)
 
@@ -308,14 +306,20 @@ def test_the_labeller_reads_the_device_plugins_own_config_file() -> None:
     assert volume_of(labels) == volume_of(plugin) == "config"
 
 
-def test_exporter_probes_use_the_port_it_listens_on() -> None:
-    item = container(_agent(), "exporter")
-    _, port = parse_listen(arg_value(item["args"], "--listen"))
+def test_the_exporter_runs_inside_the_device_plugin_on_its_metrics_port() -> None:
+    agent = _agent()
+    names = [item["name"] for item in pod_spec(agent)["containers"]]
+    assert names == ["device-plugin", "labels"]  # no separate exporter container
+    item = container(agent, "device-plugin")
+    assert "--exporter" in item["args"]
+    _, metrics = parse_listen(arg_value(item["args"], "--exporter-listen"))
+    _, health = parse_listen(arg_value(item["args"], "--health-listen"))
     ports = {p["name"]: p["containerPort"] for p in item["ports"]}
-    for probe in ("readinessProbe", "livenessProbe"):
-        target = item[probe]["httpGet"]
-        assert target["path"] == "/healthz"
-        assert ports[target["port"]] == port
+    assert ports == {"metrics": metrics, "health": health}
+    # The probes ask the agent's own endpoints, never the exporter's /healthz (stale metrics
+    # must not restart the device plugin).
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert item[probe]["httpGet"]["port"] == "health"
 
 
 # -- images and arguments ------------------------------------------------------------------
@@ -371,7 +375,8 @@ def test_every_kubegpu_container_s_arguments_parse_with_the_real_cli(
         seen.add(ctx.info_name)
         if ctx.info_name == "device-plugin":
             assert ctx.params["config_path"] is not None
-    assert {"device-plugin", "exporter", "labels", "extender"} <= seen
+            assert ctx.params["exporter"] is True
+    assert {"device-plugin", "labels", "extender"} <= seen
 
 
 def test_the_cli_check_refuses_an_option_the_command_does_not_have() -> None:

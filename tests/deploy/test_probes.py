@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from kubegpu.config.model import DEFAULT_RESOURCE, GpuShare
 from kubegpu.kubelet.cli import DEFAULT_KUBELET_DIR
@@ -132,6 +133,23 @@ def wait_for_status(url: str, want: int, timeout_s: float = 30.0) -> int:
     return status
 
 
+def scrape_gpus(url: str, timeout_s: float = 30.0) -> dict[str, int]:
+    """node label -> GPUs with a memory-total sample, once the exporter has refreshed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            text = reply.read().decode()
+        found: dict[str, int] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name == "kubegpu_gpu_memory_total_bytes":
+                for sample in family.samples:
+                    node = sample.labels["node"]
+                    found[node] = found.get(node, 0) + 1
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -147,15 +165,17 @@ def test_device_plugin_probes_pass_once_it_serves_and_has_registered_and_fail_af
     env = container_env(item)
     # Unix socket paths must stay under 108 bytes; pytest's tmp_path may not.
     kubelet_dir = Path(tempfile.mkdtemp(prefix="kg-probe-", dir="/tmp"))
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     try:
         paths = materialise_config_volumes(objs, agent, "device-plugin", tmp_path)
         paths[DEFAULT_KUBELET_DIR] = str(kubelet_dir)
+        paths["/host/proc"] = "/proc"
         args = substitute(item["args"], env, paths)
-        # The manifest's address is the pod IP's; here loopback on a free port.
+        # The manifest's addresses are the pod IP's; here loopback on free ports.
         assert arg_value(args, "--health-listen") is not None
-        args = [a for a in args if not a.startswith("--health-listen=")]
-        args.append(f"--health-listen=127.0.0.1:{port}")
+        assert arg_value(args, "--exporter-listen") is not None
+        args = [a for a in args if not a.startswith(("--health-listen=", "--exporter-listen="))]
+        args += [f"--health-listen=127.0.0.1:{port}", f"--exporter-listen=127.0.0.1:{metrics_port}"]
         ports = {p["name"]: p["containerPort"] for p in item["ports"]}
 
         def url(probe: str) -> str:
@@ -178,6 +198,11 @@ def test_device_plugin_probes_pass_once_it_serves_and_has_registered_and_fail_af
                 kubelet.wait_for_registration(GpuShare().resource_name, timeout_s=30)
                 for probe in probes:
                     assert wait_for_status(url(probe), 200) == 200, probe
+                # What the PodMonitor scrapes: the exporter inside the agent, every GPU.
+                (endpoint,) = render("overlays/monitoring")[0]["spec"]["podMetricsEndpoints"]
+                assert ports[endpoint["port"]] == 9400  # the manifest's; rebased here
+                scraped = scrape_gpus(f"http://127.0.0.1:{metrics_port}{endpoint['path']}")
+                assert scraped == {env["NODE_NAME"]: 4}
                 # The kubelet goes away: not ready, still alive.
                 kubelet.stop()
                 assert wait_for_status(url("readinessProbe"), 503) == 503
@@ -186,29 +211,11 @@ def test_device_plugin_probes_pass_once_it_serves_and_has_registered_and_fail_af
                 assert wait_for_status(url("readinessProbe"), 200) == 200
                 assert plugin.stop() == 0
             assert all(http_status(url(p)) == 0 for p in probes)
+            assert http_status(f"http://127.0.0.1:{metrics_port}/metrics") == 0
     finally:
         for leftover in kubelet_dir.iterdir():
             leftover.unlink()
         kubelet_dir.rmdir()
-
-
-def test_exporter_probes_answer_on_the_path_in_the_manifest(tmp_path: Path) -> None:
-    objs = render("overlays/second-scheduler")
-    agent = find(objs, "DaemonSet", "kubegpu-node-agent")
-    item = container(agent, "exporter")
-    args = substitute(item["args"], container_env(item), {"/host/proc": "/proc"})
-    args = [a for a in args if not a.startswith("--listen=")]
-    args += ["--listen=127.0.0.1:0", "--no-pod-resources", *FAKE]
-    # --pod-directory=api as in the manifest: names pods through the (fake) API server.
-    assert arg_value(args, "--pod-directory") == "api"
-    with FakeApiServer().run_in_thread() as api:
-        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-        with running(args, _env(KUBECONFIG=str(kubeconfig))) as exporter:
-            url = exporter.wait_for_line(r"serving (http://\S+)/metrics").group(1)
-            for probe in ("readinessProbe", "livenessProbe"):
-                path = item[probe]["httpGet"]["path"]
-                assert wait_for_status(url + path, 200) == 200
-            assert http_status(url + "/no-such-path") == 404
 
 
 def test_extender_probes_pass_once_it_has_synced_with_the_api_server(tmp_path: Path) -> None:

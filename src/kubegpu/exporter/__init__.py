@@ -3,8 +3,10 @@
 :mod:`~kubegpu.exporter.refresher` reads NVML, the kubelet's PodResources API and ``/proc`` off
 the scrape path; :mod:`~kubegpu.exporter.collector` turns the latest snapshot into samples;
 :mod:`~kubegpu.exporter.server` serves ``/metrics`` and ``/healthz`` and holds the entry points
-(:func:`~kubegpu.exporter.server.start_node_exporter` for the node agent,
-:func:`~kubegpu.exporter.server.start_exporter` for any metrics source).
+(:func:`~kubegpu.exporter.server.start_agent_exporter` for the node agent's ``--exporter``,
+:func:`~kubegpu.exporter.server.start_node_exporter` for ``kubegpu exporter`` and any open GPU
+backend, :func:`~kubegpu.exporter.server.start_exporter` for any metrics source). A node agent
+whose exporter is off imports only :mod:`~kubegpu.exporter.http`, which serves its probes too.
 
 Metric catalogue. GPU labels: ``node``, ``gpu`` (index), ``uuid``, ``model``; pod metrics add
 ``namespace``, ``pod`` (and ``container``). A value the driver does not report is absent.

@@ -5,7 +5,8 @@
 * ``plugin`` — the gRPC servicer and server, and the health board (health plus ids withdrawn
   because their card is in use the other way, whole vs shared);
 * ``agent`` — the supervisor: servers, registration, reloads, health monitor, the node
-  inventory annotation, the sharing coordinator and the MPS daemon;
+  inventory annotation, the sharing coordinator, the MPS daemon and (``exporter.enabled``) the
+  Prometheus exporter fed by its health monitor;
 * ``shares`` / ``coordinator`` / ``cluster`` — card-level sharing (``sharing.gpuShare``):
   the pure matching rules and ledger codec, the coordinator answering Allocate from the
   extender's decisions and reconciling with PodResources, and its API / PodResources edges.
