@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.kubelet.conftest import RESOURCE, Node, short_tempdir
 
@@ -80,3 +84,82 @@ def test_the_agent_logs_name_the_real_gpus_and_stay_quiet(nvml_node: Node) -> No
     assert re.search(r"^\S+ (WARNING|ERROR|CRITICAL) ", log, re.MULTILINE) is None, log
     assert "(0 unhealthy" in log
     assert re.search(r"\([1-9][0-9]* unhealthy", log) is None, log
+
+
+def test_the_exporter_inside_the_agent_reads_the_real_gpus_and_survives_a_reload() -> None:
+    # One NVML session in one process for the device plugin, its health monitor and the
+    # exporter: stopping the exporter on a reload (its metrics reader shuts its NVML handle
+    # down) must leave the agent's own NVML use and the next exporter working.
+    def scrape(base: str) -> dict[tuple[str, str], float]:
+        with urllib.request.urlopen(f"{base}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        return {
+            (s.name, s.labels["uuid"]): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if "uuid" in s.labels
+        }
+
+    def scrape_until_every_gpu(base: str) -> dict[tuple[str, str], float]:
+        deadline = time.monotonic() + 60
+        while True:
+            samples = scrape(base)
+            if all(("kubegpu_gpu_temperature_celsius", u) in samples for u in uuids):
+                return samples
+            assert time.monotonic() < deadline, samples
+            time.sleep(0.2)
+
+    def url(after: int) -> str:
+        deadline = time.monotonic() + 60
+        while (
+            len(found := re.findall(r"exporter serving (http://\S+)/metrics", node.plugin.log()))
+            <= after
+        ):
+            assert time.monotonic() < deadline, node.plugin.log()
+            time.sleep(0.1)
+        return str(found[after])
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        pytest.skip("nvidia-smi is not on PATH")
+    rows = subprocess.run(
+        [smi, "--query-gpu=uuid,memory.total", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+    memory_mib = {
+        uuid.strip(): int(total) for uuid, total in (line.split(",") for line in rows.splitlines())
+    }
+    uuids = sorted(memory_mib)
+    root = short_tempdir()
+    config = root / "config.yaml"
+    exporter = (
+        'exporter: {{enabled: true, listen: "127.0.0.1:0", intervalS: {interval}, '
+        'podResourcesSocket: ""}}\n'
+    )
+    config.write_text("version: v1\n" + exporter.format(interval=0.5))
+    node = Node(root, backend="nvml", config=config)
+    try:
+        node.kubelet.wait_for_registration(RESOURCE, timeout_s=60)
+        node.kubelet.wait_for_devices(RESOURCE, timeout_s=60)
+        samples = scrape_until_every_gpu(url(0))
+        for uuid, total in memory_mib.items():
+            assert samples[("kubegpu_gpu_healthy", uuid)] == 1.0
+            # nvidia-smi rounds down to whole MiB.
+            assert 0 <= samples[("kubegpu_gpu_memory_total_bytes", uuid)] - total * 2**20 < 2**20
+            assert samples[("kubegpu_gpu_temperature_celsius", uuid)] > 0
+        config.write_text("version: v1\n" + exporter.format(interval=0.7))
+        node.plugin.send(signal.SIGHUP)
+        samples = scrape_until_every_gpu(url(1))
+        assert all(samples[("kubegpu_gpu_healthy", u)] == 1.0 for u in uuids)
+        node.kubelet.wait_for_registration(RESOURCE, timeout_s=60, count=2)
+        allocation = node.kubelet.allocate(RESOURCE, 1, pod_name="after-reload")
+        assert allocation.device_ids[0] in uuids
+        node.kubelet.release(allocation.pod_uid)
+        assert "Traceback" not in node.plugin.log()
+    finally:
+        rc = node.close()
+        shutil.rmtree(root, ignore_errors=True)
+    assert rc == 0
