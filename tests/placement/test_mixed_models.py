@@ -290,7 +290,7 @@ def test_fgd_node_scores_on_mixed_clusters_follow_the_definition(seed: int) -> N
         rows = eng.feasible_rows(pod)
         expected = [fgd_by_hand(eng.node_state(eng.names[i]), pod) for i in rows.tolist()]
         assert eng.scores(pod, rows).tolist() == expected
-        checked += int(any(eng._mixed[i] for i in rows.tolist()))
+        checked += int(any(eng.mixed[i] for i in rows.tolist()))
         eng.place(pod)
     assert checked >= 20
 

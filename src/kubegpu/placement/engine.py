@@ -13,7 +13,7 @@ sorted by device index, so "lowest index" is the first column.
 Card models: each card carries its model (a node may mix models, e.g. two V100 and two T4). A
 pod restricted to models may use only cards of those models. Most nodes have one model, and
 for them a restriction is a per-row yes or no, as fast as before; only rows that mix models,
-where some but not all cards are allowed (``_ModelSelection.partial``), are checked card by
+where some but not all cards are allowed (``ModelSelection.partial``), are checked card by
 card, and their fragmentation state names every card's model (see ``_row_key``).
 """
 
@@ -62,7 +62,7 @@ _NO_ROWS = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True)
-class _ModelSelection:
+class ModelSelection:
     """Which rows and cards a set of allowed models leaves a pod.
 
     ``rows``: every card of the row is an allowed model (for a one-model node: its model is
@@ -128,9 +128,9 @@ class PlacementEngine:
         self.gpu_free_total = np.zeros(n, dtype=np.int64)
         self.full_cards = np.zeros(n, dtype=np.int64)
         self.largest_card = np.zeros(n, dtype=np.int64)
-        self._mixed: list[bool] = [len(set(m)) > 1 for m in self.card_models]
-        self.mixed_rows: IntArray = np.flatnonzero(np.array(self._mixed, dtype=bool))
-        self._selections: dict[frozenset[str], _ModelSelection] = {}
+        self.mixed: list[bool] = [len(set(m)) > 1 for m in self.card_models]
+        self.mixed_rows: IntArray = np.flatnonzero(np.array(self.mixed, dtype=bool))
+        self._selections: dict[frozenset[str], ModelSelection] = {}
         # Fragmentation state: each row's (free CPU, sorted free milli, model) is interned to a
         # small id, and per pod class a table maps id -> FGD score (-1 = not computed yet).
         self.memo = FragmentationMemo(workload) if workload is not None else None
@@ -159,7 +159,7 @@ class PlacementEngine:
         self.distinct_tags[i] = len(self.affinity[i])
         if self.memo is not None:
             key: _StateKey
-            if self._mixed[i]:
+            if self.mixed[i]:
                 key = (int(self.cpu_free[i]), tuple(free.tolist()), self.card_models[i])
             else:
                 key = (int(self.cpu_free[i]), tuple(sorted(free.tolist())), self.models[i])
@@ -173,7 +173,7 @@ class PlacementEngine:
     def _row_key(self, i: int) -> _StateKey:
         """Row ``i``'s fragmentation state (see :data:`_StateKey`)."""
         free = self.card_free[i, : self.gpu_count[i]].tolist()
-        if self._mixed[i]:
+        if self.mixed[i]:
             return (int(self.cpu_free[i]), tuple(free), self.card_models[i])
         return (int(self.cpu_free[i]), tuple(sorted(free)), self.models[i])
 
@@ -187,7 +187,7 @@ class PlacementEngine:
         """The engine's current view of one node, as a value (a node of one model names it on
         the node, a node mixing models on each card)."""
         i = self.row_of(node)
-        mixed = self._mixed[i]
+        mixed = self.mixed[i]
         gpus = tuple(
             GpuState(
                 index,
@@ -211,7 +211,7 @@ class PlacementEngine:
         )
 
     # ----------------------------------------------------------------- feasibility
-    def _selection(self, models: frozenset[str]) -> _ModelSelection:
+    def model_selection(self, models: frozenset[str]) -> ModelSelection:
         """What ``models`` allows, per row and per card (cached: models never change)."""
         found = self._selections.get(models)
         if found is None:
@@ -228,7 +228,7 @@ class PlacementEngine:
                 for i in partial:
                     for j, model in enumerate(self.card_models[i]):
                         cards[i, j] = model in models
-            found = _ModelSelection(rows, np.array(partial, dtype=np.int64), cards)
+            found = ModelSelection(rows, np.array(partial, dtype=np.int64), cards)
             self._selections[models] = found
         return found
 
@@ -242,7 +242,7 @@ class PlacementEngine:
             if pod.gpu_memory_mib is not None:
                 ok &= self.card_memory[rows] >= pod.gpu_memory_mib
         if pod.gpu_models:
-            cards = self._selection(pod.gpu_models).cards
+            cards = self.model_selection(pod.gpu_models).cards
             if cards is not None:
                 ok &= cards[rows]
         return ok
@@ -254,7 +254,7 @@ class PlacementEngine:
             return np.flatnonzero(mask)
         partial = _NO_ROWS
         if pod.gpu_models:
-            selection = self._selection(pod.gpu_models)
+            selection = self.model_selection(pod.gpu_models)
             if selection.partial.size:
                 partial = selection.partial[mask[selection.partial]]
             mask &= selection.rows
@@ -296,12 +296,12 @@ class PlacementEngine:
         count = int(self.gpu_count[i])
         free = self.card_free[i, :count]
         if pod.gpu_models:
-            selection = self._selection(pod.gpu_models)
+            selection = self.model_selection(pod.gpu_models)
             if not selection.rows[i]:
                 if selection.cards is not None and selection.cards[i, :count].any():
                     return self._explain_some_models(i, pod, selection.cards[i, :count])
                 allowed = "|".join(sorted(pod.gpu_models))
-                noun = "models" if self._mixed[i] else "model"
+                noun = "models" if self.mixed[i] else "model"
                 return CHECK_MODEL, f"{node}: GPU {noun} {self.models[i]}, pod allows {allowed}"
         if pod.gpu_milli >= MILLI_PER_GPU:
             whole = int((free == MILLI_PER_GPU).sum())
@@ -498,7 +498,7 @@ class PlacementEngine:
         cpu = int(self.cpu_free[i])
         eligible = self._eligible_cards(np.array([i]), pod)[0]
         best_score, best_col = -1, -1
-        if self._mixed[i]:
+        if self.mixed[i]:
             models = self.card_models[i]
             before = self.memo.fragment(cpu, tuple(free_cols), models)
             for col, after in _mixed_share_options(tuple(free_cols), models, pod, eligible):
@@ -620,7 +620,7 @@ class PlacementEngine:
         cpu = int(self.cpu_free[i])
         eligible = self._eligible_cards(np.array([i]), pod)[0]
         best: tuple[float, int, int] | None = None
-        if self._mixed[i]:
+        if self.mixed[i]:
             models = self.card_models[i]
             before = self.memo.fragment(cpu, tuple(free_cols), models)
             for col, after in _mixed_share_options(tuple(free_cols), models, pod, eligible):
@@ -650,7 +650,7 @@ class PlacementEngine:
         """The lowest-index fully free cards of an allowed model, as many as ``pod`` takes."""
         full = self.card_free[i] == MILLI_PER_GPU
         if pod.gpu_models:
-            cards = self._selection(pod.gpu_models).cards
+            cards = self.model_selection(pod.gpu_models).cards
             if cards is not None:
                 full &= cards[i]
         return tuple(int(c) for c in np.flatnonzero(full)[: pod.gpu_count])
