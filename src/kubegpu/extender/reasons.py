@@ -289,20 +289,24 @@ def explain_rows_coded(
         codes[:] = 5
     # Nodes mixing models with only some cards allowed: the engine checks those cards itself
     # (few nodes mix models, so its per-row explain costs little here).
-    by_engine = np.zeros(rows.size, dtype=bool)
+    by_engine: npt.NDArray[np.bool_] | None = None
     if pod.gpu_models:
         selection = engine.model_selection(pod.gpu_models)
         codes[~selection.rows[rows]] = 4
         if selection.partial.size and pod.gpu_count:
             by_engine = np.isin(rows, selection.partial)
+            if not by_engine.any():
+                by_engine = None
     codes[count == 0] = 3
     if pod.gpu_count == 0:
         codes[:] = 2
     codes[memory_short] = 1
     codes[cpu_short] = 0
     engine_reasons: dict[int, str] = {}
-    for k in np.flatnonzero(by_engine).tolist():
-        codes[k], engine_reasons[k] = engine.explain_row(int(rows[k]), pod)
+    if by_engine is not None:
+        for k in np.flatnonzero(by_engine).tolist():
+            codes[k], engine_reasons[k] = engine.explain_row(int(rows[k]), pod)
+        ours = ~by_engine
     # The strings are the point, so one f-string per row is unavoidable; but the branch is
     # decided above, so each kind of reason is formatted by its own comprehension over just
     # its rows (no per-row branching or indexing), then put back in row order.
@@ -311,8 +315,8 @@ def explain_rows_coded(
     row_names = np.empty(rows.size, dtype=object)
     row_names[:] = picked
     out = np.full(rows.size, "", dtype=object)
-    for code in np.unique(codes[~by_engine]).tolist():
-        where = np.flatnonzero((codes == code) & ~by_engine)
+    for code in np.unique(codes if by_engine is None else codes[ours]).tolist():
+        where = np.flatnonzero(codes == code if by_engine is None else (codes == code) & ours)
         who = row_names[where].tolist()
         if code == 0:
             tail = f" milli-CPU free, pod needs {pod.cpu_milli}"

@@ -31,7 +31,7 @@ from kubegpu.extender.reasons import (
     structural,
 )
 from kubegpu.kube.view import ClusterView
-from kubegpu.placement.engine import PlacementEngine
+from kubegpu.placement.engine import PlacementEngine, RowShapeChanged
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
 from kubegpu.placement.policies import get_policy
@@ -185,13 +185,14 @@ class GpuScheduler:
             return info is None  # a vanished node's row is harmless until the next rebuild
         i = engine.row_of(node)
         state = node_state(info, self.view.usages_on(node))
-        if not engine.same_shape(i, state):
+        try:
+            engine.update_node(state)
+        except RowShapeChanged:
             # Cards appeared or vanished (the row's width may change), or a card's model or the
             # CPU capacity changed: per-row constants of the engine (model masks, normalisers).
             return False
         if self._facts is not None:
             self._facts.update(i, node, info)
-        engine.update_node(state)
         self._row_versions[i] += 1
         return True
 

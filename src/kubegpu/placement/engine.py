@@ -61,6 +61,11 @@ _StateKey = tuple[int, tuple[int, ...], str | tuple[str, ...]]
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 
 
+class RowShapeChanged(ValueError):
+    """A node's cards, card models or CPU capacity changed: its engine row cannot be updated
+    in place (build a new engine)."""
+
+
 @dataclass(frozen=True)
 class ModelSelection:
     """Which rows and cards a set of allowed models leaves a pod.
@@ -105,6 +110,7 @@ class PlacementEngine:
         # or on a node mixing models the distinct models joined by "+".
         self.card_models: list[tuple[str, ...]] = []
         self.models: list[str] = []
+        self.mixed: list[bool] = []  # the row's cards are of more than one model
         self.cpu_capacity = np.array([x.cpu_capacity_milli for x in ordered], dtype=np.int64)
         self.cpu_free = np.array([x.cpu_free_milli for x in ordered], dtype=np.int64)
         self.memory_free = np.array([x.memory_free_mib for x in ordered], dtype=np.int64)
@@ -115,9 +121,12 @@ class PlacementEngine:
         for i, node in enumerate(ordered):
             gpus = sorted(node.gpus, key=lambda g: g.index)
             self.card_index.append(tuple(g.index for g in gpus))
-            card_models = tuple(g.model or node.gpu_model for g in gpus)
+            default = node.gpu_model
+            card_models = tuple([g.model or default for g in gpus])
             self.card_models.append(card_models)
-            self.models.append(_model_name(card_models, node.gpu_model))
+            name, mixed = _model_name(card_models, node.gpu_model)
+            self.models.append(name)
+            self.mixed.append(mixed)
             for j, gpu in enumerate(gpus):
                 self.card_free[i, j] = gpu.free_milli
                 mem = gpu.free_memory_mib
@@ -128,7 +137,6 @@ class PlacementEngine:
         self.gpu_free_total = np.zeros(n, dtype=np.int64)
         self.full_cards = np.zeros(n, dtype=np.int64)
         self.largest_card = np.zeros(n, dtype=np.int64)
-        self.mixed: list[bool] = [len(set(m)) > 1 for m in self.card_models]
         self.mixed_rows: IntArray = np.flatnonzero(np.array(self.mixed, dtype=bool))
         self._selections: dict[frozenset[str], ModelSelection] = {}
         # Fragmentation state: each row's (free CPU, sorted free milli, model) is interned to a
@@ -778,7 +786,7 @@ class PlacementEngine:
         changed node build a new engine."""
         i = self.row_of(state.name)
         if not self.same_shape(i, state):
-            raise ValueError(
+            raise RowShapeChanged(
                 f"node {state.name}: cards, card models or CPU capacity changed; rebuild the engine"
             )
         gpus = sorted(state.gpus, key=lambda g: g.index)
@@ -795,11 +803,11 @@ class PlacementEngine:
         """Whether ``state`` keeps row ``i``'s cards (indices and models) and CPU capacity,
         the row's constants: only then can :meth:`update_node` take it."""
         gpus = sorted(state.gpus, key=lambda g: g.index)
-        models = tuple(g.model or state.gpu_model for g in gpus)
         return (
             tuple(g.index for g in gpus) == self.card_index[i]
-            and models == self.card_models[i]
-            and _model_name(models, state.gpu_model) == self.models[i]
+            and tuple(g.model or state.gpu_model for g in gpus) == self.card_models[i]
+            # Without cards the node's own model is the row's (equal cards imply it otherwise).
+            and (bool(gpus) or state.gpu_model == self.models[i])
             and state.cpu_capacity_milli == int(self.cpu_capacity[i])
         )
 
@@ -808,13 +816,16 @@ class PlacementEngine:
         return int(self.gpu_count.sum()) * MILLI_PER_GPU - int(self.gpu_free_total.sum())
 
 
-def _model_name(card_models: tuple[str, ...], node_model: str) -> str:
-    """A row's model for messages and one-model state keys: the cards' model, their distinct
-    models joined by "+" on a node mixing models, the node's model when it has no card."""
-    distinct = sorted(set(card_models))
-    if not distinct:
-        return node_model
-    return distinct[0] if len(distinct) == 1 else "+".join(distinct)
+def _model_name(card_models: tuple[str, ...], node_model: str) -> tuple[str, bool]:
+    """A row's model for messages and one-model state keys (the cards' model, their distinct
+    models joined by "+" on a node mixing models, the node's model when it has no card), and
+    whether the row mixes models."""
+    if not card_models:
+        return node_model, False
+    first = card_models[0]
+    if card_models.count(first) == len(card_models):  # one model: the common case, in C
+        return first, False
+    return "+".join(sorted(set(card_models))), True
 
 
 def _mixed_share_options(
