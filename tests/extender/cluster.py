@@ -62,6 +62,25 @@ def gpu_node(
     )
 
 
+def mixed_node(
+    name: str, cards: Sequence[tuple[str, int]], *, cpu: str = "64", memory: str = "512Gi"
+) -> dict[str, Any]:
+    """A node whose cards are of several models: ``cards`` is (model, memory MiB) per card,
+    in index order, published as the node agent does."""
+    inv = NodeGpuInventory(
+        tuple(
+            GpuRecord(f"GPU-{name}-{i:02d}", i, model, mib) for i, (model, mib) in enumerate(cards)
+        )
+    )
+    return make_node(
+        name,
+        cpu=cpu,
+        memory=memory,
+        extended={WHOLE: str(len(cards)), SLOT: str(len(cards) * 16)},
+        annotations={INVENTORY_ANNOTATION: encode_inventory(inv)},
+    )
+
+
 def shared_pod(
     name: str, memory_mib: int, compute_milli: int, *, cpu: str = "1", namespace: str = "default"
 ) -> dict[str, Any]:

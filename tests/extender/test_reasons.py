@@ -31,8 +31,14 @@ def random_cluster(rng: random.Random) -> list[NodeState]:
     nodes = []
     for i in range(60):
         cards = rng.choice([0, 1, 2, 4, 8])
+        mixed = rng.random() < 0.3  # cards of random models (on the card), as on mixed nodes
         gpus = tuple(
-            GpuState(j, rng.choice([0, 100, 400, 700, 1000]), rng.choice([0, 2048, 8192, 40960]))
+            GpuState(
+                j,
+                rng.choice([0, 100, 400, 700, 1000]),
+                rng.choice([0, 2048, 8192, 40960]),
+                rng.choice(["A100", "T4", "V100"]) if mixed else "",
+            )
             for j in range(cards)
         )
         nodes.append(
@@ -50,7 +56,7 @@ def random_cluster(rng: random.Random) -> list[NodeState]:
 
 def random_pod(rng: random.Random) -> PodRequest:
     cpu, memory = rng.choice([500, 4000, 16000]), rng.choice([512, 8192])
-    models = rng.choice([frozenset(), frozenset({"T4"})])
+    models = rng.choice([frozenset(), frozenset({"T4"}), frozenset({"T4", "V100"})])
     shape = rng.random()
     if shape < 0.2:
         return PodRequest(cpu, memory)
@@ -97,7 +103,7 @@ def random_info(rng: random.Random, name: str) -> NodeInfo:
         GpuRecord(
             f"GPU-{name}-{i}",
             i,
-            rng.choice(["A100", "T4"]),
+            rng.choice(["A100", "T4", "V100"]),
             rng.choice([15360, 40960, 81920]),
             rng.random() > 0.2,
         )
@@ -179,3 +185,51 @@ def test_remembered_reasons_equal_fresh_ones_as_nodes_fill_and_empty(seed: int) 
             engine.allocate_row(row, extra, cols)
             placed.append((row, extra, cols))
         versions[row] += 1
+
+
+def test_structural_reasons_on_a_mixed_node_count_only_the_allowed_models_cards() -> None:
+    cards = (
+        GpuRecord("GPU-v0", 0, "V100", 16384),
+        GpuRecord("GPU-v1", 1, "V100", 16384),
+        GpuRecord("GPU-t2", 2, "T4", 15360),
+        GpuRecord("GPU-t3", 3, "T4", 15360),
+        GpuRecord("GPU-a4", 4, "A100", 81920, healthy=False),
+    )
+    engine = PlacementEngine([NodeState("node-m", 64000, 64000, 262144)], "bestfit")
+    facts = NodeFacts.build(
+        engine, {"node-m": NodeInfo("node-m", 64000, 262144, NodeGpuInventory(cards))}
+    )
+    rows = np.array([0], dtype=np.int64)
+
+    def reason(request: GpuRequest) -> str:
+        assert bool(facts.never_fits(rows, request)[0]) == bool(
+            structural(facts, 0, "node-m", request)
+        )
+        return structural(facts, 0, "node-m", request)
+
+    v100 = frozenset({"V100"})
+    assert reason(GpuRequest(RequestKind.WHOLE, 1000, 1024, whole_gpus=2, gpu_models=v100)) == ""
+    assert reason(GpuRequest(RequestKind.WHOLE, 1000, 1024, whole_gpus=3, gpu_models=v100)) == (
+        "node-m: has 2 healthy GPUs of model V100, pod needs 3 whole GPUs"
+    )
+    # Without a model all four healthy cards count; the unhealthy A100 counts for nothing.
+    assert reason(GpuRequest(RequestKind.WHOLE, 1000, 1024, whole_gpus=4)) == ""
+    assert (
+        reason(
+            GpuRequest(RequestKind.WHOLE, 1000, 1024, whole_gpus=1, gpu_models=frozenset({"A100"}))
+        )
+        == "node-m: GPU models T4,V100, pod allows A100"
+    )
+    t4_share = GpuRequest(
+        RequestKind.SHARED,
+        1000,
+        1024,
+        compute_milli=100,
+        gpu_memory_mib=16000,
+        gpu_models=frozenset({"T4"}),
+    )
+    assert (
+        reason(t4_share)
+        == "node-m: largest card of model T4 has 15360 MiB in total, pod needs 16000 MiB"
+    )
+    assert STRUCTURAL_CATEGORIES[int(facts.structural_codes(rows, t4_share)[0])] == "gpu-memory"

@@ -5,7 +5,13 @@ write pods and decisions exactly as the scheduler extender would."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,3 +272,76 @@ def card_totals(node: SharedNode, pods: Sequence[str]) -> dict[str, tuple[int, i
             slot[0] += c.compute_milli
             slot[1] += c.memory_mib
     return {k: (v[0], v[1]) for k, v in totals.items()}
+
+
+# Loopback only: no proxy from the environment may take these requests elsewhere.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class ExtenderProcess:
+    """``kubegpu extender`` as a separate process against the node's fake API server, asked
+    over HTTP as kube-scheduler asks it (node-cache-capable: node names only)."""
+
+    def __init__(self, node: SharedNode, policy: str = "kubegpu") -> None:
+        self.log_path = node.root / "extender.log"
+        self._log = self.log_path.open("wb")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBEGPU_")}
+        env["NO_PROXY"] = "*"
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kubegpu",
+                "extender",
+                "--kubeconfig",
+                str(node.kubeconfig),
+                "--port",
+                "0",
+                "--policy",
+                policy,
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        self.url = self._wait_listening()
+        node.wait_until(self._ready, "extender ready")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def _wait_listening(self, timeout_s: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        pattern = re.compile(r"kubegpu extender on (https?://\S+?),? policy")
+        while (match := pattern.search(self.log())) is None:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"extender did not start; log:\n{self.log()[-3000:]}")
+            time.sleep(0.05)
+        return match.group(1)
+
+    def _ready(self) -> bool:
+        try:
+            with _DIRECT.open(f"{self.url}/readyz", timeout=5) as response:
+                return int(response.status) == 200
+        except OSError:
+            return False
+
+    def post(self, verb: str, body: Mapping[str, Any]) -> Any:
+        request = urllib.request.Request(
+            f"{self.url}/{verb}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with _DIRECT.open(request, timeout=30) as response:
+            return json.loads(response.read())
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self._log.close()
+        return rc

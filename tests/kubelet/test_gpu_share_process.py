@@ -18,12 +18,17 @@ from kubegpu.sharing.annotations import (
     decode_allocation,
     decode_inventory,
 )
+from kubegpu.sharing.resources import GPU_MODELS_ANNOTATION
+from kubegpu.testing.apiserver import make_pod
 from kubegpu.testing.kubelet import AllocationError
 from tests.kubelet.conftest import short_tempdir
 from tests.kubelet.sharenode import (
+    COMPUTE,
+    MEMORY,
     NODE,
     SLOT,
     WHOLE,
+    ExtenderProcess,
     SharedNode,
     ShareSpec,
     card_totals,
@@ -273,6 +278,51 @@ def test_mixed_model_node_serves_a_t4_decision_on_the_t4(tempdir: Path) -> None:
         assert all(mixed.kubelet.devices(WHOLE)[u].healthy for u in v100s)
     finally:
         mixed.close()
+
+
+def test_mixed_model_node_allocates_the_card_the_extender_chose_for_the_model(
+    tempdir: Path,
+) -> None:
+    mixed = SharedNode(tempdir, preset="2xV100-2xT4")
+    extender: ExtenderProcess | None = None
+    try:
+        mixed.wait_ready()
+        models = {str(g.uuid): g.product_name for g in mixed.gpus}
+        assert sorted(set(models.values())) == ["Tesla T4", "Tesla V100-SXM2-16GB"]
+        mixed.wait_until(
+            lambda: published_models(mixed) == [models[str(g.uuid)] for g in mixed.gpus],
+            "the agent published both models in the node inventory",
+        )
+        extender = ExtenderProcess(mixed)
+        for name, model in (("t4-share", "Tesla T4"), ("v100-share", "Tesla V100-SXM2-16GB")):
+            pod = make_pod(
+                name,
+                requests={"cpu": "1", "memory": "1Gi"},
+                limits={MEMORY: "6144", COMPUTE: "400", SLOT: "1"},
+                annotations={GPU_MODELS_ANNOTATION: model},
+            )
+            uid = str(mixed.api.store.put("pods", pod)["metadata"]["uid"])
+            answer = extender.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": [NODE]})
+            assert answer["NodeNames"] == [NODE], answer
+            bind = {"PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": NODE}
+            assert extender.post("bind", bind) == {"Error": ""}
+            decided = decode_allocation(mixed.annotations(name)[ALLOCATION_ANNOTATION])
+            (card,) = decided.gpu_uuids
+            assert models[card] == model
+            got = mixed.allocate_share(uid, name, "main")
+            assert got.envs["NVIDIA_VISIBLE_DEVICES"] == card
+            assert card_of(got.device_ids[0]) == card
+            assert mixed.wait_verified(name, 1).containers[0].uuid == card
+    finally:
+        if extender is not None:
+            assert extender.stop() == 0, extender.log()[-3000:]
+        mixed.close()
+
+
+def published_models(node: SharedNode) -> list[str]:
+    raw = node.api.store.get("nodes", None, NODE) or {}
+    text = (raw.get("metadata", {}).get("annotations") or {}).get(INVENTORY_ANNOTATION)
+    return [] if text is None else [g.model for g in decode_inventory(text).gpus]
 
 
 def test_mps_mode_supervises_the_daemon_and_hands_out_per_client_limits(tempdir: Path) -> None:

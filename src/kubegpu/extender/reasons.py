@@ -8,7 +8,8 @@ and order are the engine's, and a test holds it equal to ``explain`` on random s
 
 ``NodeFacts`` adds what never changes with usage (is there an inventory, how many healthy
 cards, the biggest card, the models), so "can never fit here" is told apart from "does not fit
-now": kube-scheduler may preempt for the second, never for the first.
+now": kube-scheduler may preempt for the second, never for the first. On a node mixing card
+models, a pod restricted to models counts only the healthy cards of those models.
 
 Formatting thousands of strings per filter is itself most of a 5 ms budget, so both kinds of
 reason are remembered: structural ones per request shape until a node's facts change,
@@ -53,6 +54,15 @@ _STRUCTURAL_CACHE_SHAPES = 64
 _StructuralKey = tuple[frozenset[str], RequestKind, int, int]
 
 
+@dataclass(frozen=True)
+class ModelFacts:
+    """Per engine row, what a set of allowed models leaves of the healthy cards."""
+
+    allowed: npt.NDArray[np.bool_]  # some healthy card is an allowed model
+    healthy: IntArray  # healthy cards of an allowed model
+    biggest_mib: IntArray  # memory of the biggest of them
+
+
 @dataclass
 class NodeFacts:
     """Per engine row, what does not depend on usage."""
@@ -62,39 +72,57 @@ class NodeFacts:
     biggest_mib: IntArray  # memory of the biggest healthy card
     models: list[frozenset[str]]  # models of healthy cards
     missing_flags: npt.NDArray[np.bool_]  # missing[i] != ""
-    _model_masks: dict[frozenset[str], npt.NDArray[np.bool_]] = field(default_factory=dict)
+    # Rows whose healthy cards mix models: each healthy card's (model, memory MiB).
+    mixed_cards: dict[int, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+    _model_facts: dict[frozenset[str], ModelFacts] = field(default_factory=dict)
     # Per request shape, each row's structural reason once computed (None: not yet). The
     # reasons change only with the facts, so update() drops them all.
     _reasons: OrderedDict[_StructuralKey, list[str | None]] = field(default_factory=OrderedDict)
 
-    def _allowed(self, models: frozenset[str]) -> npt.NDArray[np.bool_]:
-        allowed = self._model_masks.get(models)
-        if allowed is None:
+    def for_models(self, models: frozenset[str]) -> ModelFacts:
+        """The healthy cards ``models`` allows, per row (cached until the facts change)."""
+        found = self._model_facts.get(models)
+        if found is None:
             allowed = np.array([bool(m & models) for m in self.models], dtype=bool)
-            self._model_masks[models] = allowed
-        return allowed
+            healthy = np.where(allowed, self.healthy, 0)
+            biggest = np.where(allowed, self.biggest_mib, 0)
+            for row, cards in self.mixed_cards.items():
+                memories = [mib for model, mib in cards if model in models]
+                healthy[row] = len(memories)
+                biggest[row] = max(memories, default=0)
+            found = ModelFacts(allowed, healthy, biggest)
+            self._model_facts[models] = found
+        return found
+
+    def capacity(self, request: GpuRequest) -> tuple[IntArray, IntArray]:
+        """(healthy cards, biggest card MiB) per row that the request may use."""
+        if request.gpu_models:
+            facts = self.for_models(request.gpu_models)
+            return facts.healthy, facts.biggest_mib
+        return self.healthy, self.biggest_mib
 
     def never_fits(self, rows: IntArray, request: GpuRequest) -> npt.NDArray[np.bool_]:
         """Per row: does :func:`structural` give a reason? (vectorised pre-check)"""
         mask: npt.NDArray[np.bool_] = self.missing_flags[rows].copy()
         if request.gpu_models:
-            mask |= ~self._allowed(request.gpu_models)[rows]
+            mask |= ~self.for_models(request.gpu_models).allowed[rows]
+        healthy, biggest = self.capacity(request)
         if request.kind is RequestKind.WHOLE:
-            mask |= self.healthy[rows] < request.whole_gpus
+            mask |= healthy[rows] < request.whole_gpus
         elif request.kind is RequestKind.SHARED:
-            mask |= self.biggest_mib[rows] < request.gpu_memory_mib
+            mask |= biggest[rows] < request.gpu_memory_mib
         return mask
 
     def structural_codes(self, rows: IntArray, request: GpuRequest) -> IntArray:
         """Per row (all with a structural reason): which check of :func:`structural` fails,
         as an index into :data:`STRUCTURAL_CATEGORIES`."""
         model_bad = (
-            ~self._allowed(request.gpu_models)[rows]
+            ~self.for_models(request.gpu_models).allowed[rows]
             if request.gpu_models
             else np.zeros(rows.size, dtype=bool)
         )
         whole_bad = (
-            self.healthy[rows] < request.whole_gpus
+            self.capacity(request)[0][rows] < request.whole_gpus
             if request.kind is RequestKind.WHOLE
             else np.zeros(rows.size, dtype=bool)
         )
@@ -160,42 +188,58 @@ class NodeFacts:
                 f"{INVENTORY_ANNOTATION} missing: is the kubegpu node agent running there?)"
             )
             healthy, biggest, models = 0, 0, frozenset[str]()
+            cards: tuple[tuple[str, int], ...] | None = None
         else:
             good = [g for g in inventory.gpus if g.healthy]
             missing = ""
             healthy = len(good)
             biggest = max((g.memory_mib for g in good), default=0)
             models = frozenset(g.model for g in good)
-        if (missing, healthy, biggest, models) == (
+            cards = tuple((g.model, g.memory_mib) for g in good) if len(models) > 1 else None
+        if (missing, healthy, biggest, models, cards) == (
             self.missing[row],
             int(self.healthy[row]),
             int(self.biggest_mib[row]),
             self.models[row],
+            self.mixed_cards.get(row),
         ):
             return  # usage changed, not the facts: the cached masks and reasons still hold
-        self._model_masks.clear()
+        self._model_facts.clear()
         self._reasons.clear()
         self.missing[row] = missing
         self.healthy[row] = healthy
         self.biggest_mib[row] = biggest
         self.models[row] = models
         self.missing_flags[row] = bool(missing)
+        if cards is None:
+            self.mixed_cards.pop(row, None)
+        else:
+            self.mixed_cards[row] = cards
 
 
 def structural(facts: NodeFacts, row: int, name: str, request: GpuRequest) -> str:
     """Why ``name`` can never take the pod, whatever is freed ("" if it might)."""
     if facts.missing[row]:
         return facts.missing[row]
+    allowed = ",".join(sorted(request.gpu_models))
     if request.gpu_models and not facts.models[row] & request.gpu_models:
         have = ",".join(sorted(facts.models[row])) or "none healthy"
-        return f"{name}: GPU models {have}, pod allows {','.join(sorted(request.gpu_models))}"
-    healthy = int(facts.healthy[row])
+        return f"{name}: GPU models {have}, pod allows {allowed}"
+    healthy, biggest = (int(a[row]) for a in facts.capacity(request))
+    # Name the model only where the node has healthy cards of others that do not count.
+    of_model = (
+        f" of model {allowed}"
+        if request.gpu_models and facts.models[row] - request.gpu_models
+        else ""
+    )
     if request.kind is RequestKind.WHOLE and healthy < request.whole_gpus:
-        return f"{name}: has {healthy} healthy GPUs, pod needs {request.whole_gpus} whole GPUs"
-    biggest = int(facts.biggest_mib[row])
+        return (
+            f"{name}: has {healthy} healthy GPUs{of_model}, pod needs "
+            f"{request.whole_gpus} whole GPUs"
+        )
     if request.kind is RequestKind.SHARED and biggest < request.gpu_memory_mib:
         return (
-            f"{name}: largest card has {biggest} MiB in total, pod needs "
+            f"{name}: largest card{of_model} has {biggest} MiB in total, pod needs "
             f"{request.gpu_memory_mib} MiB"
         )
     return ""
@@ -243,14 +287,26 @@ def explain_rows_coded(
     codes[largest < pod.gpu_milli] = 6
     if pod.gpu_milli >= MILLI_PER_GPU:
         codes[:] = 5
+    # Nodes mixing models with only some cards allowed: the engine checks those cards itself
+    # (few nodes mix models, so its per-row explain costs little here).
+    by_engine: npt.NDArray[np.bool_] | None = None
     if pod.gpu_models:
-        bad = [not pod.allows_model(engine.models[i]) for i in rows.tolist()]
-        codes[np.array(bad, dtype=bool)] = 4
+        selection = engine.model_selection(pod.gpu_models)
+        codes[~selection.rows[rows]] = 4
+        if selection.partial.size and pod.gpu_count:
+            by_engine = np.isin(rows, selection.partial)
+            if not by_engine.any():
+                by_engine = None
     codes[count == 0] = 3
     if pod.gpu_count == 0:
         codes[:] = 2
     codes[memory_short] = 1
     codes[cpu_short] = 0
+    engine_reasons: dict[int, str] = {}
+    if by_engine is not None:
+        for k in np.flatnonzero(by_engine).tolist():
+            codes[k], engine_reasons[k] = engine.explain_row(int(rows[k]), pod)
+        ours = ~by_engine
     # The strings are the point, so one f-string per row is unavoidable; but the branch is
     # decided above, so each kind of reason is formatted by its own comprehension over just
     # its rows (no per-row branching or indexing), then put back in row order.
@@ -259,8 +315,8 @@ def explain_rows_coded(
     row_names = np.empty(rows.size, dtype=object)
     row_names[:] = picked
     out = np.full(rows.size, "", dtype=object)
-    for code in np.unique(codes).tolist():
-        where = np.flatnonzero(codes == code)
+    for code in np.unique(codes if by_engine is None else codes[ours]).tolist():
+        where = np.flatnonzero(codes == code if by_engine is None else (codes == code) & ours)
         who = row_names[where].tolist()
         if code == 0:
             tail = f" milli-CPU free, pod needs {pod.cpu_milli}"
@@ -274,10 +330,12 @@ def explain_rows_coded(
             out[where] = [f"{n}: has no GPU" for n in who]
         elif code == 4:
             allowed = "|".join(sorted(pod.gpu_models))
-            models = [engine.models[i] for i in rows[where].tolist()]
+            models = [
+                ("models " if engine.mixed[i] else "model ") + engine.models[i]
+                for i in rows[where].tolist()
+            ]
             out[where] = [
-                f"{n}: GPU model {m}, pod allows {allowed}"
-                for n, m in zip(who, models, strict=True)
+                f"{n}: GPU {m}, pod allows {allowed}" for n, m in zip(who, models, strict=True)
             ]
         elif code == 5:
             head = f": needs {pod.gpu_count} whole GPUs, "
@@ -296,6 +354,8 @@ def explain_rows_coded(
                 f"{n}: largest free card has {v}{tail}"
                 for n, v in zip(who, best_memory[where].tolist(), strict=True)
             ]
+    for k, reason in engine_reasons.items():
+        out[k] = reason
     reasons: list[str] = out.tolist()
     return reasons, codes
 

@@ -31,7 +31,7 @@ from kubegpu.extender.reasons import (
     structural,
 )
 from kubegpu.kube.view import ClusterView
-from kubegpu.placement.engine import PlacementEngine
+from kubegpu.placement.engine import PlacementEngine, RowShapeChanged
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
 from kubegpu.placement.policies import get_policy
@@ -185,16 +185,14 @@ class GpuScheduler:
             return info is None  # a vanished node's row is harmless until the next rebuild
         i = engine.row_of(node)
         state = node_state(info, self.view.usages_on(node))
-        gpus = sorted(state.gpus, key=lambda g: g.index)
-        if tuple(g.index for g in gpus) != engine.card_index[i]:
-            return False  # cards appeared or vanished: the row's width may change
-        if state.gpu_model != engine.models[i] or state.cpu_capacity_milli != int(
-            engine.cpu_capacity[i]
-        ):
-            return False  # per-row constants of the engine (model masks, normalisers)
+        try:
+            engine.update_node(state)
+        except RowShapeChanged:
+            # Cards appeared or vanished (the row's width may change), or a card's model or the
+            # CPU capacity changed: per-row constants of the engine (model masks, normalisers).
+            return False
         if self._facts is not None:
             self._facts.update(i, node, info)
-        engine.update_node(state)
         self._row_versions[i] += 1
         return True
 
@@ -383,12 +381,15 @@ class GpuScheduler:
     def _pick(self, engine: PlacementEngine, node: str, pod: PodRequest) -> tuple[int, ...]:
         if not (self.spread and pod.is_gpu_share):
             return engine.pick_gpus(node, pod)
-        # Spread: the card with the most free compute (then memory, then lowest index) that fits.
+        # Spread: the card with the most free compute (then memory, then lowest index) that fits
+        # and is of a model the pod allows.
         state = engine.node_state(node)
         best = None
         for gpu in state.gpus:
             memory = gpu.free_memory_mib or 0
             if gpu.free_milli < pod.gpu_milli or memory < (pod.gpu_memory_mib or 0):
+                continue
+            if not pod.allows_model(gpu.model or state.gpu_model):
                 continue
             key = (-gpu.free_milli, -memory, gpu.index)
             if best is None or key < best:

@@ -9,12 +9,20 @@ offline is what runs live.
 Node order: rows are sorted by (rank, name) once, so "highest score, ties to the smallest
 rank" is simply the first maximum (``np.argmax``). Card order: columns are the node's cards
 sorted by device index, so "lowest index" is the first column.
+
+Card models: each card carries its model (a node may mix models, e.g. two V100 and two T4). A
+pod restricted to models may use only cards of those models. Most nodes have one model, and
+for them a restriction is a per-row yes or no, as fast as before; only rows that mix models,
+where some but not all cards are allowed (``ModelSelection.partial``), are checked card by
+card, and their fragmentation state names every card's model (see ``_row_key``).
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -42,8 +50,35 @@ _UNTRACKED_MEMORY = np.iinfo(np.int64).max // 4
 GROWTH_BUCKET_MILLI = 300.0
 # ... and whole-card pods against the classes covering this share of the target workload.
 POPULAR_PERCENT = 95.0
+# The explain checks in order (``explain_row`` returns the first that fails, or FITS).
+CHECK_CPU, CHECK_MEMORY, FITS_WITHOUT_GPU, CHECK_NO_GPU, CHECK_MODEL = 0, 1, 2, 3, 4
+CHECK_WHOLE_GPUS, CHECK_GPU_COMPUTE, CHECK_GPU_MEMORY, FITS = 5, 6, 7, 8
 _PodKey = tuple[int, int, int, frozenset[str]]
-_StateKey = tuple[int, tuple[int, ...], str]
+# A node's fragmentation state: (free CPU, free milli per card, model). On a node of one model
+# the free milli are sorted and the model is a string; on a node mixing models they are in
+# card order and the model is one per card (a tuple), since which card is which now matters.
+_StateKey = tuple[int, tuple[int, ...], str | tuple[str, ...]]
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+
+
+class RowShapeChanged(ValueError):
+    """A node's cards, card models or CPU capacity changed: its engine row cannot be updated
+    in place (build a new engine)."""
+
+
+@dataclass(frozen=True)
+class ModelSelection:
+    """Which rows and cards a set of allowed models leaves a pod.
+
+    ``rows``: every card of the row is an allowed model (for a one-model node: its model is
+    allowed). ``partial``: rows mixing models with some, not all, cards allowed. ``cards``:
+    per (row, column), is that card an allowed model; ``None`` when no row is partial (then a
+    card is allowed exactly when its row is).
+    """
+
+    rows: npt.NDArray[np.bool_]
+    partial: IntArray
+    cards: npt.NDArray[np.bool_] | None
 
 
 class PlacementEngine:
@@ -71,7 +106,11 @@ class PlacementEngine:
         self._row: dict[str, int] = {name: i for i, name in enumerate(self.names)}
         if len(self._row) != n:
             raise ValueError("node names must be unique")
-        self.models: list[str] = [node.gpu_model for node in ordered]
+        # Per row: each card's model (column order), and one name for messages: the model,
+        # or on a node mixing models the distinct models joined by "+".
+        self.card_models: list[tuple[str, ...]] = []
+        self.models: list[str] = []
+        self.mixed: list[bool] = []  # the row's cards are of more than one model
         self.cpu_capacity = np.array([x.cpu_capacity_milli for x in ordered], dtype=np.int64)
         self.cpu_free = np.array([x.cpu_free_milli for x in ordered], dtype=np.int64)
         self.memory_free = np.array([x.memory_free_mib for x in ordered], dtype=np.int64)
@@ -82,6 +121,12 @@ class PlacementEngine:
         for i, node in enumerate(ordered):
             gpus = sorted(node.gpus, key=lambda g: g.index)
             self.card_index.append(tuple(g.index for g in gpus))
+            default = node.gpu_model
+            card_models = tuple([g.model or default for g in gpus])
+            self.card_models.append(card_models)
+            name, mixed = _model_name(card_models, node.gpu_model)
+            self.models.append(name)
+            self.mixed.append(mixed)
             for j, gpu in enumerate(gpus):
                 self.card_free[i, j] = gpu.free_milli
                 mem = gpu.free_memory_mib
@@ -92,7 +137,8 @@ class PlacementEngine:
         self.gpu_free_total = np.zeros(n, dtype=np.int64)
         self.full_cards = np.zeros(n, dtype=np.int64)
         self.largest_card = np.zeros(n, dtype=np.int64)
-        self._model_masks: dict[frozenset[str], npt.NDArray[np.bool_]] = {}
+        self.mixed_rows: IntArray = np.flatnonzero(np.array(self.mixed, dtype=bool))
+        self._selections: dict[frozenset[str], ModelSelection] = {}
         # Fragmentation state: each row's (free CPU, sorted free milli, model) is interned to a
         # small id, and per pod class a table maps id -> FGD score (-1 = not computed yet).
         self.memo = FragmentationMemo(workload) if workload is not None else None
@@ -120,13 +166,24 @@ class PlacementEngine:
             array[i] = self.affinity[i].get(tag, 0)
         self.distinct_tags[i] = len(self.affinity[i])
         if self.memo is not None:
-            key = (int(self.cpu_free[i]), tuple(sorted(free.tolist())), self.models[i])
+            key: _StateKey
+            if self.mixed[i]:
+                key = (int(self.cpu_free[i]), tuple(free.tolist()), self.card_models[i])
+            else:
+                key = (int(self.cpu_free[i]), tuple(sorted(free.tolist())), self.models[i])
             sid = self._state_ids.get(key)
             if sid is None:
                 sid = len(self._state_keys)
                 self._state_ids[key] = sid
                 self._state_keys.append(key)
             self.state_id[i] = sid
+
+    def _row_key(self, i: int) -> _StateKey:
+        """Row ``i``'s fragmentation state (see :data:`_StateKey`)."""
+        free = self.card_free[i, : self.gpu_count[i]].tolist()
+        if self.mixed[i]:
+            return (int(self.cpu_free[i]), tuple(free), self.card_models[i])
+        return (int(self.cpu_free[i]), tuple(sorted(free)), self.models[i])
 
     def row_of(self, node: str) -> int:
         try:
@@ -135,8 +192,10 @@ class PlacementEngine:
             raise KeyError(f"unknown node {node!r}") from None
 
     def node_state(self, node: str) -> NodeState:
-        """The engine's current view of one node, as a value."""
+        """The engine's current view of one node, as a value (a node of one model names it on
+        the node, a node mixing models on each card)."""
         i = self.row_of(node)
+        mixed = self.mixed[i]
         gpus = tuple(
             GpuState(
                 index,
@@ -144,6 +203,7 @@ class PlacementEngine:
                 None
                 if self.card_memory[i, j] >= _UNTRACKED_MEMORY // 2
                 else int(self.card_memory[i, j]),
+                self.card_models[i][j] if mixed else "",
             )
             for j, index in enumerate(self.card_index[i])
         )
@@ -152,86 +212,170 @@ class PlacementEngine:
             int(self.cpu_capacity[i]),
             int(self.cpu_free[i]),
             int(self.memory_free[i]),
-            self.models[i],
+            "" if mixed else self.models[i],
             gpus,
             rank=i,
             affinity_counts=dict(self.affinity[i]),
         )
 
     # ----------------------------------------------------------------- feasibility
-    def _model_mask(self, models: frozenset[str]) -> npt.NDArray[np.bool_]:
-        mask = self._model_masks.get(models)
-        if mask is None:
-            mask = np.array([m in models for m in self.models], dtype=bool)
-            self._model_masks[models] = mask
-        return mask
+    def model_selection(self, models: frozenset[str]) -> ModelSelection:
+        """What ``models`` allows, per row and per card (cached: models never change)."""
+        found = self._selections.get(models)
+        if found is None:
+            rows = np.array([m in models for m in self.models], dtype=bool)
+            partial: list[int] = []
+            for i in self.mixed_rows.tolist():
+                allowed = [m in models for m in self.card_models[i]]
+                rows[i] = all(allowed)
+                if any(allowed) and not rows[i]:
+                    partial.append(i)
+            cards = None
+            if partial:
+                cards = np.repeat(rows[:, None], self.card_free.shape[1], axis=1)
+                for i in partial:
+                    for j, model in enumerate(self.card_models[i]):
+                        cards[i, j] = model in models
+            found = ModelSelection(rows, np.array(partial, dtype=np.int64), cards)
+            self._selections[models] = found
+        return found
 
     def _eligible_cards(self, rows: IntArray, pod: PodRequest) -> npt.NDArray[np.bool_]:
         """Per (row, card): can this card take one of the pod's cards?"""
         free = self.card_free[rows]
         if pod.gpu_milli >= MILLI_PER_GPU:
-            whole: npt.NDArray[np.bool_] = free == MILLI_PER_GPU  # whole cards: fully free only
-            return whole
-        ok: npt.NDArray[np.bool_] = free >= pod.gpu_milli
-        if pod.gpu_memory_mib is not None:
-            ok &= self.card_memory[rows] >= pod.gpu_memory_mib
+            ok: npt.NDArray[np.bool_] = free == MILLI_PER_GPU  # whole cards: fully free only
+        else:
+            ok = free >= pod.gpu_milli
+            if pod.gpu_memory_mib is not None:
+                ok &= self.card_memory[rows] >= pod.gpu_memory_mib
+        if pod.gpu_models:
+            cards = self.model_selection(pod.gpu_models).cards
+            if cards is not None:
+                ok &= cards[rows]
         return ok
 
     def feasible_rows(self, pod: PodRequest) -> IntArray:
         """Rows (in tie-break order) of the nodes the pod fits on."""
         mask = (self.cpu_free >= pod.cpu_milli) & (self.memory_free >= pod.memory_mib)
-        if pod.gpu_count:
-            if pod.gpu_models:
-                mask &= self._model_mask(pod.gpu_models)
-            if pod.gpu_milli >= MILLI_PER_GPU:
-                mask &= self.full_cards >= pod.gpu_count
-            else:
-                mask &= self.largest_card >= pod.gpu_milli
-                if pod.gpu_memory_mib is not None:
-                    rows = np.flatnonzero(mask)
-                    keep = self._eligible_cards(rows, pod).any(axis=1)
-                    return rows[keep]
-        return np.flatnonzero(mask)
+        if not pod.gpu_count:
+            return np.flatnonzero(mask)
+        partial = _NO_ROWS
+        if pod.gpu_models:
+            selection = self.model_selection(pod.gpu_models)
+            if selection.partial.size:
+                partial = selection.partial[mask[selection.partial]]
+            mask &= selection.rows
+        if pod.gpu_milli >= MILLI_PER_GPU:
+            mask &= self.full_cards >= pod.gpu_count
+            rows = np.flatnonzero(mask)
+        else:
+            mask &= self.largest_card >= pod.gpu_milli
+            rows = np.flatnonzero(mask)
+            if pod.gpu_memory_mib is not None:
+                rows = rows[self._eligible_cards(rows, pod).any(axis=1)]
+        if partial.size:
+            # Nodes mixing models where only some cards are allowed: count those cards.
+            fits = self._eligible_cards(partial, pod).sum(axis=1) >= pod.gpu_count
+            if fits.any():
+                rows = np.union1d(rows, partial[fits])
+        return rows
 
     def explain(self, node: str, pod: PodRequest) -> Fit:
         """Whether ``pod`` fits ``node`` now, and if not, the first reason why."""
-        i = self.row_of(node)
+        check, reason = self.explain_row(self.row_of(node), pod)
+        if check in (FITS, FITS_WITHOUT_GPU):
+            return Fit(node, True)
+        return Fit(node, False, reason)
+
+    def explain_row(self, i: int, pod: PodRequest) -> tuple[int, str]:
+        """The first check ``pod`` fails on row ``i`` (``CHECK_*``) and its reason, or
+        (``FITS``/``FITS_WITHOUT_GPU``, "")."""
+        node = self.names[i]
         cpu, memory = int(self.cpu_free[i]), int(self.memory_free[i])
         if cpu < pod.cpu_milli:
-            return Fit(node, False, f"{node}: {cpu} milli-CPU free, pod needs {pod.cpu_milli}")
+            return CHECK_CPU, f"{node}: {cpu} milli-CPU free, pod needs {pod.cpu_milli}"
         if memory < pod.memory_mib:
-            return Fit(node, False, f"{node}: {memory} MiB memory free, pod needs {pod.memory_mib}")
+            return CHECK_MEMORY, f"{node}: {memory} MiB memory free, pod needs {pod.memory_mib}"
         if pod.gpu_count == 0:
-            return Fit(node, True)
+            return FITS_WITHOUT_GPU, ""
         if self.gpu_count[i] == 0:
-            return Fit(node, False, f"{node}: has no GPU")
-        if not pod.allows_model(self.models[i]):
-            allowed = "|".join(sorted(pod.gpu_models))
-            return Fit(node, False, f"{node}: GPU model {self.models[i]}, pod allows {allowed}")
-        free = self.card_free[i, : self.gpu_count[i]]
+            return CHECK_NO_GPU, f"{node}: has no GPU"
+        count = int(self.gpu_count[i])
+        free = self.card_free[i, :count]
+        if pod.gpu_models:
+            selection = self.model_selection(pod.gpu_models)
+            if not selection.rows[i]:
+                if selection.cards is not None and selection.cards[i, :count].any():
+                    return self._explain_some_models(i, pod, selection.cards[i, :count])
+                allowed = "|".join(sorted(pod.gpu_models))
+                noun = "models" if self.mixed[i] else "model"
+                return CHECK_MODEL, f"{node}: GPU {noun} {self.models[i]}, pod allows {allowed}"
         if pod.gpu_milli >= MILLI_PER_GPU:
             whole = int((free == MILLI_PER_GPU).sum())
             if whole < pod.gpu_count:
-                return Fit(node, False, f"{node}: needs {pod.gpu_count} whole GPUs, {whole} free")
-            return Fit(node, True)
+                return CHECK_WHOLE_GPUS, f"{node}: needs {pod.gpu_count} whole GPUs, {whole} free"
+            return FITS, ""
         if int(free.max()) < pod.gpu_milli:
-            return Fit(
-                node,
-                False,
+            return (
+                CHECK_GPU_COMPUTE,
                 f"{node}: largest free card share is {int(free.max())} milli, "
                 f"pod needs {pod.gpu_milli}",
             )
         if pod.gpu_memory_mib is not None:
-            memory_cards = self.card_memory[i, : self.gpu_count[i]]
+            memory_cards = self.card_memory[i, :count]
             fits = (free >= pod.gpu_milli) & (memory_cards >= pod.gpu_memory_mib)
             if not fits.any():
                 best = int(memory_cards[free >= pod.gpu_milli].max())
-                return Fit(
-                    node,
-                    False,
+                return (
+                    CHECK_GPU_MEMORY,
                     f"{node}: largest free card has {best} MiB, pod needs {pod.gpu_memory_mib} MiB",
                 )
-        return Fit(node, True)
+        return FITS, ""
+
+    def _explain_some_models(
+        self, i: int, pod: PodRequest, allowed: npt.NDArray[np.bool_]
+    ) -> tuple[int, str]:
+        """:meth:`explain_row`'s GPU checks on a node mixing models, some of them allowed:
+        the same checks over the allowed cards, and reasons that name the model."""
+        node = self.names[i]
+        count = int(self.gpu_count[i])
+        free = self.card_free[i, :count]
+        wanted = "|".join(sorted(pod.gpu_models))
+        if pod.gpu_milli >= MILLI_PER_GPU:
+            full = free == MILLI_PER_GPU
+            whole = int((full & allowed).sum())
+            if whole >= pod.gpu_count:
+                return FITS, ""
+            others = Counter(
+                m
+                for m, f, ok in zip(self.card_models[i], full, allowed, strict=True)
+                if f and not ok
+            )
+            tail = ", ".join(f"{n} {m}" for m, n in sorted(others.items()))
+            return (
+                CHECK_WHOLE_GPUS,
+                f"{node}: needs {pod.gpu_count} whole GPUs of model {wanted}, {whole} free"
+                + (f" (other free cards: {tail})" if tail else ""),
+            )
+        largest = int(free[allowed].max())
+        if largest < pod.gpu_milli:
+            return (
+                CHECK_GPU_COMPUTE,
+                f"{node}: largest free card share of model {wanted} is {largest} milli, "
+                f"pod needs {pod.gpu_milli}",
+            )
+        if pod.gpu_memory_mib is not None:
+            memory_cards = self.card_memory[i, :count]
+            enough = (free >= pod.gpu_milli) & allowed
+            if not (enough & (memory_cards >= pod.gpu_memory_mib)).any():
+                best = int(memory_cards[enough].max())
+                return (
+                    CHECK_GPU_MEMORY,
+                    f"{node}: largest free card of model {wanted} has {best} MiB, "
+                    f"pod needs {pod.gpu_memory_mib} MiB",
+                )
+        return FITS, ""
 
     # ----------------------------------------------------------------- scoring
     def scores(self, pod: PodRequest, rows: IntArray) -> IntArray:
@@ -308,11 +452,19 @@ class PlacementEngine:
         if not pod.is_gpu_share:
             memo = self._whole_card_memo if pod.gpu_count else self.memo
             assert memo is not None
-            after = whole_card_sorted_after(free, pod.gpu_count)
+            after = (
+                _mixed_whole_after(free, model, pod)
+                if isinstance(model, tuple)
+                else whole_card_sorted_after(free, pod.gpu_count)
+            )
             before_whole = memo.fragment(cpu, free, model)
             return sigmoid_score(before_whole, memo.fragment(cpu_after, after, model))
         before = self.memo.fragment(cpu, free, model)
         best = -1
+        if isinstance(model, tuple):
+            for _, after in _mixed_share_options(free, model, pod):
+                best = max(best, sigmoid_score(before, self.memo.fragment(cpu_after, after, model)))
+            return best
         previous = -1
         for pos, value in enumerate(free):
             if value < pod.gpu_milli or value == previous:
@@ -347,16 +499,25 @@ class PlacementEngine:
     def _fgd_row(self, i: int, pod: PodRequest) -> tuple[int, tuple[int, ...]]:
         """FGD score of row ``i`` and the card columns it would use (first best card)."""
         assert self.memo is not None
+        if not pod.is_gpu_share:
+            return self._state_score(self._row_key(i), pod), self._lowest_full_cards(i, pod)
         count = int(self.gpu_count[i])
         free_cols = self.card_free[i, :count].tolist()
-        sorted_free = tuple(sorted(free_cols))
-        cpu, model = int(self.cpu_free[i]), self.models[i]
-        if not pod.is_gpu_share:
-            score = self._state_score((cpu, sorted_free, model), pod)
-            return score, self._lowest_full_cards(i, pod.gpu_count)
-        before = self.memo.fragment(cpu, sorted_free, model)
+        cpu = int(self.cpu_free[i])
         eligible = self._eligible_cards(np.array([i]), pod)[0]
         best_score, best_col = -1, -1
+        if self.mixed[i]:
+            models = self.card_models[i]
+            before = self.memo.fragment(cpu, tuple(free_cols), models)
+            for col, after in _mixed_share_options(tuple(free_cols), models, pod, eligible):
+                after_fragment = self.memo.fragment(cpu - pod.cpu_milli, after, models)
+                score = sigmoid_score(before, after_fragment)
+                if score > best_score:  # options come in column order: lowest index on ties
+                    best_score, best_col = score, col
+            return best_score, (best_col,)
+        sorted_free = tuple(sorted(free_cols))
+        model = self.models[i]
+        before = self.memo.fragment(cpu, sorted_free, model)
         by_value: dict[int, int] = {}
         for col in range(count):
             if not eligible[col]:
@@ -381,9 +542,17 @@ class PlacementEngine:
         before = self.memo.fragment(cpu, free, model)
         cpu_after = cpu - pod.cpu_milli
         if not pod.is_gpu_share:
-            after = whole_card_sorted_after(free, pod.gpu_count)
+            after = (
+                _mixed_whole_after(free, model, pod)
+                if isinstance(model, tuple)
+                else whole_card_sorted_after(free, pod.gpu_count)
+            )
             return self.memo.fragment(cpu_after, after, model) - before
         best = math.inf
+        if isinstance(model, tuple):
+            for _, after in _mixed_share_options(free, model, pod):
+                best = min(best, self.memo.fragment(cpu_after, after, model) - before)
+            return best
         previous = -1
         for pos, value in enumerate(free):
             if value < pod.gpu_milli or value == previous:
@@ -452,16 +621,26 @@ class PlacementEngine:
         """Least fragment growth on row ``i`` and the card giving it; among equal growth the
         tightest card (best fit), then the lowest index."""
         assert self.memo is not None
+        if not pod.is_gpu_share:
+            return self._state_delta(self._row_key(i), pod), self._lowest_full_cards(i, pod)
         count = int(self.gpu_count[i])
         free_cols = self.card_free[i, :count].tolist()
-        sorted_free = tuple(sorted(free_cols))
-        cpu, model = int(self.cpu_free[i]), self.models[i]
-        if not pod.is_gpu_share:
-            delta = self._state_delta((cpu, sorted_free, model), pod)
-            return delta, self._lowest_full_cards(i, pod.gpu_count)
-        before = self.memo.fragment(cpu, sorted_free, model)
+        cpu = int(self.cpu_free[i])
         eligible = self._eligible_cards(np.array([i]), pod)[0]
         best: tuple[float, int, int] | None = None
+        if self.mixed[i]:
+            models = self.card_models[i]
+            before = self.memo.fragment(cpu, tuple(free_cols), models)
+            for col, after in _mixed_share_options(tuple(free_cols), models, pod, eligible):
+                after_fragment = self.memo.fragment(cpu - pod.cpu_milli, after, models)
+                candidate = (round(after_fragment - before, 6), free_cols[col], col)
+                if best is None or candidate < best:
+                    best = candidate
+            assert best is not None
+            return best[0], (best[2],)
+        sorted_free = tuple(sorted(free_cols))
+        model = self.models[i]
+        before = self.memo.fragment(cpu, sorted_free, model)
         for col in range(count):
             if not eligible[col]:
                 continue
@@ -475,9 +654,14 @@ class PlacementEngine:
         return best[0], (best[2],)
 
     # ----------------------------------------------------------------- card choice
-    def _lowest_full_cards(self, i: int, k: int) -> tuple[int, ...]:
-        cols = np.flatnonzero(self.card_free[i] == MILLI_PER_GPU)[:k]
-        return tuple(int(c) for c in cols)
+    def _lowest_full_cards(self, i: int, pod: PodRequest) -> tuple[int, ...]:
+        """The lowest-index fully free cards of an allowed model, as many as ``pod`` takes."""
+        full = self.card_free[i] == MILLI_PER_GPU
+        if pod.gpu_models:
+            cards = self.model_selection(pod.gpu_models).cards
+            if cards is not None:
+                full &= cards[i]
+        return tuple(int(c) for c in np.flatnonzero(full)[: pod.gpu_count])
 
     def pick_columns(self, i: int, pod: PodRequest) -> tuple[int, ...]:
         """Card columns of row ``i`` the policy gives ``pod`` (which must fit there)."""
@@ -486,7 +670,7 @@ class PlacementEngine:
         choice = self.policy.gpu_choice
         if pod.gpu_milli >= MILLI_PER_GPU:
             # Whole cards: every policy takes the lowest-index fully free ones.
-            return self._lowest_full_cards(i, pod.gpu_count)
+            return self._lowest_full_cards(i, pod)
         eligible = self._eligible_cards(np.array([i]), pod)[0]
         if choice is GpuChoice.RANDOM:
             cols = np.flatnonzero(eligible)
@@ -601,11 +785,11 @@ class PlacementEngine:
         after a watch event). The node must keep its cards, model and CPU capacity; for a
         changed node build a new engine."""
         i = self.row_of(state.name)
+        if not self.same_shape(i, state):
+            raise RowShapeChanged(
+                f"node {state.name}: cards, card models or CPU capacity changed; rebuild the engine"
+            )
         gpus = sorted(state.gpus, key=lambda g: g.index)
-        if tuple(g.index for g in gpus) != self.card_index[i] or state.gpu_model != self.models[i]:
-            raise ValueError(f"node {state.name}: cards or model changed; rebuild the engine")
-        if state.cpu_capacity_milli != int(self.cpu_capacity[i]):
-            raise ValueError(f"node {state.name}: CPU capacity changed; rebuild the engine")
         self.cpu_free[i] = state.cpu_free_milli
         self.memory_free[i] = state.memory_free_mib
         for j, gpu in enumerate(gpus):
@@ -615,9 +799,74 @@ class PlacementEngine:
         self.affinity[i] = dict(state.affinity_counts)
         self._refresh_row(i)
 
+    def same_shape(self, i: int, state: NodeState) -> bool:
+        """Whether ``state`` keeps row ``i``'s cards (indices and models) and CPU capacity,
+        the row's constants: only then can :meth:`update_node` take it."""
+        gpus = sorted(state.gpus, key=lambda g: g.index)
+        return (
+            tuple(g.index for g in gpus) == self.card_index[i]
+            and tuple(g.model or state.gpu_model for g in gpus) == self.card_models[i]
+            # Without cards the node's own model is the row's (equal cards imply it otherwise).
+            and (bool(gpus) or state.gpu_model == self.models[i])
+            and state.cpu_capacity_milli == int(self.cpu_capacity[i])
+        )
+
     @property
     def gpu_used_milli(self) -> int:
         return int(self.gpu_count.sum()) * MILLI_PER_GPU - int(self.gpu_free_total.sum())
+
+
+def _model_name(card_models: tuple[str, ...], node_model: str) -> tuple[str, bool]:
+    """A row's model for messages and one-model state keys (the cards' model, their distinct
+    models joined by "+" on a node mixing models, the node's model when it has no card), and
+    whether the row mixes models."""
+    if not card_models:
+        return node_model, False
+    first = card_models[0]
+    if card_models.count(first) == len(card_models):  # one model: the common case, in C
+        return first, False
+    return "+".join(sorted(set(card_models))), True
+
+
+def _mixed_share_options(
+    free: tuple[int, ...],
+    models: tuple[str, ...],
+    pod: PodRequest,
+    eligible: Sequence[bool] | npt.NDArray[np.bool_] | None = None,
+) -> list[tuple[int, tuple[int, ...]]]:
+    """On a node mixing models (``free`` and ``models`` in card order): (column, free milli
+    after) for each card the share may take, the first of each (free milli, model) only, since
+    equal cards leave equal states. ``eligible`` (per column) overrides the compute and model
+    test when card memory matters too."""
+    out: list[tuple[int, tuple[int, ...]]] = []
+    seen: set[tuple[int, str]] = set()
+    for col, (value, model) in enumerate(zip(free, models, strict=True)):
+        usable = (
+            value >= pod.gpu_milli and pod.allows_model(model)
+            if eligible is None
+            else eligible[col]
+        )
+        if not usable or (value, model) in seen:
+            continue
+        seen.add((value, model))
+        after = list(free)
+        after[col] = value - pod.gpu_milli
+        out.append((col, tuple(after)))
+    return out
+
+
+def _mixed_whole_after(
+    free: tuple[int, ...], models: tuple[str, ...], pod: PodRequest
+) -> tuple[int, ...]:
+    """On a node mixing models: free milli per card after ``pod`` takes its whole cards, the
+    lowest-index fully free ones of an allowed model (as ``pick_columns`` does)."""
+    after = list(free)
+    left = pod.gpu_count
+    for col, (value, model) in enumerate(zip(free, models, strict=True)):
+        if left and value == MILLI_PER_GPU and pod.allows_model(model):
+            after[col] = 0
+            left -= 1
+    return tuple(after)
 
 
 def _replace_sorted(values: tuple[int, ...], pos: int, new: int) -> tuple[int, ...]:

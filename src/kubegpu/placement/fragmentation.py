@@ -8,14 +8,14 @@ because the score truncates to integers and a last-bit difference can flip a tie
 
 A node's fragment depends only on (free CPU, multiset of per-card free milli, card model), so
 :class:`FragmentationMemo` caches it on exactly that key: after a few hundred pods almost every
-lookup is a hit.
+lookup is a hit. On a node mixing card models the multiset is of (free milli, model) pairs.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
@@ -120,14 +120,22 @@ class TypicalWorkload:
 
 
 def node_fragment_milli(
-    cpu_free_milli: int, gpu_free_milli: Iterable[int], gpu_model: str, workload: TypicalWorkload
+    cpu_free_milli: int,
+    gpu_free_milli: Iterable[int],
+    gpu_model: str | Sequence[str],
+    workload: TypicalWorkload,
 ) -> float:
     """Expected free milli-GPU on this node that a typical pod could not use (FGD's F(n)).
 
     Per typical pod: CPU-only pods, pods not allowed on this card model, and pods that do not
     fit (cards or CPU) count the whole free GPU as fragment; pods that fit count only the cards
-    too small for them.
+    too small for them. ``gpu_model`` is the model of every card, or one model per card (in
+    ``gpu_free_milli``'s order) on a node mixing models.
     """
+    if not isinstance(gpu_model, str):
+        return _mixed_fragment_milli(
+            cpu_free_milli, tuple(gpu_free_milli), tuple(gpu_model), workload
+        )
     free = tuple(gpu_free_milli)
     total = sum(free)
     data = [0.0] * 7
@@ -156,8 +164,47 @@ def node_fragment_milli(
     return out
 
 
+def _mixed_fragment_milli(
+    cpu_free_milli: int, free: tuple[int, ...], models: tuple[str, ...], workload: TypicalWorkload
+) -> float:
+    """:func:`node_fragment_milli` on a node mixing models: a typical pod restricted to models
+    sees only the cards of those models; the free milli of the others is out of its reach
+    (FGD's "no access" category), as the whole node is when none of its cards is allowed."""
+    total = sum(free)
+    data = [0.0] * 7
+    for t in workload.pods:
+        if t.gpu_milli == 0:
+            data[_XL if cpu_free_milli >= t.cpu_milli else _XR] += t.weight * float(total)
+            continue
+        usable = [
+            g for g, m in zip(free, models, strict=True) if not t.gpu_models or m in t.gpu_models
+        ]
+        if not usable:
+            data[_NO_ACCESS] += t.weight * float(total)
+            continue
+        cards_fit = sum(1 for g in usable if g >= t.gpu_milli) >= t.gpu_count
+        cpu_fits = cpu_free_milli >= t.cpu_milli
+        if cards_fit and cpu_fits:
+            reachable = sum(usable)
+            too_small = sum(g for g in usable if g < t.gpu_milli)
+            data[_NO_ACCESS] += t.weight * float(total - reachable)
+            data[_Q2_LACK_GPU] += t.weight * float(too_small)
+            data[_Q3_SATISFIED] += t.weight * float(reachable - too_small)
+        elif cards_fit:
+            data[_Q4_LACK_CPU] += t.weight * float(total)
+        elif cpu_fits:
+            data[_Q2_LACK_GPU] += t.weight * float(total)
+        else:
+            data[_Q1_LACK_BOTH] += t.weight * float(total)
+    out = 0.0
+    for category in _FRAGMENT_CATEGORIES:
+        out += data[category]
+    return out
+
+
 class FragmentationMemo:
-    """Caches :func:`node_fragment_milli` on (free CPU, sorted free milli, model).
+    """Caches :func:`node_fragment_milli` on (free CPU, sorted free milli, model), or on a node
+    mixing models on (free CPU, sorted (free milli, model) pairs).
 
     Holds only plain data; it is a cache, so sharing one across calls is safe as long as the
     workload does not change (it is fixed at construction).
@@ -165,9 +212,17 @@ class FragmentationMemo:
 
     def __init__(self, workload: TypicalWorkload) -> None:
         self.workload = workload
-        self._cache: dict[tuple[int, tuple[int, ...], str], float] = {}
+        self._cache: dict[tuple[int, tuple[int, ...], str | tuple[str, ...]], float] = {}
 
-    def fragment(self, cpu_free_milli: int, sorted_free: tuple[int, ...], model: str) -> float:
+    def fragment(
+        self, cpu_free_milli: int, sorted_free: tuple[int, ...], model: str | tuple[str, ...]
+    ) -> float:
+        """F(n) of a node with ``sorted_free`` milli on cards of ``model``; on a node mixing
+        models, ``model`` is one per card and ``sorted_free`` need not be sorted."""
+        if isinstance(model, tuple):
+            pairs = sorted(zip(sorted_free, model, strict=True))
+            sorted_free = tuple(f for f, _ in pairs)
+            model = tuple(m for _, m in pairs)
         key = (cpu_free_milli, sorted_free, model)
         value = self._cache.get(key)
         if value is None:

@@ -66,11 +66,14 @@ class PodRequest:
 
 @dataclass(frozen=True)
 class GpuState:
-    """One card's free capacity. ``free_memory_mib`` is ``None`` when memory is not tracked."""
+    """One card's free capacity. ``free_memory_mib`` is ``None`` when memory is not tracked;
+    ``model`` is the card's model, ``""`` for the node's :attr:`NodeState.gpu_model` (so a
+    node of one model names it once, and a node of several names it on each card)."""
 
     index: int
     free_milli: int = MILLI_PER_GPU
     free_memory_mib: int | None = None
+    model: str = ""
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,9 @@ class NodeState:
     ``rank`` is the deterministic tie-break: among equal scores the smallest rank wins (the
     paper's simulator breaks ties by node name, which it prefixes with a seeded rank; live we
     use the name order). ``affinity_counts`` counts GPU pods on the node per
-    :attr:`PodRequest.affinity_tag` (only GpuClustering reads it).
+    :attr:`PodRequest.affinity_tag` (only GpuClustering reads it). ``gpu_model`` is the model
+    of every card that does not name its own (:attr:`GpuState.model`); a node with cards of
+    several models names them per card (see :attr:`card_models`).
     """
 
     name: str
@@ -95,6 +100,11 @@ class NodeState:
     @property
     def gpu_free_milli_total(self) -> int:
         return sum(g.free_milli for g in self.gpus)
+
+    @property
+    def card_models(self) -> tuple[str, ...]:
+        """Each card's model, in device-index order."""
+        return tuple(g.model or self.gpu_model for g in sorted(self.gpus, key=lambda g: g.index))
 
     def with_allocation(self, pod: PodRequest, gpu_indices: tuple[int, ...]) -> NodeState:
         """The node after ``pod`` is bound to it on ``gpu_indices``."""

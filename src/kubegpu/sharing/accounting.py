@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from kubegpu.placement.model import MILLI_PER_GPU, GpuState, NodeState
 from kubegpu.sharing.annotations import CardShare, NodeGpuInventory
 
-MIXED_MODEL_SEPARATOR = "+"
-
 
 @dataclass(frozen=True)
 class NodeInfo:
@@ -64,12 +62,12 @@ class ClusterSnapshot:
 
 
 def node_model(inventory: NodeGpuInventory | None) -> str:
-    """The node's card model for the engine, which holds one model per node: the model when
-    all cards agree, else the sorted models joined by ``+`` (a pod restricted to one model then
-    does not match a mixed node: conservative, see docs/sharing.md)."""
-    if inventory is None or not inventory.gpus:
+    """The model every card of the node has, ``""`` when the cards mix models (each card then
+    carries its own, see :func:`node_state`) or there are none."""
+    if inventory is None:
         return ""
-    return MIXED_MODEL_SEPARATOR.join(sorted({g.model for g in inventory.gpus}))
+    models = {g.model for g in inventory.gpus}
+    return models.pop() if len(models) == 1 else ""
 
 
 def card_usage(
@@ -99,8 +97,10 @@ def card_usage(
 
 def node_state(info: NodeInfo, usages: Iterable[PodUsage]) -> NodeState:
     """The engine's view of one node: allocatable minus requests, and per healthy card what is
-    left. Unhealthy cards stay in (so pods already on them keep their index) with nothing
-    free; cards a decision names but the inventory no longer has are ignored."""
+    left, with the card's model from the inventory (a node may mix models; a pod restricted to
+    models is placed only on cards of those). Unhealthy cards stay in (so pods already on them
+    keep their index) with nothing free; cards a decision names but the inventory no longer
+    has are ignored."""
     usages = list(usages)
     cpu_used = sum(u.cpu_milli for u in usages)
     memory_used = sum(u.memory_mib for u in usages)
@@ -115,10 +115,11 @@ def node_state(info: NodeInfo, usages: Iterable[PodUsage]) -> NodeState:
                         gpu.index,
                         max(0, MILLI_PER_GPU - milli),
                         max(0, gpu.memory_mib - memory),
+                        gpu.model,
                     )
                 )
             else:
-                gpus.append(GpuState(gpu.index, 0, 0))
+                gpus.append(GpuState(gpu.index, 0, 0, gpu.model))
     return NodeState(
         info.name,
         cpu_capacity_milli=info.cpu_milli,
