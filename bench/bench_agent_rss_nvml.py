@@ -18,54 +18,25 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+# Run as a script, this folder is on sys.path: the fake-backend bench's helpers serve both.
+from bench_device_plugin import free_port, percentile, scrape, vm_hwm_kib
 
 from kubegpu.testing.kubelet import KubeletEmulator
 
 RESOURCE = "nvidia.com/gpu"
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def vm_hwm_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("VmHWM not found")
-
-
-def scrape(url: str, times: int = 200) -> dict[str, float]:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=10) as reply:
-                if b"kubegpu_gpu_temperature_celsius{" in reply.read():
-                    break
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{url} never served GPU metrics")
-        time.sleep(0.2)
-    latencies = []
-    for _ in range(times):
-        start = time.perf_counter()
-        with urllib.request.urlopen(url, timeout=10) as reply:
-            reply.read()
-        latencies.append((time.perf_counter() - start) * 1000)
-    latencies.sort()
-    return {"p50_ms": latencies[len(latencies) // 2], "p99_ms": latencies[-len(latencies) // 100]}
+def scrape_latency(url: str) -> dict[str, float]:
+    latencies = scrape(url, 200)
+    return {"p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99)}
 
 
 def measure(args: list[str], url: str | None, kubelet_dir: Path | None = None) -> dict[str, Any]:
@@ -76,9 +47,9 @@ def measure(args: list[str], url: str | None, kubelet_dir: Path | None = None) -
     try:
         if kubelet is not None:
             kubelet.wait_for_registration(RESOURCE, timeout_s=60)
-        latency = scrape(url) if url is not None else None
+        latency = scrape_latency(url) if url is not None else None
         time.sleep(3)
-        peak = vm_hwm_mib(proc.pid)
+        peak = vm_hwm_kib(proc.pid) / 1024
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(30)
