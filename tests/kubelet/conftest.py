@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -94,6 +94,15 @@ class PluginProcess:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{text!r} not logged; log:\n{self.log()[-3000:]}")
             time.sleep(0.05)
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    """Poll ``predicate`` on the running loop until it holds; TimeoutError after ``timeout_s``."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.02)
 
 
 @pytest.fixture

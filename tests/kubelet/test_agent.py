@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,7 @@ from kubegpu.config import load_config
 from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.kubelet.agent import Agent, AgentSettings, Backoff, Event
 from kubegpu.testing.kubelet import KubeletEmulator
-from tests.kubelet.conftest import RESOURCE, short_tempdir
+from tests.kubelet.conftest import RESOURCE, short_tempdir, wait_until
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
 
@@ -24,14 +24,6 @@ def root() -> Iterator[Path]:
     path = short_tempdir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.02)
 
 
 async def test_queued_reload_and_kubelet_restart_together_still_reregister(root: Path) -> None:

@@ -7,7 +7,7 @@ import asyncio
 import shutil
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,7 @@ from kubegpu.exporter.pods import KubeletPodResources
 from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.kubelet.agent import Agent, AgentSettings, Event
 from kubegpu.testing.kubelet import KubeletEmulator
-from tests.kubelet.conftest import RESOURCE, short_tempdir
+from tests.kubelet.conftest import RESOURCE, short_tempdir, wait_until
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
 
@@ -52,14 +52,6 @@ def channels(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
 def exporter_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name in EXPORTER_THREADS]
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.02)
 
 
 def write_config(path: Path, root: Path, listen: str, enabled: bool = True) -> None:

@@ -11,7 +11,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.kubelet.agent import Agent, AgentSettings, Backoff, Event
 from kubegpu.kubelet.probes import IdleTarget, ProbeServerError, ping_all, start_probe_server
 from kubegpu.testing.kubelet import KubeletEmulator
-from tests.kubelet.conftest import RESOURCE, short_tempdir
+from tests.kubelet.conftest import RESOURCE, short_tempdir, wait_until
 
 # Async tests must not leave tasks behind (an orphaned probe check or retry loop).
 in_process = pytest.mark.usefixtures("no_leftover_tasks")
@@ -54,14 +54,6 @@ def root() -> Iterator[Path]:
     path = short_tempdir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.02)
 
 
 def make_agent(kubelet_dir: Path, config_path: Path | None = None, **settings: object) -> Agent:
