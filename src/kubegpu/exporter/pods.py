@@ -68,13 +68,12 @@ class KubeletPodResources:
         self._connect()
 
     def _connect(self) -> None:
-        import grpc
-
         from kubegpu.kubelet.api.podresources.v1 import api_pb2_grpc
+        from kubegpu.kubelet.channels import unix_channel
 
         if self._channel is not None:
             self._channel.close()
-        self._channel = grpc.insecure_channel(f"unix://{self.socket_path}")
+        self._channel = unix_channel(self.socket_path)
         self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
 
     def list_assignments(self) -> tuple[DeviceAssignment, ...]:
@@ -88,7 +87,8 @@ class KubeletPodResources:
                 raise
             # The kubelet restarted and re-created its socket. A channel that saw the old one
             # fail backs off exponentially (up to minutes) before reconnecting, so start a
-            # fresh one and try once more now.
+            # fresh one (with subchannels of its own: kubegpu.kubelet.channels) and try once
+            # more now.
             log.info("PodResources at %s unavailable; reconnecting", self.socket_path)
             self._connect()
             response = self._stub.List(request, timeout=self.timeout_s)

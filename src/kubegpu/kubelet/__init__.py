@@ -7,6 +7,8 @@
 * ``agent`` — the supervisor: servers, registration, reloads, health monitor, the node
   inventory annotation, the sharing coordinator, the MPS daemon and (``exporter.enabled``) the
   Prometheus exporter fed by its health monitor;
+* ``channels`` — client channels to re-created unix sockets (subchannels of their own, so a
+  fresh channel dials the new socket instead of waiting out the old one's backoff);
 * ``shares`` / ``coordinator`` / ``cluster`` — card-level sharing (``sharing.gpuShare``):
   the pure matching rules and ledger codec, the coordinator answering Allocate from the
   extender's decisions and reconciling with PodResources, and its API / PodResources edges.

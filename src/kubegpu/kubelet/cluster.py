@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import lightkube
-from grpc import aio
 from lightkube import ApiError
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 from kubegpu.kube.inventory import publish_node_inventory_async
 from kubegpu.kubelet.api.podresources.v1 import api_pb2, api_pb2_grpc
+from kubegpu.kubelet.channels import unix_aio_channel
 from kubegpu.sharing.annotations import NodeGpuInventory
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ class KubeletPodResourcesApi:
         self.timeout_s = timeout_s
 
     async def list_holdings(self) -> list[DeviceHolding]:
-        async with aio.insecure_channel(f"unix://{self.socket_path}") as channel:
+        async with unix_aio_channel(self.socket_path) as channel:
             stub = api_pb2_grpc.PodResourcesListerStub(channel)
             response = await stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout_s)
         return holdings_from_list(response)

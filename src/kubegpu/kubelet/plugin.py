@@ -23,6 +23,7 @@ from grpc import aio
 from kubegpu.config.model import AgentConfig
 from kubegpu.core.gpu import GpuUuid, NodeInventory
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from kubegpu.kubelet.channels import unix_aio_channel
 from kubegpu.kubelet.resources import (
     AllocationError,
     AllocationRefused,
@@ -311,7 +312,7 @@ class PluginServer:
             ),
         )
         kubelet_socket = self.kubelet_dir / KUBELET_SOCKET
-        async with aio.insecure_channel(f"unix://{kubelet_socket}") as channel:
+        async with unix_aio_channel(kubelet_socket) as channel:
             stub = api_pb2_grpc.RegistrationStub(channel)
             await stub.Register(request, timeout=REGISTER_TIMEOUT_S, wait_for_ready=False)
         log.info(

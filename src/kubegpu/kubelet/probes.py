@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
-from grpc import aio
 
 from kubegpu.exporter.http import HttpThread, StartResponse, WsgiApp, text_reply
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from kubegpu.kubelet.channels import unix_aio_channel
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class ProbeServerError(Exception):
 async def ping_device_plugin(socket_path: Path, timeout_s: float = PING_TIMEOUT_S) -> str | None:
     """Call ``GetDevicePluginOptions`` on ``socket_path``: None when it answers, else why not."""
     try:
-        async with aio.insecure_channel(f"unix://{socket_path}") as channel:
+        async with unix_aio_channel(socket_path) as channel:
             stub = api_pb2_grpc.DevicePluginStub(channel)
             await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=timeout_s)
     except grpc.aio.AioRpcError as err:

@@ -44,6 +44,7 @@ import grpc
 
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from kubegpu.kubelet.channels import unix_channel, unix_target
 
 log = logging.getLogger(__name__)
 
@@ -242,13 +243,12 @@ def device_state_from_wire(message: dp.Device) -> DeviceState:
     return DeviceState(id=message.ID, health=message.health, numa_nodes=numa)
 
 
-def _unix_target(path: Path) -> str:
+def _check_unix_path(path: Path) -> None:
     if len(os.fsencode(str(path))) > MAX_UNIX_SOCKET_PATH_BYTES:
         raise KubeletEmulatorError(
             f"unix socket path {path} is longer than {MAX_UNIX_SOCKET_PATH_BYTES} bytes; "
             "use a shorter directory"
         )
-    return f"unix://{path}"
 
 
 def _is_socket(path: Path) -> bool:
@@ -364,7 +364,8 @@ class KubeletEmulator:
             raise KubeletEmulatorError("kubelet emulator already started")
         self.plugin_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
         remove_sockets(self.plugin_dir)
-        target = _unix_target(self.kubelet_socket)
+        _check_unix_path(self.kubelet_socket)
+        target = unix_target(self.kubelet_socket)
         # Register blocks while it dials back and calls the plugin: a few workers suffice.
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="kubelet")
@@ -525,9 +526,8 @@ class KubeletEmulator:
             if time.monotonic() >= deadline:
                 raise KubeletEmulatorError(f"no unix socket at {socket_path}")
             time.sleep(0.01)
-        channel = grpc.insecure_channel(
-            _unix_target(socket_path), options=[("grpc.default_authority", "localhost")]
-        )
+        _check_unix_path(socket_path)
+        channel = unix_channel(socket_path, ("grpc.default_authority", "localhost"))
         try:
             grpc.channel_ready_future(channel).result(timeout=max(0.0, deadline - time.monotonic()))
         except grpc.FutureTimeoutError as error:
