@@ -24,7 +24,9 @@ from tests.extender.cluster import (
     whole_pod,
 )
 
-V100, T4 = "Tesla V100-SXM2-16GB", "Tesla T4"
+V100, T4 = "Tesla V100-SXM2-16GB", "Tesla T4"  # NVML's names, as in the inventory
+# Reasons name models as the feature labels spell them, the spelling models compare in.
+V100_LABEL, T4_LABEL = "Tesla-V100-SXM2-16GB", "Tesla-T4"
 NODES = ["node-m", "node-t4"]
 
 
@@ -76,8 +78,9 @@ async def test_a_restricted_pod_gets_cards_of_its_model_on_a_mixed_node(policy: 
             body, cards = await schedule(http, ext.url, server, three)
             assert cards == ()
             assert body["FailedAndUnresolvableNodes"] == {
-                "node-m": f"node-m: has 2 healthy GPUs of model {V100}, pod needs 3 whole GPUs",
-                "node-t4": f"node-t4: GPU models {T4}, pod allows {V100}",
+                "node-m": f"node-m: has 2 healthy GPUs of model {V100_LABEL}, pod needs 3 whole "
+                "GPUs",
+                "node-t4": f"node-t4: GPU models {T4_LABEL}, pod allows {V100_LABEL}",
             }
 
             # The T4 share first: on a V100 it would leave too few V100s for the pair next.
@@ -96,9 +99,35 @@ async def test_a_restricted_pod_gets_cards_of_its_model_on_a_mixed_node(policy: 
             body, cards = await schedule(http, ext.url, server, one)
             assert cards == ()
             assert body["FailedNodes"] == {
-                "node-m": f"node-m: needs 1 whole GPUs of model {V100}, 0 free "
-                f"(other free cards: 1 {T4})"
+                "node-m": f"node-m: needs 1 whole GPUs of model {V100_LABEL}, 0 free "
+                f"(other free cards: 1 {T4_LABEL})"
             }
             # A pod without a model takes what is left: the other T4.
             _, cards = await schedule(http, ext.url, server, whole_pod("any-1", 1))
             assert cards == ((5 - shared_card[0]),)
+
+
+async def test_the_label_spelling_of_a_model_selects_the_same_cards() -> None:
+    async with FakeApiServer() as server:
+        cluster(server)
+        async with running_extender(server, "kubegpu") as ext, http_session() as http:
+            # Copied from the kubegpu.io/gpu.product.Tesla-T4 label rather than the inventory.
+            pair = restricted(whole_pod("t4-pair", 2), T4_LABEL)
+            body, cards = await schedule(http, ext.url, server, pair)
+            assert body["NodeNames"] == ["node-m"]
+            assert sorted(cards) == [2, 3]
+
+
+async def test_a_model_name_that_is_no_name_is_refused_naming_it() -> None:
+    async with FakeApiServer() as server:
+        cluster(server)
+        async with running_extender(server, "kubegpu") as ext, http_session() as http:
+            pod = restricted(whole_pod("odd", 1), "--")
+            server.store.put("pods", pod)
+            _, body = await post(http, f"{ext.url}/filter", filter_args(pod, NODES))
+            # Every node is unresolvable for it, with the reason naming the value.
+            reason = (
+                "pod default/odd: annotation kubegpu.io/gpu-models: '--' is not a GPU model name"
+            )
+            assert body["NodeNames"] == []
+            assert body["FailedAndUnresolvableNodes"] == dict.fromkeys(NODES, reason)

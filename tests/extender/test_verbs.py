@@ -372,6 +372,19 @@ def test_a_bad_workload_file_names_the_entry() -> None:
             load_workload(Path(handle.name))
 
 
+def test_workload_file_models_compare_in_the_label_spelling(tmp_path: Path) -> None:
+    from kubegpu.extender.config import load_workload
+
+    path = tmp_path / "workload.yaml"
+    path.write_text(
+        "pods:\n"
+        "  - {cpuMilli: 1000, gpuMilli: 500, weight: 2, models: [Tesla T4]}\n"
+        "  - {cpuMilli: 1000, gpuMilli: 500, weight: 1, models: [Tesla-T4]}\n"
+    )
+    (typical,) = load_workload(path).pods  # one class: both entries name the same model
+    assert typical.gpu_models == frozenset({"Tesla-T4"}) and typical.weight == 1.0
+
+
 async def test_a_pods_request_is_read_again_whenever_its_json_differs() -> None:
     # The extender remembers each pod's parsed request under its JSON bytes (kube-scheduler
     # sends the same bytes to filter and then prioritize): any change must be seen.

@@ -61,9 +61,10 @@ def test_node_state_keeps_each_cards_model_on_a_node_mixing_models() -> None:
         NodeInfo("n", 8000, 65536, mixed), [usage("a", CardShare("t2", 2, 250, 4096))]
     )
     assert state.gpu_model == ""
-    assert state.card_models == ("Tesla V100-SXM2-16GB",) * 2 + ("Tesla T4",) * 2
-    assert state.gpus[2] == GpuState(2, 750, 11264, "Tesla T4")
-    assert state.gpus[3] == GpuState(3, 0, 0, "Tesla T4")
+    # In the label spelling, the one the pods' model lists are parsed into.
+    assert state.card_models == ("Tesla-V100-SXM2-16GB",) * 2 + ("Tesla-T4",) * 2
+    assert state.gpus[2] == GpuState(2, 750, 11264, "Tesla-T4")
+    assert state.gpus[3] == GpuState(3, 0, 0, "Tesla-T4")
 
 
 def test_pods_without_a_decision_take_the_highest_free_cards() -> None:

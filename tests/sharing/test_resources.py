@@ -176,3 +176,20 @@ def test_gpu_model_annotation_narrows_the_models() -> None:
     p = pod([container("c", limits={WHOLE: "1"})])
     p["metadata"]["annotations"] = {"kubegpu.io/gpu-models": "H100-80GB, A100-80GB"}
     assert gpu_request(p).gpu_models == frozenset({"H100-80GB", "A100-80GB"})
+
+
+@pytest.mark.parametrize(
+    "annotation", ["Tesla T4", "Tesla-T4", " Tesla  T4 ", "Tesla T4,Tesla-T4", "(Tesla T4)"]
+)
+def test_nvml_and_label_spellings_of_a_model_are_one_model(annotation: str) -> None:
+    # The inventory says "Tesla T4" (NVML), the labels "Tesla-T4": a pod may copy either.
+    p = pod([container("c", limits={WHOLE: "1"})])
+    p["metadata"]["annotations"] = {"kubegpu.io/gpu-models": annotation}
+    assert gpu_request(p).gpu_models == frozenset({"Tesla-T4"})
+
+
+def test_a_model_name_without_letters_or_digits_is_refused_by_name() -> None:
+    p = pod([container("c", limits={WHOLE: "1"})])
+    p["metadata"]["annotations"] = {"kubegpu.io/gpu-models": "Tesla T4, --"}
+    with pytest.raises(RequestError, match=r"kubegpu\.io/gpu-models: '--' is not a GPU model name"):
+        gpu_request(p)

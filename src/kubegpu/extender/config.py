@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from kubegpu.core.names import model_key
 from kubegpu.extender.scheduler import POLICY_ALIASES
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import PodRequest
@@ -131,7 +132,7 @@ def load_workload(path: Path) -> TypicalWorkload:
                 int(item.get("gpuCount", 1 if int(item.get("gpuMilli", 0)) else 0)),
                 int(item.get("gpuMilli", 0)),
                 None,
-                frozenset(item.get("models") or ()),
+                frozenset(model_key(str(m)) for m in item.get("models") or ()),
             )
             weight = float(item["weight"])
         except (KeyError, TypeError, ValueError) as exc:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from kubegpu.core.names import model_key
 from kubegpu.placement.engine import PlacementEngine
 from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
 from kubegpu.sharing.accounting import NodeInfo
@@ -194,8 +195,11 @@ class NodeFacts:
             missing = ""
             healthy = len(good)
             biggest = max((g.memory_mib for g in good), default=0)
-            models = frozenset(g.model for g in good)
-            cards = tuple((g.model, g.memory_mib) for g in good) if len(models) > 1 else None
+            # In the spelling the pod's model list was parsed into (sharing.resources).
+            models = frozenset(model_key(g.model) for g in good)
+            cards = (
+                tuple((model_key(g.model), g.memory_mib) for g in good) if len(models) > 1 else None
+            )
         if (missing, healthy, biggest, models, cards) == (
             self.missing[row],
             int(self.healthy[row]),

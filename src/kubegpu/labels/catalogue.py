@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
+from kubegpu.core.names import LABEL_VALUE_MAX, sanitise_label_value
 
 _T = TypeVar("_T")
 
@@ -96,23 +97,12 @@ MIXED = "kubegpu.io/gpu.mixed"
 MEMORY_MIN = "kubegpu.io/gpu.memory-min"
 PRODUCT_COUNT_PREFIX = "kubegpu.io/gpu.product."
 
-_MAX_NAME = 63  # both a label value and the name part of a label key
-_INVALID = re.compile(r"[^A-Za-z0-9._-]+")
-_EDGE = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$")
+_MAX_NAME = LABEL_VALUE_MAX  # both a label value and the name part of a label key
 
 
 def owns_label(key: str) -> bool:
     """Whether a label key is one this labeller manages (and may therefore remove)."""
     return key.startswith(OUR_PREFIX) or key in GFD_KEYS_WE_WRITE
-
-
-def sanitise_label_value(raw: str) -> str:
-    """Make ``raw`` a valid label value: runs of other characters become ``-`` (as GFD does
-    with spaces), it is cut to 63 characters and trimmed to start and end alphanumeric.
-    May return ``""``, which Kubernetes accepts as a value."""
-    value = _INVALID.sub("-", raw.strip())
-    value = _EDGE.sub("", value)[:_MAX_NAME]
-    return _EDGE.sub("", value)
 
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")

@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from kubegpu.core.names import model_key
 from kubegpu.placement.model import MILLI_PER_GPU, GpuState, NodeState
 from kubegpu.sharing.annotations import CardShare, NodeGpuInventory
 
@@ -62,11 +63,12 @@ class ClusterSnapshot:
 
 
 def node_model(inventory: NodeGpuInventory | None) -> str:
-    """The model every card of the node has, ``""`` when the cards mix models (each card then
-    carries its own, see :func:`node_state`) or there are none."""
+    """The model every card of the node has (as :func:`~kubegpu.core.names.model_key` spells
+    it), ``""`` when the cards mix models (each card then carries its own, see
+    :func:`node_state`) or there are none."""
     if inventory is None:
         return ""
-    models = {g.model for g in inventory.gpus}
+    models = {model_key(g.model) for g in inventory.gpus}
     return models.pop() if len(models) == 1 else ""
 
 
@@ -97,10 +99,11 @@ def card_usage(
 
 def node_state(info: NodeInfo, usages: Iterable[PodUsage]) -> NodeState:
     """The engine's view of one node: allocatable minus requests, and per healthy card what is
-    left, with the card's model from the inventory (a node may mix models; a pod restricted to
-    models is placed only on cards of those). Unhealthy cards stay in (so pods already on them
-    keep their index) with nothing free; cards a decision names but the inventory no longer
-    has are ignored."""
+    left, with the card's model from the inventory in :func:`~kubegpu.core.names.model_key`
+    spelling, the one pods' model lists are compared in (a node may mix models; a pod
+    restricted to models is placed only on cards of those). Unhealthy cards stay in (so pods
+    already on them keep their index) with nothing free; cards a decision names but the
+    inventory no longer has are ignored."""
     usages = list(usages)
     cpu_used = sum(u.cpu_milli for u in usages)
     memory_used = sum(u.memory_mib for u in usages)
@@ -115,11 +118,11 @@ def node_state(info: NodeInfo, usages: Iterable[PodUsage]) -> NodeState:
                         gpu.index,
                         max(0, MILLI_PER_GPU - milli),
                         max(0, gpu.memory_mib - memory),
-                        gpu.model,
+                        model_key(gpu.model),
                     )
                 )
             else:
-                gpus.append(GpuState(gpu.index, 0, 0, gpu.model))
+                gpus.append(GpuState(gpu.index, 0, 0, model_key(gpu.model)))
     return NodeState(
         info.name,
         cpu_capacity_milli=info.cpu_milli,

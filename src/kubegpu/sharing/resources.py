@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
+from kubegpu.core.names import model_key
 from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
 
 DEFAULT_WHOLE_GPU = "nvidia.com/gpu"
@@ -416,7 +417,14 @@ def _models(pod: Mapping[str, Any], key: str) -> frozenset[str]:
         return frozenset()
     if not isinstance(raw, str):
         raise RequestError(f"pod {key}: annotation {GPU_MODELS_ANNOTATION} must be a string")
-    models = frozenset(m.strip() for m in raw.split(",") if m.strip())
-    if not models:
+    names = [m.strip() for m in raw.split(",") if m.strip()]
+    if not names:
         raise RequestError(f"pod {key}: annotation {GPU_MODELS_ANNOTATION} names no model")
+    # NVML's name or the label's (``Tesla T4`` / ``Tesla-T4``): both mean the same cards.
+    models = frozenset(model_key(m) for m in names)
+    if "" in models:
+        bad = next(m for m in names if not model_key(m))
+        raise RequestError(
+            f"pod {key}: annotation {GPU_MODELS_ANNOTATION}: {bad!r} is not a GPU model name"
+        )
     return models
