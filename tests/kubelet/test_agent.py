@@ -88,3 +88,37 @@ async def test_registration_against_a_dead_kubelet_socket_backs_off_then_succeed
         assert await asyncio.wait_for(run, 30) == 0
         await asyncio.to_thread(kubelet.stop)
         backend.close()
+
+
+class RecordingNodeApi:
+    """Counts inventory publications; the rest of NodeApi is never called here."""
+
+    def __init__(self) -> None:
+        self.published = 0
+
+    async def publish_inventory(self, records: object) -> None:
+        self.published += 1
+
+
+async def test_inventory_publisher_stops_when_a_change_lands_with_the_stop(root: Path) -> None:
+    # A health change (the event set) in the same loop tick as the agent stopping (the task
+    # cancelled): asyncio.wait_for on Python 3.11 returned normally there, swallowing the
+    # cancellation, and the publisher went on publishing forever while stop() waited for it.
+    api = RecordingNodeApi()
+    backend = FakeGpuBackend.from_spec("4xT4")
+    settings = AgentSettings(root / "dp", "node-1", poll_interval_s=3600)
+    config = load_config(None, {"sharing.gpuShare.inventoryIntervalS": 3600})
+    agent = Agent(settings, config, backend, api=api)  # type: ignore[arg-type]
+    try:
+        for _ in range(3):
+            agent._start_inventory_publisher()
+            target = api.published + 1
+            await wait_until(lambda target=target: api.published >= target)  # type: ignore[misc]
+            changed = agent._inventory_changed
+            assert changed is not None
+            changed.set()
+            stop = asyncio.create_task(agent._stop_inventory_publisher())
+            done, _ = await asyncio.wait({stop}, timeout=10)
+            assert stop in done, "the inventory publisher outlived the agent's stop"
+    finally:
+        backend.close()

@@ -411,7 +411,8 @@ async def replay(
     tasks = [asyncio.create_task(scheduler.run(), name="scheduler")]
     tasks += [asyncio.create_task(d.run(), name=f"kubelet-{d.node_name}") for d in drivers]
     try:
-        await asyncio.wait_for(scheduler.synced.wait(), START_TIMEOUT_S)
+        async with asyncio.timeout(START_TIMEOUT_S):
+            await scheduler.synced.wait()
         await _wait_for_capacity(run, scheduler)
         summary, table = await _submit_and_wait(run, client, scheduler, pods, tasks)
         report(summary, table, allocation_examples(summary, drivers))

@@ -138,13 +138,15 @@ class MpsDaemon:
         if proc is not None and proc.returncode is None:
             await self._ask_to_quit(timeout_s)
             try:
-                await asyncio.wait_for(proc.wait(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await proc.wait()
             except TimeoutError:
                 log.warning("node %s: MPS control daemon ignored quit; terminating", self.node)
                 with contextlib.suppress(ProcessLookupError):
                     proc.terminate()
                 try:
-                    await asyncio.wait_for(proc.wait(), timeout_s)
+                    async with asyncio.timeout(timeout_s):
+                        await proc.wait()
                 except TimeoutError:
                     with contextlib.suppress(ProcessLookupError):
                         proc.kill()
@@ -165,7 +167,8 @@ class MpsDaemon:
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL,
             )
-            await asyncio.wait_for(client.communicate(b"quit\n"), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await client.communicate(b"quit\n")
         except (OSError, TimeoutError) as err:
             log.warning("node %s: could not send quit to the MPS daemon: %s", self.node, err)
 

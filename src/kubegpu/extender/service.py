@@ -92,7 +92,8 @@ class ExtenderService:
             self._view_task = None
 
     async def wait_synced(self, timeout_s: float = 30.0) -> None:
-        await asyncio.wait_for(self.view.synced.wait(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await self.view.synced.wait()
 
     async def __aenter__(self) -> ExtenderService:
         await self.start()

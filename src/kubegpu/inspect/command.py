@@ -206,7 +206,8 @@ async def inspect_watch(
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
+        async with asyncio.timeout(seconds):
+            await stop.wait()
 
 
 @click.command("inspect")

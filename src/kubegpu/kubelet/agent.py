@@ -607,8 +607,11 @@ class Agent:
                     _short(err),
                     wait_s,
                 )
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns normally when the
+            # event is set as the task is cancelled, and this loop would outlive its stop.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), wait_s)
+                async with asyncio.timeout(wait_s):
+                    await changed.wait()
 
     async def _stop_inventory_publisher(self) -> None:
         task, self._inventory_task = self._inventory_task, None

@@ -386,8 +386,12 @@ class SchedulerStandIn:
         while True:
             if not self._active:
                 self._wake.clear()
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
+                # that lands as the event is set, and this loop then never ends (seen as a demo
+                # hanging after Ctrl-C).
                 try:
-                    await asyncio.wait_for(self._wake.wait(), self.settings.retry_interval_s)
+                    async with asyncio.timeout(self.settings.retry_interval_s):
+                        await self._wake.wait()
                 except TimeoutError:
                     # Like kube-scheduler's periodic flush of its unschedulable queue: covers a
                     # freed card the extender had not seen yet when the event retry ran.

@@ -138,7 +138,8 @@ class Watch:
             if self.queue:
                 break
             try:
-                await asyncio.wait_for(self.wakeup.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self.wakeup.wait()
             except TimeoutError:
                 return None
         return self.queue.popleft()
