@@ -254,7 +254,9 @@ class Exporter(_Model):
     """The Prometheus exporter run inside the node agent: the same ``/metrics`` and ``/healthz``
     as ``kubegpu exporter``, read through the agent's GPU backend, with GPU health and Xid
     counts from the agent's own health monitor. Off by default; when off nothing of it is
-    loaded."""
+    loaded. With health checks disabled (``health.disabled`` or
+    ``DP_DISABLE_HEALTHCHECKS=all``) the agent watches no GPU events, so the Xid counters stay
+    at zero; a separate ``kubegpu exporter`` watches its own."""
 
     # Serve the exporter from the agent; off, none of its modules (nor prometheus_client) load.
     enabled: bool = False
