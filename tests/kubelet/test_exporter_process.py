@@ -248,6 +248,10 @@ def test_a_reload_moves_the_exporter_and_a_taken_port_turns_it_off_until_the_nex
     assert value(samples, "kubegpu_gpu_healthy", uuid=UUIDS[0]) == 0.0
     assert value(samples, "kubegpu_gpu_xid_errors_total", uuid=UUIDS[0], xid="79") == 1.0
     assert not answers(f"{first}/metrics")
+    # The reload re-registered the device plugin. Wait for it before the next reload: one that
+    # removes the socket while the kubelet is still dialing back makes it reject that
+    # registration (as the real kubelet does), and only the next one counts.
+    node.kubelet.wait_for_registration(RESOURCE, timeout_s=20, count=2)
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
