@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -12,7 +14,7 @@ from kubegpu.core.gpu import GpuUuid, NodeInventory
 from kubegpu.core.health import HealthCheckPolicy, HealthEvent, HealthEventKind
 from kubegpu.inventory.backend import HealthWatcher
 from kubegpu.inventory.fake import FakeGpuBackend
-from kubegpu.inventory.health import HealthMonitor
+from kubegpu.inventory.health import HealthMonitor, describe_ignored_xids
 from kubegpu.inventory.spec import resolve_fake_spec
 
 WAIT_S = 10.0  # generous upper bound; the callbacks normally arrive within one poll
@@ -81,6 +83,63 @@ def test_an_xid_disabled_by_env_changes_nothing(backend: FakeGpuBackend) -> None
         backend.inject_xid(0, 79)
         backend.inject_xid(0, 48)
         assert recorder.wait_for(1) == [(uuid, False, "Xid 48 (double-bit ECC error)")]
+
+
+IGNORED_CASES = [
+    pytest.param({}, "Xids [13, 31, 43, 45, 68, 109]", id="default: the application Xids"),
+    pytest.param(
+        {"DP_ENABLE_HEALTHCHECKS": "13"},
+        "Xids [31, 43, 45, 68, 109]",
+        id="enable=13 takes 13 out of the ignored set",
+    ),
+    pytest.param(
+        {"DP_DISABLE_HEALTHCHECKS": "79", "DP_ENABLE_HEALTHCHECKS": "13,31"},
+        "Xids [43, 45, 68, 79, 109]",
+        id="disable adds, enable removes",
+    ),
+    pytest.param(
+        {"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "79,48"},
+        "every Xid except [48, 79]",
+        id="allow-list",
+    ),
+    pytest.param(
+        {"DP_ENABLE_HEALTHCHECKS": "all"}, "no Xid (every Xid is critical)", id="enable=all"
+    ),
+    pytest.param(
+        {"DP_ENABLE_HEALTHCHECKS": "13,31,43,45,68,109"},
+        "no Xid (every Xid is critical)",
+        id="every application Xid enabled",
+    ),
+]
+
+
+@pytest.mark.parametrize(("env", "text"), IGNORED_CASES)
+def test_the_ignored_xids_are_described_as_the_policy_applies_them(
+    env: dict[str, str], text: str
+) -> None:
+    policy = HealthCheckPolicy.from_nvidia_env(env)
+    described = describe_ignored_xids(policy)
+    assert described == text
+    # The description is the policy's own verdict, not the lists it was built from.
+    passed = {code for code in range(1, 200) if not policy.is_xid_critical(code)}
+    listed = {int(n) for n in re.findall(r"\d+", described)}
+    if described.startswith("every Xid except"):
+        assert passed == set(range(1, 200)) - listed
+    else:
+        assert passed == listed
+
+
+def test_start_logs_the_effective_ignored_xids(
+    backend: FakeGpuBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    policy = HealthCheckPolicy.from_nvidia_env({"DP_ENABLE_HEALTHCHECKS": "13"})
+    caplog.set_level(logging.INFO, logger="kubegpu.inventory.health")
+    monitor = HealthMonitor(
+        backend, backend.snapshot(), policy, Recorder(), poll_timeout_s=0.02, node_name="n1"
+    )
+    with monitor:
+        pass
+    assert "node n1: watching 4 GPUs; ignoring Xids [31, 43, 45, 68, 109]" in caplog.messages
 
 
 def test_a_lost_gpu_is_unhealthy_until_restored(backend: FakeGpuBackend) -> None:

@@ -42,6 +42,22 @@ class _GpuState:
     quiet_checks: int = 0  # consecutive waits without a critical event while unhealthy
 
 
+def describe_ignored_xids(policy: HealthCheckPolicy) -> str:
+    """Which Xids ``policy`` lets pass, after the enable list has taken its Xids back.
+
+    ``"Xids [31, 43]"``, ``"every Xid except [13, 79]"`` or ``"no Xid (every Xid is
+    critical)"``: the start-up log must say what the agent will actually do, not the lists it
+    was given (``DP_ENABLE_HEALTHCHECKS=13`` makes 13 critical although it is an application Xid).
+    """
+    if policy.all_xids_enabled:
+        return "no Xid (every Xid is critical)"
+    if policy.all_xids_disabled:
+        enabled = sorted(policy.enabled_xids)
+        return f"every Xid except {enabled}" if enabled else "every Xid"
+    ignored = (policy.ignored_xids | policy.disabled_xids) - policy.enabled_xids
+    return f"Xids {sorted(ignored)}" if ignored else "no Xid (every Xid is critical)"
+
+
 class HealthMonitor:
     """Watches every GPU of ``inventory`` and calls ``on_change(uuid, healthy, reason)``.
 
@@ -101,12 +117,10 @@ class HealthMonitor:
             )
             return
         log.info(
-            "node %s: watching %d GPUs; ignoring Xids %s",
+            "node %s: watching %d GPUs; ignoring %s",
             self._node,
             len(self._inventory),
-            sorted(self._policy.ignored_xids | self._policy.disabled_xids)
-            if not self._policy.all_xids_disabled
-            else "all but " + str(sorted(self._policy.enabled_xids)),
+            describe_ignored_xids(self._policy),
         )
         for gpu in self._inventory:
             try:
