@@ -250,20 +250,105 @@ def test_only_the_node_agent_touches_the_host() -> None:
                 assert "add" not in context["capabilities"]
 
 
+# Every label that says "this node has an NVIDIA GPU", as the tools that set them spell it.
+GPU_PRESENCE_LABELS = (
+    # Node Feature Discovery's default: PCI labels named by class and vendor (0x10de NVIDIA);
+    # data-centre GPUs are 3D controllers (0302), others VGA controllers (0300).
+    "feature.node.kubernetes.io/pci-0302_10de.present",
+    "feature.node.kubernetes.io/pci-0300_10de.present",
+    # NFD with deviceLabelFields [vendor], as NVIDIA's GPU operator configures it.
+    "feature.node.kubernetes.io/pci-10de.present",
+    # By hand, or the GPU operator.
+    "nvidia.com/gpu.present",
+)
+
+
+def selects(terms: list[Obj], labels: dict[str, str]) -> bool:
+    """The API server's nodeSelectorTerms semantics: terms ORed, expressions ANDed; NotIn and
+    DoesNotExist match a node without the label."""
+
+    def matches(expression: Obj) -> bool:
+        key, operator = expression["key"], expression["operator"]
+        values = expression.get("values", [])
+        if operator == "In":
+            return key in labels and labels[key] in values
+        if operator == "NotIn":
+            return key not in labels or labels[key] not in values
+        if operator == "Exists":
+            return key in labels
+        if operator == "DoesNotExist":
+            return key not in labels
+        raise AssertionError(f"operator {operator} not modelled")
+
+    return any(all(matches(e) for e in term["matchExpressions"]) for term in terms)
+
+
 def test_node_agent_runs_on_gpu_nodes_only_and_is_node_critical() -> None:
     spec = pod_spec(_agent())
     assert spec["priorityClassName"] == "system-node-critical"
-    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    for term in terms["nodeSelectorTerms"]:
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    presence = set()
+    for term in terms:
         expressions = {e["key"]: (e["operator"], e["values"]) for e in term["matchExpressions"]}
         # Every term asks for a GPU and leaves out nodes kept on NVIDIA's plugin or between
         # the two plugins while migrating.
         assert expressions.pop("kubegpu.io/device-plugin") == ("NotIn", ["nvidia", "none"])
         ((key, (operator, values)),) = expressions.items()
-        assert key in ("feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present")
         assert (operator, values) == ("In", ["true"])
+        presence.add(key)
+    assert presence == set(GPU_PRESENCE_LABELS)
     tolerated = {(t["key"], t.get("effect")) for t in spec["tolerations"]}
     assert ("nvidia.com/gpu", "NoSchedule") in tolerated
+
+
+@pytest.mark.parametrize(
+    ("labels", "runs"),
+    [
+        # What plain NFD puts on an H100/A100 node (3D controller) and on a VGA-class card.
+        ({"feature.node.kubernetes.io/pci-0302_10de.present": "true"}, True),
+        ({"feature.node.kubernetes.io/pci-0300_10de.present": "true"}, True),
+        # The GPU operator's NFD, and a hand-set label.
+        ({"feature.node.kubernetes.io/pci-10de.present": "true"}, True),
+        ({"nvidia.com/gpu.present": "true"}, True),
+        # A CPU node: NFD labels its (virtio, 1af4) VGA device, and an NVIDIA NIC (15b3) is
+        # not a GPU.
+        (
+            {
+                "feature.node.kubernetes.io/pci-0300_1af4.present": "true",
+                "feature.node.kubernetes.io/pci-0200_15b3.present": "true",
+            },
+            False,
+        ),
+        ({}, False),
+        # Kept on NVIDIA's plugin, or between the two plugins while migrating.
+        (
+            {
+                "feature.node.kubernetes.io/pci-0302_10de.present": "true",
+                "kubegpu.io/device-plugin": "nvidia",
+            },
+            False,
+        ),
+        ({"nvidia.com/gpu.present": "true", "kubegpu.io/device-plugin": "none"}, False),
+        ({"nvidia.com/gpu.present": "true", "kubegpu.io/device-plugin": "kubegpu"}, True),
+    ],
+)
+def test_the_node_agent_schedules_onto_the_nodes_nfd_or_an_admin_mark(
+    labels: dict[str, str], runs: bool
+) -> None:
+    terms = pod_spec(_agent())["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert selects(terms, labels) is runs
+
+
+def test_install_md_names_every_label_the_node_agent_selects_on() -> None:
+    # An admin checks their nodes against that list; a label added here must be added there.
+    text = (DEPLOY.parent / "docs" / "install.md").read_text()
+    section = text.split("## Which nodes run the agent", 1)[1].split("\n## ", 1)[0]
+    for key in GPU_PRESENCE_LABELS:
+        assert f"`{key}`" in section, key
 
 
 def test_every_node_agent_container_knows_its_node_from_the_downward_api() -> None:
