@@ -159,6 +159,34 @@ def test_lost_gpu_is_unhealthy_on_the_stream(a100_node: Node) -> None:
     assert "resource nvidia.com/gpu" in logged
 
 
+def test_nvidia_healthcheck_env_reaches_the_running_agent(tempdir: Path) -> None:
+    # NVIDIA's DaemonSets set these; the agent must read them from its own environment.
+    env = {"DP_DISABLE_HEALTHCHECKS": "79", "DP_ENABLE_HEALTHCHECKS": "13"}
+    node = Node(tempdir, env=env)
+    try:
+        kubelet, plugin = node.kubelet, node.plugin
+        kubelet.wait_for_devices(RESOURCE, all_healthy, timeout_s=30)
+        # The start-up line states the effective set: 79 added, 13 taken back out.
+        plugin.wait_for_log(
+            "node test-node: watching 8 GPUs; ignoring Xids [31, 43, 45, 68, 79, 109]",
+            timeout_s=10,
+        )
+
+        send_fake_gpu_command(plugin.control, "xid", gpu=0, xid=79)
+        plugin.wait_for_log(ignored_xid_line(0, 79), timeout_s=10)
+        assert kubelet.devices(RESOURCE)[UUIDS[0]].healthy
+
+        seq = kubelet.update_count(RESOURCE)
+        send_fake_gpu_command(plugin.control, "xid", gpu=1, xid=13)
+        update = kubelet.wait_for_devices(
+            RESOURCE, lambda d: not d[UUIDS[1]].healthy, timeout_s=10, after_sequence=seq
+        )
+        assert {i for i, d in update.devices.items() if not d.healthy} == {UUIDS[1]}
+        assert f"GPU 1 ({UUIDS[1]}) unhealthy: Xid 13" in plugin.log()
+    finally:
+        assert node.close() == 0
+
+
 def test_sigterm_exits_zero_and_removes_the_socket(tempdir: Path) -> None:
     node = Node(tempdir)
     try:
