@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from kubegpu.core.gpu import GpuDevice, GpuLink, GpuUuid, NodeInventory, PcieLink
+from kubegpu.inventory.spec import resolve_fake_spec
 from kubegpu.labels.catalogue import (
     SharingSummary,
     compute_labels,
@@ -188,7 +189,12 @@ def test_a_node_without_gpus_says_so_and_nothing_else_about_gpus() -> None:
     ("key", "owned"),
     [
         ("kubegpu.io/gpu.nvlink", True),
-        ("kubegpu.io/anything", True),
+        ("kubegpu.io/gpu.healthy-count", True),
+        ("kubegpu.io/gpu.product.Tesla-T4", True),
+        # Under our prefix but set by admins or other components: never the labeller's.
+        ("kubegpu.io/anything", False),
+        ("kubegpu.io/device-plugin", False),
+        ("kubegpu.io/gpu-inventory", False),
         ("nvidia.com/gpu.product", True),
         ("nvidia.com/gpu.machine", False),  # GFD's, not ours
         ("nvidia.com/gfd.timestamp", False),
@@ -198,3 +204,15 @@ def test_a_node_without_gpus_says_so_and_nothing_else_about_gpus() -> None:
 )
 def test_only_our_labels_are_owned(key: str, owned: bool) -> None:
     assert owns_label(key) is owned
+
+
+@pytest.mark.parametrize("preset", ["8xA100-80GB-NVLink", "4xT4", "2xV100-2xT4"])
+def test_every_label_the_catalogue_writes_is_owned(preset: str) -> None:
+    # Ownership is exact, so a label the catalogue writes but does not own would be left behind
+    # on the node when its fact stops being true.
+    labels = compute_labels(
+        resolve_fake_spec(preset).inventory,
+        sharing=SharingSummary("time-slicing", replicas=2),
+        now=1.0,
+    )
+    assert [key for key in labels if not owns_label(key)] == []

@@ -12,6 +12,7 @@ from pathlib import Path
 import lightkube
 import pytest
 from lightkube.resources.core_v1 import Node
+from lightkube.types import PatchType
 
 from kubegpu.core.gpu import GpuUuid, NodeInventory
 from kubegpu.core.health import HealthEvent, HealthEventKind
@@ -81,6 +82,64 @@ def test_model_labels_follow_a_node_that_stops_being_mixed(client: lightkube.Cli
     assert labels["kubegpu.io/gpu.mixed"] == "false"
     assert "kubegpu.io/gpu.product.Tesla-V100-SXM2-16GB" not in labels
     assert not [k for k in labels if k.startswith("nvidia.com/cuda.")]  # driver unknown now
+
+
+ADMIN_LABEL = ("kubegpu.io/device-plugin", "nvidia")  # docs/install.md: moving a node's plugin
+
+
+def test_an_admin_label_under_our_prefix_survives_every_refresh_of_the_node(
+    client: lightkube.Client,
+) -> None:
+    key, value = ADMIN_LABEL
+    client.patch(Node, "gpu-a", {"metadata": {"labels": {key: value}}}, patch_type=PatchType.MERGE)
+    clock = FakeClock()
+    inventory = Inventory("2xV100-2xT4")
+    health: dict[GpuUuid, bool] = {}
+    labeller = Labeller(
+        inventory=inventory,
+        sink=NodeLabelSink(client, "gpu-a"),
+        health=lambda: health,
+        clock=clock,
+        resync_s=60,
+    )
+    assert labeller.refresh_once()
+    assert labels_of(client)[key] == value
+    # Facts change (a label of ours goes away, another changes), then a forced rewrite and a
+    # periodic resync: none of these may take the admin's label with them.
+    health[inventory.current.gpus[0].uuid] = False
+    t4s = tuple(g for g in inventory.current.gpus if g.product_name == "Tesla T4")
+    inventory.current = dataclasses.replace(inventory.current, gpus=t4s, links={})
+    assert labeller.refresh_once()
+    assert labeller.refresh_once(force=True)
+    clock.now += 61
+    labeller.refresh_once()
+    labels = labels_of(client)
+    assert labels[key] == value
+    assert labels["team"] == "ml"
+    assert "kubegpu.io/gpu.product.Tesla-V100-SXM2-16GB" not in labels  # ours did go
+
+
+def test_an_admin_feature_file_beside_ours_survives_every_refresh(tmp_path: Path) -> None:
+    # An admin may set kubegpu.io/ labels through NFD too, with a feature file of their own in
+    # the same features.d directory: the labeller writes only its own file.
+    features = tmp_path / "features.d"
+    features.mkdir()
+    admin_file = features / "site"
+    admin_file.write_text("kubegpu.io/device-plugin=kubegpu\n")
+    clock = FakeClock()
+    inventory = Inventory("2xV100-2xT4")
+    ours = features / "kubegpu"
+    labeller = Labeller(inventory=inventory, sink=NfdFeatureFileSink(ours), clock=clock)
+    assert labeller.refresh_once()
+    inventory.current = dataclasses.replace(inventory.current, links={})
+    assert labeller.refresh_once()
+    clock.now += 61
+    labeller.refresh_once(force=True)
+    assert admin_file.read_text() == "kubegpu.io/device-plugin=kubegpu\n"
+    assert sorted(p.name for p in features.iterdir()) == ["kubegpu", "site"]
+    written = parse_feature_file(ours.read_text())
+    assert "kubegpu.io/device-plugin" not in written
+    assert "kubegpu.io/gpu.nvlink" not in written
 
 
 def test_writes_on_change_and_on_resync_but_not_in_between(tmp_path: Path) -> None:

@@ -24,6 +24,10 @@ from kubegpu.labels.sinks import (
 from kubegpu.testing.apiserver import ServerThread, make_node
 
 FOREIGN = {"kubernetes.io/hostname": "gpu-a", "nvidia.com/gpu.machine": "DGX", "team": "ml"}
+# Set by an admin under our prefix (docs/install.md: how to move a node between device plugins).
+ADMIN = {"kubegpu.io/device-plugin": "nvidia"}
+MIXED = "kubegpu.io/gpu.mixed"
+T4_COUNT = "kubegpu.io/gpu.product.Tesla-T4"
 
 
 def test_feature_file_holds_exactly_the_current_labels(tmp_path: Path) -> None:
@@ -48,18 +52,17 @@ def test_stdout_sink_prints_sorted_key_value_lines() -> None:
 @pytest.mark.parametrize(
     ("current", "desired", "patch"),
     [
-        pytest.param({}, {"kubegpu.io/a": "1"}, {"kubegpu.io/a": "1"}, id="add"),
-        pytest.param({"kubegpu.io/a": "1"}, {"kubegpu.io/a": "1"}, {}, id="unchanged"),
+        pytest.param({}, {MIXED: "true"}, {MIXED: "true"}, id="add"),
+        pytest.param({MIXED: "true"}, {MIXED: "true"}, {}, id="unchanged"),
+        pytest.param({MIXED: "true"}, {MIXED: "false"}, {MIXED: "false"}, id="change"),
         pytest.param(
-            {"kubegpu.io/a": "1"}, {"kubegpu.io/a": "2"}, {"kubegpu.io/a": "2"}, id="change"
-        ),
-        pytest.param(
-            {"kubegpu.io/a": "1", "nvidia.com/gpu.product": "T4"},
+            {MIXED: "true", "nvidia.com/gpu.product": "T4", T4_COUNT: "2"},
             {},
-            {"kubegpu.io/a": None, "nvidia.com/gpu.product": None},
+            {MIXED: None, "nvidia.com/gpu.product": None, T4_COUNT: None},
             id="remove-ours",
         ),
         pytest.param(FOREIGN, {}, {}, id="foreign-untouched"),
+        pytest.param(ADMIN, {MIXED: "false"}, {MIXED: "false"}, id="admin-kubegpu-untouched"),
     ],
 )
 def test_patch_touches_only_owned_labels(
@@ -71,6 +74,8 @@ def test_patch_touches_only_owned_labels(
 def test_patch_refuses_to_write_a_label_we_do_not_own() -> None:
     with pytest.raises(ValueError, match="team"):
         node_label_patch({}, {"team": "ml"})
+    with pytest.raises(ValueError, match=r"kubegpu\.io/device-plugin"):
+        node_label_patch({}, {"kubegpu.io/device-plugin": "kubegpu"})
 
 
 @pytest.fixture

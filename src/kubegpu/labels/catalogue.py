@@ -89,7 +89,9 @@ GFD_KEYS_WE_WRITE: frozenset[str] = frozenset(
     }
 )
 
-# Our own labels (GFD has no equivalent). We own every key under kubegpu.io/.
+# Our own labels (GFD has no equivalent). Only these keys (and the per-model prefix below) are
+# ours under kubegpu.io/: admins set others there themselves (docs/install.md has them label
+# nodes kubegpu.io/device-plugin=nvidia|none|kubegpu), and those must survive every refresh.
 TIMESTAMP = "kubegpu.io/labels.timestamp"  # not GFD's gfd.timestamp: we are not GFD
 NVLINK = "kubegpu.io/gpu.nvlink"
 HEALTHY_COUNT = "kubegpu.io/gpu.healthy-count"
@@ -97,12 +99,18 @@ MIXED = "kubegpu.io/gpu.mixed"
 MEMORY_MIN = "kubegpu.io/gpu.memory-min"
 PRODUCT_COUNT_PREFIX = "kubegpu.io/gpu.product."
 
+OUR_KEYS: frozenset[str] = frozenset({TIMESTAMP, NVLINK, HEALTHY_COUNT, MIXED, MEMORY_MIN})
+
 _MAX_NAME = LABEL_VALUE_MAX  # both a label value and the name part of a label key
 
 
 def owns_label(key: str) -> bool:
-    """Whether a label key is one this labeller manages (and may therefore remove)."""
-    return key.startswith(OUR_PREFIX) or key in GFD_KEYS_WE_WRITE
+    """Whether a label key is one this labeller can produce (and may therefore remove).
+
+    Exactly the keys :func:`compute_labels` can write: a label under ``kubegpu.io/`` that is
+    none of them belongs to whoever set it (an admin, another kubegpu component) and is never
+    changed or removed by the labeller."""
+    return key in GFD_KEYS_WE_WRITE or key in OUR_KEYS or key.startswith(PRODUCT_COUNT_PREFIX)
 
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")

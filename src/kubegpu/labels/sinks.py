@@ -2,8 +2,9 @@
 
 Each sink takes the *complete* desired label set and makes its destination match it, so a label
 that stops being true disappears. The Node sink changes only labels :func:`owns_label` claims
-(our ``kubegpu.io/`` prefix and the fixed GFD keys we write); every other label on the Node is
-never read into a patch, so another controller's labels cannot be clobbered.
+(the fixed keys the catalogue can write, ours and GFD's); every other label on the Node, an
+admin's ``kubegpu.io/device-plugin`` included, is never put into a patch, so labels set by
+people or other controllers cannot be clobbered.
 """
 
 from __future__ import annotations
