@@ -74,6 +74,40 @@ def test_replicas_are_advertised_and_a_critical_xid_marks_every_replica_unhealth
     assert sorted(visible) == sorted({gpu_of(i) for i in alloc.device_ids})
 
 
+def test_packed_policy_fills_the_busiest_gpu_first(tempdir: Path) -> None:
+    # The file says distributed; the flag must win (flag > file) and GetPreferredAllocation
+    # must then pack replicas, which the kubelet follows.
+    config = write(tempdir / "config.yaml", SHARED_CONFIG.format(replicas=3, fail="false"))
+    node = Node(
+        tempdir,
+        preset="4xT4",
+        config=config,
+        extra=("--shared-devices-allocation-policy", "packed"),
+    )
+    try:
+        kubelet = node.kubelet
+        kubelet.wait_for_devices(RESOURCE, lambda d: len(d) == 12, timeout_s=30)
+
+        # A fresh request stays on one GPU (distributed would spread it over three).
+        fresh = kubelet.allocate(RESOURCE, 3, pod_uid="pod-fresh")
+        assert fresh.preferred_device_ids == fresh.device_ids
+        assert len({gpu_of(i) for i in fresh.device_ids}) == 1
+        assert fresh.envs["NVIDIA_VISIBLE_DEVICES"] == gpu_of(fresh.device_ids[0])
+        kubelet.release("pod-fresh")
+
+        # One replica of GPU 2 in use makes it the busiest: the next requests fill it up
+        # before any idle GPU is touched.
+        busy = T4_UUIDS[2]
+        kubelet.allocate(RESOURCE, 1, must_include=[f"{busy}::1"], pod_uid="pod-a")
+        second = kubelet.allocate(RESOURCE, 1, pod_uid="pod-b")
+        assert [gpu_of(i) for i in second.device_ids] == [busy]
+        third = kubelet.allocate(RESOURCE, 2, pod_uid="pod-c")
+        assert f"{busy}::2" in third.device_ids  # its last free replica
+        assert len({gpu_of(i) for i in third.device_ids}) == 2
+    finally:
+        assert node.close() == 0
+
+
 def test_sighup_with_changed_replicas_advertises_the_new_list(shared_node: Node) -> None:
     kubelet = shared_node.kubelet
     config = shared_node.root / "config.yaml"
