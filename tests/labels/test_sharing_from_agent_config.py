@@ -101,3 +101,84 @@ def test_without_a_file_or_flags_nothing_is_shared() -> None:
         "none",
         "1",
     )
+
+
+SHIPPED_CONFIG = Path(__file__).parents[2] / "deploy" / "base" / "node-agent-config.yaml"
+
+
+def gpu_share_config(enforcement: str, *, time_sliced: str | None = None) -> str:
+    text = (
+        "version: v1\n"
+        "sharing:\n"
+        "  gpuShare:\n"
+        "    enabled: true\n"
+        f"    enforcement: {enforcement}\n"
+        "    slotsPerCard: 8\n"
+    )
+    if time_sliced is not None:
+        # A second GPU resource, time-sliced, beside the whole cards gpuShare accounts on.
+        text = text.replace(
+            "sharing:\n",
+            "resources:\n"
+            "  gpus:\n"
+            "    - pattern: '*T4*'\n"
+            "      name: nvidia.com/gpu\n"
+            "    - pattern: '*'\n"
+            f"      name: {time_sliced}\n"
+            "sharing:\n"
+            "  timeSlicing:\n"
+            "    resources:\n"
+            f"      - name: {time_sliced}\n"
+            "        replicas: 3\n",
+        )
+    return text
+
+
+@pytest.mark.parametrize(
+    ("enforcement", "strategy"),
+    [("none", "time-slicing"), ("mps", "mps")],
+    ids=["unenforced-pods-time-slice", "mps"],
+)
+def test_gpu_share_is_reported_as_the_gfd_strategy_it_behaves_like(
+    tmp_path: Path, enforcement: str, strategy: str
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(gpu_share_config(enforcement))
+    found = labels(f"--config={config}")
+    assert found["nvidia.com/gpu.sharing-strategy"] == strategy
+    # gpuShare adds slots beside nvidia.com/gpu; it does not replicate nvidia.com/gpu itself.
+    assert found["nvidia.com/gpu.replicas"] == "1"
+    assert found["kubegpu.io/gpu-share"] == "true"
+    assert found["kubegpu.io/gpu-share.enforcement"] == enforcement
+    assert found["kubegpu.io/gpu-share.slots"] == "8"
+
+
+def test_the_shipped_config_labels_its_cards_as_shared() -> None:
+    # deploy/ turns gpuShare on: a node labelled sharing-strategy=none would lie to a selector
+    # looking for unshared cards.
+    found = labels(f"--config={SHIPPED_CONFIG}")
+    assert found["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    assert (found["kubegpu.io/gpu-share"], found["kubegpu.io/gpu-share.enforcement"]) == (
+        "true",
+        "none",
+    )
+    assert found["kubegpu.io/gpu-share.slots"] == "32"  # the default slotsPerCard
+
+
+def test_gpu_share_with_time_slicing_keeps_the_replicas_and_mps_wins_the_strategy(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(gpu_share_config("mps", time_sliced="nvidia.com/gpu-sliced"))
+    found = labels(f"--config={config}")
+    assert found["nvidia.com/gpu.sharing-strategy"] == "mps"
+    assert found["nvidia.com/gpu.replicas"] == "3"
+
+
+def test_without_gpu_share_the_node_says_so(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(TIME_SLICED)
+    found = labels(f"--config={config}")
+    assert found["kubegpu.io/gpu-share"] == "false"
+    assert "kubegpu.io/gpu-share.enforcement" not in found
+    assert "kubegpu.io/gpu-share.slots" not in found

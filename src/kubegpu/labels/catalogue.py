@@ -98,8 +98,24 @@ HEALTHY_COUNT = "kubegpu.io/gpu.healthy-count"
 MIXED = "kubegpu.io/gpu.mixed"
 MEMORY_MIN = "kubegpu.io/gpu.memory-min"
 PRODUCT_COUNT_PREFIX = "kubegpu.io/gpu.product."
+# kubegpu's own card-level sharing (sharing.gpuShare), which GFD cannot describe: on or off,
+# and when on how it is enforced and how many pods may share a card.
+GPU_SHARE = "kubegpu.io/gpu-share"
+GPU_SHARE_ENFORCEMENT = "kubegpu.io/gpu-share.enforcement"
+GPU_SHARE_SLOTS = "kubegpu.io/gpu-share.slots"
 
-OUR_KEYS: frozenset[str] = frozenset({TIMESTAMP, NVLINK, HEALTHY_COUNT, MIXED, MEMORY_MIN})
+OUR_KEYS: frozenset[str] = frozenset(
+    {
+        TIMESTAMP,
+        NVLINK,
+        HEALTHY_COUNT,
+        MIXED,
+        MEMORY_MIN,
+        GPU_SHARE,
+        GPU_SHARE_ENFORCEMENT,
+        GPU_SHARE_SLOTS,
+    }
+)
 
 _MAX_NAME = LABEL_VALUE_MAX  # both a label value and the name part of a label key
 
@@ -132,11 +148,21 @@ def is_valid_label_key(key: str) -> bool:
 
 
 @dataclass(frozen=True)
-class SharingSummary:
-    """The node's sharing configuration as GFD reports it: strategy and replicas per GPU."""
+class GpuShareSummary:
+    """kubegpu's card-level sharing (``sharing.gpuShare``) as the labels report it."""
 
-    strategy: str = "none"  # e.g. "none", "time-slicing", "mps", or our own strategy name
+    enforcement: str = "none"  # "none" (CUDA time-slices the pods) or "mps"
+    slots_per_card: int = 1
+
+
+@dataclass(frozen=True)
+class SharingSummary:
+    """The node's sharing configuration: GFD's strategy and replicas per GPU, and kubegpu's
+    own card-level sharing when it is on (``gpu_share``)."""
+
+    strategy: str = "none"  # GFD's values: "none", "time-slicing", "mps"
     replicas: int = 1
+    gpu_share: GpuShareSummary | None = None
 
 
 def gpu_family(compute_capability: tuple[int, int] | None) -> str:
@@ -238,6 +264,10 @@ def compute_labels(
     labels[MIG_CAPABLE] = _bool(any(_is_mig_capable(g) for g in gpus))
     labels[SHARING_STRATEGY] = sanitise_label_value(sharing.strategy) or "none"
     labels[REPLICAS] = str(sharing.replicas)
+    labels[GPU_SHARE] = _bool(sharing.gpu_share is not None)
+    if sharing.gpu_share is not None:
+        labels[GPU_SHARE_ENFORCEMENT] = sanitise_label_value(sharing.gpu_share.enforcement)
+        labels[GPU_SHARE_SLOTS] = str(sharing.gpu_share.slots_per_card)
     if _has_nvlink(inventory):
         # Only when true, like a capability: "Exists" and "=true" selectors both work, and the
         # label is removed when NVLink is gone (or topology could not be read).

@@ -19,20 +19,39 @@ from pathlib import Path
 import click
 
 from kubegpu.config.model import DEFAULT_RESOURCE, AgentConfig
-from kubegpu.labels.catalogue import SharingSummary
+from kubegpu.labels.catalogue import GpuShareSummary, SharingSummary
 from kubegpu.labels.sinks import DEFAULT_NFD_FEATURE_FILE, LabelSink
 
 log = logging.getLogger(__name__)
 
 
 def sharing_from_config(config: AgentConfig) -> SharingSummary:
-    """GFD's sharing labels from the agent config: time-slicing with the replicas of the
-    ``nvidia.com/gpu`` entry (else the first shared resource), or ``none``."""
+    """The sharing labels from the agent config, saying whether the node's cards are shared.
+
+    GFD's ``nvidia.com/gpu.sharing-strategy`` takes GFD's values: ``mps`` when kubegpu's
+    card-level sharing (``sharing.gpuShare``) is on with ``enforcement: mps`` (pods on a card
+    run as clients of one MPS daemon, as under GFD's mps); ``time-slicing`` when it is on
+    without enforcement (CUDA time-slices the pods' contexts with no isolation, which is what
+    GFD's time-slicing means) or when NVIDIA-style ``timeSlicing`` is configured; else ``none``.
+    ``nvidia.com/gpu.replicas`` stays the time-slicing replicas of the ``nvidia.com/gpu`` entry
+    (else of the first shared resource), 1 without: gpuShare does not replicate the whole-GPU
+    resource, its slots are ``kubegpu.io/gpu-share.slots``."""
     shared = config.sharing.time_slicing.resources
-    if not shared:
-        return SharingSummary()
-    chosen = next((r for r in shared if r.name == DEFAULT_RESOURCE), shared[0])
-    return SharingSummary(strategy="time-slicing", replicas=chosen.replicas)
+    replicas = 1
+    strategy = "none"
+    if shared:
+        chosen = next((r for r in shared if r.name == DEFAULT_RESOURCE), shared[0])
+        strategy, replicas = "time-slicing", chosen.replicas
+    share = config.sharing.gpu_share
+    if not share.enabled:
+        return SharingSummary(strategy=strategy, replicas=replicas)
+    return SharingSummary(
+        strategy="mps" if share.enforcement == "mps" else "time-slicing",
+        replicas=replicas,
+        gpu_share=GpuShareSummary(
+            enforcement=share.enforcement, slots_per_card=share.slots_per_card
+        ),
+    )
 
 
 def _sink(kind: str, nfd_file: Path, node_name: str) -> LabelSink:
@@ -136,6 +155,7 @@ def labels_command(
     sharing = SharingSummary(
         strategy=sharing.strategy if sharing_strategy is None else sharing_strategy,
         replicas=sharing.replicas if replicas is None else replicas,
+        gpu_share=sharing.gpu_share,
     )
     try:
         gpu_backend = open_backend(backend, fake_gpus)
