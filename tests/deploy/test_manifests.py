@@ -6,6 +6,7 @@ container arguments and the configs in the ConfigMaps."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,9 @@ from tests.deploy.manifests import (
 
 # The Kubernetes version whose schemas kubernetes-validate ships (the newest in the wheel).
 SCHEMA_VERSION = kubernetes_validate.latest_version()
+# The oldest minor version install.md promises ("Kubernetes 1.28 or newer"): the manifests
+# must validate there too, not only against the newest schemas.
+OLDEST_SUPPORTED = "1.28.0"
 ALL = kustomizations()
 VALIDATED = [k for k in ALL if k not in SCHEMALESS]
 NAMESPACE = "kubegpu"
@@ -60,15 +64,29 @@ def test_every_kustomization_is_known() -> None:
     }
 
 
+@pytest.mark.parametrize("version", [OLDEST_SUPPORTED, SCHEMA_VERSION])
 @pytest.mark.parametrize("kustomization", VALIDATED)
-def test_every_rendered_object_validates_against_the_kubernetes_schemas(kustomization: str) -> None:
+def test_every_rendered_object_validates_against_the_kubernetes_schemas(
+    kustomization: str, version: str
+) -> None:
     objs = render(kustomization)
     assert objs
     for obj in objs:
         try:
-            kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
+            validated = kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as err:
             pytest.fail(f"{kustomization}: {obj['kind']} {obj['metadata']['name']}: {err}")
+        # The wheel's own schemas for that minor version, not a newer or older stand-in.
+        assert validated == kubernetes_validate.utils.major_minor(version)
+
+
+def test_the_oldest_version_checked_is_the_one_install_md_promises() -> None:
+    text = (DEPLOY.parent / "docs" / "install.md").read_text()
+    match = re.search(r"Kubernetes (\d+\.\d+) or newer", text)
+    assert match is not None
+    assert f"{match.group(1)}.0" == OLDEST_SUPPORTED
+    # Offline: both schema sets are in the wheel.
+    assert {OLDEST_SUPPORTED, SCHEMA_VERSION} <= set(kubernetes_validate.utils.all_versions())
 
 
 def test_strict_validation_refuses_a_field_kubernetes_does_not_know() -> None:
