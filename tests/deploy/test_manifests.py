@@ -630,6 +630,21 @@ def test_the_second_scheduler_reads_its_config_and_holds_its_own_lease() -> None
     assert [p["schedulerName"] for p in config["profiles"]] == ["kubegpu-scheduler"]
 
 
+def test_no_two_extenders_hand_out_cards_at_once_during_an_update() -> None:
+    # The extender's card reservations live in its memory (docs/sharing.md, "Replicas: run
+    # exactly one"): an update must stop the old extender before starting the new one.
+    scheduler = find(render("overlays/second-scheduler"), "Deployment", "kubegpu-scheduler")
+    assert scheduler["spec"]["replicas"] == 1
+    assert scheduler["spec"]["strategy"] == {"type": "Recreate"}
+    # Default-scheduler layout: one extender per control-plane node, each called only by the
+    # kube-scheduler beside it; a DaemonSet update never surges a second pod onto a node.
+    extender = find(render("overlays/default-scheduler"), "DaemonSet", "kubegpu-extender")
+    strategy = extender["spec"]["updateStrategy"]
+    assert strategy["rollingUpdate"].get("maxSurge", 0) == 0
+    sharing = (DEPLOY.parent / "docs" / "sharing.md").read_text()
+    assert "`replicas: 1` and `strategy: Recreate`" in sharing
+
+
 def test_the_quota_example_limits_every_gpu_resource_the_code_uses() -> None:
     (quota,) = [o for o in render("examples/quota") if o["kind"] == "ResourceQuota"]
     hard = quota["spec"]["hard"]
