@@ -194,7 +194,7 @@ def test_flag_beats_env_beats_file(tmp_path: Path) -> None:
 
     def resolved(args: list[str], env: dict[str, str]) -> dict[str, object]:
         code, output = run_cli(args, env)
-        assert code == 1, output  # the preset does not exist: the backend error comes later
+        assert code == 2, output  # the preset does not exist: that usage error comes later
         line = next(x for x in output.splitlines() if "resolved config" in x)
         plugin = json.loads(line.split("resolved config ", 1)[1])["flags"]["plugin"]
         return dict(plugin)

@@ -189,3 +189,19 @@ def test_a_stale_control_socket_is_replaced(short_tmp: Path) -> None:
         assert send_fake_gpu_command(path, "status")["ok"] is True
     finally:
         fake.close()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("missing-dir/ctl.sock", id="no such directory"),
+        pytest.param("x" * 120, id="too long"),
+    ],
+)
+def test_a_control_socket_that_cannot_listen_is_an_inventory_error_naming_it(
+    short_tmp: Path, name: str
+) -> None:
+    path = short_tmp / name
+    with pytest.raises(InventoryError) as err:
+        FakeGpuBackend.from_spec("4xT4", control_socket=path)
+    assert f"cannot listen on the fake GPU control socket {path}" in str(err.value)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import os
 import signal
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -201,20 +204,87 @@ def test_sigterm_exits_zero_and_removes_the_socket(tempdir: Path) -> None:
         node.close()
 
 
+def missing_control_socket(tempdir: Path) -> tuple[str, ...]:
+    """Flags that make the fake backend fail to start: its control socket cannot be bound.
+
+    They follow PluginProcess's own ``--fake-control`` and win, as click keeps the last value.
+    """
+    return ("--fake-control", str(tempdir / "missing-dir" / "ctl.sock"))
+
+
 def test_backend_error_exits_one_with_its_message(tempdir: Path) -> None:
-    plugin = PluginProcess(tempdir / "dp", preset="no-such-preset")
+    plugin = PluginProcess(tempdir / "dp", extra=missing_control_socket(tempdir))
     assert plugin.proc.wait(30) == 1
-    assert "no-such-preset" in plugin.log()
+    assert f"cannot listen on the fake GPU control socket {tempdir}/missing-dir" in plugin.log()
     plugin.stop()
 
 
 def test_without_fail_on_init_error_a_backend_error_idles_until_sigterm(tempdir: Path) -> None:
     plugin = PluginProcess(
-        tempdir / "dp", preset="no-such-preset", extra=("--no-fail-on-init-error",)
+        tempdir / "dp", extra=(*missing_control_socket(tempdir), "--no-fail-on-init-error")
     )
     plugin.wait_for_log("idling until stopped", timeout_s=30)
     assert plugin.proc.poll() is None
     assert plugin.stop() == 0
+
+
+def device_plugin(tempdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBEGPU_")}
+    return subprocess.run(
+        [sys.executable, "-m", "kubegpu", "device-plugin", "--kubelet-dir", str(tempdir), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize("fail_on_init_error", ["--fail-on-init-error", "--no-fail-on-init-error"])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(
+            ("--backend", "fake"),
+            "--backend fake needs --fake-gpus (a preset name or a YAML file)",
+            id="fake without --fake-gpus",
+        ),
+        pytest.param(
+            ("--backend", "fake", "--fake-gpus", "no-such-preset"),
+            "no-such-preset: neither a preset nor a readable file",
+            id="unknown preset",
+        ),
+        pytest.param(
+            ("--backend", "auto", "--fake-gpus", "4xT4"),
+            "--fake-gpus and --fake-control only apply to --backend fake",
+            id="--fake-gpus without the fake backend",
+        ),
+    ],
+)
+def test_usage_errors_exit_two_naming_the_option_whatever_fail_on_init_error_says(
+    tempdir: Path, args: tuple[str, ...], message: str, fail_on_init_error: str
+) -> None:
+    # failOnInitError=false idles on a node whose GPUs cannot be opened; a typo in the
+    # invocation is not that, and must not leave a pod Running that advertises nothing.
+    result = device_plugin(tempdir, *args, fail_on_init_error)
+    assert result.returncode == 2, result.stderr
+    assert f"kubegpu device-plugin: {message}" in result.stderr
+    assert list(tempdir.iterdir()) == []
+
+
+def test_a_missing_or_malformed_kubeconfig_exits_two_naming_it(tempdir: Path) -> None:
+    fake = ("--backend", "fake", "--fake-gpus", "4xT4")
+    missing = device_plugin(tempdir, *fake, "--kubeconfig", str(tempdir / "nope.yaml"))
+    assert missing.returncode == 2, missing.stderr
+    assert "'--kubeconfig'" in missing.stderr
+    assert "nope.yaml" in missing.stderr and "does not exist" in missing.stderr
+
+    broken = tempdir / "broken.yaml"
+    broken.write_text("apiVersion: v1\nkind: Config\n")  # no clusters
+    result = device_plugin(tempdir, *fake, "--kubeconfig", str(broken))
+    assert result.returncode == 2, result.stderr
+    assert f"kubegpu device-plugin: cannot use kubeconfig {broken}: " in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def imported_modules(log: str) -> set[str]:

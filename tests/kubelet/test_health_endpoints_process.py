@@ -66,13 +66,17 @@ def test_readyz_follows_registration_with_the_kubelet_and_healthz_the_grpc_serve
 
 
 def test_an_idle_agent_without_a_gpu_backend_is_alive_and_ready(tempdir: Path) -> None:
-    # failOnInitError=false on a node whose GPUs cannot be opened (here: NVML is absent, or
-    # a fake spec that does not exist): nothing to serve, and a never-ready pod would stall
-    # every DaemonSet rollout.
+    # failOnInitError=false on a node whose GPUs cannot be opened (here: the fake backend's
+    # control socket cannot be bound; click keeps the last --fake-control): nothing to serve,
+    # and a never-ready pod would stall every DaemonSet rollout.
     plugin = PluginProcess(
         tempdir / "dp",
-        preset="no-such-preset",
-        extra=(*HEALTH, "--no-fail-on-init-error"),
+        extra=(
+            *HEALTH,
+            "--fake-control",
+            str(tempdir / "missing-dir" / "ctl.sock"),
+            "--no-fail-on-init-error",
+        ),
     )
     try:
         url = probe_url(plugin)

@@ -227,7 +227,14 @@ class FakeGpuBackend:
         # A stale socket from a crashed run would make bind fail; anything else is not ours.
         if path.is_socket():
             path.unlink()
-        server = _ControlServer(str(path), self)
+        try:
+            server = _ControlServer(str(path), self)
+        except OSError as exc:
+            # bind() errors name no path ("[Errno 2] No such file or directory"): say which.
+            raise InventoryError(
+                f"cannot listen on the fake GPU control socket {path}: {exc.strerror or exc}",
+                "its directory must exist and be writable, and the path at most 107 bytes",
+            ) from exc
         thread = threading.Thread(
             target=server.serve_forever,
             kwargs={"poll_interval": 0.1},

@@ -3,7 +3,9 @@
 Reads settings (flag > ``KUBEGPU_*`` / NVIDIA's env names > config file > defaults), opens the
 GPU backend, and runs the :class:`~kubegpu.kubelet.agent.Agent` until SIGTERM. Exit codes: 0 on
 a requested stop, 1 when the GPU backend cannot be opened or the health endpoints or the
-exporter cannot be served, 2 for an invalid config.
+exporter cannot be served, 2 for an invalid config, flag combination, fake GPU spec or
+kubeconfig (usage errors exit 2 whatever ``failOnInitError`` says: that setting is about a
+node whose GPUs cannot be opened, not about a typo in the invocation).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ _OVERRIDES: dict[str, str] = {
 }
 
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+class KubeconfigError(Exception):
+    """``--kubeconfig`` names a file lightkube cannot use (exit 2, like any bad input)."""
 
 
 def _env(name: str, *nvidia: str) -> list[str]:
@@ -127,7 +133,8 @@ async def _idle(config: AgentConfig, node: str, reason: str) -> None:
 )
 @click.option(
     "--kubeconfig",
-    type=click.Path(path_type=Path, dir_okay=False),
+    # exists=True: a mistyped path is a usage error naming the option, not a traceback.
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
     envvar=_env("KUBECONFIG"),
     help="API access for the inventory annotation and GPU sharing; without it (and outside a "
     "pod) the agent serves whole GPUs only.",
@@ -262,7 +269,12 @@ def device_plugin(
 
     try:
         gpu_backend = _open_backend(backend, fake_gpus, fake_control)
-    except (InventoryError, ValueError, OSError) as err:
+    except ValueError as err:
+        # Flags that do not fit together, or a bad fake spec (FakeSpecError): usage, so exit 2
+        # and never idle, as `kubegpu discover` does for the same errors.
+        click.echo(f"kubegpu device-plugin: {err}", err=True)
+        sys.exit(2)
+    except (InventoryError, OSError) as err:
         if config.flags.fail_on_init_error:
             click.echo(f"kubegpu device-plugin: {err}", err=True)
             sys.exit(1)
@@ -291,6 +303,9 @@ def device_plugin(
         except (PlanError, ValueError) as err:
             click.echo(f"kubegpu device-plugin: invalid config: {err}", err=True)
             sys.exit(2)
+        except KubeconfigError as err:
+            click.echo(f"kubegpu device-plugin: {err}", err=True)
+            sys.exit(2)
         except (ProbeServerError, ExporterServerError) as err:
             click.echo(f"kubegpu device-plugin: {err}", err=True)
             sys.exit(1)
@@ -308,9 +323,16 @@ def _kube_config(kubeconfig: Path | None) -> Any:
         return None
     from lightkube.config.kubeconfig import KubeConfig
 
-    if kubeconfig is not None:
+    if kubeconfig is None:
+        return KubeConfig.from_service_account()
+    try:
         return KubeConfig.from_file(str(kubeconfig))
-    return KubeConfig.from_service_account()
+    except Exception as exc:
+        # lightkube reports a malformed file as whatever its parsing hit first (YAMLError,
+        # KeyError, AttributeError, its own ConfigError): one message naming the file instead.
+        raise KubeconfigError(
+            f"cannot use kubeconfig {kubeconfig}: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 async def _run_agent(
