@@ -15,7 +15,8 @@ import pytest
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.inventory.fake import send_fake_gpu_command
 from kubegpu.inventory.spec import resolve_fake_spec
-from kubegpu.testing.kubelet import AllocationError, DeviceState
+from kubegpu.testing.kubelet import AllocationError, DeviceState, KubeletEmulator
+from tests.inventory.contract import nvml_present
 from tests.kubelet.conftest import RESOURCE, Node, PluginProcess
 
 A100 = resolve_fake_spec("8xA100-80GB-NVLink").inventory
@@ -270,6 +271,44 @@ def test_usage_errors_exit_two_naming_the_option_whatever_fail_on_init_error_say
     assert result.returncode == 2, result.stderr
     assert f"kubegpu device-plugin: {message}" in result.stderr
     assert list(tempdir.iterdir()) == []
+
+
+@pytest.mark.skipif(nvml_present(), reason="this node has NVML; auto would find it")
+@pytest.mark.parametrize(
+    ("backend", "message"),
+    [
+        pytest.param(
+            "auto",
+            "kubegpu device-plugin: no NVIDIA GPU or NVML found on this node (NVML library not "
+            "found while initialising NVML)",
+            id="auto",
+        ),
+        pytest.param(
+            "nvml",
+            "kubegpu device-plugin: NVML library not found while initialising NVML",
+            id="nvml",
+        ),
+    ],
+)
+def test_without_nvml_the_nvml_backends_exit_one_and_never_fake_gpus(
+    tempdir: Path, backend: str, message: str
+) -> None:
+    kubelet = KubeletEmulator(tempdir / "dp")
+    kubelet.start()
+    try:
+        result = device_plugin(tempdir / "dp", "--backend", backend)
+        assert result.returncode == 1, result.stderr
+        assert message in result.stderr
+        assert "is the NVIDIA driver installed" in result.stderr
+        if backend == "auto":
+            assert "for development without a GPU use --backend fake --fake-gpus PRESET" in (
+                result.stderr
+            )
+        # Nothing was advertised: no registration, no socket of ours beside kubelet.sock.
+        assert kubelet.registrations == []
+        assert sorted(p.name for p in (tempdir / "dp").iterdir()) == ["kubelet.sock"]
+    finally:
+        kubelet.stop()
 
 
 def test_a_missing_or_malformed_kubeconfig_exits_two_naming_it(tempdir: Path) -> None:
