@@ -160,8 +160,9 @@ flags:
     try:
         node.kubelet.wait_for_devices(RESOURCE, lambda d: len(d) == 4, timeout_s=30)
         response = node.kubelet.allocate_raw(RESOURCE, [T4_UUIDS[2], T4_UUIDS[0]])
-        assert response.cdi_devices == ("nvidia.com/gpu=0", "nvidia.com/gpu=2")
-        assert list(response.annotations.values()) == ["nvidia.com/gpu=0,nvidia.com/gpu=2"]
+        # Our own CDI kind: nvidia-ctk's spec in the same directory is of kind nvidia.com/gpu.
+        assert response.cdi_devices == ("k8s.kubegpu.io/gpu=0", "k8s.kubegpu.io/gpu=2")
+        assert list(response.annotations.values()) == ["k8s.kubegpu.io/gpu=0,k8s.kubegpu.io/gpu=2"]
         assert next(iter(response.annotations)).startswith("cdi.k8s.io/")
         assert "NVIDIA_VISIBLE_DEVICES" not in response.envs  # only CDI strategies chosen
         paths = {d.container_path for d in response.devices}
@@ -177,7 +178,7 @@ flags:
         spec_files = list(cdi_dir.glob("*.json"))
         assert len(spec_files) == 1
         spec = json.loads(spec_files[0].read_text())
-        assert spec["kind"] == "nvidia.com/gpu"
+        assert spec["kind"] == "k8s.kubegpu.io/gpu"
         assert "cdiVersion" in spec
         names = {d["name"] for d in spec["devices"]}
         assert {"0", "1", "2", "3", "all"} == names

@@ -66,9 +66,13 @@ class PluginFlags(_Model):
     # NVIDIA spells it with a capital ID, which the camelCase generator would not produce.
     device_id_strategy: Literal["uuid", "index"] = Field(default="uuid", alias="deviceIDStrategy")
     cdi_annotation_prefix: str = "cdi.k8s.io/"
-    # CDI spec files go here; the kind is also the prefix of every CDI device name we return.
+    # Where the CDI spec file goes when a `cdi-*` device list strategy is on.
     cdi_dir: str = "/var/run/cdi"
-    cdi_kind: str = "nvidia.com/gpu"
+    # The CDI spec's vendor/class, also the prefix of every CDI device name `Allocate` returns.
+    # A kind of our own, as NVIDIA's plugin has `k8s.device-plugin.nvidia.com/gpu`: nvidia-ctk
+    # and the GPU operator write a spec of kind `nvidia.com/gpu` into the same directory, and
+    # two specs defining the same device names conflict, so the runtime resolves neither.
+    cdi_kind: str = "k8s.kubegpu.io/gpu"
     # Host root under which device nodes live (a containerised driver puts them elsewhere).
     dev_root: str = "/"
     shared_devices_allocation_policy: Literal["distributed", "packed"] = "distributed"
