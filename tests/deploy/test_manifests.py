@@ -139,14 +139,14 @@ EXPECTED_RULES: dict[tuple[str, str], list[dict[str, Any]]] = {
 EXPECTED_BINDINGS: dict[str, dict[str, set[tuple[str, str, str]]]] = {
     "overlays/second-scheduler": {
         "kubegpu-node-agent": {("ClusterRole", "kubegpu-node-agent", "")},
-        # The extender runs in the scheduler's pod, so under its service account.
+        # The kube-scheduler container's; the extender beside it in the same pod uses its own.
         "kubegpu-scheduler": {
             ("ClusterRole", "system:kube-scheduler", ""),
             ("ClusterRole", "system:volume-scheduler", ""),
-            ("ClusterRole", "kubegpu-extender", ""),
             ("Role", "extension-apiserver-authentication-reader", "kube-system"),
             ("Role", "kubegpu-scheduler-leader-election", "kube-system"),
         },
+        "kubegpu-extender": {("ClusterRole", "kubegpu-extender", "")},
     },
     "overlays/default-scheduler": {
         "kubegpu-node-agent": {("ClusterRole", "kubegpu-node-agent", "")},
@@ -216,6 +216,82 @@ def test_each_service_account_is_bound_only_to_its_own_roles(overlay: str) -> No
     assert bound == EXPECTED_BINDINGS[overlay]
     for workload in workloads(objs):
         assert pod_spec(workload)["serviceAccountName"] in accounts
+
+
+# Where the in-cluster client (lightkube's from_env, which kubegpu.kube.client uses) reads the
+# token, CA and namespace, and where the ServiceAccount admission plugin mounts the pod's own.
+TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def api_identities(objs: list[Obj], workload: Obj) -> dict[str, str]:
+    """container -> the service account whose token it presents to the API server: the pod's,
+    unless the container mounts a service-account-token Secret at TOKEN_DIR (admission then
+    leaves that container without the pod's token)."""
+    spec = pod_spec(workload)
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    out = {}
+    for item in spec["containers"]:
+        account = spec["serviceAccountName"]
+        for mount in item.get("volumeMounts", []):
+            if mount["mountPath"].rstrip("/") != TOKEN_DIR:
+                continue
+            assert mount.get("readOnly") is True
+            secret = find(objs, "Secret", volumes[mount["name"]]["secret"]["secretName"])
+            assert secret["type"] == "kubernetes.io/service-account-token"
+            account = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+        out[item["name"]] = account
+    return out
+
+
+@pytest.mark.parametrize("overlay", INSTALL_OVERLAYS)
+def test_the_extender_talks_to_the_api_server_only_as_kubegpu_extender(overlay: str) -> None:
+    objs = render(overlay)
+    workload = find(objs, *EXTENDERS[overlay])
+    identities = api_identities(objs, workload)
+    assert identities["extender"] == "kubegpu-extender"
+    assert EXPECTED_BINDINGS[overlay]["kubegpu-extender"] == {
+        ("ClusterRole", "kubegpu-extender", "")
+    }
+    if overlay == "overlays/second-scheduler":
+        # kube-scheduler keeps the pod's token (and its rights); the containers cannot reach
+        # each other's files through a shared process namespace.
+        assert identities["kube-scheduler"] == "kubegpu-scheduler"
+        assert not pod_spec(workload).get("shareProcessNamespace")
+    item = container(workload, "extender")
+    # In-cluster config, not a kubeconfig that would name other credentials.
+    assert not any(a.startswith("--kubeconfig") for a in item["args"])
+    assert "KUBECONFIG" not in container_env(item)
+
+
+def test_the_extender_token_mount_holds_the_files_the_in_cluster_client_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightkube.config.kubeconfig import SERVICE_ACCOUNT, KubeConfig
+
+    assert SERVICE_ACCOUNT == TOKEN_DIR
+    objs = render("overlays/second-scheduler")
+    workload = find(objs, *EXTENDERS["overlays/second-scheduler"])
+    volumes = {v["name"]: v for v in pod_spec(workload)["volumes"]}
+    (mount,) = [
+        m for m in container(workload, "extender")["volumeMounts"] if m["mountPath"] == TOKEN_DIR
+    ]
+    # What the token controller writes into a kubernetes.io/service-account-token Secret, laid
+    # out as the kubelet projects the volume's items.
+    data = {
+        "token": "extender-token",
+        "ca.crt": "-----BEGIN CERTIFICATE-----\n",
+        "namespace": NAMESPACE,
+    }
+    items = volumes[mount["name"]]["secret"]["items"]
+    for entry in items:
+        (tmp_path / entry["path"]).write_text(data[entry["key"]])
+    assert {entry["key"] for entry in items} == set(data)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    used = KubeConfig.from_service_account(tmp_path).get()
+    assert used.user.token == "extender-token"
+    assert used.namespace == NAMESPACE
+    assert used.cluster.certificate_auth == str(tmp_path / "ca.crt")
 
 
 # -- the node agent ------------------------------------------------------------------------
