@@ -68,6 +68,24 @@ class _Target:
     watch_path: bool  # the deprecated /watch/ path prefix
 
 
+@dataclass
+class _Hook:
+    verb: str
+    resource: str
+    namespace: str | None
+    name: str | None
+    action: Callable[[Store], Awaitable[None] | None]
+    remaining: int
+
+    def matches(self, verb: str, resource: str, namespace: str | None, name: str | None) -> bool:
+        return (
+            self.verb == verb
+            and self.resource == resource
+            and self.name in (None, name)
+            and self.namespace in (None, namespace)
+        )
+
+
 class FakeApiServer:
     """A Kubernetes API server for tests and demos, backed by an in-memory :class:`Store`.
 
@@ -103,6 +121,7 @@ class FakeApiServer:
         self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
         self.request_log: collections.deque[RequestRecord] = collections.deque(maxlen=10_000)
         self._runner: web.AppRunner | None = None
+        self._hooks: list[_Hook] = []
         if seed_namespaces:
             for namespace in SYSTEM_NAMESPACES:
                 if self.store.get("namespaces", None, namespace) is None:
@@ -226,6 +245,27 @@ class FakeApiServer:
     ) -> None:
         self.store.inject_failures(resource, name, namespace=namespace, count=count, code=code)
 
+    def before(
+        self,
+        verb: str,
+        resource: str,
+        action: Callable[[Store], Awaitable[None] | None],
+        *,
+        name: str | None = None,
+        namespace: str | None = None,
+        count: int = 1,
+    ) -> None:
+        """Run ``action(store)`` just before serving each of the next ``count`` requests that
+        match ``verb`` and ``resource`` ("patch", "pods"; "create", "pods/binding"), and
+        ``name`` / ``namespace`` when given.
+
+        This is how a test puts a concurrent writer exactly between a client's read and its
+        write (the action changes the object, so a precondition the client sends is stale), or
+        holds a request until the test lets it go (an async action that waits). A
+        :class:`StatusError` the action raises is the request's answer, as if the server had
+        failed it."""
+        self._hooks.append(_Hook(verb, resource, namespace, name, action, count))
+
     # -- HTTP ------------------------------------------------------------------------------
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -269,25 +309,27 @@ class FakeApiServer:
         if rtype is None:  # legacy POST namespaces/<ns>/bindings
             if method != "POST" or namespace is None or name is not None:
                 raise _method_not_allowed()
-            self._record("create", "bindings", namespace, None, query)
+            await self._record("create", "bindings", namespace, None, query)
             return _json(verbs.bind(self.store, namespace, None, await self._body(request)), 201)
         resource = f"{rtype.plural}/{sub}" if sub else rtype.plural
         ns = namespace or ""
         if name is None:
             if method == "GET":
                 is_watch = target.watch_path or query.get("watch", "").lower() in _WATCH_TRUE
-                self._record("watch" if is_watch else "list", resource, namespace, None, query)
+                await self._record(
+                    "watch" if is_watch else "list", resource, namespace, None, query
+                )
                 if is_watch:
                     return await self._watch(request, rtype, namespace, query)
                 return _json(self._list(rtype, namespace, query))
             if rtype.namespaced and namespace is None:
                 raise _method_not_allowed()
             if method == "POST":
-                self._record("create", resource, namespace, None, query)
+                await self._record("create", resource, namespace, None, query)
                 obj = verbs.create(self.store, rtype, ns, await self._body(request))
                 return _json(obj, 201)
             if method == "DELETE":
-                self._record("deletecollection", resource, namespace, None, query)
+                await self._record("deletecollection", resource, namespace, None, query)
                 return _json(self._delete_collection(rtype, namespace, query))
             raise _method_not_allowed()
         if sub not in (None, "status", "binding") or (sub == "status" and not rtype.has_status):
@@ -295,23 +337,23 @@ class FakeApiServer:
         if sub == "binding":
             if rtype.plural != "pods" or method != "POST":
                 raise _method_not_allowed()
-            self._record("create", resource, namespace, name, query)
+            await self._record("create", resource, namespace, name, query)
             return _json(verbs.bind(self.store, ns, name, await self._body(request)), 201)
         if method == "GET":
-            self._record("get", resource, namespace, name, query)
+            await self._record("get", resource, namespace, name, query)
             stored = self.store.get(rtype, ns, name)
             if stored is None:
                 raise _not_found(rtype, name)
             return _json(stored)
         if method == "PUT":
-            self._record("update", resource, namespace, name, query)
+            await self._record("update", resource, namespace, name, query)
             return _json(
                 verbs.update(
                     self.store, rtype, ns, name, await self._body(request), subresource=sub
                 )
             )
         if method == "PATCH":
-            self._record("patch", resource, namespace, name, query)
+            await self._record("patch", resource, namespace, name, query)
             body = await self._body(request)
             return _json(
                 verbs.patch(
@@ -319,7 +361,7 @@ class FakeApiServer:
                 )
             )
         if method == "DELETE" and sub is None:
-            self._record("delete", resource, namespace, name, query)
+            await self._record("delete", resource, namespace, name, query)
             options = await self._body(request, optional=True)
             deleted = verbs.delete(
                 self.store,
@@ -333,7 +375,7 @@ class FakeApiServer:
             return _json(deleted)
         raise _method_not_allowed()
 
-    def _record(
+    async def _record(
         self,
         verb: str,
         resource: str,
@@ -343,6 +385,14 @@ class FakeApiServer:
     ) -> None:
         self.requests[(verb, resource)] += 1
         self.request_log.append(RequestRecord(verb, resource, namespace, name, params))
+        for hook in list(self._hooks):
+            if hook.remaining > 0 and hook.matches(verb, resource, namespace, name):
+                hook.remaining -= 1
+                if hook.remaining == 0:
+                    self._hooks.remove(hook)
+                outcome = hook.action(self.store)
+                if outcome is not None:
+                    await outcome
         log.debug("%s %s namespace=%s name=%s", verb, resource, namespace, name)
 
     async def _body(self, request: web.Request, *, optional: bool = False) -> Any:
