@@ -3,8 +3,9 @@
 Handlers are thin: parse (:mod:`kubegpu.extender.wire`), ask the :class:`GpuScheduler`, render.
 Bind is the one verb with I/O: decide and reserve (synchronously, so concurrent binds see each
 other), record the decision on the pod with its resourceVersion as precondition, then POST the
-Binding; a 409 re-reads the pod and decides again, any failure releases the reservation and
-clears a recorded decision. Only the pod being bound is locked, never a node.
+Binding; a 409 re-reads the pod and decides again, any failure releases the reservation, and a
+failed Binding clears the recorded decision unless the pod turns out bound after all (a lost
+reply). Only the pod being bound is locked, never a node.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from kubegpu.extender.wire import (
     parse_extender_body,
 )
 from kubegpu.kube import pods as kpods
+from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION
 from kubegpu.sharing.podstate import read_decision
 from kubegpu.sharing.resources import (
     GpuRequest,
@@ -338,9 +340,10 @@ class ExtenderApp:
                 )
             except ApiError as exc:
                 self.view.unreserve(uid)
-                if exc.status.code == 409 and attempt < self.bind_attempts:
+                if exc.status.code == 409:
+                    # The pod moved past the version the decision was made from.
                     self.metrics.conflicts.inc()
-                    log.info("pod %s changed while binding (attempt %d); retrying", key, attempt)
+                    log.info("pod %s changed while binding (attempt %d)", key, attempt)
                     continue
                 self.metrics.binds.labels("api-error").inc()
                 return f"pod {key}: recording the GPU decision failed: {exc.status.message}"
@@ -370,24 +373,60 @@ class ExtenderApp:
             await kpods.bind_pod(self.client, namespace, name, uid, node)
         except (ApiError, httpx.HTTPError) as exc:
             why = exc.status.message if isinstance(exc, ApiError) else str(exc)
-            self.metrics.binds.labels("binding-failed").inc()
-            if recorded:
-                await self._rollback(namespace, name)
-            self.metrics.decisions.labels("bind", "error").inc()
-            return f"pod {key}: binding to {node} failed: {why}"
+            if recorded and await self._rollback(namespace, name, uid, node):
+                # A timeout or lost reply, but the Binding did land: the pod is on the node
+                # its decision names, so the bind succeeded.
+                log.info("pod %s: binding to %s reported %s but landed", key, node, why)
+            else:
+                self.metrics.binds.labels("binding-failed").inc()
+                self.metrics.decisions.labels("bind", "error").inc()
+                return f"pod {key}: binding to {node} failed: {why}"
         self.metrics.binds.labels("bound").inc()
         self.metrics.decisions.labels("bind", "bound").inc()
         return ""
 
-    async def _rollback(self, namespace: str, name: str) -> None:
-        try:
-            cleared = await kpods.clear_decision(self.client, namespace, name)
-        except (ApiError, httpx.HTTPError) as exc:
-            # The pod keeps a decision it does not use: it holds those cards until it is
-            # rescheduled (a new decision replaces it) or deleted. Conservative, never over.
-            log.warning("pod %s/%s: could not clear its GPU decision: %s", namespace, name, exc)
-            return
-        self.view.apply_pod(cleared)
+    async def _rollback(self, namespace: str, name: str, uid: str, node: str) -> bool:
+        """After a failed Binding, clear the decision recorded for it so its cards are free
+        again; True (and the decision kept) when the pod turns out bound to ``node`` after all.
+
+        The pod is read first, and the clearing patch carries that read's resourceVersion: an
+        error does not prove the Binding did not land (a timeout), and a pod deleted and
+        created again under the same name is not ours to touch."""
+        key = f"{namespace}/{name}"
+        for _ in range(self.bind_attempts):
+            try:
+                pod = await kpods.get_pod(self.client, namespace, name)
+            except ApiError as exc:
+                if exc.status.code == 404:
+                    return False  # gone, and its decision with it
+                break
+            except httpx.HTTPError:
+                break
+            self.view.apply_pod(pod)
+            meta = pod.get("metadata") or {}
+            if meta.get("uid") != uid:
+                return False
+            bound_to = (pod.get("spec") or {}).get("nodeName")
+            if bound_to == node:
+                return True
+            if ALLOCATION_ANNOTATION not in (meta.get("annotations") or {}):
+                return False
+            try:
+                cleared = await kpods.clear_decision(
+                    self.client, namespace, name, meta.get("resourceVersion")
+                )
+            except ApiError as exc:
+                if exc.status.code in (404, 409):
+                    continue  # changed meanwhile: look again
+                break
+            except httpx.HTTPError:
+                break
+            self.view.apply_pod(cleared)
+            return False
+        # The pod keeps a decision it does not use: it holds those cards until it is
+        # rescheduled (a new decision replaces it) or deleted. Conservative, never over.
+        log.warning("pod %s: could not clear its GPU decision after the failed binding", key)
+        return False
 
     # ------------------------------------------------------------------ probes
     async def handle_healthz(self, request: web.Request) -> web.Response:

@@ -49,10 +49,17 @@ async def record_decision(
 
 
 async def clear_decision(
-    client: lightkube.AsyncClient, namespace: str, name: str
+    client: lightkube.AsyncClient,
+    namespace: str,
+    name: str,
+    resource_version: str | None = None,
 ) -> dict[str, Any]:
-    """Remove the allocation annotation (rollback after a failed binding)."""
-    patch = {"metadata": {"annotations": {ALLOCATION_ANNOTATION: None}}}
+    """Remove the allocation annotation (rollback after a failed binding); 409 if the pod
+    moved past ``resource_version``."""
+    metadata: dict[str, Any] = {"annotations": {ALLOCATION_ANNOTATION: None}}
+    if resource_version:
+        metadata["resourceVersion"] = resource_version
+    patch = {"metadata": metadata}
     pod = await client.patch(Pod, name, patch, namespace=namespace, patch_type=PatchType.MERGE)
     return _json(pod)
 
