@@ -1,0 +1,68 @@
+"""Before its first list of nodes and pods the extender is alive but not ready, over real HTTP:
+/readyz answers 503 (so no Service or probe sends it work), /healthz 200, and filter and bind
+answer an Error instead of deciding on an empty view; once the list arrives it is ready."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kubegpu.extender.config import ExtenderConfig
+from kubegpu.extender.service import ExtenderService
+from kubegpu.kube.view import Backoff
+from kubegpu.testing.apiserver import FakeApiServer, Store
+from tests.extender.cluster import filter_args, gpu_node, http_session, post, shared_pod
+
+NOT_SYNCED = "kubegpu extender has not synced yet"
+
+
+async def test_not_ready_until_the_first_list_then_ready() -> None:
+    arrived = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow_list(store: Store) -> None:
+        arrived.set()
+        await release.wait()
+
+    async with FakeApiServer() as server:
+        server.store.put("nodes", gpu_node("node-a"))
+        pod = server.store.put("pods", shared_pod("p", 1024, 100))
+        server.before("list", "pods", slow_list)  # the pods list hangs until released
+        client = server.async_client()
+        service = ExtenderService(
+            ExtenderConfig(port=0), client=client, backoff=Backoff(0.01, 0.05)
+        )
+        try:
+            async with service, http_session() as http:
+                await asyncio.wait_for(arrived.wait(), 10)
+                async with http.get(f"{service.url}/readyz") as r:
+                    assert (r.status, await r.text()) == (503, "not synced")
+                async with http.get(f"{service.url}/healthz") as r:
+                    assert r.status == 200
+                _, body = await post(http, f"{service.url}/filter", filter_args(pod, ["node-a"]))
+                assert body["Error"] == NOT_SYNCED and body["NodeNames"] == []
+                binding = {
+                    "PodName": "p",
+                    "PodNamespace": "default",
+                    "PodUID": pod["metadata"]["uid"],
+                    "Node": "node-a",
+                }
+                assert await post(http, f"{service.url}/bind", binding) == (
+                    200,
+                    {"Error": NOT_SYNCED},
+                )
+
+                release.set()
+                for _ in range(500):
+                    async with http.get(f"{service.url}/readyz") as r:
+                        if r.status == 200:
+                            assert await r.text() == "ok"
+                            break
+                    await asyncio.sleep(0.01)
+                else:
+                    raise AssertionError("/readyz never turned 200 after the first list")
+                _, body = await post(http, f"{service.url}/filter", filter_args(pod, ["node-a"]))
+                assert body["Error"] == "" and body["NodeNames"] == ["node-a"]
+        finally:
+            await client.close()
+    stored = server.store.get("pods", "default", "p")
+    assert stored is not None and stored["spec"].get("nodeName") is None  # nothing bound early
