@@ -75,19 +75,20 @@ def test_ecc_counters_follow_the_driver(node: Node) -> None:
     )
 
 
-def test_xids_are_counted_by_code_and_critical_ones_mark_the_gpu_unhealthy(node: Node) -> None:
+def test_xids_are_counted_by_code_and_health_follows_the_judges_verdicts(node: Node) -> None:
     registry = scraped(node)
     uuid = node.uuids[2]
-    node.health.record(HealthEvent(HealthEventKind.XID, uuid, xid=13))
-    node.health.record(HealthEvent(HealthEventKind.XID, uuid, xid=13))
+    node.health.count(HealthEvent(HealthEventKind.XID, uuid, xid=13))
+    node.health.count(HealthEvent(HealthEventKind.XID, uuid, xid=13))
     g2 = gpu_labels(node, 2)
     assert registry.get_sample_value("kubegpu_gpu_xid_errors_total", {**g2, "xid": "13"}) == 2
-    assert registry.get_sample_value("kubegpu_gpu_healthy", g2) == 1  # application Xid
-    node.health.record(HealthEvent(HealthEventKind.XID, uuid, xid=79))
+    assert registry.get_sample_value("kubegpu_gpu_healthy", g2) == 1
+    node.health.count(HealthEvent(HealthEventKind.XID, uuid, xid=79))
+    node.health.set_healthy(uuid, False)  # the health monitor's verdict on Xid 79
     assert registry.get_sample_value("kubegpu_gpu_xid_errors_total", {**g2, "xid": "79"}) == 1
     assert registry.get_sample_value("kubegpu_gpu_healthy", g2) == 0
     assert registry.get_sample_value("kubegpu_gpu_healthy", gpu_labels(node, 1)) == 1
-    node.health.record(HealthEvent(HealthEventKind.RECOVERED, uuid))
+    node.health.set_healthy(uuid, True)
     assert registry.get_sample_value("kubegpu_gpu_healthy", g2) == 1
 
 

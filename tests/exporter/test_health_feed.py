@@ -1,78 +1,142 @@
-"""Health and Xid tallies, folded purely and fed from the fake backend's watchers."""
+"""The health feed: Xid counts, and health judged only by the node agent's own health monitor
+(same policy, same recovery rule), fed from the fake backend's watchers."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+
+import pytest
 
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.health import HealthCheckPolicy, HealthEvent, HealthEventKind
-from kubegpu.core.metrics import HealthTally, tally_event
 from kubegpu.exporter.health import HealthFeed
 from kubegpu.inventory.fake import FakeGpuBackend
+from kubegpu.inventory.health import HealthMonitor
 
 A, B = GpuUuid("GPU-a"), GpuUuid("GPU-b")
+POLL_S = 0.02  # one health check; the agent's default is longer, the rule is the same
 
 
-def test_an_event_without_a_gpu_applies_to_every_gpu() -> None:
-    tally = tally_event(HealthTally(), HealthEvent(HealthEventKind.XID, None, xid=48), [A, B])
-    assert not tally.healthy(A) and not tally.healthy(B)
-    assert tally.xid_counts == {(A, 48): 1, (B, 48): 1}
-
-
-def test_lost_then_recovered_gpu_is_healthy_again_and_keeps_its_xid_count() -> None:
-    tally = HealthTally()
-    for event in (
-        HealthEvent(HealthEventKind.XID, A, xid=79),
-        HealthEvent(HealthEventKind.LOST, A),
-    ):
-        tally = tally_event(tally, event, [A, B])
-    assert not tally.healthy(A) and tally.healthy(B)
-    tally = tally_event(tally, HealthEvent(HealthEventKind.RECOVERED, A), [A, B])
-    assert tally.healthy(A)
-    assert tally.xid_counts == {(A, 79): 1}
-
-
-def test_feed_watching_the_fake_backend_sees_injected_xids_and_tells_listeners() -> None:
+@pytest.fixture
+def backend() -> Iterator[FakeGpuBackend]:
     backend = FakeGpuBackend.from_spec("4xT4")
+    yield backend
+    backend.close()
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def watching(backend: FakeGpuBackend, policy: HealthCheckPolicy | None = None) -> HealthFeed:
+    feed = HealthFeed(policy=policy)
+    feed.watch(backend, backend.snapshot(), node_name="node-a", poll_timeout_s=POLL_S)
+    # start() opened every watcher before returning: events from here on are seen.
+    assert all(s["watchers"] >= 1 for s in backend.status())
+    return feed
+
+
+def test_feed_watching_the_fake_backend_sees_injected_xids_and_tells_listeners(
+    backend: FakeGpuBackend,
+) -> None:
     uuids = [gpu.uuid for gpu in backend.snapshot().gpus]
-    feed = HealthFeed()
+    feed = watching(backend)
     notified: list[int] = []
     feed.add_listener(lambda: notified.append(1))
-    feed.watch(backend, uuids, poll_s=0.05)
     try:
-        # A watcher sees only events after it is open; wait until all are.
-        deadline = time.monotonic() + 20
-        while any(s["watchers"] == 0 for s in backend.status()):
-            assert time.monotonic() < deadline, "watchers never opened"
-            time.sleep(0.01)
         backend.inject_xid(2, 79)
-        while feed.tally().healthy(uuids[2]):
-            assert time.monotonic() < deadline, "the Xid never arrived"
-            time.sleep(0.01)
+        wait_until(lambda: not feed.tally().healthy(uuids[2]), "the Xid never arrived")
         assert feed.healthy_map() == {u: u != uuids[2] for u in uuids}
         assert feed.tally().xid_counts == {(uuids[2], 79): 1}
         assert notified
     finally:
         feed.close()
-        backend.close()
+    assert all(s["watchers"] == 0 for s in backend.status())  # close() closed every watcher
 
 
-def test_the_device_plugins_policy_decides_which_xids_are_critical() -> None:
+def test_the_device_plugins_policy_decides_which_xids_are_critical(
+    backend: FakeGpuBackend,
+) -> None:
     policy = HealthCheckPolicy(disabled_xids=frozenset({79}), enabled_xids=frozenset({13}))
-    tally = tally_event(HealthTally(), HealthEvent(HealthEventKind.XID, A, xid=79), [A], policy)
-    assert tally.healthy(A)  # disabled by the policy, still counted
-    assert tally.xid_counts == {(A, 79): 1}
-    tally = tally_event(tally, HealthEvent(HealthEventKind.XID, A, xid=13), [A], policy)
-    assert not tally.healthy(A)  # an application Xid the admin made critical
+    feed = watching(backend, policy)
+    uuid = backend.snapshot().gpus[0].uuid
+    try:
+        backend.inject_xid(0, 79)
+        wait_until(lambda: feed.tally().xid_counts.get((uuid, 79)) == 1, "Xid 79 not counted")
+        assert feed.tally().healthy(uuid)  # disabled by the policy, still counted
+        backend.inject_xid(0, 13)
+        wait_until(lambda: not feed.tally().healthy(uuid), "Xid 13 not judged critical")
+    finally:
+        feed.close()
 
 
-def test_an_authoritative_verdict_overrides_the_fold() -> None:
+def test_an_xid_struck_gpu_comes_back_after_the_agents_quiet_checks_here_too(
+    backend: FakeGpuBackend,
+) -> None:
+    # health.recoverAfterHealthyChecks: the agent's monitor reports the GPU healthy again after
+    # that many quiet checks. The standalone exporter and the labeller must follow, or
+    # kubegpu_gpu_healthy and kubegpu.io/gpu.healthy-count stay low for a GPU in service.
+    policy = HealthCheckPolicy(recover_after_healthy_checks=5)
+    uuid = backend.snapshot().gpus[1].uuid
+    agent_said: list[bool] = []
+    agent = HealthMonitor(
+        backend,
+        backend.snapshot(),
+        policy,
+        lambda u, healthy, _reason: agent_said.append(healthy) if u == uuid else None,
+        poll_timeout_s=POLL_S,
+    )
+    agent.start()
+    feed = watching(backend, policy)
+    feed_said = [True]  # each change of the GPU's health, as the feed's listeners see it
+    feed.add_listener(
+        lambda: (
+            feed_said.append(not feed_said[-1])
+            if feed.tally().healthy(uuid) != feed_said[-1]
+            else None
+        )
+    )
+    try:
+        backend.inject_xid(1, 79)
+        wait_until(lambda: agent_said == [False, True], f"agent said {agent_said}")
+        wait_until(lambda: feed_said == [True, False, True], f"feed said {feed_said}")
+        assert feed.healthy_map()[uuid] is True
+        assert feed.tally().xid_counts == {(uuid, 79): 1}
+    finally:
+        feed.close()
+        agent.stop()
+
+
+def test_a_lost_gpu_needs_recovery_not_quiet_checks_and_keeps_its_xid_count(
+    backend: FakeGpuBackend,
+) -> None:
+    feed = watching(backend, HealthCheckPolicy(recover_after_healthy_checks=1))
+    uuid = backend.snapshot().gpus[3].uuid
+    try:
+        backend.inject_xid(3, 79)
+        backend.lose(3)
+        wait_until(lambda: not feed.tally().healthy(uuid), "loss not seen")
+        time.sleep(20 * POLL_S)  # many quiet checks: a lost GPU does not come back on them
+        assert not feed.tally().healthy(uuid)
+        backend.restore(3)
+        wait_until(lambda: feed.tally().healthy(uuid), "recovery not seen")
+        assert feed.tally().xid_counts == {(uuid, 79): 1}
+    finally:
+        feed.close()
+
+
+def test_verdicts_come_from_the_judge_and_xids_are_only_counted() -> None:
     feed = HealthFeed([A, B])
-    feed.record(HealthEvent(HealthEventKind.XID, A, xid=79))
-    assert feed.healthy_map() == {A: False, B: True}
-    feed.set_healthy(A, True)  # the agent's monitor saw it recover after healthy checks
+    feed.count(HealthEvent(HealthEventKind.XID, A, xid=79))
+    assert feed.healthy_map() == {A: True, B: True}  # counting is not judging
+    feed.set_healthy(A, False)
     feed.set_healthy(B, False)
-    assert feed.healthy_map() == {A: True, B: False}
+    feed.set_healthy(B, True)
+    assert feed.healthy_map() == {A: False, B: True}
     assert feed.tally().xid_counts == {(A, 79): 1}
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubegpu.core.health import HealthEvent, HealthEventKind
+from kubegpu.core.health import HealthCheckPolicy
+from kubegpu.exporter.health import HealthFeed
 from kubegpu.exporter.pods import KubeletPodResources, PodLogDirectory
 from kubegpu.exporter.server import (
     ExporterSettings,
@@ -155,10 +156,10 @@ def test_openmetrics_is_served_when_asked_for(exporter: RunningExporter) -> None
     assert body.rstrip().endswith("# EOF")
 
 
-def test_health_events_fed_by_the_agent_show_up_on_the_next_scrape(
+def test_health_verdicts_fed_by_the_agent_show_up_on_the_next_scrape(
     node: Node, exporter: RunningExporter
 ) -> None:
-    exporter.record_health_event(HealthEvent(HealthEventKind.LOST, node.uuids[3]))
+    exporter.set_gpu_health(node.uuids[3], False)
     values = samples(fetch(exporter.url + "/metrics")[2])
     g3 = frozenset(
         {"node": "node-a", "gpu": "3", "uuid": node.uuids[3], "model": "Tesla T4"}.items()
@@ -227,3 +228,36 @@ def test_node_exporter_counts_xids_from_its_own_watchers_on_the_backend(node: No
         running.stop()
         backend.close()
     assert all(s["watchers"] == 0 for s in backend.status())  # stop closed our watchers
+
+
+def test_a_gpu_the_agents_rule_recovers_is_healthy_again_on_the_standalone_exporter(
+    node: Node,
+) -> None:
+    # kubegpu exporter judges health with the agent's monitor and policy, so a GPU that
+    # health.recoverAfterHealthyChecks brings back is healthy again here too.
+    backend = FakeGpuBackend.from_spec("4xT4")
+    policy = HealthCheckPolicy(recover_after_healthy_checks=3)
+    feed = HealthFeed([gpu.uuid for gpu in backend.snapshot().gpus], policy=policy)
+    uuid = backend.snapshot().gpus[2].uuid
+    seen = [True]  # each change of GPU 2's health, as the exporter's feed tells it
+    feed.add_listener(
+        lambda: seen.append(not seen[-1]) if feed.tally().healthy(uuid) != seen[-1] else None
+    )
+    running = start_node_exporter(
+        backend,
+        ExporterSettings(node_name="node-a", listen_port=0, interval_s=0.2, proc=node.proc),
+        pod_resources_socket=None,
+        pod_directory=PodLogDirectory(node.pod_logs),
+        health=feed,
+    )
+    g2 = frozenset({"node": "node-a", "gpu": "2", "uuid": uuid, "model": "Tesla T4"}.items())
+    try:
+        wait_for(lambda: ("kubegpu_gpu_healthy", g2) in samples(fetch(running.url + "/metrics")[2]))
+        backend.inject_xid(2, 79)
+        wait_for(lambda: seen == [True, False, True])
+        values = samples(fetch(running.url + "/metrics")[2])
+        assert values[("kubegpu_gpu_healthy", g2)] == 1
+        assert values[("kubegpu_gpu_xid_errors_total", frozenset({*g2, ("xid", "79")}))] == 1
+    finally:
+        running.stop()
+        backend.close()

@@ -15,7 +15,6 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from kubegpu.core.gpu import GpuUuid, NodeInventory
-from kubegpu.core.health import HealthEvent, HealthEventKind
 from kubegpu.exporter.health import HealthFeed
 from kubegpu.inventory.spec import resolve_fake_spec
 from kubegpu.labels.labeller import Labeller
@@ -188,7 +187,7 @@ def test_running_labeller_relabels_at_once_when_a_gpu_turns_unhealthy(tmp_path: 
     try:
         wait_until(lambda: path.exists())
         assert parse_feature_file(path.read_text())["kubegpu.io/gpu.healthy-count"] == "4"
-        feed.record(HealthEvent(HealthEventKind.XID, uuids[0], xid=79))
+        feed.set_healthy(uuids[0], False)
         wait_until(lambda: labeller.writes >= 2)
         assert parse_feature_file(path.read_text())["kubegpu.io/gpu.healthy-count"] == "3"
     finally:

@@ -17,11 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from kubegpu.core.gpu import GpuUuid
-from kubegpu.core.health import (
-    HealthCheckPolicy,
-    HealthEvent,
-    HealthEventKind,
-)
+from kubegpu.core.health import HealthEvent, HealthEventKind
 
 
 @dataclass(frozen=True)
@@ -246,12 +242,9 @@ def attribute_processes(
     return ProcessAttribution(per_pod=tuple(per_pod), unattributed_bytes=unattributed)
 
 
-_DEFAULT_POLICY = HealthCheckPolicy()
-
-
 @dataclass(frozen=True)
 class HealthTally:
-    """Health and Xid counts folded from the health-event stream."""
+    """Health verdicts (from the one judge, the health monitor) and Xid counts per GPU."""
 
     unhealthy: frozenset[GpuUuid] = frozenset()
     xid_counts: Mapping[tuple[GpuUuid, int], int] = field(default_factory=dict)
@@ -263,25 +256,6 @@ class HealthTally:
         """The verdict of an authoritative judge (the node agent's health monitor)."""
         unhealthy = self.unhealthy - {uuid} if healthy else self.unhealthy | {uuid}
         return replace(self, unhealthy=unhealthy)
-
-
-def tally_event(
-    tally: HealthTally,
-    event: HealthEvent,
-    all_gpus: Iterable[GpuUuid],
-    policy: HealthCheckPolicy = _DEFAULT_POLICY,
-) -> HealthTally:
-    """Fold one event. An event the device plugin's :class:`HealthCheckPolicy` calls critical
-    (by default: a lost GPU, or an Xid outside ``APPLICATION_XIDS``) makes the GPU unhealthy;
-    ``RECOVERED`` makes it healthy again. Every Xid with a code is counted, application ones
-    included, because they are what users debug."""
-    targets = frozenset(all_gpus) if event.uuid is None else frozenset({event.uuid})
-    tally = count_xid(tally, event, targets)
-    if event.kind is HealthEventKind.RECOVERED:
-        return replace(tally, unhealthy=tally.unhealthy - targets)
-    if policy.is_critical(event):
-        tally = replace(tally, unhealthy=tally.unhealthy | targets)
-    return tally
 
 
 def count_xid(tally: HealthTally, event: HealthEvent, all_gpus: Iterable[GpuUuid]) -> HealthTally:

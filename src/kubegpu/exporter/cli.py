@@ -24,14 +24,14 @@ from kubegpu.inventory.backend import GpuBackend
 log = logging.getLogger(__name__)
 
 
-def open_backend(kind: str, fake_gpus: str | None) -> GpuBackend:
+def open_backend(kind: str, fake_gpus: str | None, fake_control: Path | None = None) -> GpuBackend:
     """The GPU backend for ``--backend`` (the same rules as the device plugin's)."""
     from kubegpu.inventory.select import BACKEND_KINDS
     from kubegpu.inventory.select import open_backend as select_backend
 
     if kind not in BACKEND_KINDS:
         raise ValueError(f"unknown GPU backend {kind!r}")
-    return select_backend(kind, fake_gpus=fake_gpus)
+    return select_backend(kind, fake_gpus=fake_gpus, fake_control=fake_control)
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -47,6 +47,12 @@ def parse_listen(value: str) -> tuple[str, int]:
     "--backend", type=click.Choice(["auto", "nvml", "fake"]), default="auto", show_default=True
 )
 @click.option("--fake-gpus", default=None, help="Fake node: preset name or spec file.")
+@click.option(
+    "--fake-control",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Fake backend: unix socket for injecting Xids / losing GPUs from outside.",
+)
 @click.option(
     "--pod-resources-socket",
     type=click.Path(path_type=Path),
@@ -104,6 +110,7 @@ def exporter_command(
     listen: str,
     backend: str,
     fake_gpus: str | None,
+    fake_control: Path | None,
     pod_resources_socket: Path,
     no_pod_resources: bool,
     pod_directory: str,
@@ -135,7 +142,7 @@ def exporter_command(
         log.error("invalid config: %s", exc)
         sys.exit(2)
     try:
-        gpu_backend = open_backend(backend, fake_gpus)
+        gpu_backend = open_backend(backend, fake_gpus, fake_control)
         inventory = gpu_backend.snapshot()
     except (InventoryError, ValueError) as exc:
         log.error("cannot open the GPU backend: %s", exc)

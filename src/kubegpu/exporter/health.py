@@ -1,11 +1,18 @@
-"""A thread-safe running tally of GPU health and Xid counts, fed by health events.
+"""A thread-safe running tally of GPU health and Xid counts, fed by one health judge.
 
-Inside the node agent (``exporter.enabled``) the agent's health monitor is the one source: its
+Health has one rule in kubegpu: the node agent's :class:`~kubegpu.inventory.health.
+HealthMonitor` (the device plugin's :class:`~kubegpu.core.health.HealthCheckPolicy`, lost GPUs
+back only on ``RECOVERED``, and ``health.recoverAfterHealthyChecks`` quiet checks bringing an
+Xid-struck GPU back). This module never judges an event itself, so the exporter's
+``kubegpu_gpu_healthy`` and the labeller's ``kubegpu.io/gpu.healthy-count`` cannot disagree
+with what the device plugin tells the kubelet.
+
+Inside the node agent (``exporter.enabled``) the agent's monitor is the one source: its
 verdicts arrive through :meth:`HealthFeed.set_healthy` and every event it reads through
-:meth:`HealthFeed.count`, which counts Xids without judging health (no second NVML event set,
-no second opinion). Run standalone (``kubegpu exporter`` / ``kubegpu labels``),
-:meth:`HealthFeed.watch` opens one watcher thread per GPU on the backend. Listeners are told
-after each event (the labeller relabels at once when health changes).
+:meth:`HealthFeed.count`, which counts Xids (no second NVML event set, no second opinion).
+Run standalone (``kubegpu exporter`` / ``kubegpu labels``), :meth:`HealthFeed.watch` runs a
+monitor of the same class with the same policy, wired the same way. Listeners are told after
+each change (the labeller relabels at once when health changes).
 """
 
 from __future__ import annotations
@@ -14,10 +21,11 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
-from kubegpu.core.gpu import GpuUuid
+from kubegpu.core.gpu import GpuUuid, NodeInventory
 from kubegpu.core.health import HealthCheckPolicy, HealthEvent
-from kubegpu.core.metrics import HealthTally, count_xid, tally_event
+from kubegpu.core.metrics import HealthTally, count_xid
 from kubegpu.inventory.backend import GpuBackend
+from kubegpu.inventory.health import HealthMonitor
 
 log = logging.getLogger(__name__)
 
@@ -31,16 +39,10 @@ class HealthFeed:
         self._tally = HealthTally()
         self._gpus = tuple(gpus)
         self._listeners: list[Callable[[], None]] = []
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._monitor: HealthMonitor | None = None
 
     def add_listener(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
-
-    def record(self, event: HealthEvent) -> None:
-        with self._lock:
-            self._tally = tally_event(self._tally, event, self._gpus, self._policy)
-        self._notify()
 
     def count(self, event: HealthEvent) -> None:
         """Count an event's Xid, leaving health to :meth:`set_healthy`'s judge."""
@@ -49,8 +51,8 @@ class HealthFeed:
         self._notify()
 
     def set_healthy(self, uuid: GpuUuid, healthy: bool) -> None:
-        """Take a health verdict from an authoritative judge: inside the node agent, its
-        HealthMonitor's ``on_change`` (which applies recovery rules this tally does not)."""
+        """Take a health verdict from the judge: a :class:`HealthMonitor`'s ``on_change`` (the
+        node agent's, or the one :meth:`watch` runs)."""
         with self._lock:
             self._tally = self._tally.with_health(uuid, healthy)
         self._notify()
@@ -67,33 +69,34 @@ class HealthFeed:
         tally = self.tally()
         return {uuid: tally.healthy(uuid) for uuid in self._gpus}
 
-    def watch(self, backend: GpuBackend, gpus: Iterable[GpuUuid], poll_s: float = 1.0) -> None:
-        """Start one daemon thread per GPU reading ``backend.watch_health``."""
-        self._gpus = tuple(gpus)
-        for uuid in self._gpus:
-            thread = threading.Thread(
-                target=self._watch_one,
-                args=(backend, uuid, poll_s),
-                name=f"kubegpu-health-{uuid}",
-                daemon=True,
-            )
-            thread.start()
-            self._threads.append(thread)
-
-    def _watch_one(self, backend: GpuBackend, uuid: GpuUuid, poll_s: float) -> None:
-        watcher = backend.watch_health(uuid)
-        try:
-            while not self._stop.is_set():
-                for event in watcher.wait(poll_s):
-                    log.info("gpu %s: health event %s xid=%s", uuid, event.kind.value, event.xid)
-                    self.record(event)
-        except Exception:
-            log.exception("gpu %s: health watcher failed; health metrics may be stale", uuid)
-        finally:
-            watcher.close()
+    def watch(
+        self,
+        backend: GpuBackend,
+        inventory: NodeInventory,
+        *,
+        node_name: str = "",
+        poll_timeout_s: float | None = None,
+    ) -> None:
+        """Judge the GPUs of ``inventory`` here, with the node agent's monitor and this feed's
+        policy. ``poll_timeout_s`` is one health check (the monitor's default, as the agent
+        runs it, unless a test shortens it); ``recoverAfterHealthyChecks`` counts those."""
+        if self._monitor is not None:
+            raise RuntimeError("HealthFeed.watch() called twice")
+        self._gpus = tuple(gpu.uuid for gpu in inventory.gpus)
+        timing = {} if poll_timeout_s is None else {"poll_timeout_s": poll_timeout_s}
+        monitor = HealthMonitor(
+            backend,
+            inventory,
+            self._policy,
+            lambda uuid, healthy, _reason: self.set_healthy(uuid, healthy),
+            node_name=node_name,
+            on_event=self.count,
+            **timing,
+        )
+        monitor.start()
+        self._monitor = monitor
 
     def close(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout_s)
-        self._threads.clear()
+        if self._monitor is not None:
+            self._monitor.stop(timeout_s)
+            self._monitor = None

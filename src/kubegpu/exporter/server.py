@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from kubegpu.core.gpu import GpuUuid, NodeInventory
-from kubegpu.core.health import HealthEvent
 from kubegpu.core.metrics import MetricsSource
 from kubegpu.exporter.cgroups import ProcPodResolver
 from kubegpu.exporter.collector import GpuCollector
@@ -102,12 +101,8 @@ class RunningExporter:
         """Run ``close`` after the server and refresher have stopped."""
         self._on_stop.append(close)
 
-    def record_health_event(self, event: HealthEvent) -> None:
-        """For the node agent: a raw health event (counted by Xid, folded into health)."""
-        self.health.record(event)
-
     def set_gpu_health(self, uuid: GpuUuid, healthy: bool) -> None:
-        """For the node agent: its health monitor's verdict, which wins over the fold."""
+        """For the node agent: its health monitor's verdict."""
         self.health.set_healthy(uuid, healthy)
 
     def stop(self) -> None:
@@ -136,9 +131,8 @@ def start_exporter(
 ) -> RunningExporter:
     """Start the refresher and the HTTP server in daemon threads and return at once.
 
-    The node agent calls this with its own backend's ``snapshot`` and forwards its health
-    events through :meth:`RunningExporter.record_health_event`; the CLI does the same with a
-    :class:`HealthFeed` that watches the backend itself.
+    The node agent calls this with its own backend's ``snapshot`` and a :class:`HealthFeed`
+    its health monitor feeds; the CLI passes a feed that runs a monitor of its own.
     """
     health = health or HealthFeed()
     refresher = Refresher(
@@ -198,13 +192,15 @@ def start_node_exporter(
 ) -> RunningExporter:
     """The exporter for an open GPU backend, in this process: what the node agent calls.
 
-    ``watch_health`` opens the exporter's own watcher per GPU (NVML delivers every event to
-    every event set, so this does not steal events from the agent's monitor) to count Xids;
-    the agent may also push its monitor's verdicts with
-    :meth:`RunningExporter.set_gpu_health`. ``pod_resources_socket=None`` skips the kubelet.
+    ``watch_health`` makes ``health`` run its own health monitor on the backend (one watcher
+    per GPU; NVML delivers every event to every event set, so this steals nothing from another
+    monitor), judging with the feed's policy exactly as the agent does; without it, the
+    caller feeds verdicts and events (the agent, from its monitor). ``pod_resources_socket=None``
+    skips the kubelet.
     Stopping the returned exporter closes what this function opened, not the backend.
     """
-    uuids = [gpu.uuid for gpu in backend.snapshot().gpus]
+    inventory = backend.snapshot()
+    uuids = [gpu.uuid for gpu in inventory.gpus]
     # What this function opens, closed in reverse when the exporter stops, or at once when it
     # cannot start (a taken port): a node agent that retries on every SIGHUP must not pile up
     # watcher threads and gRPC channels.
@@ -216,7 +212,7 @@ def start_node_exporter(
         feed = health if health is not None else HealthFeed(uuids)
         if watch_health:
             opened.append(feed.close)
-            feed.watch(backend, uuids)
+            feed.watch(backend, inventory, node_name=settings.node_name)
         client = None
         if pod_resources_socket is not None:
             client = KubeletPodResources(pod_resources_socket)

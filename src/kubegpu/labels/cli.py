@@ -73,6 +73,12 @@ def _sink(kind: str, nfd_file: Path, node_name: str) -> LabelSink:
 )
 @click.option("--fake-gpus", default=None, help="Fake node: preset name or spec file.")
 @click.option(
+    "--fake-control",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Fake backend: unix socket for injecting Xids / losing GPUs from outside.",
+)
+@click.option(
     "--sink",
     type=click.Choice(["nfd", "node", "stdout"]),
     default="stdout",
@@ -125,6 +131,7 @@ def _sink(kind: str, nfd_file: Path, node_name: str) -> LabelSink:
 def labels_command(
     backend: str,
     fake_gpus: str | None,
+    fake_control: Path | None,
     sink: str,
     nfd_file: Path,
     node_name: str | None,
@@ -158,7 +165,7 @@ def labels_command(
         gpu_share=sharing.gpu_share,
     )
     try:
-        gpu_backend = open_backend(backend, fake_gpus)
+        gpu_backend = open_backend(backend, fake_gpus, fake_control)
         inventory = gpu_backend.snapshot()
     except (InventoryError, ValueError) as exc:
         log.error("cannot open the GPU backend: %s", exc)
@@ -191,7 +198,7 @@ def labels_command(
             gpu_backend.close()
         return
     health.add_listener(labeller.notify)
-    health.watch(gpu_backend, [gpu.uuid for gpu in inventory.gpus])
+    health.watch(gpu_backend, inventory, node_name=node)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: labeller.stop())
     thread = threading.Thread(target=labeller.run, name="kubegpu-labeller")
