@@ -191,7 +191,57 @@ flags:
         node.plugin.wait_for_log("pre-start for devices", timeout_s=10)
     finally:
         assert node.close() == 0
-    assert not list(cdi_dir.glob("*.json"))
+    # Kept on exit: containers restarted while the agent is down still resolve their names.
+    assert json.loads(spec_files[0].read_text()) == spec
+
+
+CDI_CONFIG = """\
+version: v1
+flags:
+  plugin:
+    deviceListStrategy: [cdi-cri]
+    cdiDir: {cdi_dir}
+    cdiKind: {kind}
+"""
+
+
+def test_cdi_spec_is_rewritten_at_start_follows_a_reload_and_outlives_the_agent(
+    tempdir: Path,
+) -> None:
+    cdi_dir = tempdir / "cdi"
+    cdi_dir.mkdir()
+    # What nvidia-ctk leaves there (another owner's file: never touched), and a spec of ours
+    # from an earlier run that no longer matches the node.
+    foreign = cdi_dir / "nvidia.yaml"
+    foreign.write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n")
+    ours = cdi_dir / "kubegpu-k8s.kubegpu.io-gpu.json"
+    ours.write_text('{"kind": "k8s.kubegpu.io/gpu", "devices": []}\n')
+    config = write(
+        tempdir / "config.yaml", CDI_CONFIG.format(cdi_dir=cdi_dir, kind="k8s.kubegpu.io/gpu")
+    )
+    node = Node(tempdir, preset="4xT4", config=config)
+    try:
+        kubelet = node.kubelet
+        kubelet.wait_for_devices(RESOURCE, lambda d: len(d) == 4, timeout_s=30)
+        spec = json.loads(ours.read_text())
+        assert {d["name"] for d in spec["devices"]} == {*T4_UUIDS, "all"}
+
+        # A reload to another kind writes that spec and removes ours of the old kind, whose
+        # names are no longer handed out.
+        registrations = len(kubelet.registrations)
+        write(config, CDI_CONFIG.format(cdi_dir=cdi_dir, kind="example.com/gpu"))
+        node.plugin.send(signal.SIGHUP)
+        kubelet.wait_for_registration(RESOURCE, timeout_s=20, count=registrations + 1)
+        renamed = cdi_dir / "kubegpu-example.com-gpu.json"
+        assert json.loads(renamed.read_text())["kind"] == "example.com/gpu"
+        assert not ours.exists()
+        response = kubelet.allocate_raw(RESOURCE, [T4_UUIDS[1]])
+        assert response.cdi_devices == (f"example.com/gpu={T4_UUIDS[1]}",)
+    finally:
+        assert node.close() == 0
+    assert json.loads(renamed.read_text())["kind"] == "example.com/gpu"
+    assert foreign.read_text().startswith("cdiVersion: 0.5.0")
+    assert sorted(p.name for p in cdi_dir.iterdir()) == [renamed.name, foreign.name]
 
 
 def test_renamed_shared_subset_is_served_beside_whole_gpus(tempdir: Path) -> None:

@@ -66,7 +66,9 @@ class PluginFlags(_Model):
     # NVIDIA spells it with a capital ID, which the camelCase generator would not produce.
     device_id_strategy: Literal["uuid", "index"] = Field(default="uuid", alias="deviceIDStrategy")
     cdi_annotation_prefix: str = "cdi.k8s.io/"
-    # Where the CDI spec file goes when a `cdi-*` device list strategy is on.
+    # Where the CDI spec file goes when a `cdi-*` device list strategy is on. Rewritten
+    # atomically at start and on every config change, and kept when the agent stops, so a
+    # container restarted meanwhile still resolves its CDI names.
     cdi_dir: str = "/var/run/cdi"
     # The CDI spec's vendor/class, also the prefix of every CDI device name `Allocate` returns.
     # A kind of our own, as NVIDIA's plugin has `k8s.device-plugin.nvidia.com/gpu`: nvidia-ctk

@@ -223,7 +223,7 @@ class Agent:
         self.registrations: dict[str, asyncio.Task[None]] = {}
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self._monitor: Monitor | None = None
-        self._cdi_kind: str | None = None
+        self._cdi_spec: Path | None = None  # the CDI spec file this agent last wrote
         self._kubelet_socket: tuple[int, int] | None = None
         self.registered_count = 0  # successful Register calls, for logs and tests
         # resource -> identity of the kubelet.sock it was registered through (readiness).
@@ -304,7 +304,8 @@ class Agent:
             await self._stop_sharing()
             await self._stop_inventory_publisher()
             await self._stop_health()
-            self._remove_cdi()
+            # The CDI spec stays: containers restarted while the agent is down or rolling out
+            # resolve their CDI names through it (the next start rewrites it atomically).
         return 0
 
     async def _handle(self, pending: set[Event]) -> None:
@@ -686,20 +687,25 @@ class Agent:
     # -- CDI -------------------------------------------------------------------------------------
 
     def _write_cdi(self) -> None:
-        plugin = self.config.flags.plugin
-        if not self.config.uses_cdi:
-            return
-        spec = cdi.cdi_spec(
-            all_gpus(self.plans), plugin.cdi_kind, plugin.device_id_strategy, plugin.dev_root
-        )
-        path = cdi.write_spec(Path(plugin.cdi_dir), spec)
-        self._cdi_kind = plugin.cdi_kind
-        log.info("node %s: wrote CDI spec %s (%d GPUs)", self.node, path, len(spec["devices"]) - 1)
+        """Write the CDI spec of the current config (atomically: never absent, never half).
 
-    def _remove_cdi(self) -> None:
-        if self._cdi_kind is not None:
-            cdi.remove_spec(Path(self.config.flags.plugin.cdi_dir), self._cdi_kind)
-            self._cdi_kind = None
+        A spec this agent wrote under another kind or directory (before a reload) is removed:
+        its names are no longer handed out, and an old kind may clash with another vendor's.
+        """
+        plugin = self.config.flags.plugin
+        path: Path | None = None
+        if self.config.uses_cdi:
+            spec = cdi.cdi_spec(
+                all_gpus(self.plans), plugin.cdi_kind, plugin.device_id_strategy, plugin.dev_root
+            )
+            path = cdi.write_spec(Path(plugin.cdi_dir), spec)
+            log.info(
+                "node %s: wrote CDI spec %s (%d GPUs)", self.node, path, len(spec["devices"]) - 1
+            )
+        previous, self._cdi_spec = self._cdi_spec, path
+        if previous is not None and previous != path:
+            previous.unlink(missing_ok=True)
+            log.info("node %s: removed CDI spec %s of the previous config", self.node, previous)
 
     # -- reload ----------------------------------------------------------------------------------
 
@@ -719,7 +725,6 @@ class Agent:
             return False
         log.info("node %s: config changed; restarting with %s", self.node, render_config(new))
         await self._stop_servers()
-        self._remove_cdi()
         health_changed = new.health != self.config.health
         probes_changed = new.flags.health_listen != self.config.flags.health_listen
         exporter_changed = new.exporter != self.config.exporter

@@ -1,8 +1,11 @@
 """The CDI spec file that lets a CDI-enabled runtime resolve the names ``Allocate`` returns.
 
 Written only when a CDI device-list strategy is on, atomically (temp file + rename in the same
-directory) so the runtime never reads half a spec, and removed when the agent exits. Device
-names follow the device-id strategy so they match what ``Allocate`` hands out.
+directory) so the runtime never reads half a spec, at start and on every config change. It is
+*kept* when the agent exits: a container restarted while the agent is down or being rolled out
+still has to resolve the CDI names ``Allocate`` gave it. Device names follow the device-id
+strategy so they match what ``Allocate`` hands out; the kind is our own (``flags.plugin.cdiKind``)
+so the spec never clashes with the ``nvidia.com/gpu`` one nvidia-ctk writes beside it.
 """
 
 from __future__ import annotations
@@ -71,7 +74,3 @@ def write_spec(cdi_dir: Path, spec: dict[str, Any]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
-
-
-def remove_spec(cdi_dir: Path, kind: str) -> None:
-    spec_path(cdi_dir, kind).unlink(missing_ok=True)
