@@ -30,7 +30,7 @@ def work_dir() -> Iterator[Path]:
 class DemoProcess:
     """``python -m kubegpu demo ...`` with its output collected on a thread."""
 
-    def __init__(self, work_dir: Path, *args: str) -> None:
+    def __init__(self, work_dir: Path, *args: str, cwd: Path | None = None) -> None:
         self.work_dir = work_dir
         self.pid_file = work_dir.parent / f"{work_dir.name}.pids"
         self.summary_json = work_dir.parent / f"{work_dir.name}.summary.json"
@@ -55,6 +55,7 @@ class DemoProcess:
             stdin=subprocess.DEVNULL,
             text=True,
             env=env,
+            cwd=cwd,
         )
         self._lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -143,8 +144,8 @@ def demo_process(work_dir: Path) -> Iterator[type[DemoProcess]]:
     started: list[DemoProcess] = []
 
     class Tracked(DemoProcess):
-        def __init__(self, work_dir: Path, *args: str) -> None:
-            super().__init__(work_dir, *args)
+        def __init__(self, work_dir: Path, *args: str, cwd: Path | None = None) -> None:
+            super().__init__(work_dir, *args, cwd=cwd)
             started.append(self)
 
     try:

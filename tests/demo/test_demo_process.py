@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 from collections import defaultdict
 from pathlib import Path
@@ -22,6 +23,42 @@ from tests.demo.conftest import DemoProcess, alive_kubegpu_processes, sockets_un
 pytestmark = pytest.mark.slow
 
 COMPONENTS = {"fake-apiserver", "extender"}
+REPO = Path(__file__).resolve().parents[2]
+PROGRESS = re.compile(
+    r"^progress +[\d.]+ s: (\d+)/(\d+) submitted, (\d+) bound, (\d+) running, "
+    r"(\d+) refused, (\d+) failed$",
+    re.M,
+)
+
+
+def assert_progress_was_shown(out: str, total: int) -> None:
+    """Progress lines (the demo's output is a pipe here, not a terminal) between "replaying"
+    and "settled": the first before every pod was submitted, the last with all settled."""
+    replay = out.split("replaying", 1)[1].split("settled in", 1)[0]
+    seen = [tuple(int(n) for n in m.groups()) for m in PROGRESS.finditer(replay)]
+    assert len(seen) >= 2, replay
+    assert all(t == total for _, t, *_ in seen)
+    assert seen[0][0] < total
+    submitted, _, _, running, refused, failed = seen[-1]
+    assert submitted == total and running + refused + failed == total
+    assert [s[0] for s in seen] == sorted(s[0] for s in seen)
+
+
+def assert_refused_pods_carry_their_reasons(out: str, summary: dict[str, Any], nodes: int) -> None:
+    """Every refused pod has a line of its own with what it asked for and why each node said no."""
+    refused = summary["refused"]
+    assert len(refused) == summary["pods_refused"]
+    section = out.split("refused pods (why, per node):", 1)[1]
+    for pod in refused:
+        line = f"  {pod['pod']} ({pod['request']}): {pod['reason']}"
+        assert line in section, pod
+        # "NODES: reason; NODES: reason": every node says why, once.
+        named = [
+            node
+            for part in pod["reason"].split("; ")
+            for node in part.split(": ", 1)[0].split(", ")
+        ]
+        assert sorted(named) == [f"gpu-node-{i}" for i in range(nodes)], pod
 
 
 def assert_nothing_left(demo: DemoProcess, work_dir: Path, nodes: int) -> None:
@@ -54,7 +91,40 @@ def test_demo_replays_the_scenario_prints_inspect_and_a_summary_and_cleans_up(
     assert summary["pods_running"] + summary["pods_refused"] + summary["pods_failed"] == 40
     assert summary["over_committed"] == []
     assert summary["cards_total"] == 8 + 4 + 4
+    assert_progress_was_shown(out, 40)
+    # The built-in scenario over-asks on purpose: some pods are refused, each with its reason,
+    # and the grouped reasons stay.
+    assert summary["pods_refused"] > 0
+    assert "top refusal reasons (pod x node):" in out
+    assert_refused_pods_carry_their_reasons(out, summary, nodes=3)
     assert_nothing_left(demo, work_dir, nodes=3)
+
+
+OPENB = REPO.parent / "shared" / "traces" / "openb"
+
+
+@pytest.mark.skipif(not OPENB.is_dir(), reason=f"no openb trace at {OPENB}")
+def test_demo_replays_a_slice_of_the_openb_trace(
+    work_dir: Path, demo_process: type[DemoProcess]
+) -> None:
+    # As the README says to run it, from the repository root ("openb" is relative to it).
+    demo = demo_process(work_dir, "--trace", "openb", "--nodes", "4", cwd=REPO)
+    code = demo.wait(180)
+    out = demo.output
+    assert code == 0, out
+    assert "pods from the openb trace" in out
+    table = out.split("kubectl gpu inspect:", 1)[1].split("summary:", 1)[0]
+    cards = table.split("cluster:", 1)[0]
+    assert cards.count("node gpu-node-") == 4
+    # A non-empty allocation table: trace pods on cards.
+    assert re.search(r"default/openb-pod-\d+", cards), table
+    summary = json.loads(demo.summary_json.read_text())
+    assert summary["pods_submitted"] == 40  # the default slice
+    assert summary["pods_running"] > 0 and summary["cards_used"] > 0
+    assert summary["over_committed"] == []
+    assert_progress_was_shown(out, 40)
+    assert_refused_pods_carry_their_reasons(out, summary, nodes=4)
+    assert_nothing_left(demo, work_dir, nodes=4)
 
 
 def _audit_cards(pods: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> dict[str, list[int]]:

@@ -14,7 +14,13 @@ from kubegpu.demo.scenario import (
     take,
     trace_pods,
 )
-from kubegpu.demo.summary import reason_template, render_summary, summarize
+from kubegpu.demo.summary import (
+    describe_request,
+    pod_reason,
+    reason_template,
+    render_summary,
+    summarize,
+)
 from kubegpu.inventory.spec import parse_fake_spec
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
@@ -135,7 +141,19 @@ def test_summary_counts_cards_and_packing_and_flags_an_over_committed_card() -> 
     assert (fine.pods_running, fine.pods_refused) == (2, 1)
     assert fine.over_committed == ()
     assert fine.top_reasons[0].reason == "largest free card has N MiB, pod needs N MiB"
-    assert any("none (every card" in line for line in render_summary(fine))
+    lines = render_summary(fine)
+    assert any("none (every card" in line for line in lines)
+    # The refused pod is named with its reason, after the grouped reasons.
+    (refused_pod,) = fine.refused
+    assert refused_pod.pod == "default/r"
+    assert refused_pod.reason == "n: largest free card has 0 MiB, pod needs 100 MiB"
+    assert "  default/r (no GPU): n: largest free card has 0 MiB, pod needs 100 MiB" in lines
+    assert lines.index("refused pods (why, per node):") > lines.index(
+        "top refusal reasons (pod x node):"
+    )
+    # Without the scheduler's per-node reasons, the pod's PodScheduled message stands in.
+    (alone,) = summarize(nodes, [refused]).refused
+    assert alone.reason == "0/1 ..."
 
     over = summarize(
         nodes, [_pod("a", "n", 1, 600, 8000, True), _pod("b", "n", 1, 600, 8000, True)]
@@ -154,3 +172,31 @@ def test_reason_templates_drop_the_node_and_the_numbers() -> None:
         reason_template("n: GPU models NVIDIA A100-SXM4-80GB, pod allows Tesla T4")
         == "GPU models NVIDIA A100-SXM4-80GB, pod allows Tesla T4"
     )
+
+
+def test_a_pod_s_reason_groups_the_nodes_that_gave_the_same_one() -> None:
+    by_node = {
+        "gpu-node-2": "gpu-node-2: largest free card has 1024 MiB, pod needs 8192 MiB",
+        "gpu-node-0": "Insufficient nvidia.com/gpu",
+        "gpu-node-1": "Insufficient nvidia.com/gpu",
+        "gpu-node-3": "gpu-node-3: largest free card has 2048 MiB, pod needs 8192 MiB",
+    }
+    assert pod_reason(by_node) == (
+        "gpu-node-0, gpu-node-1: Insufficient nvidia.com/gpu; "
+        "gpu-node-2: largest free card has 1024 MiB, pod needs 8192 MiB; "
+        "gpu-node-3: largest free card has 2048 MiB, pod needs 8192 MiB"
+    )
+    # Only the node's own name is taken off the front.
+    assert pod_reason({"a": "b: x"}) == "a: b: x"
+    assert pod_reason({"-": "extender unreachable"}) == "extender unreachable"
+
+
+def test_a_refused_pod_s_request_is_described_as_the_extender_reads_it() -> None:
+    whole = pod_manifest(DemoPod("w", 1, 1, gpus=2), scheduler_name="s")
+    shared = pod_manifest(
+        DemoPod("s", 1, 1, gpu_milli=300, gpu_memory_mib=8192), scheduler_name="s"
+    )
+    cpu = pod_manifest(DemoPod("c", 1, 1), scheduler_name="s")
+    assert describe_request(whole) == "2 whole GPUs"
+    assert describe_request(shared) == "8192 MiB + 300 milli of one GPU"
+    assert describe_request(cpu) == "no GPU"

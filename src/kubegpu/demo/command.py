@@ -79,6 +79,9 @@ log = logging.getLogger(__name__)
 DEFAULT_TRACE = Path("../shared/traces/openb/openb_pod_list_default.csv")
 START_TIMEOUT_S = 60.0
 POLL_S = 0.1
+# Without a terminal (a pipe, a CI log) progress is plain lines, at most one per this many
+# seconds besides the first and the last, instead of bars redrawn in place.
+PROGRESS_LINE_S = 1.0
 
 AGENT_CONFIG = """\
 version: v1
@@ -370,6 +373,12 @@ class Progress:
     def settled(self, total: int) -> bool:
         return self.submitted == total and self.running + self.refused + self.failed == total
 
+    def line(self, total: int, elapsed_s: float) -> str:
+        return (
+            f"progress {elapsed_s:5.1f} s: {self.submitted}/{total} submitted, {self.bound} bound, "
+            f"{self.running} running, {self.refused} refused, {self.failed} failed"
+        )
+
 
 def count(pods: list[dict[str, Any]], outcomes: dict[str, Outcome]) -> Progress:
     from kubegpu.demo.summary import refused_condition
@@ -495,7 +504,11 @@ async def _submit_and_wait(
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    with Bar(*columns, transient=False) as bar:
+    bar = Bar(*columns, transient=False)
+    # rich draws bars only on a terminal (elsewhere just the final frame): lines otherwise.
+    lines = not bar.console.is_terminal
+    shown: tuple[Progress, float] | None = None
+    with contextlib.nullcontext() if lines else bar:
         rows = {
             name: bar.add_task(name, total=total)
             for name in ("submitted", "bound", "running", "refused", "failed")
@@ -515,11 +528,20 @@ async def _submit_and_wait(
             listing = client.list(Pod, namespace=DEMO_NAMESPACE, labels={DEMO_LABEL: "true"})
             current = [p.to_dict() async for p in listing]
             state = count(current, scheduler.outcomes)
-            for name, task_id in rows.items():
-                bar.update(task_id, completed=getattr(state, name))
-            if state.settled(total) and scheduler.idle():
+            done = state.settled(total) and scheduler.idle()
+            now = time.monotonic()
+            if lines:
+                if shown is None or (
+                    state != shown[0] and (done or now - shown[1] >= PROGRESS_LINE_S)
+                ):
+                    _echo(state.line(total, now - started))
+                    shown = (state, now)
+            else:
+                for name, task_id in rows.items():
+                    bar.update(task_id, completed=getattr(state, name))
+            if done:
                 break
-            if time.monotonic() > deadline:
+            if now > deadline:
                 raise DemoError(
                     f"pods did not settle within {run.options.timeout_s:g} s: {state}; "
                     f"scheduler queue {scheduler.queue_length}"

@@ -2,7 +2,8 @@
 
 Owns: counting pods by outcome, card usage and packing from the nodes' inventory annotations and
 the pods' allocation annotations (the same records the extender and ``kubegpu inspect`` read),
-an over-commit audit per card, and grouping refusal reasons. Pure: JSON in, values out.
+an over-commit audit per card, each refused pod's reason and the reasons grouped. Pure: JSON in,
+values out.
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from kubegpu.sharing.annotations import (
     decode_inventory,
 )
 from kubegpu.sharing.podstate import TERMINAL_PHASES, read_decision
+from kubegpu.sharing.resources import RequestError, RequestKind, gpu_request
 
 _NUMBER = re.compile(r"\b\d+\b")  # whole numbers only: model names keep theirs
+# Refused pods listed one per line on the terminal; the JSON summary has them all.
+MAX_REFUSED_SHOWN = 40
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,13 @@ class ReasonGroup:
 
 
 @dataclass(frozen=True)
+class RefusedPod:
+    pod: str  # namespace/name
+    request: str  # what it asked for, e.g. "2 whole GPUs", "8192 MiB + 300 milli of one GPU"
+    reason: str  # why, per node: the extender's (or the scheduler's) filter reasons
+
+
+@dataclass(frozen=True)
 class DemoSummary:
     nodes: int
     cards_total: int
@@ -69,6 +80,7 @@ class DemoSummary:
     failures: Mapping[str, str] = field(default_factory=dict)
     placements: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     cards: tuple[CardUse, ...] = ()
+    refused: tuple[RefusedPod, ...] = ()
 
     @property
     def memory_packed_pct(self) -> float:
@@ -107,6 +119,41 @@ def reason_template(reason: str) -> str:
     _, sep, rest = reason.partition(": ")
     text = rest if sep else reason
     return _NUMBER.sub("N", text)
+
+
+def _without_node(node: str, reason: str) -> str:
+    """The extender prefixes each node's reason with the node's name; the scheduler's own
+    (NodeResourcesFit) reasons have none."""
+    prefix = f"{node}: "
+    return reason[len(prefix) :] if reason.startswith(prefix) else reason
+
+
+def pod_reason(by_node: Mapping[str, str]) -> str:
+    """One pod's refusal, node -> reason, as one line: identical reasons share the list of
+    nodes they came from, the reason given on most nodes first.
+
+    {'a': 'a: needs 2 GPUs, 1 free', 'b': 'b: needs 2 GPUs, 1 free', 'c': 'Insufficient cpu'}
+    -> 'a, b: needs 2 GPUs, 1 free; c: Insufficient cpu'"""
+    nodes: dict[str, list[str]] = defaultdict(list)
+    for node, reason in sorted(by_node.items()):
+        nodes[_without_node(node, reason)].append(node)
+    ordered = sorted(nodes.items(), key=lambda item: (-len(item[1]), item[1][0], item[0]))
+    return "; ".join(
+        text if names == ["-"] else f"{', '.join(names)}: {text}" for text, names in ordered
+    )
+
+
+def describe_request(pod: Mapping[str, Any]) -> str:
+    """What a pod asks of the GPUs, in the words of the inspect table."""
+    try:
+        request = gpu_request(pod)
+    except RequestError as exc:
+        return f"unreadable request: {exc}"
+    if request.kind is RequestKind.WHOLE:
+        return f"{request.whole_gpus} whole GPU{'s' if request.whole_gpus != 1 else ''}"
+    if request.kind is RequestKind.SHARED:
+        return f"{request.gpu_memory_mib} MiB + {request.compute_milli} milli of one GPU"
+    return "no GPU"
 
 
 def group_reasons(refusals: Mapping[str, Mapping[str, str]], top: int = 5) -> list[ReasonGroup]:
@@ -158,6 +205,7 @@ def summarize(
     failures: dict[str, str] = {}
     placements: dict[str, dict[str, Any]] = {}
     reasons: dict[str, Mapping[str, str]] = {}
+    refused_pods: list[RefusedPod] = []
     pod_list = list(pods)
     for pod in pod_list:
         key = _key(pod)
@@ -172,6 +220,7 @@ def summarize(
         elif not bound and (message := refused_condition(pod)) is not None:
             refused += 1
             reasons[key] = (refusals or {}).get(key) or {"-": message}
+            refused_pods.append(RefusedPod(key, describe_request(pod), pod_reason(reasons[key])))
         else:
             pending += 1
         decision, _ = read_decision(pod)
@@ -233,6 +282,7 @@ def summarize(
         failures=failures,
         placements=placements,
         cards=uses,
+        refused=tuple(sorted(refused_pods, key=lambda r: r.pod)),
     )
 
 
@@ -264,6 +314,14 @@ def render_summary(summary: DemoSummary) -> list[str]:
         for g in s.top_reasons:
             example = f"; e.g. {g.example}" if g.example != g.reason else ""
             lines.append(f"  {g.count:>3} x {g.reason}  [{g.pods} pods{example}]")
+    if s.refused:
+        lines.append("refused pods (why, per node):")
+        for r in s.refused[:MAX_REFUSED_SHOWN]:
+            lines.append(f"  {r.pod} ({r.request}): {r.reason}")
+        if len(s.refused) > MAX_REFUSED_SHOWN:
+            lines.append(
+                f"  ... and {len(s.refused) - MAX_REFUSED_SHOWN} more (all in --summary-json)"
+            )
     for pod, message in sorted(s.failures.items()):
         lines.append(f"failed {pod}: {message}")
     return lines
