@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from collections.abc import AsyncIterator, Callable
 
 from kubegpu.kube.view import Backoff, ClusterView
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION
-from kubegpu.testing.apiserver import FakeApiServer
+from kubegpu.testing.apiserver import FakeApiServer, make_pod
 from tests.extender.cluster import gpu_node, whole_pod
 
 
@@ -92,7 +93,9 @@ async def test_relists_when_the_resume_version_has_expired() -> None:
             server.store.remove("pods", "default", "a")
             for i in range(10):
                 server.store.put("nodes", gpu_node(f"m{i}"))
-            await eventually(lambda: view.relists > relists and len(view.nodes) == 11, "relist")
+            # Both loops relist (nodes and pods), in either order.
+            await eventually(lambda: view.relists >= relists + 2, "both relists")
+            assert len(view.nodes) == 11
             assert view.usages_on("n1") == []  # the deletion it missed is reflected
 
 
@@ -123,3 +126,94 @@ async def test_malformed_allocation_annotation_is_logged_not_fatal(caplog) -> No
             usage = view.usages_on("n1")
     assert [u.cards for u in usage] == [()]
     assert "annotation kubegpu.io/gpu-allocation: not JSON" in caplog.text
+
+
+def plain_pod(name: str) -> dict[str, object]:
+    """A pod without GPUs: the view keeps its JSON (for binds) but charges it nothing."""
+    pod = make_pod(name, requests={"cpu": "100m"})
+    pod["spec"]["nodeName"] = "n1"  # type: ignore[index]
+    return pod
+
+
+async def test_per_pod_state_follows_the_live_pods_through_churn() -> None:
+    now = [0.0]
+    async with FakeApiServer() as server:
+        server.store.put("nodes", gpu_node("n1", cards=8))
+        async with watching(server, tombstone_s=60.0, clock=lambda: now[0]) as view:
+            for wave in range(5):
+                names = [f"w{wave}-{i}" for i in range(40)]
+                for i, name in enumerate(names):
+                    server.store.put("pods", bound(name, "n1") if i % 2 else plain_pod(name))
+                for name in names[:30]:  # most go again; ten of each wave stay
+                    server.store.remove("pods", "default", name)
+                now[0] += 1.0
+            live = len(server.store.list("pods"))
+            assert live == 50
+            await eventually(lambda: view.bookkeeping()["pods"] == live, "churn applied")
+            kept = view.bookkeeping()
+            assert kept["uids"] == kept["versions"] == live
+            assert kept["observed"] == kept["on_node"] == live  # all bound: each holds its CPU
+            assert kept["tombstones"] == 150  # deletions of the last minute
+            # A minute later, one more deletion: the old tombstones are let go.
+            now[0] += 61.0
+            server.store.remove("pods", "default", "w4-39")
+            await eventually(lambda: view.bookkeeping()["pods"] == live - 1, "deletion seen")
+            assert view.bookkeeping()["tombstones"] == 1
+            assert view.bookkeeping()["versions"] == live - 1
+
+
+async def test_a_reply_in_flight_when_its_pod_was_deleted_does_not_bring_it_back() -> None:
+    async with FakeApiServer() as server:
+        server.store.put("nodes", gpu_node("n1"))
+        async with watching(server) as view:
+            reply = server.store.put(
+                "pods", bound("a", "n1")
+            )  # e.g. a patch reply, not applied yet
+            await eventually(lambda: bool(view.usages_on("n1")), "pod seen")
+            server.store.remove("pods", "default", "a")
+            await eventually(lambda: not view.usages_on("n1"), "deletion seen")
+            view.apply_pod(reply)  # the bind applying the reply it got before the deletion
+            assert view.usages_on("n1") == []
+            assert ("default", "a") not in view.pod_json
+
+
+async def test_a_relist_forgets_every_pod_deleted_while_the_watch_was_down() -> None:
+    async with FakeApiServer(history_size=3) as server:
+        server.store.put("nodes", gpu_node("n1"))
+        server.store.put("pods", bound("gpu", "n1"))
+        # Pending pods without GPUs hold nothing (not in view.observed), only their JSON.
+        server.store.put("pods", make_pod("plain", requests={"cpu": "100m"}))
+        server.store.put("pods", make_pod("stays", requests={"cpu": "100m"}))
+        async with watching(server, backoff=Backoff(0.01, 0.01)) as view:
+            relists = view.relists
+            await eventually(lambda: server.store.open_watches == 2, "both watches open")
+            server.drop_watches(abrupt=True)
+            server.store.remove("pods", "default", "gpu")
+            server.store.remove("pods", "default", "plain")
+            for i in range(10):
+                server.store.put("nodes", gpu_node(f"m{i}"))
+            # Both loops relist (nodes and pods), in either order.
+            await eventually(lambda: view.relists >= relists + 2, "both relists")
+            assert len(view.nodes) == 11
+            assert set(view.pod_json) == {("default", "stays")}
+            kept = view.bookkeeping()
+            assert kept["uids"] == kept["versions"] == kept["pods"] == 1
+            assert kept["observed"] == 0
+
+
+async def test_the_deletion_of_a_pod_leaves_a_namesake_created_since_alone() -> None:
+    async with FakeApiServer() as server:
+        server.store.put("nodes", gpu_node("n1"))
+        async with watching(server) as view:
+            old = server.store.put("pods", bound("a", "n1"))
+            await eventually(lambda: ("default", "a") in view.pod_json, "pod seen")
+            # A bind read the namesake created after a deletion the watch has not told of yet.
+            new = copy.deepcopy(old)
+            new["metadata"]["uid"] = "uid-of-the-namesake"
+            new["metadata"]["resourceVersion"] = str(int(old["metadata"]["resourceVersion"]) + 2)
+            view.apply_pod(new)
+            gone = copy.deepcopy(old)
+            gone["metadata"]["resourceVersion"] = str(int(old["metadata"]["resourceVersion"]) + 1)
+            view.apply_pod(gone, deleted=True)  # then the watch's DELETED of the old one
+            assert view.pod_json[("default", "a")]["metadata"]["uid"] == "uid-of-the-namesake"
+            assert [u.uid for u in view.usages_on("n1")] == ["uid-of-the-namesake"]

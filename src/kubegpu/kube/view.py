@@ -4,8 +4,10 @@ Each resource runs one loop: list (remembering the list's resourceVersion), then
 an event carries the version to resume from; a dropped stream resumes from the last version
 after a bounded backoff; 410 Expired relists. Pods are applied by UID with a resourceVersion
 guard, so a stale event (or a relist older than a patch reply we applied ourselves) never rolls a
-pod back. Local *reservations* (a bind in flight) sit beside the observed pods and win over
-them until the bind settles.
+pod back. A deleted pod's UID is remembered for a while (UIDs never come back, so a reply about
+it that was in flight when it went is stale) and then forgotten: per-pod state stays
+proportional to the live pods however many come and go. Local *reservations* (a bind in
+flight) sit beside the observed pods and win over them until the bind settles.
 
 Consumers read :attr:`ClusterView.dirty_nodes` (nodes whose usage changed) and
 :attr:`ClusterView.topology_version` (bumped when a node appears or disappears; a node whose
@@ -16,7 +18,9 @@ incrementally.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +92,8 @@ class ClusterView:
         backoff: Backoff | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         watch_timeout_s: int = 300,
+        tombstone_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.names = names or ResourceNames()
@@ -98,7 +104,12 @@ class ClusterView:
         self.observed: dict[str, PodUsage] = {}  # uid -> what the API says the pod holds
         self.reservations: dict[str, PodUsage] = {}  # uid -> a bind in flight
         self.pod_json: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> pod
-        self._pod_rv: dict[str, int] = {}  # uid -> newest resourceVersion applied (tombstones too)
+        self._pod_rv: dict[str, int] = {}  # uid -> newest resourceVersion applied, live pods
+        # uid -> when its deletion was applied, oldest first; kept tombstone_s (far longer than
+        # any API call whose reply could still be applied: a bind's get / patch / clear).
+        self._tombstones: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self.tombstone_s = tombstone_s
+        self._clock = clock
         self._uid_key: dict[str, tuple[str, str]] = {}
         self.dirty_nodes: set[str] = set()
         self._on_node: dict[str, set[str]] = {}  # node -> uids whose effective usage is there
@@ -126,6 +137,20 @@ class ClusterView:
         found = (self.usage(uid) for uid in self._on_node.get(node, ()))
         return [u for u in found if u is not None]
 
+    def bookkeeping(self) -> dict[str, int]:
+        """Entries held per kind of per-pod state: all bounded by the live pods, plus the
+        deletions of the last ``tombstone_s`` seconds."""
+        return {
+            "pods": len(self.pod_json),
+            "uids": len(self._uid_key),
+            "versions": len(self._pod_rv),
+            "observed": len(self.observed),
+            "reservations": len(self.reservations),
+            "problems": len(self.problems),
+            "tombstones": len(self._tombstones),
+            "on_node": sum(len(uids) for uids in self._on_node.values()),
+        }
+
     # ------------------------------------------------------------------ local writes
     def reserve(self, usage: PodUsage) -> None:
         previous = self.usage(usage.uid)
@@ -152,21 +177,26 @@ class ClusterView:
         uid = pod_uid(pod)
         if not uid:
             return
+        if uid in self._tombstones:
+            return  # deleted already: a reply that was in flight when it went
         rv = _rv(pod)
         last = self._pod_rv.get(uid)
         if rv is not None and last is not None and rv < last:
             return  # older than what we already applied (e.g. our own patch reply)
-        if rv is not None:
-            self._pod_rv[uid] = rv
         meta = pod.get("metadata") or {}
         key = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
         before = self.usage(uid)
         if deleted:
             self.observed.pop(uid, None)
-            self.pod_json.pop(key, None)
+            if pod_uid(self.pod_json.get(key) or {}) == uid:
+                self.pod_json.pop(key)  # not a namesake created since
             self._uid_key.pop(uid, None)
             self.problems.pop(uid, None)
+            self._pod_rv.pop(uid, None)
+            self._bury(uid)
         else:
+            if rv is not None:
+                self._pod_rv[uid] = rv
             self.pod_json[key] = dict(pod)
             self._uid_key[uid] = key
             reading = read_pod(pod, self.names)
@@ -178,6 +208,16 @@ class ClusterView:
             else:
                 self.observed[uid] = reading.usage
         self._touch(before, self.usage(uid))
+
+    def _bury(self, uid: str) -> None:
+        now = self._clock()
+        self._tombstones[uid] = now
+        self._tombstones.move_to_end(uid)
+        while self._tombstones:
+            oldest, when = next(iter(self._tombstones.items()))
+            if now - when <= self.tombstone_s:
+                break
+            del self._tombstones[oldest]
 
     def apply_node(self, node: Mapping[str, Any], *, deleted: bool = False) -> None:
         name = str((node.get("metadata") or {}).get("name") or "")
@@ -254,7 +294,10 @@ class ClusterView:
                 self.apply_node(obj)
         else:
             present = {o["metadata"].get("uid") for o in objects}
-            for uid in [u for u in self.observed if u not in present]:
+            # Every pod known, not only those holding GPUs: a deletion missed while the watch
+            # was down must not leave its entries behind for ever.
+            known = set(self._uid_key) | set(self.observed)
+            for uid in [u for u in known if u not in present]:
                 last = self._pod_rv.get(uid)
                 if listed_rv is None or last is None or last <= listed_rv:
                     key = self._uid_key.get(uid, ("", ""))
