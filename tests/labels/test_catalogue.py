@@ -181,7 +181,7 @@ def test_a_node_without_gpus_says_so_and_nothing_else_about_gpus() -> None:
     assert labels == {
         "nvidia.com/gpu.count": "0",
         "kubegpu.io/gpu.healthy-count": "0",
-        "kubegpu.io/labels.timestamp": "5",
+        "nvidia.com/gfd.timestamp": "5",
     }
 
 
@@ -197,7 +197,8 @@ def test_a_node_without_gpus_says_so_and_nothing_else_about_gpus() -> None:
         ("kubegpu.io/gpu-inventory", False),
         ("nvidia.com/gpu.product", True),
         ("nvidia.com/gpu.machine", False),  # GFD's, not ours
-        ("nvidia.com/gfd.timestamp", False),
+        ("nvidia.com/gfd.timestamp", True),  # GFD's name for the same fact
+        ("kubegpu.io/labels.timestamp", True),  # retired: ours so that upgrades remove it
         ("nvidia.com/gpu.deploy.driver", False),  # the GPU operator's
         ("kubernetes.io/hostname", False),
     ],

@@ -64,7 +64,16 @@ def test_labels_once_to_stdout_and_a_bad_preset_exits_1() -> None:
     assert result.returncode == 0, result.stderr
     lines = dict(line.split("=", 1) for line in result.stdout.splitlines())
     assert lines["nvidia.com/gpu.product"] == "Tesla-T4"
-    assert "kubegpu.io/labels.timestamp" not in lines
+    assert "nvidia.com/gfd.timestamp" not in lines
+    stamped = run_labels("--fake-gpus", "4xT4", "--once")
+    assert (
+        int(
+            dict(line.split("=", 1) for line in stamped.stdout.splitlines())[
+                "nvidia.com/gfd.timestamp"
+            ]
+        )
+        > 1_700_000_000
+    )
     assert run_labels("--fake-gpus", "no-such-preset", "--once").returncode == 1
 
 

@@ -17,6 +17,7 @@ from lightkube.types import PatchType
 from kubegpu.core.gpu import GpuUuid, NodeInventory
 from kubegpu.exporter.health import HealthFeed
 from kubegpu.inventory.spec import resolve_fake_spec
+from kubegpu.labels.catalogue import TIMESTAMP
 from kubegpu.labels.labeller import Labeller
 from kubegpu.labels.sinks import NfdFeatureFileSink, NodeLabelSink, parse_feature_file
 from kubegpu.testing.apiserver import ServerThread, make_node
@@ -143,6 +144,7 @@ def test_an_admin_feature_file_beside_ours_survives_every_refresh(tmp_path: Path
 
 def test_writes_on_change_and_on_resync_but_not_in_between(tmp_path: Path) -> None:
     clock = FakeClock()
+    start = clock.now
     health: dict[GpuUuid, bool] = {}
     inventory = Inventory("4xT4")
     path = tmp_path / "kubegpu"
@@ -154,18 +156,86 @@ def test_writes_on_change_and_on_resync_but_not_in_between(tmp_path: Path) -> No
         resync_s=60,
     )
     assert labeller.refresh_once()
+    assert parse_feature_file(path.read_text())[TIMESTAMP] == str(int(start))
     clock.now += 10
-    assert not labeller.refresh_once()  # only the timestamp would change
+    assert not labeller.refresh_once()  # nothing changed
     health[inventory.current.gpus[1].uuid] = False
     assert labeller.refresh_once()
-    assert parse_feature_file(path.read_text())["kubegpu.io/gpu.healthy-count"] == "3"
+    changed_at = clock.now
+    labels = parse_feature_file(path.read_text())
+    assert labels["kubegpu.io/gpu.healthy-count"] == "3"
+    assert labels[TIMESTAMP] == str(int(changed_at))  # stamped because a label changed
     clock.now += 30
     assert not labeller.refresh_once()
     clock.now += 30
-    assert labeller.refresh_once()  # periodic resync re-asserts the labels
-    assert parse_feature_file(path.read_text())["kubegpu.io/labels.timestamp"] == str(
-        int(clock.now)
+    written = path.stat()
+    assert labeller.refresh_once()  # periodic resync re-asserts the labels...
+    # ...and finds them in place: the file is not rewritten, the timestamp stays the change's.
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+    assert parse_feature_file(path.read_text())[TIMESTAMP] == str(int(changed_at))
+    path.unlink()  # someone deleted the file: the resync puts it back as it was
+    clock.now += 60
+    assert labeller.refresh_once()
+    assert parse_feature_file(path.read_text())[TIMESTAMP] == str(int(changed_at))
+
+
+def test_a_resync_with_nothing_changed_sends_no_patch_to_the_node(
+    client: lightkube.Client, fake_api_server: ServerThread
+) -> None:
+    clock = FakeClock()
+    labeller = Labeller(
+        inventory=Inventory("4xT4"),
+        sink=NodeLabelSink(client, "gpu-a"),
+        clock=clock,
+        resync_s=60,
     )
+    labeller.refresh_once()
+    patches = fake_api_server.count("patch", "nodes")
+    for _ in range(5):
+        clock.now += 61
+        assert labeller.refresh_once()  # due, re-asserted...
+    assert fake_api_server.count("patch", "nodes") == patches  # ...and nothing to write
+    assert labels_of(client)[TIMESTAMP] == str(int(FakeClock().now))
+
+
+def test_a_restart_with_nothing_changed_keeps_the_timestamp_and_writes_nothing(
+    client: lightkube.Client, fake_api_server: ServerThread
+) -> None:
+    clock = FakeClock()
+    first = Labeller(inventory=Inventory("4xT4"), sink=NodeLabelSink(client, "gpu-a"), clock=clock)
+    first.refresh_once()
+    stamp = labels_of(client)[TIMESTAMP]
+    patches = fake_api_server.count("patch", "nodes")
+    clock.now += 3600
+    again = Labeller(inventory=Inventory("4xT4"), sink=NodeLabelSink(client, "gpu-a"), clock=clock)
+    assert again.refresh_once(force=True)
+    assert fake_api_server.count("patch", "nodes") == patches
+    assert labels_of(client)[TIMESTAMP] == stamp
+    # A restart onto different facts stamps the change.
+    third = Labeller(
+        inventory=Inventory("2xV100-2xT4"), sink=NodeLabelSink(client, "gpu-a"), clock=clock
+    )
+    third.refresh_once()
+    assert labels_of(client)[TIMESTAMP] == str(int(clock.now))
+
+
+def test_an_upgrade_removes_the_old_timestamp_label_and_no_timestamp_removes_ours(
+    client: lightkube.Client,
+) -> None:
+    old = {"kubegpu.io/labels.timestamp": "1700000000"}  # written by earlier releases
+    client.patch(Node, "gpu-a", {"metadata": {"labels": old}}, patch_type=PatchType.MERGE)
+    Labeller(
+        inventory=Inventory("4xT4"), sink=NodeLabelSink(client, "gpu-a"), clock=FakeClock()
+    ).refresh_once()
+    labels = labels_of(client)
+    assert "kubegpu.io/labels.timestamp" not in labels
+    assert TIMESTAMP in labels
+    Labeller(
+        inventory=Inventory("4xT4"), sink=NodeLabelSink(client, "gpu-a"), timestamp=False
+    ).refresh_once()
+    labels = labels_of(client)
+    assert TIMESTAMP not in labels
+    assert labels["nvidia.com/gpu.count"] == "4"
 
 
 def test_running_labeller_relabels_at_once_when_a_gpu_turns_unhealthy(tmp_path: Path) -> None:

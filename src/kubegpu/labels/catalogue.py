@@ -62,6 +62,10 @@ RUNTIME_MINOR = "nvidia.com/cuda.runtime-version.minor"
 RUNTIME_FULL = "nvidia.com/cuda.runtime-version.full"
 RUNTIME_MAJOR_OLD = "nvidia.com/cuda.runtime.major"
 RUNTIME_MINOR_OLD = "nvidia.com/cuda.runtime.minor"
+# GFD's name, with one difference (see :mod:`kubegpu.labels.labeller`): GFD stamps every run,
+# we stamp the last time another label changed, so a node whose facts stand still is not
+# rewritten every interval.
+TIMESTAMP = "nvidia.com/gfd.timestamp"
 
 GFD_KEYS_WE_WRITE: frozenset[str] = frozenset(
     {
@@ -86,13 +90,13 @@ GFD_KEYS_WE_WRITE: frozenset[str] = frozenset(
         RUNTIME_FULL,
         RUNTIME_MAJOR_OLD,
         RUNTIME_MINOR_OLD,
+        TIMESTAMP,
     }
 )
 
 # Our own labels (GFD has no equivalent). Only these keys (and the per-model prefix below) are
 # ours under kubegpu.io/: admins set others there themselves (docs/install.md has them label
 # nodes kubegpu.io/device-plugin=nvidia|none|kubegpu), and those must survive every refresh.
-TIMESTAMP = "kubegpu.io/labels.timestamp"  # not GFD's gfd.timestamp: we are not GFD
 NVLINK = "kubegpu.io/gpu.nvlink"
 HEALTHY_COUNT = "kubegpu.io/gpu.healthy-count"
 MIXED = "kubegpu.io/gpu.mixed"
@@ -103,10 +107,12 @@ PRODUCT_COUNT_PREFIX = "kubegpu.io/gpu.product."
 GPU_SHARE = "kubegpu.io/gpu-share"
 GPU_SHARE_ENFORCEMENT = "kubegpu.io/gpu-share.enforcement"
 GPU_SHARE_SLOTS = "kubegpu.io/gpu-share.slots"
+# Written by earlier releases and no longer: still ours, so an upgrade removes them.
+RETIRED_KEYS: frozenset[str] = frozenset({"kubegpu.io/labels.timestamp"})
 
 OUR_KEYS: frozenset[str] = frozenset(
     {
-        TIMESTAMP,
+        *RETIRED_KEYS,
         NVLINK,
         HEALTHY_COUNT,
         MIXED,
@@ -236,7 +242,8 @@ def compute_labels(
     now: float | None = None,
 ) -> dict[str, str]:
     """The full label set for a node. ``health`` maps UUID to healthy (a GPU absent from the
-    map counts as healthy); ``now`` (Unix seconds) adds the timestamp label when given."""
+    map counts as healthy); ``now`` (Unix seconds) adds the timestamp label when given (the
+    labeller passes the time the other labels last changed)."""
     health = health or {}
     sharing = sharing or SharingSummary()
     gpus = list(inventory.gpus)

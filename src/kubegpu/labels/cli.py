@@ -117,13 +117,18 @@ def _sink(kind: str, nfd_file: Path, node_name: str) -> LabelSink:
     help="Replicas per GPU, reported as nvidia.com/gpu.replicas (default: from --config, else 1).",
 )
 @click.option("--once", is_flag=True, help="Label once and exit.")
-@click.option("--no-timestamp", is_flag=True, help="Leave out kubegpu.io/labels.timestamp.")
+@click.option(
+    "--no-timestamp",
+    is_flag=True,
+    help="Leave out nvidia.com/gfd.timestamp (the time the other labels last changed).",
+)
 @click.option(
     "--interval",
     type=float,
     default=60.0,
     show_default=True,
-    help="Seconds between forced rewrites; changes are written within --poll.",
+    help="Seconds between re-asserting the labels (nothing is written if they are still "
+    "there); changes are written within --poll.",
 )
 @click.option(
     "--poll", type=float, default=10.0, show_default=True, help="Seconds between inventory checks."

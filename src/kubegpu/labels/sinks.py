@@ -25,20 +25,38 @@ DEFAULT_NFD_FEATURE_FILE = Path("/etc/kubernetes/node-feature-discovery/features
 
 class LabelSink(Protocol):
     def apply(self, labels: Mapping[str, str]) -> None:
-        """Make the destination hold exactly ``labels`` among the labels we own."""
+        """Make the destination hold exactly ``labels`` among the labels we own, writing
+        nothing when it already does."""
+        ...
+
+    def current(self) -> Mapping[str, str] | None:
+        """What the destination holds now (``None``: it cannot be read back)."""
         ...
 
 
 class NfdFeatureFileSink:
     """Writes ``key=value`` lines for NFD's ``local`` source. The whole file is ours, so
     rewriting it removes stale labels. Written atomically (temp file in the same directory,
-    then rename) so nfd-worker never reads half a file."""
+    then rename) so nfd-worker never reads half a file, and only when its content changes."""
 
     def __init__(self, path: Path = DEFAULT_NFD_FEATURE_FILE) -> None:
         self.path = path
 
+    def current(self) -> dict[str, str] | None:
+        try:
+            return parse_feature_file(self.path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            return None
+
     def apply(self, labels: Mapping[str, str]) -> None:
         text = "".join(f"{key}={value}\n" for key, value in sorted(labels.items()))
+        try:
+            unchanged = self.path.read_text(encoding="utf-8") == text
+        except (OSError, UnicodeDecodeError):
+            unchanged = False
+        if unchanged:
+            log.debug("%s already current", self.path)
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
         try:
@@ -72,6 +90,9 @@ def parse_feature_file(text: str) -> dict[str, str]:
 class StdoutSink:
     def __init__(self, stream: IO[str]) -> None:
         self.stream = stream
+
+    def current(self) -> None:
+        return None
 
     def apply(self, labels: Mapping[str, str]) -> None:
         for key, value in sorted(labels.items()):
@@ -113,6 +134,12 @@ class NodeLabelSink:
         self.client = client
         self.node_name = node_name
         self.max_attempts = max_attempts
+
+    def current(self) -> dict[str, str]:
+        from lightkube.resources.core_v1 import Node
+
+        metadata = self.client.get(Node, name=self.node_name).metadata
+        return dict((metadata.labels if metadata else None) or {})
 
     def apply(self, labels: Mapping[str, str]) -> None:
         from lightkube.core.exceptions import ApiError
