@@ -1,7 +1,7 @@
-"""Fuzzed extender payloads over real HTTP (hypothesis: 4,200 cases here, 800 more on the
-annotation codec in tests/sharing): whatever arrives, the extender answers 200 with a
-well-formed result or a clear 4xx, and never crashes; malformed annotations on nodes and pods
-become reasons, not failures."""
+"""Fuzzed extender payloads over real HTTP (hypothesis: 5,300 cases here, issue 4 asks for at
+least 5,000; 800 more on the annotation codec in tests/sharing): whatever arrives, the extender
+answers 200 with a well-formed result or a clear 4xx, and never crashes; malformed annotations
+on nodes and pods become reasons, not failures. About 13 s on a quiet 2-core machine."""
 
 from __future__ import annotations
 
@@ -176,14 +176,14 @@ def check_filter(body: dict[str, Any], status: int, reply: Any) -> None:
     assert all(isinstance(r, str) and r for r in rejected.values())
 
 
-@fuzz(2000)
+@fuzz(2500)
 @given(body=extender_args)
 def test_fuzzed_filter_payloads_get_a_well_formed_answer(extender: Extender, body: Any) -> None:
     status, reply = extender.post("filter", json.dumps(body).encode())
     check_filter(body, status, reply)
 
 
-@fuzz(1000)
+@fuzz(1300)
 @given(body=extender_args)
 def test_fuzzed_prioritize_payloads_get_a_host_priority_list(extender: Extender, body: Any) -> None:
     status, reply = extender.post("prioritize", json.dumps(body).encode())
@@ -208,7 +208,7 @@ binding_args = st.fixed_dictionaries(
 )
 
 
-@fuzz(500)
+@fuzz(700)
 @given(body=binding_args)
 def test_fuzzed_bind_payloads_answer_an_error_field_or_400(extender: Extender, body: Any) -> None:
     status, reply = extender.post("bind", json.dumps(body).encode())
@@ -218,10 +218,10 @@ def test_fuzzed_bind_payloads_answer_an_error_field_or_400(extender: Extender, b
         assert reply["Error"]  # none of these pods can be bound: odd is bound, the rest absent
 
 
-@fuzz(700)
+@fuzz(800)
 @given(raw=st.binary(max_size=200) | st.text(max_size=100).map(str.encode))
 def test_garbage_bodies_are_a_clear_400(extender: Extender, raw: bytes) -> None:
-    for verb in ("filter", "bind"):
+    for verb in ("filter", "prioritize", "bind"):
         status, _ = extender.post(verb, raw)
         assert status in (200, 400)
 
