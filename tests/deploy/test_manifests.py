@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,7 @@ def test_every_kustomization_is_known() -> None:
     # renamed or lost one is noticed.
     assert set(ALL) == {
         "base",
+        "examples/nfd-labels",
         "examples/quota",
         "overlays/default-scheduler",
         "overlays/monitoring",
@@ -483,6 +486,70 @@ def test_the_labeller_reads_the_device_plugins_own_config_file() -> None:
         return str(mount["name"])
 
     assert volume_of(labels) == volume_of(plugin) == "config"
+
+
+NFD_EXAMPLE = "examples/nfd-labels"
+
+
+def test_the_nfd_component_changes_only_where_the_labeller_writes() -> None:
+    plain = render("overlays/second-scheduler")
+    nfd = render(NFD_EXAMPLE)
+    key = lambda o: (o["kind"], o["metadata"]["name"])  # noqa: E731
+    assert sorted(map(key, nfd)) == sorted(map(key, plain))
+    for obj in nfd:
+        if obj["kind"] != "DaemonSet":
+            assert obj == find(plain, obj["kind"], obj["metadata"]["name"])
+    agent, before = find(nfd, "DaemonSet", "kubegpu-node-agent"), _agent()
+    assert container(agent, "device-plugin") == container(before, "device-plugin")
+    labels = container(agent, "labels")
+    assert arg_value(labels["args"], "--sink") == "nfd"
+    assert arg_value(labels["args"], "--config") == arg_value(
+        container(before, "labels")["args"], "--config"
+    )
+    # Root (owner of the host's features.d), still with no capabilities and no escalation.
+    context = labels["securityContext"]
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["readOnlyRootFilesystem"] is True
+
+
+def test_the_nfd_labeller_writes_its_labels_into_nfd_s_features_directory(
+    tmp_path: Path,
+) -> None:
+    from kubegpu.labels.sinks import DEFAULT_NFD_FEATURE_FILE, parse_feature_file
+
+    objs = render(NFD_EXAMPLE)
+    agent = find(objs, "DaemonSet", "kubegpu-node-agent")
+    labels = container(agent, "labels")
+    feature_file = Path(arg_value(labels["args"], "--nfd-file"))
+    # The directory nfd-worker's local source reads, from the host, writable.
+    assert feature_file.parent == DEFAULT_NFD_FEATURE_FILE.parent
+    mounts = host_mounts(agent, "labels")
+    assert mounts[str(feature_file.parent)] == (str(feature_file.parent), False)
+    # Run the labeller with the container's arguments, the host directory and the ConfigMap
+    # laid out locally, on a fake node (no NVML here).
+    host_dir = tmp_path / "features.d"
+    host_dir.mkdir()
+    paths = materialise_config_volumes(objs, agent, "labels", tmp_path / "config")
+    paths[str(feature_file.parent)] = str(host_dir)
+    args = [
+        *substitute(labels["args"], container_env(labels), paths),
+        "--backend=fake",
+        "--fake-gpus=4xT4",
+        "--once",
+    ]
+    assert parse_with_the_real_cli(args).params["sink"] == "nfd"
+    done = subprocess.run(
+        [sys.executable, "-m", "kubegpu", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    written = parse_feature_file((host_dir / feature_file.name).read_text())
+    assert written["nvidia.com/gpu.count"] == "4"
+    assert written["nvidia.com/gpu.product"] == "Tesla-T4"
 
 
 def test_the_exporter_runs_inside_the_device_plugin_on_its_metrics_port() -> None:
