@@ -112,7 +112,8 @@ def node(tmp_path: Path) -> Node:
     write_cgroup(proc, 100, cgroupfs_v1(UIDS[TRAINER], qos="").replace("//", "/"))
     write_cgroup(proc, 101, systemd_v2(UIDS[INFER_A], qos="besteffort"))
     write_cgroup(proc, 201, cgroupfs_v1(UIDS[INFER_B]))
-    write_cgroup(proc, 202, systemd_v2(UIDS[INFER_B]))
+    # As a containerised exporter in its own cgroup namespace reads it (no "kubepods" left).
+    write_cgroup(proc, 202, f"0::/../../burstable/pod{UIDS[INFER_B]}/7c1e\n")
     write_cgroup(proc, 300, "0::/system.slice/nvidia-persistenced.service\n")
 
     metrics = FakeMetricsSource(inventory)
