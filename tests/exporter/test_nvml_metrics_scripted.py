@@ -4,6 +4,7 @@ conversions, unsupported readings as ``None``, and a lost GPU not blanking the o
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,9 @@ class Live:
     ecc: dict[int, int] = field(default_factory=lambda: {0: 5, 1: 1})  # error type -> count
     # pid -> used bytes (None: NVML_VALUE_NOT_AVAILABLE, as pynvml reports it)
     processes: dict[int, int | None] = field(default_factory=lambda: {4242: 1024**3})
+    # MPS clients, listed by nvmlDeviceGetMPSComputeRunningProcesses (pid -> used bytes)
+    mps_processes: dict[int, int | None] = field(default_factory=dict)
+    mps_error: int | None = None  # an NVML error code the MPS list answers with
 
 
 class MetricsNvml(ScriptedNvml):
@@ -67,13 +71,23 @@ class MetricsNvml(ScriptedNvml):
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
         live = self._live("nvmlDeviceGetComputeRunningProcesses", handle)
-        found = []
-        for pid, used in live.processes.items():
-            info = real.nvmlStructToFriendlyObject(real.c_nvmlProcessInfo_t())
-            info.pid = pid
-            info.usedGpuMemory = used
-            found.append(info)
-        return found
+        return process_infos(live.processes)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        live = self._live("nvmlDeviceGetMPSComputeRunningProcesses", handle)
+        if live.mps_error is not None:
+            raise nvml_error(live.mps_error)
+        return process_infos(live.mps_processes)
+
+
+def process_infos(processes: dict[int, int | None]) -> list[Any]:
+    found = []
+    for pid, used in processes.items():
+        info = real.nvmlStructToFriendlyObject(real.c_nvmlProcessInfo_t())
+        info.pid = pid
+        info.usedGpuMemory = used
+        found.append(info)
+    return found
 
 
 UUIDS = [f"GPU-0000000{i}-0000-0000-0000-000000000000" for i in range(3)]
@@ -136,3 +150,56 @@ def test_init_failure_is_an_inventory_error_with_a_hint() -> None:
     with pytest.raises(InventoryError) as info:
         NvmlMetricsSource(nvml).read_metrics()
     assert "driver" in info.value.hint
+
+
+MIB = 1024**2
+
+
+def processes_of(nvml: MetricsNvml, index: int) -> dict[int, int | None] | None:
+    gpu = {r.uuid: r for r in NvmlMetricsSource(nvml).read_metrics()}[UUIDS[index]]
+    if gpu.processes is None:
+        return None
+    pids = [p.pid for p in gpu.processes]
+    assert len(pids) == len(set(pids)), pids  # each process once
+    return {p.pid: p.used_memory_bytes for p in gpu.processes}
+
+
+def test_mps_clients_are_listed_beside_the_compute_processes_once_each() -> None:
+    nvml = node()
+    # Under MPS the plain list has the MPS server; the pods' processes are its clients.
+    nvml.live[0].processes = {100: 300 * MIB, 4242: 1024 * MIB, 7: None}
+    nvml.live[0].mps_processes = {4242: 1024 * MIB, 5001: 2048 * MIB, 7: 64 * MIB}
+    assert processes_of(nvml, 0) == {
+        100: 300 * MIB,
+        4242: 1024 * MIB,
+        5001: 2048 * MIB,
+        7: 64 * MIB,  # the reading with a number wins over "not available"
+    }
+
+
+def test_bindings_without_the_mps_call_read_the_compute_list_alone() -> None:
+    nvml = node()
+    nvml.live[0].mps_processes = {5001: 2048 * MIB}
+    nvml.missing = {"nvmlDeviceGetMPSComputeRunningProcesses"}
+    assert processes_of(nvml, 0) == {4242: 1024**3}
+
+
+@pytest.mark.parametrize(
+    "code",
+    [real.NVML_ERROR_NOT_SUPPORTED, real.NVML_ERROR_FUNCTION_NOT_FOUND],
+    ids=["not-supported", "driver-lacks-the-function"],
+)
+def test_an_mps_list_the_driver_cannot_give_is_left_out_quietly(
+    code: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    nvml = node()
+    nvml.live[0].mps_error = code
+    with caplog.at_level(logging.WARNING):
+        assert processes_of(nvml, 0) == {4242: 1024**3}
+    assert not caplog.records
+
+
+def test_mps_clients_alone_are_not_passed_off_as_the_full_process_list() -> None:
+    nvml = node(gpu1={"nvmlDeviceGetComputeRunningProcesses"})
+    nvml.live[1].mps_processes = {5001: 2048 * MIB}
+    assert processes_of(nvml, 1) is None

@@ -57,10 +57,40 @@ class NvmlMetricsSource:
         try:
             return call()
         except nvml.NVMLError as exc:
-            unsupported = (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_NO_PERMISSION)
+            unsupported = (
+                nvml.NVML_ERROR_NOT_SUPPORTED,
+                nvml.NVML_ERROR_NO_PERMISSION,
+                # The bindings know the call but the installed driver's library does not.
+                nvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+            )
             if getattr(exc, "value", None) not in unsupported:
                 log.warning("gpu %s: reading %s failed: %s", uuid, what, exc)
             return None
+
+    def _processes(self, nvml: Any, handle: Any, uuid: str) -> tuple[ProcessGpuMemory, ...] | None:
+        """The GPU's compute processes, MPS clients included. Under MPS a client's kernels run
+        in the MPS server's context, so the plain list shows the server and NVML lists the
+        clients (the pods' processes) separately; without them a shared pod under
+        ``enforcement: mps`` would use no memory at all. ``None`` when the plain list cannot be
+        read: the MPS list alone would pass for a complete one."""
+        opt = self._optional
+        procs = opt(uuid, "processes", lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        if procs is None:
+            return None
+        mps_list = getattr(nvml, "nvmlDeviceGetMPSComputeRunningProcesses", None)
+        mps = [] if mps_list is None else opt(uuid, "MPS processes", lambda: mps_list(handle))
+        found: dict[int, ProcessGpuMemory] = {}
+        for p in [*procs, *(mps or ())]:
+            # pynvml reports an unknown per-process usage as None
+            entry = ProcessGpuMemory(
+                pid=int(p.pid),
+                used_memory_bytes=None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+            )
+            known = found.get(entry.pid)
+            # A process in both lists is counted once, with the reading that has a number.
+            if known is None or known.used_memory_bytes is None:
+                found[entry.pid] = entry
+        return tuple(found.values())
 
     def read_metrics(self) -> tuple[GpuMetrics, ...]:
         with self._lock:
@@ -99,17 +129,7 @@ class NvmlMetricsSource:
                 lambda: int(nvml.nvmlDeviceGetTotalEccErrors(handle, kind, nvml.NVML_VOLATILE_ECC)),
             )
 
-        procs = opt(uuid, "processes", lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle))
-        processes = None
-        if procs is not None:
-            processes = tuple(
-                ProcessGpuMemory(
-                    pid=int(p.pid),
-                    # pynvml reports an unknown per-process usage as None
-                    used_memory_bytes=None if p.usedGpuMemory is None else int(p.usedGpuMemory),
-                )
-                for p in procs
-            )
+        processes = self._processes(nvml, handle, uuid)
         return GpuMetrics(
             uuid=GpuUuid(uuid),
             utilization_ratio=None if util is None else util.gpu / 100.0,
