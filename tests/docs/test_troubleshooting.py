@@ -1,4 +1,4 @@
-"""Every user-facing error message in the key components has an entry in troubleshooting.md."""
+"""Every user-facing error message of the components scanned has an entry in troubleshooting.md."""
 
 from __future__ import annotations
 
@@ -65,6 +65,30 @@ SCOPES = (
     Scope("MPS supervision", ("enforcement",), (), logs=True),
     Scope("extender settings", ("extender/config.py",), ("ConfigError",)),
     Scope("pod requests", ("sharing/resources.py",), ("RequestError", "ValueError")),
+    Scope("extender wire format", ("extender/wire.py",), ("WireError",)),
+    Scope("annotations", ("sharing/annotations.py",), ("AnnotationError",)),
+    Scope("cluster view", ("kube",), (), logs=True),
+    # Not RuntimeError: the exporter raises it only for a programming error (a HealthFeed
+    # watched twice), which no configuration can cause.
+    Scope(
+        "exporter",
+        ("exporter",),
+        ("ValueError", "BadParameter", "ExporterServerError"),
+        logs=True,
+    ),
+    Scope(
+        "inspect",
+        ("inspect",),
+        ("ClusterError", "UsageParseError", "ValueError", "BadParameter"),
+        logs=True,
+    ),
+    Scope(
+        "demo",
+        ("demo",),
+        # Child.failure() builds the ComponentError a child's exit or timeout raises.
+        ("DemoError", "ScenarioError", "ComponentError", "failure", "UsageError"),
+        logs=True,
+    ),
 )
 
 
@@ -90,6 +114,14 @@ def test_the_scanner_finds_the_messages_it_is_meant_to_guard() -> None:
     assert "no GPU matches any resource; advertising nothing" in by_scope["node agent"]
     assert "at least one GPU resource is required" in by_scope["node agent config"]
     assert len(by_scope["node agent"]) >= 15
+    assert "NodeNames must hold non-empty strings" in by_scope["extender wire format"]
+    assert "gpus is empty" in by_scope["annotations"]
+    assert "watch loop failed; relisting" in by_scope["cluster view"]
+    assert "the api pod directory needs API access" in by_scope["exporter"]
+    assert "expected KEY=VALUE" in by_scope["inspect"]
+    assert any("not a Prometheus metrics page" in f for f in by_scope["inspect"])
+    assert any("must be a non-negative integer" in f for f in by_scope["demo"])
+    assert any("exited with code" in f for f in by_scope["demo"])  # Child.failure()
 
 
 @pytest.mark.parametrize(
