@@ -119,8 +119,16 @@ def node(tmp_path: Path) -> Node:
     metrics = FakeMetricsSource(inventory)
     metrics.set_processes(uuids[0], {100: 6 * GIB})
     metrics.set_processes(uuids[1], {101: 3 * GIB, 201: 2 * GIB, 202: 3 * GIB, 300: 512 * MIB})
-    metrics.set(uuids[0], utilization_ratio=0.75, temperature_celsius=61.0, power_watts=70.5)
-    metrics.set(uuids[2], sm_clock_hertz=None, power_watts=None)  # "not supported" on GPU 2
+    metrics.set(
+        uuids[0],
+        utilization_ratio=0.75,
+        temperature_celsius=61.0,
+        power_watts=70.5,
+        memory_clock_hertz=5.001e9,
+        graphics_clock_hertz=1.59e9,
+    )
+    # "not supported" on GPU 2
+    metrics.set(uuids[2], sm_clock_hertz=None, memory_clock_hertz=None, power_watts=None)
 
     resource = "nvidia.com/gpu"
     pod_resources = StaticPodResources(

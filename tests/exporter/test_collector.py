@@ -48,6 +48,8 @@ def test_gpu_metrics_carry_the_readings_in_base_units(node: Node) -> None:
         == node.inventory.by_index(0).memory_total_mib * MIB
     )
     assert registry.get_sample_value("kubegpu_gpu_sm_clock_hertz", g0) == 1.41e9
+    assert registry.get_sample_value("kubegpu_gpu_memory_clock_hertz", g0) == 5.001e9
+    assert registry.get_sample_value("kubegpu_gpu_graphics_clock_hertz", g0) == 1.59e9
     for kind in ("corrected", "uncorrected"):
         labels = {**g0, "type": kind}
         assert registry.get_sample_value("kubegpu_gpu_ecc_errors_total", labels) == 0
@@ -58,6 +60,8 @@ def test_unsupported_readings_are_absent_not_zero(node: Node) -> None:
     registry = scraped(node)
     g2 = gpu_labels(node, 2)
     assert registry.get_sample_value("kubegpu_gpu_sm_clock_hertz", g2) is None
+    assert registry.get_sample_value("kubegpu_gpu_memory_clock_hertz", g2) is None
+    assert registry.get_sample_value("kubegpu_gpu_graphics_clock_hertz", g2) == 1.41e9
     assert registry.get_sample_value("kubegpu_gpu_power_watts", g2) is None
     assert registry.get_sample_value("kubegpu_gpu_temperature_celsius", g2) == 35.0
 

@@ -25,5 +25,6 @@ def test_nvml_reads_every_gpu_with_plausible_values() -> None:
             assert 0.0 <= gpu.utilization_ratio <= 1.0
         if gpu.temperature_celsius is not None:
             assert 0 < gpu.temperature_celsius < 120
-        if gpu.sm_clock_hertz is not None:
-            assert gpu.sm_clock_hertz > 1e6  # MHz were converted to Hz
+        for clock in (gpu.sm_clock_hertz, gpu.memory_clock_hertz, gpu.graphics_clock_hertz):
+            if clock is not None:
+                assert clock > 1e6  # MHz were converted to Hz

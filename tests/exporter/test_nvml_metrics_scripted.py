@@ -23,6 +23,9 @@ class Live:
     temperature_c: int = 64
     power_mw: int = 215_500
     sm_mhz: int = 1410
+    mem_mhz: int = 1593
+    graphics_mhz: int = 1395
+    unsupported_clocks: set[int] = field(default_factory=set)  # NVML_CLOCK_* not supported
     ecc: dict[int, int] = field(default_factory=lambda: {0: 5, 1: 1})  # error type -> count
     # pid -> used bytes (None: NVML_VALUE_NOT_AVAILABLE, as pynvml reports it)
     processes: dict[int, int | None] = field(default_factory=lambda: {4242: 1024**3})
@@ -60,9 +63,17 @@ class MetricsNvml(ScriptedNvml):
         return self._live("nvmlDeviceGetPowerUsage", handle).power_mw
 
     def nvmlDeviceGetClockInfo(self, handle: Any, clock: int) -> int:
-        if clock != real.NVML_CLOCK_SM:
+        live = self._live("nvmlDeviceGetClockInfo", handle)
+        if clock in live.unsupported_clocks:
+            raise nvml_error(real.NVML_ERROR_NOT_SUPPORTED)
+        readings = {
+            real.NVML_CLOCK_SM: live.sm_mhz,
+            real.NVML_CLOCK_MEM: live.mem_mhz,
+            real.NVML_CLOCK_GRAPHICS: live.graphics_mhz,
+        }
+        if clock not in readings:
             raise nvml_error(real.NVML_ERROR_INVALID_ARGUMENT)
-        return self._live("nvmlDeviceGetClockInfo", handle).sm_mhz
+        return readings[clock]
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter: int) -> int:
         if counter != real.NVML_VOLATILE_ECC:
@@ -113,6 +124,8 @@ def test_readings_are_converted_to_base_units() -> None:
     assert gpu.temperature_celsius == 64.0
     assert gpu.power_watts == pytest.approx(215.5)
     assert gpu.sm_clock_hertz == 1410e6
+    assert gpu.memory_clock_hertz == 1593e6
+    assert gpu.graphics_clock_hertz == 1395e6
     assert (gpu.ecc_corrected_total, gpu.ecc_uncorrected_total) == (5, 1)
     assert [(p.pid, p.used_memory_bytes) for p in gpu.processes or ()] == [
         (7, 2 * 1024**3),
@@ -203,3 +216,11 @@ def test_mps_clients_alone_are_not_passed_off_as_the_full_process_list() -> None
     nvml = node(gpu1={"nvmlDeviceGetComputeRunningProcesses"})
     nvml.live[1].mps_processes = {5001: 2048 * MIB}
     assert processes_of(nvml, 1) is None
+
+
+def test_a_clock_the_gpu_does_not_report_is_absent_and_the_others_read() -> None:
+    nvml = node()
+    nvml.live[0].unsupported_clocks = {real.NVML_CLOCK_MEM}
+    gpu = {r.uuid: r for r in NvmlMetricsSource(nvml).read_metrics()}[UUIDS[0]]
+    assert gpu.memory_clock_hertz is None
+    assert (gpu.sm_clock_hertz, gpu.graphics_clock_hertz) == (1410e6, 1395e6)

@@ -39,6 +39,8 @@ class GpuMetrics:
     temperature_celsius: float | None = None
     power_watts: float | None = None
     sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    graphics_clock_hertz: float | None = None
     ecc_corrected_total: int | None = None  # volatile: since the driver loaded
     ecc_uncorrected_total: int | None = None
     processes: tuple[ProcessGpuMemory, ...] | None = None  # None: process list unavailable

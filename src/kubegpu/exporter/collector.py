@@ -145,7 +145,17 @@ class GpuCollector(Collector):
             "kubegpu_gpu_temperature_celsius", "GPU core temperature.", field("temperature_celsius")
         )
         yield gauge("kubegpu_gpu_power_watts", "Power draw.", field("power_watts"))
-        yield gauge("kubegpu_gpu_sm_clock_hertz", "SM clock.", field("sm_clock_hertz"))
+        yield gauge("kubegpu_gpu_sm_clock_hertz", "Current SM clock.", field("sm_clock_hertz"))
+        yield gauge(
+            "kubegpu_gpu_memory_clock_hertz",
+            "Current memory clock.",
+            field("memory_clock_hertz"),
+        )
+        yield gauge(
+            "kubegpu_gpu_graphics_clock_hertz",
+            "Current graphics clock.",
+            field("graphics_clock_hertz"),
+        )
 
         ecc = CounterMetricFamily(
             "kubegpu_gpu_ecc_errors",

@@ -35,6 +35,8 @@ class FakeMetricsSource:
                 temperature_celsius=35.0,
                 power_watts=50.0,
                 sm_clock_hertz=1_410_000_000.0,
+                memory_clock_hertz=1_215_000_000.0,
+                graphics_clock_hertz=1_410_000_000.0,
                 ecc_corrected_total=0,
                 ecc_uncorrected_total=0,
                 processes=(),

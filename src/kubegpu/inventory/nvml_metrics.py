@@ -116,9 +116,11 @@ class NvmlMetricsSource:
             lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
         )
         power_mw = opt(uuid, "power", lambda: nvml.nvmlDeviceGetPowerUsage(handle))
-        sm_mhz = opt(
-            uuid, "SM clock", lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)
-        )
+
+        def clock_hz(kind: int, what: str) -> float | None:
+            # Current clocks in MHz, one cheap call each (no sampling, unlike utilisation).
+            mhz = opt(uuid, what, lambda: nvml.nvmlDeviceGetClockInfo(handle, kind))
+            return None if mhz is None else mhz * 1e6
 
         def ecc(kind: int) -> int | None:
             # Volatile counters (since the driver loaded): a reset reads as a counter reset,
@@ -137,7 +139,9 @@ class NvmlMetricsSource:
             memory_total_bytes=None if memory is None else int(memory.total),
             temperature_celsius=None if temperature is None else float(temperature),
             power_watts=None if power_mw is None else power_mw / 1000.0,
-            sm_clock_hertz=None if sm_mhz is None else sm_mhz * 1e6,
+            sm_clock_hertz=clock_hz(nvml.NVML_CLOCK_SM, "SM clock"),
+            memory_clock_hertz=clock_hz(nvml.NVML_CLOCK_MEM, "memory clock"),
+            graphics_clock_hertz=clock_hz(nvml.NVML_CLOCK_GRAPHICS, "graphics clock"),
             ecc_corrected_total=ecc(nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
             ecc_uncorrected_total=ecc(nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
             processes=processes,
