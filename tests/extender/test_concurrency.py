@@ -1,7 +1,8 @@
 """1,000 concurrent binds of mixed shared and whole-GPU pods onto 10 nodes through the fake API
-server, with the extender restarted half way: no card is ever over-committed (audited from the
-pods' annotations, not from the extender's memory), every pod is bound or refused with a reason,
-and a restarted extender rebuilds exactly the state the old one had."""
+server, all in flight at once: no card is ever over-committed (audited from the pods'
+annotations, not from the extender's memory), every pod is bound or refused with a reason, and a
+restarted extender rebuilds exactly the state the old one had. (An extender killed with binds
+in flight: test_kill.py.)"""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import random
 from collections import defaultdict
 from typing import Any
 
+import aiohttp
 import pytest
 
 from kubegpu.extender.service import ExtenderService
@@ -22,7 +24,6 @@ from kubegpu.sharing.annotations import (
 from kubegpu.testing.apiserver import FakeApiServer
 from tests.extender.cluster import (
     gpu_node,
-    http_session,
     post,
     running_extender,
     shared_pod,
@@ -100,8 +101,21 @@ def audit(server: FakeApiServer) -> tuple[dict[str, int], list[str]]:
 
 async def bind_all(
     service: ExtenderService, server: FakeApiServer, pods: list[dict[str, Any]], rng: random.Random
-) -> dict[str, str]:
-    async with http_session() as http:
+) -> tuple[dict[str, str], int]:
+    """Every pod's bind on a random node, all at once; each pod's Error, and how many
+    connections the client opened."""
+    opened = 0
+
+    async def count(*_: Any) -> None:
+        nonlocal opened
+        opened += 1
+
+    tracing = aiohttp.TraceConfig()
+    tracing.on_connection_create_end.append(count)
+    # No connection limit: every bind is on the wire at once, as from a scheduler whose
+    # binding cycles (one goroutine each) all reach the extender together.
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, trace_configs=[tracing]) as http:
 
         async def one(pod: dict[str, Any]) -> tuple[str, str]:
             name = pod["metadata"]["name"]
@@ -119,7 +133,8 @@ async def bind_all(
             assert status == 200, body
             return name, body["Error"]
 
-        return dict(await asyncio.gather(*(one(p) for p in pods)))
+        errors = dict(await asyncio.gather(*(one(p) for p in pods)))
+    return errors, opened
 
 
 async def test_concurrent_binds_never_overcommit_a_card_and_a_restart_rebuilds_the_same_state() -> (
@@ -134,9 +149,8 @@ async def test_concurrent_binds_never_overcommit_a_card_and_a_restart_rebuilds_t
             )
         for pod in pods:
             server.store.put("pods", pod)
-        half = PODS // 2
         async with running_extender(server, policy="kubegpu") as first:
-            errors = await bind_all(first, server, pods[:half], rng)
+            errors, connections = await bind_all(first, server, pods, rng)
             await caught_up(first, server)
             before = first.view.snapshot()
             engine_before = {n: first.scheduler.engine().node_state(n) for n in NODES}
@@ -144,10 +158,11 @@ async def test_concurrent_binds_never_overcommit_a_card_and_a_restart_rebuilds_t
             await caught_up(second, server)
             assert second.view.snapshot() == before
             assert {n: second.scheduler.engine().node_state(n) for n in NODES} == engine_before
-            errors.update(await bind_all(second, server, pods[half:], rng))
-            await caught_up(second, server)
             final = second.view.snapshot()
         held, problems = audit(server)
+
+    # One connection per bind: none waited for another's connection to come free.
+    assert connections == PODS
 
     assert problems == []
     assert len(errors) == PODS
