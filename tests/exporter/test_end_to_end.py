@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 from lightkube.resources.core_v1 import Namespace, Pod
 
+from kubegpu.config.model import GpuShare
 from kubegpu.exporter.pods import KubeNodePods, allocation_annotation_shares
 from kubegpu.exporter.server import ExporterSettings, start_node_exporter
 from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.inventory.fake_metrics import FakeMetricsSource
+from kubegpu.kubelet.resources import slot_id
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
     AllocationDecision,
@@ -30,7 +32,8 @@ from tests.exporter.conftest import GIB, systemd_v2, write_cgroup
 from tests.exporter.test_http import fetch, samples, wait_for
 
 MIB = 1024**2
-RESOURCE = "kubegpu.io/gpu-share"
+# The share-slot resource as the node agent advertises it (sharing.gpuShare.resourceName).
+RESOURCE = GpuShare().resource_name
 
 
 def shared_annotation(uuid: str, index: int, memory_mib: int, milli: int) -> str:
@@ -94,7 +97,9 @@ def test_shared_gpu_pods_are_named_measured_and_flagged_over_share(
                     namespace="web",
                     container="server",
                     resource_name=RESOURCE,
-                    device_ids=(f"{gpu.uuid}::{n}",),
+                    # The agent's own slot ids, <uuid>::slot-<n>, from the module that
+                    # advertises them.
+                    device_ids=(slot_id(gpu.uuid, n),),
                     response=empty,
                     preferred_device_ids=None,
                     pre_start_called=True,
@@ -141,3 +146,7 @@ def test_shared_gpu_pods_are_named_measured_and_flagged_over_share(
     assert values[("kubegpu_gpu_allocated_memory_bytes", frozenset(g1.items()))] == 8192 * MIB
     assert values[("kubegpu_gpu_allocated_compute_ratio", frozenset(g1.items()))] == 1.0
     assert not [k for k in values if ("pod", "elsewhere") in k[1]]
+    # Two half-card shares of 4 GiB on one card: what the node has granted on it.
+    card = frozenset(g1.items())
+    assert values[("kubegpu_gpu_allocated_memory_bytes", card)] == 2 * 4096 * MIB
+    assert values[("kubegpu_gpu_allocated_compute_ratio", card)] == 1.0
