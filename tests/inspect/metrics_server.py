@@ -28,6 +28,8 @@ class NodePage:
     gpu_util: Mapping[tuple[int, str], float] = field(default_factory=dict)
     pod_used_bytes: Mapping[tuple[str, str, int, str], float] = field(default_factory=dict)
     pod_over: Mapping[tuple[str, str, int, str], float] = field(default_factory=dict)
+    # (namespace, pod, container, index, uuid) -> device IDs (kubegpu_pod_gpu_allocated)
+    pod_allocated: Mapping[tuple[str, str, str, int, str], float] = field(default_factory=dict)
 
     def render(self) -> bytes:
         page = self
@@ -48,7 +50,16 @@ class NodePage:
                     pod_used.add_metric([ns, pod, page.node, str(index), uuid, "m"], value)
                 for (ns, pod, index, uuid), value in page.pod_over.items():
                     over.add_metric([ns, pod, page.node, str(index), uuid, "m"], value)
-                yield from (used, util, pod_used, over)
+                allocated = GaugeMetricFamily(
+                    "kubegpu_pod_gpu_allocated",
+                    "device IDs",
+                    labels=["namespace", "pod", "container", *GPU_LABELS],
+                )
+                for (ns, pod, container, index, uuid), value in page.pod_allocated.items():
+                    allocated.add_metric(
+                        [ns, pod, container, page.node, str(index), uuid, "m"], value
+                    )
+                yield from (used, util, pod_used, over, allocated)
 
         registry = CollectorRegistry()
         registry.register(_Collector())

@@ -198,6 +198,28 @@ def test_used_memory_comes_from_each_nodes_exporter(kubeconfig: Path) -> None:
     assert "over-share" in {w["kind"] for w in doc["warnings"]}
 
 
+def test_a_pod_without_a_decision_is_shown_on_the_card_the_nodes_kubelet_names(
+    kubeconfig: Path,
+) -> None:
+    card6 = mc.uuid("a100", 6)
+    page = NodePage("a100", pod_allocated={("ml", "whole-d", "main", 6, card6): 1.0})
+    with serve_metrics({"a100": page}) as metrics:
+        result = run(
+            "--kubeconfig",
+            str(kubeconfig),
+            "--exporter-url-template",
+            metrics.url + "/{node}/metrics",
+            "--exporter-timeout",
+            "5",
+        )
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.stdout.splitlines()]
+    a100 = rows.index(next(r for r in rows if r[:2] == ["node", "a100"]))
+    card_row = next(r for r in rows[a100:] if r[:1] == ["6"])
+    assert " ".join(card_row).endswith("ml/whole-d (per kubelet)")
+    assert "whole GPU(s) on cards not known" not in result.stdout
+
+
 def test_an_unreachable_exporter_shows_a_question_mark(kubeconfig: Path) -> None:
     with serve_metrics({}, {}) as metrics:
         result = run(

@@ -28,3 +28,6 @@ def test_the_exporters_page_yields_card_and_pod_usage(node: Node) -> None:
     assert usage.pod_over_share[(INFER_A.namespace, INFER_A.name, gpu1)] is False
     # A whole-GPU pod has usage but no share verdict.
     assert (TRAINER.namespace, TRAINER.name, gpu0) not in usage.pod_over_share
+    # Which cards the kubelet gave each pod (PodResources): what places pods with no decision.
+    assert usage.pod_cards[(TRAINER.namespace, TRAINER.name)] == {gpu0}
+    assert usage.pod_cards[(INFER_B.namespace, INFER_B.name)] == {gpu1}

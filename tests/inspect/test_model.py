@@ -13,6 +13,7 @@ from kubegpu.inspect.model import (
     InventoryState,
     NodeView,
     PendingState,
+    PlacedBy,
     ReadCache,
     UnplacedReason,
     UsageState,
@@ -71,6 +72,55 @@ def test_a_plain_gpu_pod_without_a_decision_counts_on_the_node_without_a_card() 
     assert whole_d.memory_mib == mc.A100_MIB
     assert not any(p.key == "ml/whole-d" for c in a100.cards for p in c.pods)
     assert a100.totals.unplaced_whole_gpus == 1
+
+
+def kubelet_says(node_name: str, pods: dict[tuple[str, str], frozenset[str]]) -> object:
+    return {
+        node_name: UsageResult(node_name, "http://x/metrics", NodeUsage(pod_cards=pods)),
+    }
+
+
+def test_the_kubelets_word_places_a_pod_without_a_decision_on_its_card() -> None:
+    card5, card6 = mc.uuid("a100", 5), mc.uuid("a100", 6)
+    r = report(usage=kubelet_says("a100", {("ml", "whole-d"): frozenset({card6})}))
+    a100 = node(r, "a100")
+    assert "ml/whole-d" not in {u.key for u in a100.unplaced}
+    card = next(c for c in a100.cards if c.uuid == card6)
+    (whole_d,) = card.pods
+    assert whole_d.key == "ml/whole-d"
+    assert whole_d.placed_by is PlacedBy.KUBELET
+    assert (whole_d.shared, whole_d.memory_mib, whole_d.compute_milli) == (False, mc.A100_MIB, 1000)
+    assert (card.allocated_memory_mib, card.allocated_compute_milli) == (mc.A100_MIB, 1000)
+    assert a100.totals.unplaced_whole_gpus == 0
+    # The same memory and compute as when it was assumed, now on a named card: the other free
+    # cards (5 and 7) stay free.
+    before = node(report(), "a100").totals
+    assert a100.totals.allocated_memory_mib == before.allocated_memory_mib
+    assert a100.totals.free_gpus == 2
+    assert not next(c for c in a100.cards if c.uuid == card5).pods
+    doc = report_to_json(r)
+    jsonschema.validate(doc, load_schema())
+    placed = [
+        p for n in doc["nodes"] for c in n["cards"] for p in c["pods"] if p["name"] == "whole-d"
+    ]
+    assert [p["placedBy"] for p in placed] == ["kubelet"]
+    decided = [p["placedBy"] for c in doc["nodes"][0]["cards"] for p in c["pods"]]
+    assert set(decided) == {"decision", "kubelet"}
+
+
+def test_a_card_the_kubelet_names_that_the_node_does_not_publish_places_nothing() -> None:
+    r = report(usage=kubelet_says("a100", {("ml", "whole-d"): frozenset({"GPU-elsewhere"})}))
+    a100 = node(r, "a100")
+    assert {u.key: u.reason for u in a100.unplaced}["ml/whole-d"] is UnplacedReason.NO_DECISION
+    assert not any(p.placed_by is PlacedBy.KUBELET for c in a100.cards for p in c.pods)
+
+
+def test_the_kubelet_does_not_move_a_pod_its_decision_places() -> None:
+    # train-a's decision names card 0; the kubelet's word is only for pods without one.
+    r = report(usage=kubelet_says("a100", {("ml", "train-a"): frozenset({mc.uuid("a100", 7)})}))
+    a100 = node(r, "a100")
+    assert [p.key for p in a100.cards[0].pods] == ["ml/train-a", "ml/train-b"]
+    assert not a100.cards[7].pods
 
 
 def test_node_totals_add_cards_and_pods_without_cards() -> None:

@@ -73,6 +73,15 @@ class UnplacedReason(enum.Enum):
     NO_INVENTORY = "no-inventory"  # the node publishes no (readable) inventory
 
 
+class PlacedBy(enum.Enum):
+    """Who says which card a pod holds."""
+
+    DECISION = "decision"  # the extender's allocation annotation
+    # The node's kubelet (PodResources, read through the exporter): a whole-GPU pod the
+    # extender never decided for, placed only when usage was fetched.
+    KUBELET = "kubelet"
+
+
 class WarningKind(enum.Enum):
     OVERCOMMITTED_CARD = "overcommitted-card"
     UNKNOWN_CARD = "unknown-card"
@@ -101,6 +110,7 @@ class PodOnCard:
     bound: bool = True
     used_memory_mib: int | None = None  # from the exporter, when it reported this pod
     over_share: bool | None = None
+    placed_by: PlacedBy = PlacedBy.DECISION
 
     @property
     def key(self) -> str:
@@ -612,8 +622,29 @@ def _node_view(
     undecided: list[_PodFacts] = []
     for facts in sorted(item.pods, key=lambda f: (f.namespace, f.name)):
         if facts.decision is None:
-            if facts.whole_gpus:
-                undecided.append(facts)
+            if not facts.whole_gpus:
+                continue
+            # No decision names its cards, but the node's kubelet knows them: place the pod
+            # there (marked as the kubelet's word) rather than on cards assumed free.
+            placed = _kubelet_cards(facts, node_usage, records)
+            for record in placed:
+                pod_key3 = (facts.namespace, facts.name, record.uuid)
+                held[record.uuid].append(
+                    PodOnCard(
+                        facts.namespace,
+                        facts.name,
+                        facts.phase,
+                        False,
+                        record.memory_mib,
+                        MILLI_PER_GPU,
+                        facts.bound,
+                        node_usage.pod_memory_used_mib.get(pod_key3) if node_usage else None,
+                        None,
+                        PlacedBy.KUBELET,
+                    )
+                )
+            if facts.whole_gpus > len(placed):
+                undecided.append(replace(facts, whole_gpus=facts.whole_gpus - len(placed)))
             continue
         unknown: list[CardShare] = []
         for card in facts.decision.cards:
@@ -767,6 +798,18 @@ def _node_view(
         usage=usage_state,
         usage_error=usage_error,
     )
+
+
+def _kubelet_cards(
+    facts: _PodFacts, usage: NodeUsage | None, records: Mapping[str, GpuRecord]
+) -> list[GpuRecord]:
+    """The node's published cards the kubelet says the pod holds (lowest index first, at most
+    as many as it asks for); none when usage was not fetched or does not mention the pod."""
+    if usage is None:
+        return []
+    reported = usage.pod_cards.get((facts.namespace, facts.name), frozenset())
+    known = sorted((records[u] for u in reported if u in records), key=lambda r: r.index)
+    return known[: facts.whole_gpus]
 
 
 def _card_warnings(node: str, cards: Iterable[CardView], warnings: list[DriftWarning]) -> None:

@@ -20,6 +20,7 @@ from kubegpu.inspect.model import (
     InventoryState,
     NodeView,
     PendingPod,
+    PlacedBy,
     PodOnCard,
     Totals,
     UnplacedPod,
@@ -68,6 +69,7 @@ def _pod_json(p: PodOnCard) -> dict[str, Any]:
         "computeMilli": p.compute_milli,
         "usedMemoryMiB": p.used_memory_mib,
         "overShare": p.over_share,
+        "placedBy": p.placed_by.value,
     }
 
 
@@ -192,6 +194,9 @@ def _pod_label(p: PodOnCard, wide: bool, node: NodeView) -> str:
     label = p.key
     if not p.bound:
         label += " (binding)"
+    if p.placed_by is PlacedBy.KUBELET:
+        # No extender decision names this card; the node's kubelet does (through the exporter).
+        label += " (per kubelet)"
     if wide:
         detail = f"{gib(p.memory_mib)}, {_compute(p.compute_milli)}"
         if node.usage is not UsageState.OFF and p.shared:

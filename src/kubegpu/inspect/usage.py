@@ -15,6 +15,9 @@ GPU_MEMORY_USED = "kubegpu_gpu_memory_used_bytes"
 GPU_UTILIZATION = "kubegpu_gpu_utilization_ratio"
 POD_MEMORY_USED = "kubegpu_pod_gpu_memory_used_bytes"
 POD_OVER_SHARE = "kubegpu_pod_gpu_over_share"
+# Which card the kubelet gave each container (PodResources, through the exporter): places
+# whole-GPU pods that have no extender decision.
+POD_ALLOCATED = "kubegpu_pod_gpu_allocated"
 _MIB = 2**20
 
 PodCardKey = tuple[str, str, str]  # namespace, pod, GPU uuid
@@ -28,6 +31,8 @@ class NodeUsage:
     gpu_utilization_ratio: Mapping[str, float] = field(default_factory=dict)
     pod_memory_used_mib: Mapping[PodCardKey, int] = field(default_factory=dict)
     pod_over_share: Mapping[PodCardKey, bool] = field(default_factory=dict)
+    # (namespace, pod) -> UUIDs of the cards the node's kubelet says the pod's containers hold
+    pod_cards: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ class UsageParseError(ValueError):
     """The page is not Prometheus text exposition."""
 
 
-_WANTED = (GPU_MEMORY_USED, GPU_UTILIZATION, POD_MEMORY_USED, POD_OVER_SHARE)
+_WANTED = (GPU_MEMORY_USED, GPU_UTILIZATION, POD_MEMORY_USED, POD_OVER_SHARE, POD_ALLOCATED)
 _SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?\s*")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
@@ -67,13 +72,14 @@ def _labels(raw: str, line: str) -> dict[str, str]:
 
 def parse_exporter_metrics(text: str) -> NodeUsage:
     """The series inspect needs from one exporter's ``/metrics`` page (Prometheus text
-    exposition 0.0.4). Only lines of the four wanted metrics are parsed: a page from a node
+    exposition 0.0.4). Only lines of the five wanted metrics are parsed: a page from a node
     with many pods is mostly other series, and a full parse of every page of a large cluster
     would cost more than fetching them."""
     gpu_used: dict[str, int] = {}
     gpu_util: dict[str, float] = {}
     pod_used: dict[PodCardKey, int] = {}
     pod_over: dict[PodCardKey, bool] = {}
+    pod_cards: dict[tuple[str, str], set[str]] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
@@ -97,6 +103,10 @@ def parse_exporter_metrics(text: str) -> NodeUsage:
             gpu_used[uuid] = int(value) // _MIB
         elif name == GPU_UTILIZATION:
             gpu_util[uuid] = value
+        elif name == POD_ALLOCATED:
+            if value > 0:
+                pod = (labels.get("namespace", ""), labels.get("pod", ""))
+                pod_cards.setdefault(pod, set()).add(uuid)
         else:
             key = (labels.get("namespace", ""), labels.get("pod", ""), uuid)
             if name == POD_MEMORY_USED:
@@ -104,4 +114,10 @@ def parse_exporter_metrics(text: str) -> NodeUsage:
                 pod_used[key] = pod_used.get(key, 0) + int(value) // _MIB
             else:
                 pod_over[key] = pod_over.get(key, False) or value > 0
-    return NodeUsage(gpu_used, gpu_util, pod_used, pod_over)
+    return NodeUsage(
+        gpu_used,
+        gpu_util,
+        pod_used,
+        pod_over,
+        {pod: frozenset(cards) for pod, cards in pod_cards.items()},
+    )
