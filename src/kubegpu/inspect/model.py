@@ -627,15 +627,15 @@ def _node_view(
             # No decision names its cards, but the node's kubelet knows them: place the pod
             # there (marked as the kubelet's word) rather than on cards assumed free.
             placed = _kubelet_cards(facts, node_usage, records)
-            for record in placed:
-                pod_key3 = (facts.namespace, facts.name, record.uuid)
-                held[record.uuid].append(
+            for given in placed:
+                pod_key3 = (facts.namespace, facts.name, given.uuid)
+                held[given.uuid].append(
                     PodOnCard(
                         facts.namespace,
                         facts.name,
                         facts.phase,
                         False,
-                        record.memory_mib,
+                        given.memory_mib,
                         MILLI_PER_GPU,
                         facts.bound,
                         node_usage.pod_memory_used_mib.get(pod_key3) if node_usage else None,
