@@ -74,6 +74,25 @@ _path = click.Path(path_type=Path, dir_okay=False)
 )
 @click.option("--workload-refresh-seconds", type=float, default=300.0, show_default=True)
 @click.option("--bind-attempts", type=int, default=5, show_default=True)
+@click.option(
+    "--leader-lease",
+    default=None,
+    help=(
+        "namespace/name of the leader-election Lease of the kube-scheduler that calls this "
+        "extender (kube-system/kube-scheduler for the default scheduler). Set it wherever "
+        "kube-scheduler runs replicated: bind then refuses unless that Lease's holder is "
+        "leader-identity. Unset: every bind is served."
+    ),
+)
+@click.option(
+    "--leader-identity",
+    default=None,
+    help=(
+        "Who this extender binds for: a leader-lease holderIdentity equal to it or starting "
+        "with it and '_' (kube-scheduler writes its host name, '_' and a UUID). Unset: this host's "
+        "name."
+    ),
+)
 @click.option("--whole-gpu-resource", default=DEFAULT_WHOLE_GPU, show_default=True)
 @click.option("--gpu-memory-resource", default=DEFAULT_GPU_MEMORY, show_default=True)
 @click.option("--gpu-compute-resource", default=DEFAULT_GPU_COMPUTE, show_default=True)
@@ -100,6 +119,8 @@ def extender_command(**options: Any) -> None:
             workload_file=_opt_path(options["workload_file"]),
             workload_refresh_s=float(options["workload_refresh_seconds"]),
             bind_attempts=int(options["bind_attempts"]),
+            leader_lease=options["leader_lease"] or None,
+            leader_identity=options["leader_identity"] or None,
         )
         config.validate()
     except (ConfigError, ValueError) as exc:

@@ -47,6 +47,10 @@ class ExtenderConfig:
     workload_file: Path | None = None
     workload_refresh_s: float = 300.0
     bind_attempts: int = 5
+    # "namespace/name" of the Lease held by the kube-scheduler that calls this extender; set,
+    # bind refuses unless the holder is leader_identity (replicated schedulers, leader.py).
+    leader_lease: str | None = None
+    leader_identity: str | None = None  # None: this host's name
 
     @property
     def tls(self) -> bool:
@@ -71,6 +75,13 @@ class ExtenderConfig:
             raise ConfigError(f"max-body-bytes {self.max_body_bytes} is too small")
         if self.bind_attempts < 1:
             raise ConfigError("bind-attempts must be at least 1")
+        if self.leader_lease:
+            namespace, _, name = self.leader_lease.partition("/")
+            if not namespace or not name or "/" in name:
+                raise ConfigError(
+                    f"leader-lease {self.leader_lease!r} must be namespace/name, e.g. "
+                    "kube-system/kube-scheduler"
+                )
 
 
 def is_loopback(host: str) -> bool:

@@ -26,6 +26,7 @@ from lightkube import ApiError
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from kubegpu.extender.leader import LeaderGate
 from kubegpu.extender.scheduler import GpuScheduler, Unschedulable, reason_category
 from kubegpu.extender.wire import (
     ExtenderArgs,
@@ -131,8 +132,10 @@ class ExtenderApp:
         registry: CollectorRegistry | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         bind_attempts: int = 5,
+        leader: LeaderGate | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.leader = leader
         self.view = scheduler.view
         self.client = client
         self.metrics = ExtenderMetrics(registry or CollectorRegistry())
@@ -293,6 +296,11 @@ class ExtenderApp:
         if not self.view.synced.is_set():
             self.metrics.binds.labels("not-synced").inc()
             return "kubegpu extender has not synced yet"
+        if self.leader is not None:
+            refusal = await self.leader.refusal()
+            if refusal:
+                self.metrics.binds.labels("not-leader").inc()
+                return refusal
         pod = self.view.pod_json.get((namespace, name))
         for attempt in range(1, self.bind_attempts + 1):
             if pod is None or attempt > 1:

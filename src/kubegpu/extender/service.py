@@ -13,6 +13,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from kubegpu.extender.config import ExtenderConfig, load_workload, server_ssl_context
+from kubegpu.extender.leader import LeaderGate, default_identity
 from kubegpu.extender.scheduler import GpuScheduler
 from kubegpu.extender.server import ExtenderApp
 from kubegpu.kube.client import async_client
@@ -43,12 +44,21 @@ class ExtenderService:
             workload=workload,
             workload_refresh_s=config.workload_refresh_s,
         )
+        leader = None
+        if config.leader_lease:
+            leader = LeaderGate(
+                self.client,
+                config.leader_lease,
+                config.leader_identity or default_identity(),
+                catch_up=self.view.resync_pods,
+            )
         self.app = ExtenderApp(
             self.scheduler,
             self.client,
             registry=registry,
             max_body_bytes=config.max_body_bytes,
             bind_attempts=config.bind_attempts,
+            leader=leader,
         )
         self._runner: web.AppRunner | None = None
         self._view_task: asyncio.Task[None] | None = None
@@ -75,10 +85,13 @@ class ExtenderService:
         self._runner = runner
         self.port = runner.addresses[0][1]
         log.info(
-            "kubegpu extender on %s, policy %s, resources %s",
+            "kubegpu extender on %s, policy %s, resources %s, %s",
             self.url,
             self.config.policy,
             ",".join(self.config.names.all),
+            f"binds while lease {self.app.leader.lease} names {self.app.leader.identity}"
+            if self.app.leader
+            else "binds whenever asked (no leader-lease)",
         )
 
     async def stop(self) -> None:

@@ -209,6 +209,12 @@ class ClusterView:
                 self.observed[uid] = reading.usage
         self._touch(before, self.usage(uid))
 
+    async def resync_pods(self) -> None:
+        """List the pods again now and apply the list: everything written before this call is
+        in the view when it returns (a watch may lag behind). The watch goes on; the
+        resourceVersion guard keeps whichever of the two is newer for each pod."""
+        await self._relist(Pod, "pods")
+
     def _bury(self, uid: str) -> None:
         now = self._clock()
         self._tombstones[uid] = now

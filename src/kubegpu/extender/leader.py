@@ -1,0 +1,112 @@
+"""Binding only while the kube-scheduler next to this extender holds the scheduler's Lease.
+
+Where kube-scheduler runs replicated (one per control-plane node, each calling the extender on
+its own host), each extender keeps its reservations in memory; two extenders binding at once
+could each hand out the same card's last room to different pods, and a per-pod
+resourceVersion cannot stop that. kube-scheduler itself only schedules while it holds its
+leader-election Lease, but a bind it started can outlive its leadership (the extender keeps
+serving a request whose caller is gone). So with ``leader-lease`` set, bind asks this gate
+first: the Lease's ``holderIdentity`` (kube-scheduler writes ``<hostname>_<uuid>``) must be
+this extender's identity (its host name by default: the same host as its kube-scheduler).
+
+The answer is read from the API server, at most ``max_age_s`` old, one read at a time however
+many binds ask. When this extender becomes the leader's, it lists the pods again before
+deciding anything: decisions the previous leader's extender recorded just before the handover
+may not have reached its watch yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable
+
+import httpx2 as httpx
+import lightkube
+from lightkube import ApiError
+from lightkube.resources.coordination_v1 import Lease
+
+log = logging.getLogger(__name__)
+
+
+def default_identity() -> str:
+    """This host's name: what kube-scheduler on the same host puts before ``_<uuid>``."""
+    return socket.gethostname()
+
+
+def holds(holder: str, identity: str) -> bool:
+    """Whether a Lease ``holderIdentity`` names ``identity`` (kube-scheduler's own form is
+    ``<identity>_<uuid>``; a holder written as the bare identity counts too)."""
+    return bool(holder) and (holder == identity or holder.startswith(identity + "_"))
+
+
+class LeaderGate:
+    """``await gate.refusal()``: "" while this extender may bind, else why it may not."""
+
+    def __init__(
+        self,
+        client: lightkube.AsyncClient,
+        lease: str,
+        identity: str,
+        *,
+        catch_up: Callable[[], Awaitable[None]],
+        max_age_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.namespace, _, self.name = lease.partition("/")
+        self.identity = identity
+        self._catch_up = catch_up
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._checked_at: float | None = None
+        self._refusal = ""
+        self._leading = False  # as of the last check, caught up included
+
+    @property
+    def lease(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    async def refusal(self) -> str:
+        async with self._lock:  # one read at a time; the binds waiting share its answer
+            now = self._clock()
+            if self._checked_at is None or now - self._checked_at > self.max_age_s:
+                self._refusal = await self._check()
+                self._checked_at = self._clock()
+            return self._refusal
+
+    async def _check(self) -> str:
+        try:
+            lease = await self.client.get(Lease, self.name, namespace=self.namespace)
+        except ApiError as exc:
+            return self._lost(f"cannot read lease {self.lease}: {exc.status.message}")
+        except httpx.HTTPError as exc:
+            return self._lost(f"cannot read lease {self.lease}: {exc}")
+        holder = (lease.spec.holderIdentity if lease.spec else None) or ""
+        if not holds(holder, self.identity):
+            return self._lost(
+                f"kubegpu extender {self.identity!r} is not next to the leading kube-scheduler "
+                f"(lease {self.lease} is held by {holder or 'nobody'!r}); refusing to bind"
+            )
+        if not self._leading:
+            try:
+                await self._catch_up()
+            except (ApiError, httpx.HTTPError, OSError) as exc:
+                return f"kubegpu extender {self.identity!r} cannot list pods to take over: {exc}"
+            self._leading = True
+            log.info(
+                "lease %s is held by %s: this extender (%s) binds from now on",
+                self.lease,
+                holder,
+                self.identity,
+            )
+        return ""
+
+    def _lost(self, why: str) -> str:
+        if self._leading or self._refusal != why:
+            log.warning("%s", why)
+        self._leading = False
+        return why
