@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 
 from kubegpu.extender.service import ExtenderService
+from kubegpu.kube.view import Backoff
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, decode_allocation
 from kubegpu.sharing.resources import GPU_MODELS_ANNOTATION
 from kubegpu.testing.apiserver import FakeApiServer, StatusError, Store
@@ -178,3 +179,26 @@ async def test_a_binding_that_landed_though_its_reply_was_lost_keeps_its_decisio
                 "node-a: needs 1 whole GPUs, 0 free"
             )
     assert stored(server, "second")["spec"].get("nodeName") is None
+
+
+async def test_a_pod_recreated_under_its_name_is_bound_though_the_watch_lags() -> None:
+    async with FakeApiServer() as server:
+        server.store.put("nodes", gpu_node("node-a", cards=1))
+        server.store.put("pods", whole_pod("p", 1))
+        # Watches dropped below stay down for a minute: the view keeps the deleted pod.
+        async with (
+            running_extender(server) as ext,
+            http_session() as http,
+        ):
+            ext.view.backoff = Backoff(60.0, 60.0)
+            await seen(ext, server, "p")
+            old_uid = stored(server, "p")["metadata"]["uid"]
+            await server.wait_for_watches(2)
+            server.drop_watches(abrupt=True)
+            server.store.remove("pods", "default", "p")
+            server.store.put("pods", whole_pod("p", 1))  # same name, new UID
+            assert ext.view.pod_json[("default", "p")]["metadata"]["uid"] == old_uid
+            # kube-scheduler binds the new pod: the extender reads it instead of refusing.
+            assert await bind(http, ext, server, "p", "node-a") == ""
+    assert stored(server, "p")["spec"]["nodeName"] == "node-a"
+    assert decision_of(server, "p") is not None

@@ -40,7 +40,7 @@ from kubegpu.extender.wire import (
 )
 from kubegpu.kube import pods as kpods
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION
-from kubegpu.sharing.podstate import read_decision
+from kubegpu.sharing.podstate import pod_uid, read_decision
 from kubegpu.sharing.resources import (
     GpuRequest,
     RequestError,
@@ -302,6 +302,8 @@ class ExtenderApp:
                 self.metrics.binds.labels("not-leader").inc()
                 return refusal
         pod = self.view.pod_json.get((namespace, name))
+        if pod is not None and pod_uid(pod) != uid:
+            pod = None  # the watch has not told of a deletion yet: ask the API server
         for attempt in range(1, self.bind_attempts + 1):
             if pod is None or attempt > 1:
                 try:
