@@ -22,14 +22,26 @@ from lightkube.resources.core_v1 import Pod
 
 from kubegpu.core.gpu import GpuDevice
 from kubegpu.inventory.spec import resolve_fake_spec
-from kubegpu.kubelet.shares import ALLOCATED_ANNOTATION, DRIFT_ANNOTATION, Ledger, decode_ledger
+from kubegpu.kubelet.shares import (
+    ALLOCATED_ANNOTATION,
+    DRIFT_ANNOTATION,
+    MISMATCH_ANNOTATION,
+    Ledger,
+    decode_ledger,
+)
+from kubegpu.sharing.accounting import over_capacity
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
+    INVENTORY_ANNOTATION,
     AllocationDecision,
     CardShare,
     ContainerAllocation,
+    decode_allocation,
+    decode_inventory,
     encode_allocation,
 )
+from kubegpu.sharing.podstate import read_pod
+from kubegpu.sharing.resources import ResourceNames
 from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node
 from kubegpu.testing.kubelet import Allocation, KubeletEmulator
 from tests.kubelet.conftest import PluginProcess
@@ -213,6 +225,22 @@ class SharedNode:
         stored = self.api.store.put("pods", pod)
         return str(stored["metadata"]["uid"])
 
+    def decision(self, name: str) -> AllocationDecision:
+        return decode_allocation(self.annotations(name)[ALLOCATION_ANNOTATION])
+
+    def over_capacity(self) -> list[str]:
+        """What the extender's own arithmetic finds over capacity on this node's cards, from
+        the records on the pods (as a restarted extender would rebuild them)."""
+        names = ResourceNames(WHOLE, MEMORY, COMPUTE, SLOT)
+        raw = self.api.store.get("nodes", None, NODE) or {}
+        inventory = decode_inventory(raw["metadata"]["annotations"][INVENTORY_ANNOTATION])
+        usages = []
+        for pod in self.client.list(Pod, namespace="*"):
+            usage = read_pod(pod.to_dict(), names).usage
+            if usage is not None:
+                usages.append(usage)
+        return over_capacity(inventory, usages)
+
     def pod(self, name: str) -> dict[str, Any]:
         got: dict[str, Any] = self.client.get(Pod, name, namespace="default").to_dict()
         return got
@@ -226,6 +254,30 @@ class SharedNode:
 
     def drift(self, name: str) -> str | None:
         return self.annotations(name).get(DRIFT_ANNOTATION)
+
+    def mismatch(self, name: str) -> str | None:
+        return self.annotations(name).get(MISMATCH_ANNOTATION)
+
+    def assert_records_match(self, pod: str, got: Mapping[str, Allocation]) -> None:
+        """The pod's records say, container by container, what ``got`` (the kubelet's
+        Allocate answers) handed out: card, slot, MiB and milli in the ledger and in the
+        decision the extender reads back."""
+        ledger = self.ledger(pod)
+        assert ledger is not None, pod
+        decided = {c.name: c.cards for c in self.decision(pod).containers}
+        for container, allocation in got.items():
+            env = allocation.envs
+            entry = ledger.get(container)
+            assert entry is not None, (pod, container)
+            told = (
+                env["NVIDIA_VISIBLE_DEVICES"],
+                int(env["KUBEGPU_GPU_MEMORY_LIMIT_MIB"]),
+                int(env["KUBEGPU_GPU_COMPUTE_MILLI"]),
+            )
+            assert (entry.uuid, entry.memory_mib, entry.compute_milli) == told, (pod, container)
+            assert entry.slot == allocation.device_ids[0]
+            (card,) = decided[container]
+            assert (card.uuid, card.memory_mib, card.compute_milli) == told, (pod, container)
 
     def allocate_share(
         self, uid: str, pod: str, container: str, must_include: Sequence[str] = ()

@@ -19,6 +19,7 @@ from kubegpu.sharing.annotations import (
     AllocationDecision,
     CardShare,
     ContainerAllocation,
+    decode_allocation,
     encode_allocation,
 )
 from kubegpu.testing.apiserver import FakeApiServer, make_node
@@ -32,23 +33,34 @@ CONFIG = AgentConfig.model_validate({"sharing": {"gpuShare": {"enabled": True, "
 class ScriptedPodResources:
     def __init__(self) -> None:
         self.holdings: list[DeviceHolding] = []
+        self.down = False
 
     async def list_holdings(self) -> list[DeviceHolding]:
+        if self.down:
+            raise ConnectionError("kubelet socket refused the connection")
         return list(self.holdings)
 
 
-def shared_pod(name: str, card: int, containers: tuple[str, ...]) -> dict[str, object]:
-    share = CardShare(CARDS[card], card, 200, 2000)
+def shared_pod(
+    name: str,
+    card: int,
+    containers: tuple[str, ...],
+    *,
+    compute: int = 200,
+    memory: int = 2000,
+    decided: str = "2026-01-01T00:00:00Z",
+) -> dict[str, object]:
+    share = CardShare(CARDS[card], card, compute, memory)
     decision = AllocationDecision(
         NODE,
-        (CardShare(CARDS[card], card, 200 * len(containers), 2000 * len(containers)),),
+        (CardShare(CARDS[card], card, compute * len(containers), memory * len(containers)),),
         tuple(ContainerAllocation(c, False, (share,)) for c in containers),
-        "2026-01-01T00:00:00Z",
+        decided,
         "test",
         True,
     )
-    limits = {"kubegpu.io/gpu-shared": "1", "kubegpu.io/gpu-memory": "2000"}
-    limits["kubegpu.io/gpu-compute"] = "200"
+    limits = {"kubegpu.io/gpu-shared": "1", "kubegpu.io/gpu-memory": str(memory)}
+    limits["kubegpu.io/gpu-compute"] = str(compute)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -204,3 +216,102 @@ async def test_whole_gpus_follow_the_decision_else_the_extenders_highest_index_a
     }
     server.store.put("pods", whole_pod)
     assert await coordinator.preferred(whole_plan, CARDS, [], 2) == (CARDS[0], CARDS[2])
+
+
+def slot_holding(pod: str, card: int, replica: int = 0) -> DeviceHolding:
+    slot = slot_id(INVENTORY.gpus[card].uuid, replica)
+    return DeviceHolding("default", pod, "main", "kubegpu.io/gpu-shared", (slot,))
+
+
+async def test_an_exchange_cut_short_between_its_two_writes_is_finished_next_round(
+    server: FakeApiServer,
+    parts: tuple[SharingCoordinator, ScriptedPodResources, HealthBoard],
+) -> None:
+    coordinator, pod_resources, _ = parts
+    server.store.put("pods", shared_pod("a", 0, ("main",), compute=600, memory=8000))
+    server.store.put(
+        "pods",
+        shared_pod("c", 1, ("main",), compute=300, memory=3000, decided="2026-01-01T00:00:01Z"),
+    )
+    slot_plan = next(p for p in coordinator.plans if p.share_slots)
+    # The kubelet admits c first; the agent expects a (decided first) and hands out a's share.
+    got = await coordinator.allocate(slot_plan, [slot_id(INVENTORY.gpus[0].uuid, 0)])
+    assert (got.envs["NVIDIA_VISIBLE_DEVICES"], got.envs["KUBEGPU_GPU_MEMORY_LIMIT_MIB"]) == (
+        CARDS[0],
+        "8000",
+    )
+    pod_resources.holdings = [slot_holding("c", 0)]
+    # The agent stops between the holder's write and the other pod's: here a 409 on a.
+    server.inject_failures("pods", "a", namespace="default", count=1, code=409)
+    await coordinator.reconcile()
+    c_ledger = decode_ledger(pod_annotations(server, "c")[ALLOCATED_ANNOTATION])
+    (entry,) = c_ledger.containers
+    assert (entry.uuid, entry.memory_mib, entry.verified) == (CARDS[0], 8000, True)
+    assert entry.trade is not None and entry.trade.pod == "default/a"
+    c_decision = decode_allocation(pod_annotations(server, "c")[ALLOCATION_ANNOTATION])
+    assert [(x.uuid, x.memory_mib) for x in c_decision.cards] == [(CARDS[0], 8000)]
+    # a still says what it said: card 0 handed out. A restarted agent (a new coordinator, the
+    # same API and kubelet) finishes the exchange from c's trade note.
+    assert decode_allocation(pod_annotations(server, "a")[ALLOCATION_ANNOTATION]).gpu_uuids == (
+        CARDS[0],
+    )
+    again = SharingCoordinator(
+        NODE, CONFIG, coordinator.api, HealthBoard(), pod_resources=pod_resources
+    )
+    again.set_plans(coordinator.plans)
+    assert await again.reconcile() == 1
+    a_decision = decode_allocation(pod_annotations(server, "a")[ALLOCATION_ANNOTATION])
+    assert [(x.uuid, x.compute_milli, x.memory_mib) for x in a_decision.cards] == [
+        (CARDS[1], 300, 3000)
+    ]
+    assert decode_ledger(pod_annotations(server, "a")[ALLOCATED_ANNOTATION]).containers == ()
+    assert "earlier agent started" in pod_annotations(server, "a")[DRIFT_ANNOTATION]
+    # a, still to be admitted, now gets the share that was decided for c.
+    got_a = await again.allocate(slot_plan, [slot_id(INVENTORY.gpus[1].uuid, 0)])
+    assert (got_a.envs["NVIDIA_VISIBLE_DEVICES"], got_a.envs["KUBEGPU_GPU_MEMORY_LIMIT_MIB"]) == (
+        CARDS[1],
+        "3000",
+    )
+
+
+async def test_podresources_down_at_allocate_falls_back_to_the_ledgers(
+    server: FakeApiServer,
+    parts: tuple[SharingCoordinator, ScriptedPodResources, HealthBoard],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    coordinator, pod_resources, _ = parts
+    server.store.put("pods", shared_pod("p", 1, ("main",)))
+    pod_resources.down = True
+    slot_plan = next(p for p in coordinator.plans if p.share_slots)
+    got = await coordinator.allocate(slot_plan, [slot_id(INVENTORY.gpus[1].uuid, 0)])
+    assert got.envs["NVIDIA_VISIBLE_DEVICES"] == CARDS[1]
+    assert (
+        f"node {NODE}: cannot list the kubelet's PodResources for share slot "
+        f"{slot_id(INVENTORY.gpus[1].uuid, 0)} (kubelet socket refused the connection); going "
+        "by the pods' ledgers alone"
+    ) in caplog.text
+
+
+async def test_a_pod_being_admitted_is_not_handed_a_slot_of_another_card(
+    server: FakeApiServer,
+    parts: tuple[SharingCoordinator, ScriptedPodResources, HealthBoard],
+) -> None:
+    coordinator, pod_resources, _ = parts
+    server.store.put("pods", shared_pod("m", 2, ("a", "b")))
+    server.store.put("pods", shared_pod("o", 3, ("main",)))
+    slot_plan = next(p for p in coordinator.plans if p.share_slots)
+    await coordinator.allocate(slot_plan, [slot_id(INVENTORY.gpus[2].uuid, 0)])
+    pod_resources.holdings = [
+        DeviceHolding(
+            "default", "m", "a", "kubegpu.io/gpu-shared", (slot_id(INVENTORY.gpus[2].uuid, 0),)
+        )
+    ]
+    # The kubelet is part-way through m; a slot on card 3 (o's card) is not for o.
+    with pytest.raises(AllocationRefused) as caught:
+        await coordinator.allocate(slot_plan, [slot_id(INVENTORY.gpus[3].uuid, 0)])
+    assert caught.value.code == "FAILED_PRECONDITION"
+    assert (
+        f"the kubelet is admitting pod default/m, whose container b has its share on card "
+        f"{CARDS[2]}" in str(caught.value)
+    )
+    assert ALLOCATED_ANNOTATION not in pod_annotations(server, "o")

@@ -20,7 +20,7 @@ from kubegpu.sharing.annotations import (
 )
 from kubegpu.sharing.resources import GPU_MODELS_ANNOTATION
 from kubegpu.testing.apiserver import make_pod
-from kubegpu.testing.kubelet import AllocationError
+from kubegpu.testing.kubelet import Allocation, AllocationError
 from tests.kubelet.conftest import short_tempdir
 from tests.kubelet.sharenode import (
     COMPUTE,
@@ -51,6 +51,16 @@ def node() -> Iterator[SharedNode]:
 
 def uuid_of(node: SharedNode, index: int) -> str:
     return node.card(index).uuid
+
+
+def told(got: Allocation) -> tuple[str, int, int]:
+    """What a sharing container's env says it got: card, milli, MiB."""
+    env = got.envs
+    return (
+        env["NVIDIA_VISIBLE_DEVICES"],
+        int(env["KUBEGPU_GPU_COMPUTE_MILLI"]),
+        int(env["KUBEGPU_GPU_MEMORY_LIMIT_MIB"]),
+    )
 
 
 def test_advertises_slots_per_card_beside_whole_gpus_and_publishes_the_inventory(
@@ -113,30 +123,105 @@ def test_a_kubelet_serving_the_younger_pod_first_is_repaired_by_reconciliation(
     spec = [ShareSpec("main", 600, 8000)]
     uid_a = node.add_shared_pod("a", 0, spec)
     uid_b = node.add_shared_pod("b", 1, spec)
-    # Out of the kubelet's usual order: the agent cannot tell, so it serves the oldest
-    # decision; PodResources later shows the truth and the ledgers are corrected.
+    # Out of the agent's expected order: it cannot tell at b's Allocate, so b gets the share
+    # decided for a (the older decision); at a's Allocate PodResources shows b on a's slot, the
+    # two pods' records are exchanged, and a gets the share that had been decided for b.
     got_b = node.allocate_share(uid_b, "b", "main")
     got_a = node.allocate_share(uid_a, "a", "main")
-    node.wait_until(lambda: node.drift("a") is not None, "drift flagged on pod a")
+    assert got_b.envs["NVIDIA_VISIBLE_DEVICES"] == uuid_of(node, 0)
+    assert got_a.envs["NVIDIA_VISIBLE_DEVICES"] == uuid_of(node, 1)
     ledger_a = node.wait_verified("a", 1)
     ledger_b = node.wait_verified("b", 1)
     assert ledger_a.containers[0].uuid == card_of(got_a.device_ids[0])
     assert ledger_b.containers[0].uuid == card_of(got_b.device_ids[0])
-    assert "repaired" in (node.drift("a") or "")
-    assert "repaired" in (node.drift("b") or "")
-    assert "pod default/a: container main: the agent recorded card" in node.plugin.log()
+    assert "records exchanged" in (node.drift("a") or "")
+    assert "records exchanged" in (node.drift("b") or "")
+    assert "pod default/b: container main: the agent recorded nothing for it" in node.plugin.log()
+    # Same size: each got what it asked for, only on the other card; nothing to complain about.
+    assert node.mismatch("a") is None and node.mismatch("b") is None
 
     # The extender's records follow the truth, so its accounting stays right after a restart.
-    def decided(name: str) -> tuple[str, ...]:
-        return decode_allocation(node.annotations(name)[ALLOCATION_ANNOTATION]).gpu_uuids
-
-    real_a, real_b = card_of(got_a.device_ids[0]), card_of(got_b.device_ids[0])
-    node.wait_until(lambda: decided("a") == (real_a,), "decision of a moved to its real card")
-    node.wait_until(lambda: decided("b") == (real_b,), "decision of b moved to its real card")
-    assert "decision moved so the extender accounts the truth" in (node.drift("a") or "")
-    # Identical requests: whichever way round, no card holds more than it has.
+    assert node.decision("a").gpu_uuids == (card_of(got_a.device_ids[0]),)
+    assert node.decision("b").gpu_uuids == (card_of(got_b.device_ids[0]),)
+    node.assert_records_match("a", {"main": got_a})
+    node.assert_records_match("b", {"main": got_b})
     for compute, memory in card_totals(node, ["a", "b"]).values():
         assert compute <= 1000 and memory <= T4_MIB
+
+
+def test_unequal_pods_admitted_out_of_order_are_recorded_as_handed_out_and_flagged(
+    node: SharedNode,
+) -> None:
+    # Card 1 already holds d's 700 milli. The extender put a (600) on card 0 and c (300) beside
+    # d on card 1; a was decided first, so the agent expects the kubelet to admit a first.
+    uid_d = node.add_shared_pod("d", 1, [ShareSpec("main", 700, 10000)])
+    got_d = node.allocate_share(uid_d, "d", "main")
+    uid_a = node.add_shared_pod("a", 0, [ShareSpec("main", 600, 8000)])
+    uid_c = node.add_shared_pod("c", 1, [ShareSpec("main", 300, 3000)])
+    got_c = node.allocate_share(uid_c, "c", "main")  # the kubelet admits c first
+    got_a = node.allocate_share(uid_a, "a", "main")
+
+    # What each container was handed: c the share decided for a, a the one decided for c.
+    # Per card that is still what the extender decided (card 1: 700 + 300).
+    assert told(got_c) == (uuid_of(node, 0), 600, 8000)
+    assert told(got_a) == (uuid_of(node, 1), 300, 3000)
+    for name in ("a", "c", "d"):
+        node.wait_verified(name, 1)
+    # The records say exactly that, in the ledgers and in the decisions the extender reads.
+    node.assert_records_match("a", {"main": got_a})
+    node.assert_records_match("c", {"main": got_c})
+    node.assert_records_match("d", {"main": got_d})
+    assert card_totals(node, ["a", "c", "d"]) == {
+        uuid_of(node, 0): (600, 8000),
+        uuid_of(node, 1): (1000, 13000),
+    }
+    node.wait_until(lambda: published_models(node) != [], "inventory published")
+    assert node.over_capacity() == []
+
+    # Both pods got a share of another size than they asked for: said on each pod, with what
+    # to do, and in the agent's log naming the node, both pods, the card and the sizes.
+    mismatch_c = node.mismatch("c") or ""
+    assert "got the share decided for default/a container main" in mismatch_c
+    assert f"(8000 MiB, 600 milli on card {uuid_of(node, 0)}) instead of its own" in mismatch_c
+    assert "delete and recreate pod default/c" in mismatch_c
+    mismatch_a = node.mismatch("a") or ""
+    assert "gets the share decided for default/c container main" in mismatch_a
+    assert "delete and recreate pod default/a" in mismatch_a
+    assert node.mismatch("d") is None
+    log = node.plugin.log()
+    assert (
+        f"node {NODE}: pod default/c: GPU share mismatch: container main got the share decided "
+        f"for default/a container main (8000 MiB, 600 milli on card {uuid_of(node, 0)}) instead "
+        "of its own (3000 MiB, 300 milli)"
+    ) in log
+
+
+def test_a_multi_container_pod_admitted_out_of_order_is_recorded_across_its_cards(
+    node: SharedNode,
+) -> None:
+    uid_q = node.add_shared_pod("q", 3, [ShareSpec("main", 400, 4000)])
+    uid_p = node.add_shared_pod("p", 2, [ShareSpec("x", 200, 2000), ShareSpec("y", 300, 3000)])
+    # The kubelet admits p before q: p's first container gets q's share (the agent cannot tell);
+    # from its second container on, PodResources shows the kubelet part-way through p, so the
+    # agent knows it is p and hands out p's own share.
+    got_x = node.allocate_share(uid_p, "p", "x")
+    got_y = node.allocate_share(uid_p, "p", "y")
+    got_q = node.allocate_share(uid_q, "q", "main")
+    assert got_x.envs["NVIDIA_VISIBLE_DEVICES"] == uuid_of(node, 3)
+    assert got_x.envs["KUBEGPU_GPU_MEMORY_LIMIT_MIB"] == "4000"
+    assert got_y.envs["NVIDIA_VISIBLE_DEVICES"] == uuid_of(node, 2)
+    assert got_y.envs["KUBEGPU_GPU_MEMORY_LIMIT_MIB"] == "3000"
+    assert got_q.envs["NVIDIA_VISIBLE_DEVICES"] == uuid_of(node, 2)
+    assert got_q.envs["KUBEGPU_GPU_MEMORY_LIMIT_MIB"] == "2000"
+    node.wait_verified("p", 2)
+    node.wait_verified("q", 1)
+    node.assert_records_match("p", {"x": got_x, "y": got_y})
+    node.assert_records_match("q", {"main": got_q})
+    # p now holds shares of two cards, and its decision says so, card by card.
+    decided = {c.uuid: (c.compute_milli, c.memory_mib) for c in node.decision("p").cards}
+    assert decided == {uuid_of(node, 3): (400, 4000), uuid_of(node, 2): (300, 3000)}
+    node.wait_until(lambda: published_models(node) != [], "inventory published")
+    assert node.over_capacity() == []
 
 
 def test_a_pod_without_a_decision_gets_a_clear_error_not_a_random_card(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -10,24 +11,30 @@ from kubegpu.config.model import AgentConfig
 from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2
 from kubegpu.kubelet.plugin import _device_message
+from kubegpu.kubelet.records import follow_share_holdings
 from kubegpu.kubelet.resources import PlanError, build_plans, card_of, slot_id
 from kubegpu.kubelet.shares import (
     GrantedContainer,
     Ledger,
     LedgerError,
     MpsPaths,
+    NodePod,
+    Trade,
     decode_ledger,
     encode_ledger,
     pending_share_pods,
     preferred_whole_cards,
     read_node_pod,
+    share_candidates,
     share_env,
+    shared_decision,
 )
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
     AllocationDecision,
     CardShare,
     ContainerAllocation,
+    decode_allocation,
     encode_allocation,
 )
 from kubegpu.sharing.resources import ResourceNames
@@ -101,13 +108,14 @@ def pod(
     containers: list[tuple[str, bool]],
     ledger: Ledger | None = None,
     phase: str = "Pending",
+    decided: str = "2026-01-01T00:00:00Z",
 ) -> dict[str, object]:
     share = CardShare(card, 0, 100, 1000)
     decision = AllocationDecision(
         "n1",
         (share,),
         tuple(ContainerAllocation(c, init, (share,)) for c, init in containers),
-        "2026-01-01T00:00:00Z",
+        decided,
         "test",
         True,
     )
@@ -173,8 +181,142 @@ def test_a_decision_for_another_node_is_not_served() -> None:
     assert pending_share_pods([p]) == []
 
 
+def test_pods_are_expected_in_bind_order_not_creation_order() -> None:
+    # "old" was created first but bound (decided) later, e.g. after waiting for capacity: the
+    # kubelet sees it later, so it is admitted after "young".
+    old = pod(
+        "old", "2026-01-01T00:00:00Z", UUID0, [("main", False)], decided="2026-01-02T10:00:01Z"
+    )
+    young = pod(
+        "young", "2026-01-01T09:00:00Z", UUID0, [("main", False)], decided="2026-01-02T10:00:00Z"
+    )
+    tie = pod(
+        "tie", "2026-01-01T08:00:00Z", UUID0, [("main", False)], decided="2026-01-02T10:00:00Z"
+    )
+    pods = [read_node_pod(p, "n1", NAMES) for p in (old, young, tie)]
+    assert [p.name for p in pending_share_pods(pods, UUID0)] == ["tie", "young", "old"]
+
+
+def test_podresources_names_the_pod_being_admitted_and_the_ones_already_admitted() -> None:
+    first = pod("first", "2026-01-01T00:00:00Z", UUID1, [("main", False)])
+    multi = pod("multi", "2026-01-01T00:01:00Z", UUID0, [("a", False), ("b", False)])
+    later = pod("later", "2026-01-01T00:02:00Z", UUID0, [("main", False)])
+    pods = [read_node_pod(p, "n1", NAMES) for p in (first, multi, later)]
+    # Nothing held: the pending pods in admission order.
+    assert [c.pod.name for c in share_candidates(pods, None, {})] == ["first", "multi", "later"]
+    # "multi" holds a slot for "a", not for "b": the kubelet is admitting it, and only it,
+    # even for a slot of another card (the caller refuses that instead of guessing).
+    busy = share_candidates(pods, UUID1, {("ns", "multi"): {"a"}})
+    assert [(c.pod.name, c.container, c.admitting) for c in busy] == [("multi", "b", True)]
+    # A pod holding all its slots is admitted: not a candidate, although its ledger is empty.
+    done = share_candidates(pods, UUID0, {("ns", "multi"): {"a", "b"}})
+    assert [(c.pod.name, c.container, c.admitting) for c in done] == [("later", "main", False)]
+
+
+def test_a_rebuilt_shared_decision_counts_init_and_sidecars_as_the_extender_does() -> None:
+    raw = pod("p", "t", UUID0, [("app", False), ("side", True), ("setup", True)])
+    init = raw["spec"]["initContainers"]  # type: ignore[index]
+    init[0]["restartPolicy"] = "Always"  # "side" is a sidecar: it runs beside the app
+    p = read_node_pod(raw, "n1", NAMES)
+    assert (p.init_containers, p.sidecars) == (frozenset({"side", "setup"}), frozenset({"side"}))
+    tokens = {
+        "app": CardShare(UUID0, 0, 300, 3000),
+        "side": CardShare(UUID0, 0, 100, 1000),
+        "setup": CardShare(UUID1, 1, 500, 9000),
+    }
+    decision = shared_decision(p, tokens)
+    # Card 0: app + sidecar = 400/4000 (the setup step there is just the sidecar: 100/1000).
+    # Card 1: only the init step, 500/9000 (the sidecar on card 0 adds nothing to card 1).
+    assert {c.uuid: (c.compute_milli, c.memory_mib) for c in decision.cards} == {
+        UUID0: (400, 4000),
+        UUID1: (500, 9000),
+    }
+    assert {c.name: c.cards for c in decision.containers} == {n: (t,) for n, t in tokens.items()}
+    # The annotation codec takes it: every container on one card, gpus lists just those.
+    assert decode_allocation(encode_allocation(decision)) == decision
+
+
+def shared(name: str, card: int, compute: int, memory: int, order: int) -> NodePod:
+    uuid = str(h200(card).uuid)
+    share = CardShare(uuid, card, compute, memory)
+    decision = AllocationDecision(
+        "n1", (share,), (ContainerAllocation("main", False, (share,)),), f"t{order}", "x", True
+    )
+    limits = {NAMES.share_slot: "1", NAMES.gpu_memory: str(memory), NAMES.gpu_compute: str(compute)}
+    raw = {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": name,
+            "annotations": {ALLOCATION_ANNOTATION: encode_allocation(decision)},
+        },
+        "spec": {
+            "nodeName": "n1",
+            "containers": [{"name": "main", "resources": {"limits": limits}}],
+        },
+    }
+    return read_node_pod(raw, "n1", NAMES)
+
+
+def test_an_exchange_relabels_records_so_each_card_keeps_its_total() -> None:
+    slot0, slot1 = slot_id(h200(0).uuid, 0), slot_id(h200(1).uuid, 0)
+    a, c = shared("a", 0, 600, 8000, 1), shared("c", 1, 300, 3000, 2)
+    # The agent handed c the share decided for a (recorded on a), then a the one decided for c.
+    a = a.with_records(
+        a.decision, Ledger("n1", (GrantedContainer("main", UUID0, slot0, 600, 8000, "1"),))
+    )
+    c = c.with_records(
+        c.decision, Ledger("n1", (GrantedContainer("main", UUID1, slot1, 300, 3000, "2"),))
+    )
+    held = {("ns", "c", "main"): (slot0,), ("ns", "a", "main"): (slot1,)}
+    repairs = follow_share_holdings([a, c], held, node="n1", index_of={}, now="now")
+    by = {r.pod.name: r for r in repairs}
+    assert set(by) == {"a", "c"}
+    for name, card, slot, size in (
+        ("a", UUID1, slot1, (300, 3000)),
+        ("c", UUID0, slot0, (600, 8000)),
+    ):
+        repair = by[name]
+        assert repair.decision is not None and repair.ledger is not None
+        (total,) = repair.decision.cards
+        assert (total.uuid, total.compute_milli, total.memory_mib) == (card, *size)
+        (entry,) = repair.ledger.containers
+        assert (entry.uuid, entry.slot, entry.compute_milli, entry.memory_mib) == (
+            card,
+            slot,
+            *size,
+        )
+        assert entry.verified
+        assert any("delete and recreate pod ns/" + name in m for m in repair.mismatches)
+    # The first holder processed carries the trade and is written first.
+    assert repairs[0].first and not repairs[1].first
+    assert repairs[0].ledger is not None and repairs[0].ledger.containers[0].trade is not None
+    # Applied, the records need nothing more.
+    done = [p.with_records(by[p.name].decision, by[p.name].ledger) for p in (a, c)]
+    assert follow_share_holdings(done, held, node="n1", index_of={}, now="now") == []
+
+
+def test_an_exchange_half_written_by_a_stopped_agent_is_finished() -> None:
+    slot0 = slot_id(h200(0).uuid, 0)
+    a, c = shared("a", 0, 600, 8000, 1), shared("c", 1, 300, 3000, 2)
+    grant = GrantedContainer("main", UUID0, slot0, 600, 8000, "1")
+    a = a.with_records(a.decision, Ledger("n1", (grant,)))
+    # c (holding a's share) was rewritten, then the agent stopped before rewriting a.
+    c_token = CardShare(UUID1, 1, 300, 3000)
+    trade = Trade("ns/a", "main", c_token, None)
+    c_decision = shared("c2", 0, 600, 8000, 2).decision
+    c = c.with_records(c_decision, Ledger("n1", (replace(grant, verified=True, trade=trade),)))
+    held = {("ns", "c", "main"): (slot0,)}
+    (repair,) = follow_share_holdings([a, c], held, node="n1", index_of={}, now="now")
+    assert repair.pod.name == "a"
+    assert repair.decision is not None and repair.decision.cards == (c_token,)
+    assert repair.ledger is not None and repair.ledger.containers == ()  # a is pending again
+    assert "finishing an exchange of records an earlier agent started" in repair.notes[0]
+
+
 def test_ledger_round_trips_and_rejects_garbage() -> None:
-    ledger = Ledger("n1", (granted("a"), granted("b", UUID1)))
+    trade = Trade("ns/p", "main", CardShare(UUID1, 1, 300, 3000), granted("main", UUID1))
+    ledger = Ledger("n1", (granted("a"), granted("b", UUID1), replace(granted("c"), trade=trade)))
     assert decode_ledger(encode_ledger(ledger)) == ledger
     for bad in (
         "{",

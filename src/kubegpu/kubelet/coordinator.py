@@ -38,6 +38,7 @@ from kubegpu.config.model import AgentConfig
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.kubelet.cluster import ConflictError, DeviceHolding, NodeApi, PodResourcesApi
 from kubegpu.kubelet.plugin import HealthBoard
+from kubegpu.kubelet.records import Holdings, Repair, follow_share_holdings
 from kubegpu.kubelet.resources import (
     AllocationError,
     AllocationRefused,
@@ -49,6 +50,7 @@ from kubegpu.kubelet.resources import (
 from kubegpu.kubelet.shares import (
     ALLOCATED_ANNOTATION,
     DRIFT_ANNOTATION,
+    MISMATCH_ANNOTATION,
     GrantedContainer,
     Ledger,
     MpsPaths,
@@ -58,13 +60,13 @@ from kubegpu.kubelet.shares import (
     pending_share_pods,
     preferred_whole_cards,
     read_node_pod,
+    share_candidates,
     share_cards,
     share_env,
     whole_decision_cards,
 )
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
-    AllocationDecision,
     CardShare,
     encode_allocation,
 )
@@ -118,6 +120,7 @@ class SharingCoordinator:
         # Whole cards we handed out since (card -> when): the kubelet's truth catches up later.
         self.recent_whole: dict[str, float] = {}
         self.drift_count = 0
+        self.mismatch_count = 0
         self._problems: dict[str, str] = {}
         self._collisions: set[str] = set()
 
@@ -197,10 +200,15 @@ class SharingCoordinator:
             return None  # reuse of an init container's ids: the plan's answer keeps them
         async with self.lock:
             await self._refresh_or_keep("a preferred allocation")
+            holdings = await self._holdings("a preferred allocation")
+            # What the records will say once PodResources' truth is written back.
+            pods = self._followed(holdings)
             if plan.share_slots:
-                for pod in pending_share_pods(self.pods):
+                held = None if holdings is None else self._held_pods(holdings, slots=True)
+                for candidate in share_candidates(pods, None, held):
+                    card = candidate.share.uuid
                     ids = sorted(
-                        (i for i in available if card_of(i) == pod.shared_card),
+                        (i for i in available if card_of(i) == card),
                         key=lambda i: plan.lookup(i).replica or 0,
                     )
                     if len(ids) >= size:
@@ -208,13 +216,15 @@ class SharingCoordinator:
                             "node %s: steering %s to card %s for pod %s",
                             self.node,
                             plan.resource_name,
-                            pod.shared_card,
-                            pod.key,
+                            card,
+                            candidate.pod.key,
                         )
                         return tuple(ids[:size])
+                    if candidate.admitting:
+                        return None  # Allocate will refuse a slot of another card
                 return None
             by_card = {str(card_of(i)): i for i in available if plan.lookup(i).replica is None}
-            cards = preferred_whole_cards(self.pods, set(by_card), size)
+            cards = preferred_whole_cards(pods, set(by_card), size)
             if cards is not None:
                 return tuple(by_card[c] for c in cards)
             # No decision (placed by another scheduler): the extender assumes such a pod holds
@@ -272,6 +282,15 @@ class SharingCoordinator:
                     f"node {self.node}: cannot read this node's pods from the API server to find "
                     f"the pod for share slot {slot}: {err}",
                 ) from err
+            holdings = await self._holdings(f"share slot {slot}")
+            if holdings is not None:
+                # Records first follow what the kubelet really gave (an earlier Allocate may
+                # have served another pod than the one admitted): the share handed out below
+                # must come from records that are true.
+                repairs = self._share_repairs(holdings)
+                if repairs:
+                    await self._apply(repairs)
+                    continue
             wholes = self.whole_cards()
             if card in wholes:
                 raise AllocationRefused(
@@ -279,7 +298,8 @@ class SharingCoordinator:
                     f"node {self.node}: card {card} is in use as a whole GPU by {wholes[card]}; "
                     f"refusing share slot {slot}",
                 )
-            candidates = pending_share_pods(self.pods, card)
+            held = None if holdings is None else self._held_pods(holdings, slots=True)
+            candidates = share_candidates(self.pods, card, held)
             if not candidates:
                 raise AllocationRefused(
                     "FAILED_PRECONDITION",
@@ -288,10 +308,17 @@ class SharingCoordinator:
                     f"allocate ({describe_pending(pending_share_pods(self.pods))}); is the pod "
                     "scheduled through the kubegpu scheduler extender?",
                 )
-            pod = candidates[0]
-            step = pod.next_container()
-            assert step is not None
-            container, share = step
+            chosen = candidates[0]
+            pod, container, share = chosen.pod, chosen.container, chosen.share
+            if share.uuid != card:
+                raise AllocationRefused(
+                    "FAILED_PRECONDITION",
+                    f"node {self.node}: share slot {slot} is on card {card}, but the kubelet is "
+                    f"admitting pod {pod.key}, whose container {container} has its share on "
+                    f"card {share.uuid} ({share.memory_mib} MiB, {share.compute_milli} milli); "
+                    f"refusing rather than over-committing card {card} (no free share slot "
+                    f"left on card {share.uuid}? raise sharing.gpuShare.slotsPerCard)",
+                )
             granted = GrantedContainer(
                 container,
                 card,
@@ -320,7 +347,7 @@ class SharingCoordinator:
             self.pods = [replace(p, ledger=ledger) if p.uid == pod.uid else p for p in self.pods]
             self._update_blocked()
             log.info(
-                "node %s: pod %s container %s gets card %s (share slot %s, %d MiB, %d milli)",
+                "node %s: pod %s container %s gets card %s (share slot %s, %d MiB, %d milli%s)",
                 self.node,
                 pod.key,
                 container,
@@ -328,6 +355,7 @@ class SharingCoordinator:
                 slot,
                 share.memory_mib,
                 share.compute_milli,
+                ", PodResources shows the kubelet admitting it" if chosen.admitting else "",
             )
             return self._answer(plan, slot, card, share.memory_mib, share.compute_milli)
         raise AllocationRefused(
@@ -352,134 +380,129 @@ class SharingCoordinator:
 
     # -- reconciliation ----------------------------------------------------------------------
 
+    async def _holdings(self, why: str) -> list[DeviceHolding] | None:
+        """The kubelet's PodResources answer, or ``None`` without one (not configured, or the
+        kubelet did not answer: the ledgers alone then decide, as before PodResources)."""
+        if self.pod_resources is None:
+            return None
+        try:
+            return await self.pod_resources.list_holdings()
+        except Exception as err:
+            log.warning(
+                "node %s: cannot list the kubelet's PodResources for %s (%s); going by the "
+                "pods' ledgers alone",
+                self.node,
+                why,
+                err,
+            )
+            return None
+
+    def _resources(self, *, slots: bool) -> set[str]:
+        return {p.resource_name for p in self.plans if p.share_slots == slots}
+
+    def _holdings_of(self, holdings: Sequence[DeviceHolding], *, slots: bool) -> Holdings:
+        names = self._resources(slots=slots)
+        return {
+            (h.namespace, h.pod, h.container): h.device_ids
+            for h in holdings
+            if h.resource in names and h.device_ids
+        }
+
+    def _held_pods(
+        self, holdings: Sequence[DeviceHolding], *, slots: bool
+    ) -> dict[tuple[str, str], set[str]]:
+        out: dict[tuple[str, str], set[str]] = {}
+        for namespace, pod, container in self._holdings_of(holdings, slots=slots):
+            out.setdefault((namespace, pod), set()).add(container)
+        return out
+
+    def _cards(self) -> dict[str, tuple[int, int]]:
+        return {g.uuid: (g.index, g.memory_total_mib) for p in self.plans for g in p.gpus}
+
+    def _share_repairs(self, holdings: Sequence[DeviceHolding]) -> list[Repair]:
+        return follow_share_holdings(
+            self.pods,
+            self._holdings_of(holdings, slots=True),
+            node=self.node,
+            index_of={u: i for u, (i, _) in self._cards().items()},
+            now=_now_rfc3339(self.clock),
+        )
+
+    def _repairs(self, holdings: Sequence[DeviceHolding]) -> list[Repair]:
+        return self._share_repairs(holdings)
+
+    def _followed(self, holdings: Sequence[DeviceHolding] | None) -> list[NodePod]:
+        """This node's pods as their records will be once they follow ``holdings``."""
+        if holdings is None:
+            return self.pods
+        repairs = {r.pod.uid: r for r in self._repairs(holdings)}
+        return [_repaired(p, repairs[p.uid]) if p.uid in repairs else p for p in self.pods]
+
     async def reconcile(self) -> int:
-        """Cross-check the ledgers with the kubelet; returns how many problems were found."""
+        """Make the pods' records follow the kubelet's PodResources; returns how many problems
+        were found."""
         if self.pod_resources is None:
             return 0
         started = self.clock()
         holdings = await self.pod_resources.list_holdings()
-        slot_resources = {p.resource_name for p in self.plans if p.share_slots}
-        whole_resources = {p.resource_name for p in self.plans if not p.share_slots}
         self.kubelet_share_cards = {
-            card_of(i) for h in holdings if h.resource in slot_resources for i in h.device_ids
+            card_of(i) for ids in self._holdings_of(holdings, slots=True).values() for i in ids
         }
         self.kubelet_whole_cards = {
-            card_of(i) for h in holdings if h.resource in whole_resources for i in h.device_ids
+            card_of(i) for ids in self._holdings_of(holdings, slots=False).values() for i in ids
         }
         # Allocations older than this listing are in it (or already gone again).
         self.recent_whole = {c: t for c, t in self.recent_whole.items() if t > started}
         async with self.lock:
             await self.refresh()
-            found = 0
-            by_key = {(p.namespace, p.name): p for p in self.pods if not p.terminal}
-            grouped: dict[tuple[str, str], list[DeviceHolding]] = {}
-            for h in holdings:
-                if h.resource in slot_resources and h.device_ids:
-                    grouped.setdefault((h.namespace, h.pod), []).append(h)
-            for key, pod_holdings in sorted(grouped.items()):
-                pod = by_key.get(key)
-                if pod is None:
+            listed = {(p.namespace, p.name) for p in self.pods if not p.terminal}
+            for key in sorted(self._held_pods(holdings, slots=True)):
+                if key not in listed:
                     log.warning(
                         "node %s: the kubelet reports shares for pod %s/%s, which the API "
                         "server does not list on this node",
                         self.node,
                         *key,
                     )
-                    continue
-                found += await self._reconcile_pod(pod, pod_holdings)
+            found = await self._apply(self._repairs(holdings))
             self._update_blocked()
         return found
 
-    async def _reconcile_pod(self, pod: NodePod, holdings: list[DeviceHolding]) -> int:
-        ledger = pod.ledger or Ledger(self.node)
-        problems: list[str] = []
-        changed = False
-        decided = dict(pod.slot_containers)
-        for h in holdings:
-            slot = sorted(h.device_ids)[0]
-            card = card_of(slot)
-            granted = ledger.get(h.container)
-            if granted is None:
-                share = decided.get(h.container)
-                granted = GrantedContainer(
-                    h.container,
-                    card,
-                    slot,
-                    share.compute_milli if share else 0,
-                    share.memory_mib if share else 0,
-                    _now_rfc3339(self.clock),
-                    verified=True,
-                    source="podresources",
+    async def _apply(self, repairs: Sequence[Repair]) -> int:
+        """Write ``repairs`` in order (holders of exchanged shares first, see
+        :mod:`kubegpu.kubelet.records`); stops at the first pod that changed meanwhile (the
+        next round re-reads and finishes). Returns how many findings were written."""
+        found = 0
+        now = _now_rfc3339(self.clock)
+        for repair in repairs:
+            pod = repair.pod
+            patch: dict[str, str | None] = {}
+            if repair.ledger is not None:
+                patch[ALLOCATED_ANNOTATION] = encode_ledger(repair.ledger)
+            if repair.decision is not None:
+                patch[ALLOCATION_ANNOTATION] = encode_allocation(repair.decision)
+            if repair.notes:
+                patch[DRIFT_ANNOTATION] = f"{now} " + "; ".join(repair.notes)
+            if repair.mismatches:
+                patch[MISMATCH_ANNOTATION] = f"{now} " + "; ".join(repair.mismatches)
+            try:
+                await self.api.patch_pod_annotations(
+                    pod.namespace, pod.name, patch, pod.resource_version
                 )
-                problems.append(
-                    f"container {h.container}: the kubelet gave it share slot {slot} on card "
-                    f"{card} but the agent had no record of it; recorded"
-                )
-            elif granted.uuid != card or granted.slot != slot:
-                problems.append(
-                    f"container {h.container}: the agent recorded card {granted.uuid} (slot "
-                    f"{granted.slot}), the kubelet gave card {card} (slot {slot}); repaired"
-                )
-                granted = replace(granted, uuid=card, slot=slot, verified=True)
-            elif not granted.verified:
-                granted = replace(granted, verified=True)
-            else:
-                continue
-            changed = True
-            ledger = ledger.with_container(granted)
-        if not changed:
-            return 0
-        patch: dict[str, str | None] = {ALLOCATED_ANNOTATION: encode_ledger(ledger)}
-        moved = self._moved_decision(pod, ledger)
-        if moved is not None:
-            assert pod.shared_card is not None
-            problems.append(
-                f"the kubelet runs it on card {moved.cards[0].uuid}, the extender had decided "
-                f"card {pod.shared_card}; decision moved so the extender accounts the truth"
-            )
-            patch[ALLOCATION_ANNOTATION] = encode_allocation(moved)
-        if problems:
-            patch[DRIFT_ANNOTATION] = f"{_now_rfc3339(self.clock)} " + "; ".join(problems)
-        for problem in problems:
-            log.warning("node %s: pod %s: %s", self.node, pod.key, problem)
-        self.drift_count += len(problems)
-        try:
-            await self.api.patch_pod_annotations(
-                pod.namespace, pod.name, patch, pod.resource_version
-            )
-        except ConflictError:
-            log.info("node %s: pod %s changed during reconcile; next round", self.node, pod.key)
-            return len(problems)
-        self.pods = [replace(p, ledger=ledger) if p.uid == pod.uid else p for p in self.pods]
-        if not problems:
-            log.info("node %s: pod %s: PodResources confirms its cards", self.node, pod.key)
-        return len(problems)
-
-    def _moved_decision(self, pod: NodePod, ledger: Ledger) -> AllocationDecision | None:
-        """The pod's shared decision moved to the one card all its containers really run on,
-        or None when it already names it (or they are split over cards, which a shared
-        decision cannot express: the drift note then stands alone)."""
-        decision = pod.decision
-        if decision is None or not decision.shared or not ledger.containers:
-            return None
-        cards = {c.uuid for c in ledger.containers}
-        if len(cards) != 1 or cards == {pod.shared_card}:
-            return None
-        (uuid,) = cards
-        index = next((g.index for p in self.plans for g in p.gpus if g.uuid == uuid), None)
-        if index is None:
-            return None
-
-        def move(share: CardShare) -> CardShare:
-            return replace(share, uuid=uuid, index=index)
-
-        return replace(
-            decision,
-            cards=tuple(move(c) for c in decision.cards),
-            containers=tuple(
-                replace(c, cards=tuple(move(x) for x in c.cards)) for c in decision.containers
-            ),
-        )
+            except ConflictError:
+                log.info("node %s: pod %s changed during reconcile; next round", self.node, pod.key)
+                break
+            for note in repair.notes:
+                log.warning("node %s: pod %s: %s", self.node, pod.key, note)
+            for mismatch in repair.mismatches:
+                log.warning("node %s: pod %s: GPU share mismatch: %s", self.node, pod.key, mismatch)
+            if not repair.notes:
+                log.info("node %s: pod %s: PodResources confirms its cards", self.node, pod.key)
+            found += len(repair.notes) + len(repair.mismatches)
+            self.drift_count += len(repair.notes)
+            self.mismatch_count += len(repair.mismatches)
+            self.pods = [_repaired(p, repair) if p.uid == pod.uid else p for p in self.pods]
+        return found
 
     # -- loops ---------------------------------------------------------------------------------
 
@@ -508,3 +531,7 @@ class SharingCoordinator:
             except Exception as err:  # API or kubelet hiccups: log, try again next round
                 log.warning("node %s: %s failed: %s", self.node, what, err)
             await asyncio.sleep(interval_s)
+
+
+def _repaired(pod: NodePod, repair: Repair) -> NodePod:
+    return pod.with_records(repair.decision or pod.decision, repair.ledger or pod.ledger)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,6 +31,8 @@ from kubegpu.sharing.resources import RequestError, ResourceNames, pod_key, pod_
 
 ALLOCATED_ANNOTATION = "kubegpu.io/gpu-allocated"
 DRIFT_ANNOTATION = "kubegpu.io/gpu-drift"
+# Set on a pod whose container got (or will get) a share of another size than it asked for.
+MISMATCH_ANNOTATION = "kubegpu.io/gpu-share-mismatch"
 LEDGER_VERSION = 1
 
 # Environment every sharing container gets (also in docs/sharing.md).
@@ -51,7 +53,9 @@ class LedgerError(ValueError):
 @dataclass(frozen=True)
 class GrantedContainer:
     """One container's card as handed out (``source`` "allocate") or as learnt from the
-    kubelet's PodResources API ("podresources"); ``verified`` once PodResources agreed."""
+    kubelet's PodResources API ("podresources"); ``verified`` once PodResources agreed.
+    ``trade`` is set when PodResources showed that this container was handed the share decided
+    for another pod's container (see :class:`Trade`)."""
 
     name: str
     uuid: str
@@ -61,6 +65,21 @@ class GrantedContainer:
     allocated_at: str
     verified: bool = False
     source: str = "allocate"
+    trade: Trade | None = None
+
+
+@dataclass(frozen=True)
+class Trade:
+    """This container got the share decided for ``pod``'s ``container``, so that container
+    takes over ``token`` (the share decided for this one) and ``grant`` (what had been handed
+    out under this container's name, if anything). Written on the holder first: should the
+    agent stop before the other pod's records are rewritten, the next agent finishes the
+    exchange from here (:mod:`kubegpu.kubelet.records`)."""
+
+    pod: str  # namespace/name
+    container: str
+    token: CardShare
+    grant: GrantedContainer | None = None
 
 
 @dataclass(frozen=True)
@@ -79,23 +98,39 @@ class Ledger:
         return replace(self, containers=(*rest, granted))
 
 
+def _granted_doc(c: GrantedContainer) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "name": c.name,
+        "uuid": c.uuid,
+        "slot": c.slot,
+        "computeMilli": c.compute_milli,
+        "memoryMiB": c.memory_mib,
+        "allocatedAt": c.allocated_at,
+        "verified": c.verified,
+        "source": c.source,
+    }
+    if c.trade is not None:
+        t = c.trade
+        doc["trade"] = {
+            "pod": t.pod,
+            "container": t.container,
+            "token": {
+                "uuid": t.token.uuid,
+                "index": t.token.index,
+                "computeMilli": t.token.compute_milli,
+                "memoryMiB": t.token.memory_mib,
+            },
+            # One level only: a traded grant's own trade is history nobody needs.
+            "grant": None if t.grant is None else _granted_doc(replace(t.grant, trade=None)),
+        }
+    return doc
+
+
 def encode_ledger(ledger: Ledger) -> str:
     doc = {
         "v": LEDGER_VERSION,
         "node": ledger.node,
-        "containers": [
-            {
-                "name": c.name,
-                "uuid": c.uuid,
-                "slot": c.slot,
-                "computeMilli": c.compute_milli,
-                "memoryMiB": c.memory_mib,
-                "allocatedAt": c.allocated_at,
-                "verified": c.verified,
-                "source": c.source,
-            }
-            for c in ledger.containers
-        ],
+        "containers": [_granted_doc(c) for c in ledger.containers],
     }
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
@@ -116,21 +151,40 @@ def decode_ledger(text: object) -> Ledger:
     out: list[GrantedContainer] = []
     for i, item in enumerate(items):
         try:
-            out.append(
-                GrantedContainer(
-                    name=_typed(item, "name", str),
-                    uuid=_typed(item, "uuid", str),
-                    slot=_typed(item, "slot", str),
-                    compute_milli=_typed(item, "computeMilli", int),
-                    memory_mib=_typed(item, "memoryMiB", int),
-                    allocated_at=_typed(item, "allocatedAt", str),
-                    verified=_typed(item, "verified", bool),
-                    source=_typed(item, "source", str),
-                )
-            )
+            out.append(_granted(item, nested=False))
         except (KeyError, TypeError) as exc:
             raise LedgerError(f"{ALLOCATED_ANNOTATION}: containers[{i}]: {exc}") from None
     return Ledger(node, tuple(out))
+
+
+def _granted(item: object, *, nested: bool) -> GrantedContainer:
+    trade: Trade | None = None
+    raw = item.get("trade") if isinstance(item, dict) and not nested else None
+    if raw is not None:
+        token = _typed(raw, "token", dict)
+        grant = raw.get("grant") if isinstance(raw, dict) else None
+        trade = Trade(
+            pod=_typed(raw, "pod", str),
+            container=_typed(raw, "container", str),
+            token=CardShare(
+                _typed(token, "uuid", str),
+                _typed(token, "index", int),
+                _typed(token, "computeMilli", int),
+                _typed(token, "memoryMiB", int),
+            ),
+            grant=None if grant is None else _granted(grant, nested=True),
+        )
+    return GrantedContainer(
+        name=_typed(item, "name", str),
+        uuid=_typed(item, "uuid", str),
+        slot=_typed(item, "slot", str),
+        compute_milli=_typed(item, "computeMilli", int),
+        memory_mib=_typed(item, "memoryMiB", int),
+        allocated_at=_typed(item, "allocatedAt", str),
+        verified=_typed(item, "verified", bool),
+        source=_typed(item, "source", str),
+        trade=trade,
+    )
 
 
 def _typed(item: object, key: str, kind: type) -> Any:
@@ -159,16 +213,27 @@ class NodePod:
     # then app containers, each in spec order), with what the decision gives each.
     slot_containers: tuple[tuple[str, CardShare], ...] = ()
     problem: str = ""
+    init_containers: frozenset[str] = frozenset()  # sidecars included
+    sidecars: frozenset[str] = frozenset()  # init containers with restartPolicy: Always
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
     @property
+    def shared(self) -> bool:
+        return self.decision is not None and self.decision.shared
+
+    @property
     def shared_card(self) -> str | None:
+        """The card of the pod's first share (the extender decides one card per shared pod;
+        the agent may record a pod the kubelet spread over several, see ``share_cards``)."""
         if self.decision is None or not self.decision.shared:
             return None
         return self.decision.cards[0].uuid
+
+    def token(self, container: str) -> CardShare | None:
+        return next((s for n, s in self.slot_containers if n == container), None)
 
     def allocated(self) -> set[str]:
         return self.ledger.names() if self.ledger is not None else set()
@@ -179,10 +244,27 @@ class NodePod:
 
     @property
     def order(self) -> tuple[int, str, str, str]:
-        # A pod already part-way through admission first: the kubelet admits all containers
-        # of one pod before the next pod. Then oldest first, as the kubelet sorts additions.
+        """The order the kubelet admits pods in, as far as the API shows it.
+
+        A pod already part-way through admission first: the kubelet admits all containers of
+        one pod before the next pod. Then bind order: the kubelet admits pods in the order its
+        watch delivers them, which is the order they were bound (it sorts by creation time only
+        pods that reach it in one batch, e.g. after a restart). The extender records its
+        decision right before it posts the Binding, with microseconds; the PodScheduled
+        condition the API server sets at binding has whole seconds only. Creation time breaks
+        ties (and orders pods decided within the same microsecond, as a batch would be)."""
         decided = self.decision.decided_at if self.decision is not None else ""
-        return (0 if self.allocated() else 1, self.created, decided, self.uid)
+        return (0 if self.allocated() else 1, decided, self.created, self.uid)
+
+    def with_records(self, decision: AllocationDecision | None, ledger: Ledger | None) -> NodePod:
+        """This pod with rewritten annotations (the tokens follow the new decision)."""
+        tokens = _container_tokens(decision) if decision is not None else {}
+        slots = tuple((n, tokens.get(n, s)) for n, s in self.slot_containers)
+        return replace(self, decision=decision, ledger=ledger, slot_containers=slots)
+
+
+def _container_tokens(decision: AllocationDecision) -> dict[str, CardShare]:
+    return {c.name: c.cards[0] for c in decision.containers if c.cards}
 
 
 def read_node_pod(pod: Mapping[str, Any], node: str, names: ResourceNames) -> NodePod:
@@ -200,14 +282,18 @@ def read_node_pod(pod: Mapping[str, Any], node: str, names: ResourceNames) -> No
         except LedgerError as exc:
             problem = f"pod {pod_key(pod)}: {exc}; treated as nothing allocated"
     slots: list[tuple[str, CardShare]] = []
+    init: set[str] = set()
+    sidecars: set[str] = set()
     if decision is not None and decision.shared:
         card = decision.cards[0]
-        split = {c.name: c.cards[0] for c in decision.containers if c.cards}
+        split = _container_tokens(decision)
         try:
             containers = pod_totals(pod, names).containers
         except RequestError as exc:
             containers = ()
             problem = f"{exc}"
+        init = {c.name for c in containers if c.init}
+        sidecars = {c.name for c in containers if c.sidecar}
         ordered = [c for c in containers if c.init] + [c for c in containers if not c.init]
         for c in ordered:
             if c.share_slots:
@@ -226,21 +312,113 @@ def read_node_pod(pod: Mapping[str, Any], node: str, names: ResourceNames) -> No
         ledger=ledger,
         slot_containers=tuple(slots),
         problem=problem,
+        init_containers=frozenset(init),
+        sidecars=frozenset(sidecars),
     )
 
 
 def pending_share_pods(pods: Iterable[NodePod], card: str | None = None) -> list[NodePod]:
-    """Live pods with a shared decision (on ``card`` when given) and a sharing container
-    still to allocate, in the order the kubelet will admit them."""
-    found = [
-        p
-        for p in pods
-        if not p.terminal
-        and p.shared_card is not None
-        and (card is None or p.shared_card == card)
-        and p.next_container() is not None
-    ]
+    """Live pods with a shared decision and a sharing container still to allocate (whose share
+    is on ``card`` when given), in the order the kubelet will admit them."""
+    found = []
+    for p in pods:
+        step = p.next_container() if not p.terminal and p.shared else None
+        if step is not None and (card is None or step[1].uuid == card):
+            found.append(p)
     return sorted(found, key=lambda p: p.order)
+
+
+@dataclass(frozen=True)
+class NextShare:
+    """A container the next share-slot ``Allocate`` may be for, and the share it would get."""
+
+    pod: NodePod
+    container: str
+    share: CardShare
+    # PodResources shows the kubelet part-way through this pod: it is the one, for certain.
+    admitting: bool = False
+
+
+def share_candidates(
+    pods: Iterable[NodePod],
+    card: str | None = None,
+    held: Mapping[tuple[str, str], Collection[str]] | None = None,
+) -> list[NextShare]:
+    """Whom the next share-slot ``Allocate`` (on ``card``, when given) is for, likeliest first.
+
+    ``held`` is the kubelet's PodResources answer, (namespace, pod) -> containers holding a
+    share slot, or ``None`` without it. The kubelet allocates every container of a pod in a row
+    (init containers first) and records each in PodResources before the next, so a pod that
+    holds slots for some of its sharing containers but not for the ones after them is the pod
+    being admitted: that pod alone is returned, whatever ``card`` is (a caller that sees its
+    share on another card must refuse, not guess). Otherwise the pending pods in admission
+    order, without those that already hold slots (the kubelet admitted them already)."""
+    pods = [p for p in pods if not p.terminal and p.shared]
+    if held is not None:
+        for pod in sorted(pods, key=lambda p: p.order):
+            mine = held.get((pod.namespace, pod.name))
+            names = [n for n, _ in pod.slot_containers]
+            done = [names.index(n) for n in mine or () if n in names]
+            rest = pod.slot_containers[max(done) + 1 :] if done else ()
+            if rest:
+                name, share = rest[0]
+                return [NextShare(pod, name, share, admitting=True)]
+    out: list[NextShare] = []
+    for pod in pending_share_pods(pods, card):
+        if held is not None and held.get((pod.namespace, pod.name)):
+            continue
+        step = pod.next_container()
+        assert step is not None
+        out.append(NextShare(pod, *step))
+    return out
+
+
+def shared_decision(pod: NodePod, tokens: Mapping[str, CardShare]) -> AllocationDecision:
+    """``pod``'s shared decision with its sharing containers holding ``tokens``, and the pod's
+    per-card totals recomputed as the extender computes a pod's request (kube-scheduler's
+    rule: the app containers and sidecars add up, an init container counts alone beside the
+    sidecars started before it, the larger of the two is what the pod holds), card by card."""
+    assert pod.decision is not None
+    containers = tuple(
+        replace(c, cards=(tokens[c.name],)) if c.name in tokens else c
+        for c in pod.decision.containers
+    )
+    order: list[str] = []
+    index: dict[str, int] = {}
+    for c in containers:
+        for share in c.cards:
+            if share.uuid not in index:
+                order.append(share.uuid)
+                index[share.uuid] = share.index
+    cards: list[CardShare] = []
+    for uuid in order:
+        app = (0, 0)
+        running = (0, 0)  # sidecars started so far
+        peak = (0, 0)
+        for c in containers:
+            amount = _on_card(c.cards, uuid)
+            if not c.init or c.name in pod.sidecars:
+                app = _plus(app, amount)
+            if c.init and c.name in pod.sidecars:
+                running = _plus(running, amount)
+                peak = _max(peak, running)
+            elif c.init:
+                peak = _max(peak, _plus(running, amount))
+        total = _max(app, peak)
+        cards.append(CardShare(uuid, index[uuid], total[0], total[1]))
+    return replace(pod.decision, cards=tuple(cards), containers=containers)
+
+
+def _on_card(cards: Sequence[CardShare], uuid: str) -> tuple[int, int]:
+    return next(((s.compute_milli, s.memory_mib) for s in cards if s.uuid == uuid), (0, 0))
+
+
+def _plus(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    return (a[0] + b[0], a[1] + b[1])
+
+
+def _max(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    return (max(a[0], b[0]), max(a[1], b[1]))
 
 
 def share_cards(pods: Iterable[NodePod]) -> dict[str, list[str]]:
@@ -250,9 +428,9 @@ def share_cards(pods: Iterable[NodePod]) -> dict[str, list[str]]:
         if p.terminal:
             continue
         cards = {c.uuid for c in p.ledger.containers} if p.ledger is not None else set()
-        if p.shared_card is not None:
-            cards.add(p.shared_card)
-        for uuid in cards:
+        if p.decision is not None and p.decision.shared:
+            cards.update(c.uuid for c in p.decision.cards)
+        for uuid in sorted(cards):
             out.setdefault(uuid, []).append(p.key)
     return out
 
@@ -315,5 +493,10 @@ def share_env(
 def describe_pending(pods: Sequence[NodePod]) -> str:
     if not pods:
         return "no pod on this node is waiting for a share"
-    shown = ", ".join(f"{p.key} on card {p.shared_card}" for p in pods[:5])
+    shown = ", ".join(f"{p.key} on card {_next_card(p)}" for p in pods[:5])
     return f"pods waiting for a share: {shown}{' …' if len(pods) > 5 else ''}"
+
+
+def _next_card(pod: NodePod) -> str | None:
+    step = pod.next_container()
+    return step[1].uuid if step is not None else pod.shared_card

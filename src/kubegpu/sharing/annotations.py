@@ -177,8 +177,6 @@ def decode_allocation(text: object) -> AllocationDecision:
     if not cards:
         raise AnnotationError(key, "gpus is empty")
     _unique(key, [c.uuid for c in cards], "uuid")
-    if mode == "shared" and len(cards) != 1:
-        raise AnnotationError(key, f"a shared allocation names exactly one card, got {len(cards)}")
     containers: list[ContainerAllocation] = []
     for i, raw in enumerate(_field(key, doc, "containers", list)):
         where = f"containers[{i}]"
@@ -195,6 +193,8 @@ def decode_allocation(text: object) -> AllocationDecision:
                 container_cards,
             )
         )
+    if mode == "shared":
+        _shared_cards(key, cards, containers)
     return AllocationDecision(
         node=node,
         cards=cards,
@@ -203,6 +203,24 @@ def decode_allocation(text: object) -> AllocationDecision:
         policy=_string(key, doc, "policy", ""),
         shared=mode == "shared",
     )
+
+
+def _shared_cards(
+    key: str, cards: Sequence[CardShare], containers: Sequence[ContainerAllocation]
+) -> None:
+    """The extender gives a shared pod one card. The node agent may record a pod whose
+    containers the kubelet admitted onto shares of different cards (docs/sharing.md, section
+    7): then each container still holds exactly one card and ``gpus`` lists just those."""
+    if len(cards) == 1:
+        return
+    used = {c.cards[0].uuid for c in containers if len(c.cards) == 1}
+    if any(len(c.cards) != 1 for c in containers) or {c.uuid for c in cards} != used:
+        raise AnnotationError(
+            key,
+            f"a shared allocation names exactly one card unless its containers each hold exactly "
+            f"one card and gpus lists only theirs; got {len(cards)} cards for "
+            f"{len(containers)} containers",
+        )
 
 
 def _cards(key: str, raw: Sequence[Any], where: str) -> tuple[CardShare, ...]:
