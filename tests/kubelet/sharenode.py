@@ -225,6 +225,43 @@ class SharedNode:
         stored = self.api.store.put("pods", pod)
         return str(stored["metadata"]["uid"])
 
+    def add_whole_pod(self, name: str, card_indices: Sequence[int]) -> str:
+        """A pod bound to this node with the extender's decision for whole cards (one
+        container, ``main``, asking for all of them). Returns the pod's UID."""
+        self._created += 1
+        cards = tuple(
+            CardShare(c.uuid, c.index, 1000, self.memory_mib(c.index))
+            for c in (self.card(i) for i in card_indices)
+        )
+        decision = AllocationDecision(
+            node=NODE,
+            cards=cards,
+            containers=(ContainerAllocation("main", False, cards),),
+            decided_at=f"2026-01-01T00:00:{self._created:02d}.000000Z",
+            policy="test",
+            shared=False,
+        )
+        limits = {WHOLE: str(len(cards))}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": "default",
+                "annotations": {ALLOCATION_ANNOTATION: encode_allocation(decision)},
+                "creationTimestamp": f"2026-01-01T00:{self._created:02d}:00Z",
+            },
+            "spec": {
+                "nodeName": NODE,
+                "containers": [{"name": "main", "image": "x", "resources": {"limits": limits}}],
+            },
+            "status": {"phase": "Pending"},
+        }
+        return str(self.api.store.put("pods", pod)["metadata"]["uid"])
+
+    def memory_mib(self, index: int) -> int:
+        return next(g.memory_total_mib for g in self.gpus if g.index == index)
+
     def decision(self, name: str) -> AllocationDecision:
         return decode_allocation(self.annotations(name)[ALLOCATION_ANNOTATION])
 

@@ -224,6 +224,33 @@ def test_a_multi_container_pod_admitted_out_of_order_is_recorded_across_its_card
     assert node.over_capacity() == []
 
 
+def test_whole_gpu_pods_admitted_out_of_order_get_records_of_the_cards_they_hold(
+    node: SharedNode,
+) -> None:
+    uid_1 = node.add_whole_pod("w1", [2])
+    uid_2 = node.add_whole_pod("w2", [3])
+    got_2 = node.kubelet.allocate(WHOLE, 1, pod_uid=uid_2, pod_name="w2", container="main")
+    got_1 = node.kubelet.allocate(WHOLE, 1, pod_uid=uid_1, pod_name="w1", container="main")
+    # Steered to the older decision, w2 got w1's card; w1 then got the card w2 gave up.
+    assert got_2.device_ids == (uuid_of(node, 2),)
+    assert got_1.device_ids == (uuid_of(node, 3),)
+    node.wait_until(
+        lambda: node.decision("w1").gpu_uuids == got_1.device_ids,
+        "w1's decision follows the card it holds",
+    )
+    node.wait_until(
+        lambda: node.decision("w2").gpu_uuids == got_2.device_ids,
+        "w2's decision follows the card it holds",
+    )
+    assert "the kubelet gave" in (node.drift("w2") or "")
+    for name, got in (("w1", got_1), ("w2", got_2)):
+        (container,) = node.decision(name).containers
+        assert tuple(c.uuid for c in container.cards) == got.device_ids
+        assert all(c.compute_milli == 1000 for c in container.cards)
+    node.wait_until(lambda: published_models(node) != [], "inventory published")
+    assert node.over_capacity() == []
+
+
 def test_a_pod_without_a_decision_gets_a_clear_error_not_a_random_card(
     node: SharedNode,
 ) -> None:

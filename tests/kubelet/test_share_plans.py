@@ -11,7 +11,7 @@ from kubegpu.config.model import AgentConfig
 from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2
 from kubegpu.kubelet.plugin import _device_message
-from kubegpu.kubelet.records import follow_share_holdings
+from kubegpu.kubelet.records import follow_share_holdings, follow_whole_holdings
 from kubegpu.kubelet.resources import PlanError, build_plans, card_of, slot_id
 from kubegpu.kubelet.shares import (
     GrantedContainer,
@@ -361,3 +361,41 @@ def test_whole_pods_are_steered_to_the_oldest_decision_that_is_still_free() -> N
     assert preferred_whole_cards(pods, {UUID0, UUID1}, 1) == (UUID0,)
     assert preferred_whole_cards(pods, {UUID1}, 1) == (UUID1,)  # a's card already handed out
     assert preferred_whole_cards(pods, {UUID0, UUID1}, 2) is None
+
+
+def test_whole_decisions_follow_the_cards_held_and_a_pod_still_to_come_takes_the_freed_one() -> (
+    None
+):
+    def whole(name: str, index: int, order: int) -> NodePod:
+        share = CardShare(str(h200(index).uuid), index, 1000, 143771)
+        decision = AllocationDecision(
+            "n1", (share,), (ContainerAllocation("main", False, (share,)),), f"t{order}", "x", False
+        )
+        raw = {
+            "metadata": {
+                "name": name,
+                "namespace": "ns",
+                "uid": name,
+                "annotations": {ALLOCATION_ANNOTATION: encode_allocation(decision)},
+            },
+            "spec": {"nodeName": "n1", "containers": [{"name": "main"}]},
+        }
+        return read_node_pod(raw, "n1", NAMES)
+
+    cards = {str(g.uuid): (g.index, g.memory_total_mib) for g in EIGHT_H200.gpus}
+    uuid = [str(h200(i).uuid) for i in range(8)]
+    # w2 (decided card 3) was given card 2, decided for w1, which the kubelet has not admitted.
+    pods = [whole("w1", 2, 1), whole("w2", 3, 2), whole("w3", 4, 3)]
+    held = {("ns", "w2", "main"): (uuid[2],), ("ns", "w3", "main"): (uuid[4],)}
+    every_other = set(uuid) - {uuid[2], uuid[3], uuid[4]}
+    repairs = {
+        r.pod.name: r for r in follow_whole_holdings(pods, held, cards=cards, shared=every_other)
+    }
+    assert set(repairs) == {"w1", "w2"}  # w3 holds what it was decided
+    moved = {n: r.decision.gpu_uuids for n, r in repairs.items() if r.decision is not None}
+    assert moved == {"w2": (uuid[2],), "w1": (uuid[3],)}
+    assert "takes over card " + uuid[3] in repairs["w1"].notes[0]
+    # Nothing free for w1 (card 3 holds shares): its decision stays, to be fixed once admitted.
+    crowded = every_other | {uuid[3]}
+    again = follow_whole_holdings(pods, held, cards=cards, shared=crowded)
+    assert [r.pod.name for r in again] == ["w2"]

@@ -38,7 +38,7 @@ from kubegpu.config.model import AgentConfig
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.kubelet.cluster import ConflictError, DeviceHolding, NodeApi, PodResourcesApi
 from kubegpu.kubelet.plugin import HealthBoard
-from kubegpu.kubelet.records import Holdings, Repair, follow_share_holdings
+from kubegpu.kubelet.records import Holdings, Repair, follow_share_holdings, follow_whole_holdings
 from kubegpu.kubelet.resources import (
     AllocationError,
     AllocationRefused,
@@ -223,6 +223,9 @@ class SharingCoordinator:
                     if candidate.admitting:
                         return None  # Allocate will refuse a slot of another card
                 return None
+            if holdings is not None:
+                admitted = self._held_pods(holdings, slots=False)
+                pods = [p for p in pods if (p.namespace, p.name) not in admitted]
             by_card = {str(card_of(i)): i for i in available if plan.lookup(i).replica is None}
             cards = preferred_whole_cards(pods, set(by_card), size)
             if cards is not None:
@@ -429,7 +432,14 @@ class SharingCoordinator:
         )
 
     def _repairs(self, holdings: Sequence[DeviceHolding]) -> list[Repair]:
-        return self._share_repairs(holdings)
+        shares = self._share_repairs(holdings)
+        wholes = follow_whole_holdings(
+            self.pods,
+            self._holdings_of(holdings, slots=False),
+            cards=self._cards(),
+            shared=set(self.share_cards()),
+        )
+        return shares + wholes
 
     def _followed(self, holdings: Sequence[DeviceHolding] | None) -> list[NodePod]:
         """This node's pods as their records will be once they follow ``holdings``."""

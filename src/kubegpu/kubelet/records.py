@@ -20,7 +20,9 @@ container holds which slot, so the records are repaired from it:
 
 A pod's shares may end up on several cards (a multi-container pod whose first container got
 another pod's share): its decision then names each of them, as the annotation protocol allows
-for shared decisions the agent rewrites.
+for shared decisions the agent rewrites. Whole GPUs are simpler: the kubelet never gives one
+card to two pods, so a pod's decision is set to the cards it holds, and a pod not yet admitted
+whose decided card another pod took is moved to a card nobody holds or is decided on.
 
 Pure: pods and PodResources holdings in, rewritten records and findings out.
 """
@@ -32,7 +34,7 @@ from dataclasses import dataclass, replace
 
 from kubegpu.kubelet.resources import card_of
 from kubegpu.kubelet.shares import GrantedContainer, Ledger, NodePod, Trade, shared_decision
-from kubegpu.sharing.annotations import AllocationDecision, CardShare
+from kubegpu.sharing.annotations import AllocationDecision, CardShare, ContainerAllocation
 
 # (namespace, pod name, container) -> device ids the kubelet gave that container.
 Holdings = Mapping[tuple[str, str, str], Sequence[str]]
@@ -292,3 +294,101 @@ def follow_share_holdings(
     state.exchange_all()
     state.record_unknown(index_of, now)
     return state.repairs(node)
+
+
+# --------------------------------------------------------------------------- whole GPUs
+def follow_whole_holdings(
+    pods: Iterable[NodePod],
+    held: Holdings,
+    *,
+    cards: Mapping[str, tuple[int, int]],
+    shared: Iterable[str] = (),
+) -> list[Repair]:
+    """Whole-GPU decisions rewritten to the cards the kubelet gave (``held``: whole-GPU
+    holdings of every pod; ``cards``: uuid -> (index, memory MiB); ``shared``: cards holding
+    shares, never free)."""
+    pods = list(pods)
+    live = sorted(
+        (p for p in pods if not p.terminal and p.decision is not None and not p.decision.shared),
+        key=lambda p: p.order,
+    )
+    by_pod: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
+    holder: dict[str, str] = {}
+    for (namespace, name, container), ids in held.items():
+        uuids = tuple(dict.fromkeys(str(card_of(i)) for i in ids))
+        by_pod.setdefault((namespace, name), {})[container] = uuids
+        for uuid in uuids:
+            holder.setdefault(uuid, f"{namespace}/{name}")
+
+    def whole(uuid: str) -> CardShare:
+        index, memory = cards.get(uuid, (-1, 0))
+        return CardShare(uuid, index, 1000, memory)
+
+    decisions: dict[str, AllocationDecision] = {}
+    notes: dict[str, list[str]] = {}
+    given_up: list[str] = []
+    for pod in live:
+        assert pod.decision is not None
+        mine = by_pod.get((pod.namespace, pod.name))
+        if not mine:
+            continue
+        containers: list[ContainerAllocation] = []
+        for c in pod.decision.containers:
+            got = mine.get(c.name)
+            decided = tuple(s.uuid for s in c.cards)
+            if got is None or set(got) == set(decided) or any(u not in cards for u in got):
+                containers.append(c)
+                continue
+            containers.append(replace(c, cards=tuple(whole(u) for u in got)))
+            notes.setdefault(pod.uid, []).append(
+                f"container {c.name}: decided card(s) {','.join(decided)}, the kubelet gave "
+                f"{','.join(got)}; decision moved so the extender accounts the truth"
+            )
+        if pod.uid in notes:
+            decisions[pod.uid] = _whole_decision(pod.decision, containers)
+            given_up += [s.uuid for s in pod.decision.cards]
+
+    def named(p: NodePod) -> set[str]:
+        decision = decisions.get(p.uid, p.decision)
+        return {s.uuid for s in decision.cards} if decision is not None else set()
+
+    taken = set(holder) | set(shared) | {u for p in live for u in named(p)}
+    free = [u for u in dict.fromkeys(given_up) if u not in taken] + sorted(
+        (u for u in cards if u not in taken and u not in given_up), key=lambda u: cards[u][0]
+    )
+    for pod in live:
+        assert pod.decision is not None
+        if (pod.namespace, pod.name) in by_pod:
+            continue
+        lost = [s.uuid for s in pod.decision.cards if holder.get(s.uuid, pod.key) != pod.key]
+        if not lost or len(lost) > len(free):
+            continue
+        moved = dict(zip(lost, free, strict=False))
+        free = free[len(lost) :]
+        containers = [
+            replace(c, cards=tuple(whole(moved.get(s.uuid, s.uuid)) for s in c.cards))
+            for c in pod.decision.containers
+        ]
+        decisions[pod.uid] = _whole_decision(pod.decision, containers)
+        notes.setdefault(pod.uid, []).append(
+            "; ".join(
+                f"decided card {old} was given to {holder[old]}; takes over card {new}, "
+                "which nobody holds"
+                for old, new in moved.items()
+            )
+        )
+    return [
+        Repair(p, decisions[p.uid], notes=tuple(notes.get(p.uid, ())))
+        for p in live
+        if p.uid in decisions
+    ]
+
+
+def _whole_decision(
+    decision: AllocationDecision, containers: Sequence[ContainerAllocation]
+) -> AllocationDecision:
+    union: dict[str, CardShare] = {}
+    for c in containers:
+        for share in c.cards:
+            union.setdefault(share.uuid, share)
+    return replace(decision, cards=tuple(union.values()), containers=tuple(containers))
