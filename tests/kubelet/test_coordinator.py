@@ -3,7 +3,10 @@ kubelet's PodResources answer scripted (the process tests use the emulator's rea
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -23,6 +26,7 @@ from kubegpu.sharing.annotations import (
     encode_allocation,
 )
 from kubegpu.testing.apiserver import FakeApiServer, make_node
+from kubegpu.testing.apiserver.errors import StatusError
 
 NODE = "n1"
 INVENTORY = resolve_fake_spec("4xT4").inventory
@@ -315,3 +319,115 @@ async def test_a_pod_being_admitted_is_not_handed_a_slot_of_another_card(
         f"{CARDS[2]}" in str(caught.value)
     )
     assert ALLOCATED_ANNOTATION not in pod_annotations(server, "o")
+
+
+WATCH_CONFIG = AgentConfig.model_validate(
+    {"sharing": {"gpuShare": {"enabled": True, "slotsPerCard": 2, "syncIntervalS": 0.5}}}
+)
+
+
+@pytest.fixture
+async def watching() -> AsyncIterator[tuple[FakeApiServer, SharingCoordinator, HealthBoard]]:
+    """A coordinator running its loops (no PodResources) against a server that keeps only the
+    last 5 changes, so a watch resumed from further back is told 410 Expired."""
+    async with FakeApiServer(history_size=5) as api:
+        api.store.put("nodes", make_node(NODE))
+        client = api.async_client()
+        board = HealthBoard()
+        coordinator = SharingCoordinator(NODE, WATCH_CONFIG, LightkubeNodeApi(client, NODE), board)
+        coordinator.set_plans(build_plans(WATCH_CONFIG, INVENTORY))
+        task = asyncio.create_task(coordinator.run())
+        try:
+            async with asyncio.timeout(10):
+                await coordinator.synced.wait()
+            yield api, coordinator, board
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await client.close()
+
+
+async def until(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(0.02)
+
+
+async def test_the_pods_are_kept_current_by_one_list_and_a_watch_not_by_polling(
+    watching: tuple[FakeApiServer, SharingCoordinator, HealthBoard],
+) -> None:
+    server, coordinator, board = watching
+    # A shared pod arriving withdraws its card's whole-GPU id, from the watch alone.
+    server.store.put("pods", shared_pod("s", 1, ("main",)))
+    await until(lambda: board.blocked.get("nvidia.com/gpu") == frozenset({CARDS[1]}), "blocked")
+    # Pods of other nodes are not this agent's business (field selector spec.nodeName).
+    other = shared_pod("elsewhere", 2, ("main",))
+    other["spec"]["nodeName"] = "n2"  # type: ignore[index]
+    server.store.put("pods", other)
+    server.store.remove("pods", "default", "s")
+    await until(lambda: not board.blocked.get("nvidia.com/gpu"), "unblocked after the delete")
+    assert [p.name for p in coordinator.pods] == []
+    # Four sync intervals later: still the one LIST the watch started from.
+    await asyncio.sleep(4 * WATCH_CONFIG.sharing.gpu_share.sync_interval_s)
+    assert server.count("list", "pods") == 1
+    assert coordinator.relists == 1
+    # A stream the server ends (its timeout) is resumed from the last version, not re-listed.
+    server.drop_watches()
+    server.store.put("pods", shared_pod("t", 3, ("main",)))
+    await until(lambda: board.blocked.get("nvidia.com/gpu") == frozenset({CARDS[3]}), "t seen")
+    assert server.count("list", "pods") == 1
+
+
+async def test_a_watch_resumed_too_late_for_the_servers_history_lists_again(
+    watching: tuple[FakeApiServer, SharingCoordinator, HealthBoard],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server, coordinator, board = watching
+    caplog.set_level(logging.INFO, logger="kubegpu.kubelet.coordinator")
+    server.store.put("pods", shared_pod("s", 1, ("main",)))
+    await until(lambda: [p.name for p in coordinator.pods] == ["s"], "s seen")
+    # The connection breaks; while the agent waits to retry, more changes happen than the
+    # server keeps (5), among them the one that matters here: s is deleted, u added.
+    server.drop_watches(abrupt=True)
+    await until(lambda: "watching this node's pods failed" in caplog.text, "the break noticed")
+    server.store.remove("pods", "default", "s")
+    for i in range(6):
+        elsewhere = shared_pod(f"e{i}", 0, ("main",))
+        elsewhere["spec"]["nodeName"] = "n2"  # type: ignore[index]
+        server.store.put("pods", elsewhere)
+    server.store.put("pods", shared_pod("u", 2, ("main",)))
+    await until(lambda: coordinator.relists == 2, "listed again after 410 Expired")
+    await until(lambda: [p.name for p in coordinator.pods] == ["u"], "the list's view")
+    assert f"node {NODE}: pod watch expired at version" in caplog.text
+    assert board.blocked.get("nvidia.com/gpu") == frozenset({CARDS[2]})
+
+
+async def test_without_rbac_to_watch_the_agent_lists_every_sync_interval_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def forbidden(store: object) -> None:
+        raise StatusError("Forbidden", 'pods is forbidden: cannot "watch" pods')
+
+    async with FakeApiServer() as server:
+        # An older ClusterRole: list and patch on pods, no watch.
+        server.before("watch", "pods", forbidden, count=1000)
+        client = server.async_client()
+        board = HealthBoard()
+        coordinator = SharingCoordinator(NODE, WATCH_CONFIG, LightkubeNodeApi(client, NODE), board)
+        coordinator.set_plans(build_plans(WATCH_CONFIG, INVENTORY))
+        task = asyncio.create_task(coordinator.run())
+        try:
+            await until(lambda: "may not watch this node's pods" in caplog.text, "the refusal")
+            server.store.put("pods", shared_pod("s", 0, ("main",)))
+            await until(
+                lambda: board.blocked.get("nvidia.com/gpu") == frozenset({CARDS[0]}),
+                "the pod seen by polling",
+            )
+            assert "the node agent's ClusterRole needs watch on pods" in caplog.text
+            assert server.count("list", "pods") >= 2
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await client.close()

@@ -209,7 +209,9 @@ class GpuShare(_Model):
     devices: Literal["all"] | int | list[int | str] = "all"
     enforcement: Literal["none", "mps"] = "none"
     mps: MpsSettings = Field(default_factory=MpsSettings)
-    # How often the node's pods are re-read to withdraw colliding ids (whole vs shared).
+    # The agent watches its node's pods (to withdraw colliding ids, whole vs shared); after a
+    # failed watch it retries after this times the failures in a row (at most ten times it),
+    # and without RBAC to watch it lists the pods this often instead.
     sync_interval_s: float = Field(default=5.0, gt=0)
     # How often the kubelet's PodResources API is cross-checked against the pod annotations.
     reconcile_interval_s: float = Field(default=30.0, gt=0)

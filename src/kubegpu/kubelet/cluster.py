@@ -1,8 +1,9 @@
 """The node agent's two outside views of its pods: the API server and the kubelet.
 
-* :class:`NodeApi` — this node's pods (field selector ``spec.nodeName``), annotation patches on
-  them, and the node's GPU inventory annotation; :class:`LightkubeNodeApi` is the real one
-  (lightkube, async). Tests run it against the fake API server over HTTP.
+* :class:`NodeApi` — this node's pods (field selector ``spec.nodeName``: a list with its
+  resourceVersion, and a watch from one), annotation patches on them, and the node's GPU
+  inventory annotation; :class:`LightkubeNodeApi` is the real one (lightkube, async). Tests run
+  it against the fake API server over HTTP.
 * :class:`PodResourcesApi` — which container holds which device id, from the kubelet's
   PodResources v1 ``List`` over its unix socket; :class:`KubeletPodResourcesApi` is the real
   one (grpc.aio). The kubelet emulator serves the same API in tests.
@@ -13,7 +14,7 @@ Wire types stop here: callers get pod JSON dicts and :class:`DeviceHolding` valu
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,8 +36,24 @@ class ConflictError(Exception):
     """The pod changed since it was read (HTTP 409): read it again and redo the decision."""
 
 
+@dataclass(frozen=True)
+class PodListing:
+    """This node's pods and the resourceVersion the list was taken at (where a watch starts)."""
+
+    pods: list[dict[str, Any]]
+    resource_version: str
+
+
 class NodeApi(Protocol):
-    async def list_node_pods(self) -> list[dict[str, Any]]: ...
+    async def list_node_pods(self) -> PodListing: ...
+
+    def watch_node_pods(
+        self, resource_version: str, timeout_s: int
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Events (``ADDED``, ``MODIFIED``, ``DELETED``, ``BOOKMARK``) after
+        ``resource_version``, re-opened when the server ends a stream; raises on errors, an
+        ``ApiError`` with code 410 when that version is too old to resume from."""
+        ...
 
     async def patch_pod_annotations(
         self,
@@ -56,9 +73,24 @@ class LightkubeNodeApi:
         self.client = client
         self.node = node_name
 
-    async def list_node_pods(self) -> list[dict[str, Any]]:
-        pods = self.client.list(Pod, namespace="*", fields={"spec.nodeName": self.node})
-        return [pod.to_dict() async for pod in pods]
+    async def list_node_pods(self) -> PodListing:
+        listing = self.client.list(Pod, namespace="*", fields={"spec.nodeName": self.node})
+        pods = [pod.to_dict() async for pod in listing]
+        return PodListing(pods, listing.resourceVersion)
+
+    async def watch_node_pods(
+        self, resource_version: str, timeout_s: int
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        # lightkube re-opens a stream the server ended cleanly, from the last version it saw.
+        stream = self.client.watch(
+            Pod,
+            namespace="*",
+            fields={"spec.nodeName": self.node},
+            resource_version=resource_version,
+            server_timeout=timeout_s,
+        )
+        async for event, pod in stream:
+            yield event, pod.to_dict()
 
     async def patch_pod_annotations(
         self,

@@ -10,6 +10,10 @@ One :class:`SharingCoordinator` per agent (``sharing.gpuShare.enabled``). It ans
 * whole GPUs: steered to the extender's decision when there is one, and refused on a card that
   holds shares.
 
+This node's pods come from one LIST and then a watch (``spec.nodeName`` field selector), which
+keeps the withdrawn ids current; ``GetPreferredAllocation`` and ``Allocate`` LIST again, since
+they must see a pod the kubelet admits the moment its own watch shows it bound.
+
 Whole GPUs and shares never meet on one card, by three layers (docs/sharing.md): the extender's
 accounting never decides it; the coordinator withdraws the ids that would allow it (a card
 holding shares reports its whole-GPU id Unhealthy, a card in whole use reports its slots
@@ -17,12 +21,14 @@ Unhealthy), so the kubelet cannot pick them; and ``Allocate`` verifies and refus
 are serialised by one lock: the kubelet admits pods one at a time anyway, and the ledger read +
 write must not interleave.
 
-Reconciliation lists the kubelet's PodResources (which knows pod ↔ slot) and repairs what
-differs: a container missing from a ledger is recorded, a wrong card is corrected, and when
-a shared pod really runs on another card than decided, its decision annotation is moved to
-that card (the extender only writes it before binding, so the agent is its sole writer
-afterwards) so that the extender's accounting is the truth. Every repair is logged with node,
-pod and card and noted in the pod's ``kubegpu.io/gpu-drift`` annotation.
+Reconciliation lists the kubelet's PodResources (which knows pod ↔ slot) and makes the records
+follow it (:mod:`kubegpu.kubelet.records`): a container the kubelet gave another pod's share
+exchanges records with that pod, a container missing from a ledger is recorded, whole-GPU
+decisions are set to the cards held; the pods' ``kubegpu.io/gpu-allocation`` then says what
+runs (the extender only writes it before binding, so the agent is its sole writer afterwards)
+and the extender's accounting is the truth. Every repair is logged with node, pod and card
+and noted in the pod's ``kubegpu.io/gpu-drift`` annotation; a share of another size than asked
+for also in ``kubegpu.io/gpu-share-mismatch``. ``Allocate`` runs the same repairs first.
 """
 
 from __future__ import annotations
@@ -30,9 +36,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
+
+import httpx2
+from lightkube import ApiError
 
 from kubegpu.config.model import AgentConfig
 from kubegpu.core.gpu import GpuUuid
@@ -75,6 +86,9 @@ from kubegpu.sharing.resources import ResourceNames
 log = logging.getLogger(__name__)
 
 CONFLICT_RETRIES = 5
+WATCH_TIMEOUT_S = 300  # the server ends each watch stream after this; lightkube re-opens it
+TOMBSTONES = 1024
+FORBIDDEN_POLL_S = 300.0  # without RBAC watch: poll this long before trying to watch again
 
 
 def _now_rfc3339(clock: Callable[[], float]) -> str:
@@ -121,6 +135,12 @@ class SharingCoordinator:
         self.recent_whole: dict[str, float] = {}
         self.drift_count = 0
         self.mismatch_count = 0
+        # The watch: where it resumes from (None: list first), pods deleted at which version.
+        self._version: str | None = None
+        self._tombstones: OrderedDict[str, int] = OrderedDict()
+        self.relists = 0
+        self.synced = asyncio.Event()  # set once the first list is in
+        self.forbidden_poll_s = FORBIDDEN_POLL_S
         self._problems: dict[str, str] = {}
         self._collisions: set[str] = set()
 
@@ -131,14 +151,70 @@ class SharingCoordinator:
     # -- reading ---------------------------------------------------------------------------
 
     async def refresh(self) -> None:
-        """Re-read this node's pods from the API server (raises on API errors)."""
-        raw = await self.api.list_node_pods()
-        pods = [read_node_pod(p, self.node, self.names) for p in raw]
+        """Re-read this node's pods with a LIST (raises on API errors).
+
+        A consistent read, for the calls that must see every pod bound so far: the kubelet
+        admits a pod as soon as its own watch shows it bound, and the agent's watch may be a
+        moment behind. Everything else uses the view the watch keeps (:meth:`_watch`)."""
+        listing = await self.api.list_node_pods()
+        self._take_listing(listing.pods, listing.resource_version)
+
+    def _take_listing(self, raw: Sequence[Mapping[str, Any]], version: str) -> None:
+        listed = _version(version)
+        current = {p.uid: p for p in self.pods}
+        pods: list[NodePod] = []
+        seen: set[str] = set()
+        for item in raw:
+            pod = read_node_pod(item, self.node, self.names)
+            seen.add(pod.uid)
+            old = current.get(pod.uid)
+            # Per pod the newer of the list and the watch wins (the watch may be ahead).
+            pods.append(old if old is not None and _newer(old, pod, unknown=False) else pod)
+        for uid, old in current.items():
+            if uid in seen:
+                continue
+            if listed is not None and (_version(old.resource_version) or 0) > listed:
+                pods.append(old)  # written after the list was taken: the watch knows better
+            elif listed is not None:
+                self._bury(uid, listed)
         for pod in pods:
-            if pod.problem and self._problems.get(pod.uid) != pod.problem:
-                self._problems[pod.uid] = pod.problem
-                log.warning("node %s: %s", self.node, pod.problem)
+            self._note_problem(pod)
         self.pods = pods
+        self._update_blocked()
+
+    def _note_problem(self, pod: NodePod) -> None:
+        if pod.problem and self._problems.get(pod.uid) != pod.problem:
+            self._problems[pod.uid] = pod.problem
+            log.warning("node %s: %s", self.node, pod.problem)
+
+    def _bury(self, uid: str, version: int) -> None:
+        """Remember a pod gone at ``version``, so a late event about it does not revive it."""
+        self._tombstones[uid] = version
+        self._tombstones.move_to_end(uid)
+        while len(self._tombstones) > TOMBSTONES:
+            self._tombstones.popitem(last=False)
+
+    def _apply_event(self, event: str, raw: Mapping[str, Any]) -> None:
+        pod = read_node_pod(raw, self.node, self.names)
+        if not pod.uid:
+            return
+        current = next((p for p in self.pods if p.uid == pod.uid), None)
+        if current is not None and not _newer(pod, current, unknown=True):
+            return  # a list or an earlier event already gave us this version or a newer one
+        version = _version(pod.resource_version)
+        if event == "DELETED":
+            self.pods = [p for p in self.pods if p.uid != pod.uid]
+            if version is not None:
+                self._bury(pod.uid, version)
+        else:
+            dead = self._tombstones.get(pod.uid)
+            if dead is not None and (version is None or version <= dead):
+                return
+            self._note_problem(pod)
+            if current is None:
+                self.pods = [*self.pods, pod]
+            else:
+                self.pods = [pod if p.uid == pod.uid else p for p in self.pods]
         self._update_blocked()
 
     async def _refresh_or_keep(self, why: str) -> None:
@@ -464,7 +540,8 @@ class SharingCoordinator:
         # Allocations older than this listing are in it (or already gone again).
         self.recent_whole = {c: t for c, t in self.recent_whole.items() if t > started}
         async with self.lock:
-            await self.refresh()
+            if self._version is None:
+                await self.refresh()  # no watch running (yet): read the pods now
             listed = {(p.namespace, p.name) for p in self.pods if not p.terminal}
             for key in sorted(self._held_pods(holdings, slots=True)):
                 if key not in listed:
@@ -520,15 +597,85 @@ class SharingCoordinator:
         """Keep the withdrawn ids and the ledgers current until cancelled."""
         share = self.config.sharing.gpu_share
         async with asyncio.TaskGroup() as group:
-            group.create_task(self._every(share.sync_interval_s, self._sync, "pod sync"))
+            group.create_task(self._watch())
             if self.pod_resources is not None:
                 group.create_task(
                     self._every(share.reconcile_interval_s, self.reconcile, "reconcile")
                 )
 
-    async def _sync(self) -> None:
-        async with self.lock:
-            await self.refresh()
+    async def _watch(self) -> None:
+        """Keep this node's pods current: one LIST, then a watch from its resourceVersion
+        (field selector spec.nodeName), resumed from the last version seen after an error (with
+        a growing pause, ``syncIntervalS`` times the failures in a row, at most ten times it)
+        and listed again only when the server answers 410 Gone (that version fell out of its
+        history). Polling instead cost one LIST per node every ``syncIntervalS``, about 240 a
+        second on a 1,213-node cluster."""
+        retry_s = self.config.sharing.gpu_share.sync_interval_s
+        failures = 0
+        while True:
+            try:
+                if self._version is None:
+                    listing = await self.api.list_node_pods()
+                    async with self.lock:
+                        self._take_listing(listing.pods, listing.resource_version)
+                    self._version = listing.resource_version
+                    self.relists += 1
+                    self.synced.set()
+                async for event, raw in self.api.watch_node_pods(self._version, WATCH_TIMEOUT_S):
+                    version = (raw.get("metadata") or {}).get("resourceVersion")
+                    if version:
+                        self._version = str(version)
+                    failures = 0
+                    if event in ("ADDED", "MODIFIED", "DELETED"):
+                        async with self.lock:
+                            self._apply_event(event, raw)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # the API being away must not end the loop
+                code = _status_code(err)
+                if code == 403:
+                    log.warning(
+                        "node %s: may not watch this node's pods (%s); listing them every %.1f s "
+                        "instead (RBAC: the node agent's ClusterRole needs watch on pods)",
+                        self.node,
+                        err,
+                        retry_s,
+                    )
+                    await self._poll(self.forbidden_poll_s)
+                    self._version = None
+                    continue
+                if code == 410:
+                    log.info(
+                        "node %s: pod watch expired at version %s; listing again",
+                        self.node,
+                        self._version,
+                    )
+                    self._version = None
+                    continue
+                failures += 1
+                delay = min(retry_s * failures, retry_s * 10)
+                log.warning(
+                    "node %s: watching this node's pods failed (%s); retrying in %.1f s",
+                    self.node,
+                    str(err) or type(err).__name__,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+
+    async def _poll(self, duration_s: float) -> None:
+        """List the pods every ``syncIntervalS`` for ``duration_s``: the watch's stand-in while
+        the API server refuses it (an older ClusterRole without ``watch``)."""
+        retry_s = self.config.sharing.gpu_share.sync_interval_s
+        end = time.monotonic() + duration_s
+        while time.monotonic() < end:
+            try:
+                listing = await self.api.list_node_pods()
+                async with self.lock:
+                    self._take_listing(listing.pods, listing.resource_version)
+                self.relists += 1
+            except Exception as err:
+                log.warning("node %s: cannot list this node's pods: %s", self.node, err)
+            await asyncio.sleep(retry_s)
 
     async def _every(
         self, interval_s: float, step: Callable[[], Awaitable[object]], what: str
@@ -545,3 +692,22 @@ class SharingCoordinator:
 
 def _repaired(pod: NodePod, repair: Repair) -> NodePod:
     return pod.with_records(repair.decision or pod.decision, repair.ledger or pod.ledger)
+
+
+def _version(text: str) -> int | None:
+    return int(text) if text.isdigit() else None
+
+
+def _newer(a: NodePod, b: NodePod, *, unknown: bool) -> bool:
+    """``a`` is a later version of the pod than ``b``; ``unknown`` when either version is not
+    an integer (the API server's are, but the API calls them opaque)."""
+    va, vb = _version(a.resource_version), _version(b.resource_version)
+    return unknown if va is None or vb is None else va > vb
+
+
+def _status_code(err: Exception) -> int | None:
+    if isinstance(err, ApiError):
+        return err.status.code
+    if isinstance(err, httpx2.HTTPStatusError):
+        return err.response.status_code
+    return None
