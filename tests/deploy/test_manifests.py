@@ -117,7 +117,21 @@ def test_the_podmonitor_scrapes_the_exporter_port_of_the_node_agent() -> None:
 
 # -- RBAC ----------------------------------------------------------------------------------
 
-EXPECTED_RULES: dict[tuple[str, str], list[dict[str, Any]]] = {
+
+def _lease_reader(name: str) -> list[dict[str, Any]]:
+    """The extender's one namespaced right: get, and only get, of one Lease (leader.py reads
+    it; it never lists or watches Leases)."""
+    return [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [name],
+            "verbs": ["get"],
+        }
+    ]
+
+
+CLUSTER_RULES: dict[tuple[str, str], list[dict[str, Any]]] = {
     ("ClusterRole", "kubegpu-node-agent"): [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]},
@@ -127,15 +141,30 @@ EXPECTED_RULES: dict[tuple[str, str], list[dict[str, Any]]] = {
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
     ],
-    ("Role", "kubegpu-scheduler-leader-election"): [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
-        {
-            "apiGroups": ["coordination.k8s.io"],
-            "resources": ["leases"],
-            "resourceNames": ["kubegpu-scheduler"],
-            "verbs": ["get", "update"],
-        },
-    ],
+}
+# overlay -> every Role and ClusterRole it renders, with exactly these rules.
+EXPECTED_RULES: dict[str, dict[tuple[str, str], list[dict[str, Any]]]] = {
+    "overlays/second-scheduler": {
+        **CLUSTER_RULES,
+        ("Role", "kubegpu-scheduler-leader-election"): [
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "resourceNames": ["kubegpu-scheduler"],
+                "verbs": ["get", "update"],
+            },
+        ],
+        ("Role", "kubegpu-extender-leader-lease"): _lease_reader("kubegpu-scheduler"),
+    },
+    "overlays/default-scheduler": {
+        **CLUSTER_RULES,
+        ("Role", "kubegpu-extender-leader-lease"): _lease_reader("kube-scheduler"),
+    },
+}
+EXTENDER_ROLES = {
+    ("ClusterRole", "kubegpu-extender", ""),
+    ("Role", "kubegpu-extender-leader-lease", "kube-system"),
 }
 
 # overlay -> service account -> the roles bound to it (kind, name, namespace of a Role).
@@ -149,11 +178,11 @@ EXPECTED_BINDINGS: dict[str, dict[str, set[tuple[str, str, str]]]] = {
             ("Role", "extension-apiserver-authentication-reader", "kube-system"),
             ("Role", "kubegpu-scheduler-leader-election", "kube-system"),
         },
-        "kubegpu-extender": {("ClusterRole", "kubegpu-extender", "")},
+        "kubegpu-extender": EXTENDER_ROLES,
     },
     "overlays/default-scheduler": {
         "kubegpu-node-agent": {("ClusterRole", "kubegpu-node-agent", "")},
-        "kubegpu-extender": {("ClusterRole", "kubegpu-extender", "")},
+        "kubegpu-extender": EXTENDER_ROLES,
     },
 }
 
@@ -176,7 +205,9 @@ def test_rbac_rules_have_no_wildcards(kustomization: str) -> None:
 
 def test_each_role_is_defined_in_exactly_one_file_under_deploy() -> None:
     # One source per role: an overlay binds the base's ClusterRole instead of carrying a copy
-    # that could drift from it.
+    # that could drift from it. The extender's Lease reader is the exception, one per overlay,
+    # each naming the Lease of that overlay's scheduler (checked against its scheduler config
+    # below).
     defined: dict[tuple[str, str], list[str]] = {}
     for path in sorted(DEPLOY.rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
@@ -189,18 +220,17 @@ def test_each_role_is_defined_in_exactly_one_file_under_deploy() -> None:
         ("Role", "kubegpu-scheduler-leader-election"): [
             "overlays/second-scheduler/scheduler-rbac.yaml"
         ],
+        ("Role", "kubegpu-extender-leader-lease"): [
+            "overlays/default-scheduler/extender-lease-rbac.yaml",
+            "overlays/second-scheduler/extender-lease-rbac.yaml",
+        ],
     }
 
 
 @pytest.mark.parametrize("overlay", INSTALL_OVERLAYS)
 def test_each_role_has_exactly_the_expected_rules(overlay: str) -> None:
     roles = {(r["kind"], r["metadata"]["name"]): r["rules"] for r in _roles(render(overlay))}
-    expected = {
-        key: rules
-        for key, rules in EXPECTED_RULES.items()
-        if key[0] == "ClusterRole" or overlay == "overlays/second-scheduler"
-    }
-    assert roles == expected
+    assert roles == EXPECTED_RULES[overlay]
 
 
 @pytest.mark.parametrize("overlay", INSTALL_OVERLAYS)
@@ -252,9 +282,7 @@ def test_the_extender_talks_to_the_api_server_only_as_kubegpu_extender(overlay: 
     workload = find(objs, *EXTENDERS[overlay])
     identities = api_identities(objs, workload)
     assert identities["extender"] == "kubegpu-extender"
-    assert EXPECTED_BINDINGS[overlay]["kubegpu-extender"] == {
-        ("ClusterRole", "kubegpu-extender", "")
-    }
+    assert EXPECTED_BINDINGS[overlay]["kubegpu-extender"] == EXTENDER_ROLES
     if overlay == "overlays/second-scheduler":
         # kube-scheduler keeps the pod's token (and its rights); the containers cannot reach
         # each other's files through a shared process namespace.
@@ -771,6 +799,58 @@ def test_the_second_scheduler_reads_its_config_and_holds_its_own_lease() -> None
     named = [r for r in role["rules"] if "resourceNames" in r]
     assert named[0]["resourceNames"] == [election["resourceName"]]
     assert [p["schedulerName"] for p in config["profiles"]] == ["kubegpu-scheduler"]
+
+
+def elected_lease(config: Obj) -> str:
+    """namespace/name of the Lease a KubeSchedulerConfiguration (v1) elects with, with
+    kube-scheduler's defaults for what it leaves out."""
+    election = config.get("leaderElection", {})
+    # Without leader election no Lease is held, and an extender with leader-lease never binds.
+    assert election.get("leaderElect", True) is True
+    assert election.get("resourceLock", "leases") == "leases"
+    namespace = election.get("resourceNamespace", "kube-system")
+    return f"{namespace}/{election.get('resourceName', 'kube-scheduler')}"
+
+
+def test_elected_lease_applies_kube_scheduler_s_defaults() -> None:
+    assert elected_lease({}) == "kube-system/kube-scheduler"
+    assert elected_lease({"leaderElection": {"resourceName": "x"}}) == "kube-system/x"
+
+
+@pytest.mark.parametrize("overlay", INSTALL_OVERLAYS)
+def test_the_extender_binds_only_beside_the_scheduler_holding_its_scheduler_s_lease(
+    overlay: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each extender keeps its card reservations in memory; leader-lease makes it bind only
+    # while the kube-scheduler next to it leads. That only works if it names the very Lease
+    # the scheduler config of the same overlay elects with, and may read it.
+    objs = render(overlay)
+    lease = elected_lease(_scheduler_config(overlay))
+    config = _extender_config(overlay, tmp_path, monkeypatch)
+    assert config.leader_lease == lease
+    namespace, name = lease.split("/")
+    role = find(objs, "Role", "kubegpu-extender-leader-lease")
+    assert role["metadata"]["namespace"] == namespace
+    assert role["rules"] == _lease_reader(name)
+    binding = find(objs, "RoleBinding", "kubegpu-extender-leader-lease")
+    assert binding["metadata"]["namespace"] == namespace
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert api_identities(objs, find(objs, *EXTENDERS[overlay]))["extender"] in {
+        s["name"] for s in binding["subjects"]
+    }
+    # The identity is left to default to the host name, which kube-scheduler on the same host
+    # writes before "_<uuid>": the extender must share its host name with kube-scheduler.
+    assert config.leader_identity is None
+    spec = pod_spec(find(objs, *EXTENDERS[overlay]))
+    assert not {"hostname", "subdomain", "setHostnameAsFQDN"} & set(spec)
+    if overlay == "overlays/default-scheduler":
+        # The static kube-scheduler pod runs on the host network and so sees the node's host
+        # name; so does a host-network pod, on every control-plane node.
+        assert spec["hostNetwork"] is True
+        assert "node-role.kubernetes.io/control-plane" in spec["nodeSelector"]
+    else:
+        # Containers of one pod share its host name (the pod's name).
+        assert {c["name"] for c in spec["containers"]} == {"kube-scheduler", "extender"}
 
 
 def test_no_two_extenders_hand_out_cards_at_once_during_an_update() -> None:

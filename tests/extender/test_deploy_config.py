@@ -1,10 +1,14 @@
 """The shipped KubeSchedulerConfiguration files reference exactly what the code serves: the URL
 paths of the extender's routes, the resource names it manages, and the settings kube-scheduler's
-validation requires."""
+validation requires; and the extender's RBAC in each overlay allows every request it really makes
+there, Lease read included."""
 
 from __future__ import annotations
 
+import os
 import re
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,8 +21,12 @@ from kubegpu.extender.scheduler import GpuScheduler
 from kubegpu.extender.server import ExtenderApp
 from kubegpu.kube.view import ClusterView
 from kubegpu.sharing.resources import ResourceNames
+from kubegpu.testing.apiserver import FakeApiServer
+from kubegpu.testing.apiserver.server import RequestRecord
+from tests.extender.cluster import gpu_node, http_session, post, running_extender, whole_pod
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "scheduler"
+OVERLAYS = DEPLOY.parent / "overlays"
 CONFIGS = ["kubegpu-scheduler.yaml", "default-scheduler.yaml"]
 
 
@@ -118,3 +126,102 @@ def test_rbac_grants_only_reads_pod_patches_and_bindings() -> None:
         ("pods", "patch"),
         ("pods/binding", "create"),
     }
+
+
+# -- the extender's requests against its RBAC, per overlay ---------------------------------
+
+# The API group of each resource the extender may touch (RBAC rules name groups).
+API_GROUPS = {"leases": "coordination.k8s.io"}
+Rule = tuple[str, dict[str, Any]]  # (namespace of a Role, "" for a ClusterRole; the rule)
+
+
+def rbac_rules(path: Path) -> Iterator[Rule]:
+    for doc in yaml.safe_load_all(path.read_text()):
+        if isinstance(doc, dict) and doc.get("kind") in ("Role", "ClusterRole"):
+            namespace = doc["metadata"].get("namespace", "") if doc["kind"] == "Role" else ""
+            for rule in doc["rules"]:
+                yield namespace, rule
+
+
+def allowed(rules: list[Rule], request: RequestRecord) -> bool:
+    """Whether RBAC's authorizer grants ``request`` under ``rules`` (no wildcards: a test in
+    tests/deploy forbids them). resourceNames narrow only requests that name an object; a list
+    or watch is not granted by a named rule."""
+    group = API_GROUPS.get(request.resource.split("/")[0], "")
+    for namespace, rule in rules:
+        if namespace and request.namespace != namespace:
+            continue
+        if group not in rule["apiGroups"] or request.resource not in rule["resources"]:
+            continue
+        if request.verb not in rule["verbs"]:
+            continue
+        names = rule.get("resourceNames")
+        if names and request.name not in names:
+            continue
+        return True
+    return False
+
+
+def kube_scheduler_hostname() -> str:
+    """What kube-scheduler's os.Hostname() returns on Linux (it reads this file, else uname),
+    the part of its holderIdentity before "_<uuid>"."""
+    path = Path("/proc/sys/kernel/hostname")
+    return path.read_text().strip() if path.exists() else os.uname().nodename
+
+
+@pytest.mark.parametrize("overlay", ["second-scheduler", "default-scheduler"])
+async def test_every_request_the_extender_makes_is_one_its_rbac_in_the_overlay_allows(
+    overlay: str,
+) -> None:
+    settings = load_config_file(OVERLAYS / overlay / "extender-config.yaml")
+    lease = settings["leader_lease"]
+    namespace, name = lease.split("/")
+    rules = [
+        *rbac_rules(DEPLOY.parent / "base" / "extender-clusterrole.yaml"),
+        *rbac_rules(OVERLAYS / overlay / "extender-lease-rbac.yaml"),
+    ]
+    async with FakeApiServer() as server:
+        server.store.put("nodes", gpu_node("node-a", cards=2))
+        server.store.put("pods", whole_pod("a", 1))
+        # As kube-scheduler on this host writes it, and the extender left to its default
+        # identity (the overlays set none).
+        holder = f"{kube_scheduler_hostname()}_{uuid.uuid4()}"
+        server.store.put(
+            "leases",
+            {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15},
+            },
+        )
+        assert "leader_identity" not in settings
+        async with running_extender(server, leader_lease=lease) as ext, http_session() as http:
+            pod = server.store.get("pods", "default", "a")
+            assert pod is not None
+            body = {
+                "PodName": "a",
+                "PodNamespace": "default",
+                "PodUID": pod["metadata"]["uid"],
+                "Node": "node-a",
+            }
+            status, answer = await post(http, f"{ext.url}/bind", body)
+        assert (status, answer["Error"]) == (200, "")
+        requests = list(server.request_log)
+    made = {(r.verb, r.resource, r.namespace, r.name) for r in requests}
+    # The bind really went through the gate and to the API server: the Lease read, the
+    # decision and the Binding (the lists and watches of the cluster view are checked below).
+    assert ("get", "leases", namespace, name) in made
+    assert ("patch", "pods", "default", "a") in made
+    assert ("create", "pods/binding", "default", "a") in made
+    assert [r for r in requests if not allowed(rules, r)] == []
+    # The check can fail: without this overlay's Role, or with the other overlay's (another
+    # Lease), the Lease read is refused.
+    lease_get = next(r for r in requests if r.resource == "leases")
+    assert lease_get.verb == "get"
+    other = "default-scheduler" if overlay == "second-scheduler" else "second-scheduler"
+    base_only = list(rbac_rules(DEPLOY.parent / "base" / "extender-clusterrole.yaml"))
+    assert not allowed(base_only, lease_get)
+    assert not allowed(
+        [*base_only, *rbac_rules(OVERLAYS / other / "extender-lease-rbac.yaml")], lease_get
+    )
