@@ -134,7 +134,7 @@ def _lease_reader(name: str) -> list[dict[str, Any]]:
 CLUSTER_RULES: dict[tuple[str, str], list[dict[str, Any]]] = {
     ("ClusterRole", "kubegpu-node-agent"): [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"]},
     ],
     ("ClusterRole", "kubegpu-extender"): [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,7 +21,7 @@ from kubegpu.extender.server import ExtenderApp
 from kubegpu.kube.view import ClusterView
 from kubegpu.sharing.resources import ResourceNames
 from kubegpu.testing.apiserver import FakeApiServer
-from kubegpu.testing.apiserver.server import RequestRecord
+from tests.deploy.rbac import allowed, rbac_rules
 from tests.extender.cluster import gpu_node, http_session, post, running_extender, whole_pod
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "scheduler"
@@ -129,37 +128,6 @@ def test_rbac_grants_only_reads_pod_patches_and_bindings() -> None:
 
 
 # -- the extender's requests against its RBAC, per overlay ---------------------------------
-
-# The API group of each resource the extender may touch (RBAC rules name groups).
-API_GROUPS = {"leases": "coordination.k8s.io"}
-Rule = tuple[str, dict[str, Any]]  # (namespace of a Role, "" for a ClusterRole; the rule)
-
-
-def rbac_rules(path: Path) -> Iterator[Rule]:
-    for doc in yaml.safe_load_all(path.read_text()):
-        if isinstance(doc, dict) and doc.get("kind") in ("Role", "ClusterRole"):
-            namespace = doc["metadata"].get("namespace", "") if doc["kind"] == "Role" else ""
-            for rule in doc["rules"]:
-                yield namespace, rule
-
-
-def allowed(rules: list[Rule], request: RequestRecord) -> bool:
-    """Whether RBAC's authorizer grants ``request`` under ``rules`` (no wildcards: a test in
-    tests/deploy forbids them). resourceNames narrow only requests that name an object; a list
-    or watch is not granted by a named rule."""
-    group = API_GROUPS.get(request.resource.split("/")[0], "")
-    for namespace, rule in rules:
-        if namespace and request.namespace != namespace:
-            continue
-        if group not in rule["apiGroups"] or request.resource not in rule["resources"]:
-            continue
-        if request.verb not in rule["verbs"]:
-            continue
-        names = rule.get("resourceNames")
-        if names and request.name not in names:
-            continue
-        return True
-    return False
 
 
 def kube_scheduler_hostname() -> str:
