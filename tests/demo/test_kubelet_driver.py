@@ -96,6 +96,11 @@ def test_containers_are_admitted_init_first_and_pods_oldest_first() -> None:
         "spec": {
             "initContainers": [
                 {"name": "init", "resources": {"limits": {names.whole_gpu: "1"}}},
+                {
+                    "name": "proxy",
+                    "restartPolicy": "Always",
+                    "resources": {"limits": {names.whole_gpu: "1"}},
+                },
             ],
             "containers": [
                 {"name": "cpu-only", "resources": {"requests": {"cpu": "1"}}},
@@ -104,8 +109,9 @@ def test_containers_are_admitted_init_first_and_pods_oldest_first() -> None:
         },
     }
     assert device_requests(pod, names) == [
-        ("init", True, names.whole_gpu, 1),
-        ("app", False, names.whole_gpu, 2),
+        ("init", "init", names.whole_gpu, 1),
+        ("proxy", "sidecar", names.whole_gpu, 1),
+        ("app", "app", names.whole_gpu, 2),
     ]
     older = {"metadata": {"uid": "z", "creationTimestamp": "2025-12-31T23:59:59Z"}}
     assert sorted([pod, older], key=admission_order)[0] is older

@@ -43,7 +43,7 @@ from kubegpu.sharing.annotations import (
 from kubegpu.sharing.podstate import read_pod
 from kubegpu.sharing.resources import ResourceNames
 from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node
-from kubegpu.testing.kubelet import Allocation, KubeletEmulator
+from kubegpu.testing.kubelet import Allocation, ContainerKind, KubeletEmulator
 from tests.kubelet.conftest import PluginProcess
 
 NODE = "test-node"
@@ -90,6 +90,11 @@ class ShareSpec:
     compute_milli: int
     memory_mib: int
     init: bool = False
+    sidecar: bool = False  # an init container with restartPolicy: Always (``init`` implied)
+
+    @property
+    def in_init(self) -> bool:
+        return self.init or self.sidecar
 
 
 class SharedNode:
@@ -179,19 +184,31 @@ class SharedNode:
         spec: dict[str, Any] = {"nodeName": NODE, "containers": [], "initContainers": []}
         for c in containers:
             limits = {SLOT: "1", MEMORY: str(c.memory_mib), COMPUTE: str(c.compute_milli)}
-            entry = {"name": c.name, "image": "x", "resources": {"limits": limits}}
-            spec["initContainers" if c.init else "containers"].append(entry)
+            entry: dict[str, Any] = {"name": c.name, "image": "x", "resources": {"limits": limits}}
+            if c.sidecar:
+                entry["restartPolicy"] = "Always"
+            spec["initContainers" if c.in_init else "containers"].append(entry)
         annotations: dict[str, str] = {}
         if decide and card_index is not None:
             card = self.card(card_index)
-            app = [c for c in containers if not c.init]
-            init_peak = max((c.compute_milli for c in containers if c.init), default=0)
-            init_memory = max((c.memory_mib for c in containers if c.init), default=0)
+            # The extender's (kube-scheduler's) rule: app containers and sidecars add up; a
+            # regular init container counts with the sidecars started before it.
+            running, peak = (0, 0), (0, 0)
+            for c in containers:
+                if c.sidecar:
+                    running = (running[0] + c.compute_milli, running[1] + c.memory_mib)
+                    step = running
+                elif c.init:
+                    step = (running[0] + c.compute_milli, running[1] + c.memory_mib)
+                else:
+                    continue
+                peak = (max(peak[0], step[0]), max(peak[1], step[1]))
+            app = [c for c in containers if not c.in_init]
             total = CardShare(
                 card.uuid,
                 card.index,
-                max(sum(c.compute_milli for c in app), init_peak),
-                max(sum(c.memory_mib for c in app), init_memory),
+                max(sum(c.compute_milli for c in app) + running[0], peak[0]),
+                max(sum(c.memory_mib for c in app) + running[1], peak[1]),
             )
             decision = AllocationDecision(
                 node=NODE,
@@ -199,7 +216,7 @@ class SharedNode:
                 containers=tuple(
                     ContainerAllocation(
                         c.name,
-                        c.init,
+                        c.in_init,
                         (CardShare(card.uuid, card.index, c.compute_milli, c.memory_mib),),
                     )
                     for c in containers
@@ -316,11 +333,26 @@ class SharedNode:
             (card,) = decided[container]
             assert (card.uuid, card.memory_mib, card.compute_milli) == told, (pod, container)
 
+    def container_kind(self, pod: str, container: str) -> ContainerKind:
+        """What ``container`` is in ``pod``'s spec, as the kubelet knows it (read from the
+        store: the test's own reads must not reach the API server's request log)."""
+        stored = self.api.store.get("pods", "default", pod) or {}
+        for item in (stored.get("spec") or {}).get("initContainers") or []:
+            if item.get("name") == container:
+                return "sidecar" if item.get("restartPolicy") == "Always" else "init"
+        return "app"
+
     def allocate_share(
         self, uid: str, pod: str, container: str, must_include: Sequence[str] = ()
     ) -> Allocation:
         return self.kubelet.allocate(
-            SLOT, 1, pod_uid=uid, pod_name=pod, container=container, must_include=must_include
+            SLOT,
+            1,
+            pod_uid=uid,
+            pod_name=pod,
+            container=container,
+            must_include=must_include,
+            kind=self.container_kind(pod, container),
         )
 
     def wait_until(self, check: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
@@ -331,31 +363,35 @@ class SharedNode:
             time.sleep(0.05)
 
     def wait_verified(self, pod: str, containers: int) -> Ledger:
+        """Wait until ``pod``'s ledger records ``containers`` containers, each confirmed by
+        PodResources except the regular init containers, which it never lists."""
+
         def done() -> bool:
             ledger = self.ledger(pod)
             return (
                 ledger is not None
                 and len(ledger.containers) == containers
-                and all(c.verified for c in ledger.containers)
+                and all(
+                    c.verified != (self.container_kind(pod, c.name) == "init")
+                    for c in ledger.containers
+                )
             )
 
-        self.wait_until(done, f"pod {pod}: {containers} verified containers")
+        self.wait_until(done, f"pod {pod}: {containers} containers recorded and verified")
         ledger = self.ledger(pod)
         assert ledger is not None
         return ledger
 
 
 def card_totals(node: SharedNode, pods: Sequence[str]) -> dict[str, tuple[int, int]]:
-    """Per card: (compute milli, memory MiB) held by the app containers the ledgers record
-    (init containers run before them and do not add up)."""
+    """Per card: (compute milli, memory MiB) held by the app containers and sidecars the
+    ledgers record (regular init containers run before them and do not add up)."""
     totals: dict[str, list[int]] = {}
     for name in pods:
         ledger = node.ledger(name)
-        decision = json.loads(node.annotations(name)[ALLOCATION_ANNOTATION])
-        init = {c["name"] for c in decision["containers"] if c["init"]}
         assert ledger is not None
         for c in ledger.containers:
-            if c.name in init:
+            if node.container_kind(name, c.name) == "init":
                 continue
             slot = totals.setdefault(c.uuid, [0, 0])
             slot[0] += c.compute_milli

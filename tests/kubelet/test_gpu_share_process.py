@@ -287,12 +287,50 @@ def test_init_and_multi_container_pod_each_get_their_share_of_one_card(
         "1000",
     ]
     assert app.device_ids == init.device_ids
+    # PodResources lists app containers and sidecars, never a regular init container: setup's
+    # entry stays unverified, and is neither missing nor drift; the pod still reconciles.
     ledger = node.wait_verified("multi", 3)
-    assert {c.name: c.uuid for c in ledger.containers} == {
-        "setup": card,
-        "app": card,
-        "sidecar": card,
+    assert {c.name: (c.uuid, c.verified) for c in ledger.containers} == {
+        "setup": (card, False),
+        "app": (card, True),
+        "sidecar": (card, True),
     }
+    assert node.drift("multi") is None and node.mismatch("multi") is None
+
+
+@pytest.mark.parametrize("sidecar_first", [False, True], ids=["init-first", "sidecar-first"])
+def test_init_containers_and_sidecars_get_their_shares_and_the_pod_reconciles(
+    node: SharedNode, sidecar_first: bool
+) -> None:
+    setup = ShareSpec("setup", 200, 2000, init=True)
+    proxy = ShareSpec("proxy", 100, 1000, sidecar=True)
+    spec = [proxy, setup] if sidecar_first else [setup, proxy]
+    spec.append(ShareSpec("app", 300, 3000))
+    uid = node.add_shared_pod("multi", 1, spec)
+    # The kubelet's order and device reuse: a regular init container's slot goes to the next
+    # container of the pod (sidecar or app), which keeps it. PodResources never shows setup,
+    # so after it only the ledger and the reused slot say the kubelet is admitting this pod.
+    got: dict[str, Allocation] = {}
+    reusable: tuple[str, ...] = ()
+    for c in spec:
+        got[c.name] = node.allocate_share(uid, "multi", c.name, must_include=reusable)
+        reusable = got[c.name].device_ids if c.init else ()
+    card = uuid_of(node, 1)
+    assert {c.name: told(got[c.name]) for c in spec} == {
+        "setup": (card, 200, 2000),
+        "proxy": (card, 100, 1000),
+        "app": (card, 300, 3000),
+    }
+    reuser = "app" if sidecar_first else "proxy"
+    assert got[reuser].device_ids == got["setup"].device_ids
+    ledger = node.wait_verified("multi", 3)
+    assert {c.name: (c.slot, c.verified) for c in ledger.containers} == {
+        "setup": (got["setup"].device_ids[0], False),
+        "proxy": (got["proxy"].device_ids[0], True),
+        "app": (got["app"].device_ids[0], True),
+    }
+    assert node.drift("multi") is None and node.mismatch("multi") is None
+    assert card_totals(node, ["multi"]) == {card: (400, 4000)}  # app + sidecar, not setup
 
 
 def test_a_node_agent_crash_between_bind_and_allocate_loses_nothing(node: SharedNode) -> None:

@@ -213,6 +213,79 @@ def test_podresources_names_the_pod_being_admitted_and_the_ones_already_admitted
     assert [(c.pod.name, c.container, c.admitting) for c in done] == [("later", "main", False)]
 
 
+def test_the_pod_being_admitted_is_found_past_its_unlisted_init_containers() -> None:
+    # PodResources lists sidecars and app containers only (fact sheet 2.3).
+    def multi(ledger: Ledger) -> NodePod:
+        raw = pod(
+            "multi",
+            "2026-01-01T00:05:00Z",
+            UUID0,
+            [("proxy", True), ("setup", True), ("app", False)],
+            ledger=ledger,
+        )
+        raw["spec"]["initContainers"][0]["restartPolicy"] = "Always"  # type: ignore[index]
+        return read_node_pod(raw, "n1", NAMES)
+
+    slot = f"{UUID0}::slot-1"
+    setup = replace(granted("setup"), slot=slot)
+    # "half" is older and also part-way by its ledger (nothing in PodResources says otherwise).
+    half = read_node_pod(
+        pod(
+            "half",
+            "2026-01-01T00:00:00Z",
+            UUID0,
+            [("a", False), ("b", False)],
+            ledger=Ledger("n1", (granted("a"),)),
+        ),
+        "n1",
+        NAMES,
+    )
+    assert multi(Ledger("n1")).regular_init == frozenset({"setup"})
+    # proxy shown, setup served (the ledger is all that can say so): app is next, not setup.
+    p = multi(Ledger("n1", (granted("proxy"), setup)))
+    (next_up,) = share_candidates([half, p], UUID0, {("ns", "multi"): {"proxy"}})
+    assert (next_up.pod.name, next_up.container, next_up.admitting) == ("multi", "app", True)
+    # setup first, proxy reusing its slot: nothing of multi in PodResources; the slot, which
+    # the kubelet hands on only within setup's pod, names it over the older "half".
+    q = read_node_pod(
+        pod(
+            "multi",
+            "2026-01-01T00:05:00Z",
+            UUID0,
+            [("setup", True), ("app", False)],
+            ledger=Ledger("n1", (setup,)),
+        ),
+        "n1",
+        NAMES,
+    )
+    assert [c.pod.name for c in share_candidates([half, q], UUID0, None)] == ["half", "multi"]
+    (reused,) = share_candidates([half, q], UUID0, None, slot)
+    assert (reused.pod.name, reused.container, reused.admitting) == ("multi", "app", True)
+    # A slot half's app container holds is no such signal.
+    assert share_candidates([half, q], UUID0, None, f"{UUID0}::slot-0")[0].pod.name == "half"
+
+
+def test_a_sidecar_holding_its_init_containers_slot_is_not_exchanged_with_it() -> None:
+    raw = pod("p", "t", UUID0, [("setup", True), ("proxy", True), ("app", False)])
+    raw["spec"]["initContainers"][1]["restartPolicy"] = "Always"  # type: ignore[index]
+    slot, other = f"{UUID0}::slot-0", f"{UUID0}::slot-1"
+    # proxy reused setup's slot; its own record was lost. app's record is right.
+    ledger = Ledger("n1", (granted("setup"), replace(granted("app"), slot=other)))
+    base = read_node_pod(raw, "n1", NAMES)
+    p = base.with_records(base.decision, ledger)
+    held = {("ns", "p", "proxy"): (slot,), ("ns", "p", "app"): (other,)}
+    (repair,) = follow_share_holdings([p], held, node="n1", index_of={}, now="now")
+    assert repair.ledger is not None and repair.decision is None
+    entries = {c.name: (c.slot, c.verified, c.source) for c in repair.ledger.containers}
+    assert entries == {
+        "setup": (slot, False, "allocate"),  # never verifiable, left as it is
+        "proxy": (slot, True, "podresources"),  # recorded, not traded with setup
+        "app": (other, True, "allocate"),
+    }
+    assert repair.mismatches == ()
+    assert ["had no record of it" in n for n in repair.notes] == [True]
+
+
 def test_a_rebuilt_shared_decision_counts_init_and_sidecars_as_the_extender_does() -> None:
     raw = pod("p", "t", UUID0, [("app", False), ("side", True), ("setup", True)])
     init = raw["spec"]["initContainers"]  # type: ignore[index]
@@ -399,3 +472,45 @@ def test_whole_decisions_follow_the_cards_held_and_a_pod_still_to_come_takes_the
     crowded = every_other | {uuid[3]}
     again = follow_whole_holdings(pods, held, cards=cards, shared=crowded)
     assert [r.pod.name for r in again] == ["w2"]
+
+
+def test_a_whole_gpu_init_container_follows_the_cards_its_pod_was_given() -> None:
+    # prep (a regular init container) and main were both decided card 2; the kubelet gave prep
+    # card 5 and main reused it. PodResources shows main only.
+    uuid = [str(h200(i).uuid) for i in range(8)]
+    card = CardShare(uuid[2], 2, 1000, 143771)
+    decision = AllocationDecision(
+        "n1",
+        (card,),
+        (ContainerAllocation("prep", True, (card,)), ContainerAllocation("main", False, (card,))),
+        "t1",
+        "x",
+        False,
+    )
+    raw = {
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": "p",
+            "annotations": {ALLOCATION_ANNOTATION: encode_allocation(decision)},
+        },
+        "spec": {
+            "nodeName": "n1",
+            "initContainers": [{"name": "prep"}],
+            "containers": [{"name": "main"}],
+        },
+    }
+    p = read_node_pod(raw, "n1", NAMES)
+    cards = {str(g.uuid): (g.index, g.memory_total_mib) for g in EIGHT_H200.gpus}
+    (repair,) = follow_whole_holdings([p], {("ns", "p", "main"): (uuid[5],)}, cards=cards)
+    assert repair.decision is not None
+    # The pod holds card 5 and only it: no phantom card 2 left in its accounting.
+    assert repair.decision.gpu_uuids == (uuid[5],)
+    assert {c.name: c.cards[0].uuid for c in repair.decision.containers} == {
+        "prep": uuid[5],
+        "main": uuid[5],
+    }
+    assert "PodResources does not list init containers" in repair.notes[1]
+    # Once written, nothing more to do.
+    moved = p.with_records(repair.decision, None)
+    assert follow_whole_holdings([moved], {("ns", "p", "main"): (uuid[5],)}, cards=cards) == []

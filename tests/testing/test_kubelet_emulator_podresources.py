@@ -12,7 +12,13 @@ import pytest
 
 from kubegpu.kubelet.api.podresources.v1 import api_pb2 as pr
 from kubegpu.kubelet.api.podresources.v1 import api_pb2_grpc as pr_grpc
-from kubegpu.testing.kubelet import Allocation, ContainerResponse, DeviceState, KubeletEmulator
+from kubegpu.testing.kubelet import (
+    Allocation,
+    AllocationError,
+    ContainerResponse,
+    DeviceState,
+    KubeletEmulator,
+)
 from kubegpu.testing.podresources import TokenBucket, serve_pod_resources
 from tests.testing.kubelet_plugin_double import FakeDevice, PluginDouble
 
@@ -81,6 +87,38 @@ def test_list_reports_one_entry_per_device_and_numa_node(
         (RESOURCE, ["gpu-3"], []),
     ]
     assert not pod.containers[1].devices[2].HasField("topology")
+
+
+def test_regular_init_containers_are_left_out_and_sidecars_listed_first(
+    kubelet: KubeletEmulator, lister: pr_grpc.PodResourcesListerStub
+) -> None:
+    # The kubelet's order: init containers (the sidecar among them), then app containers; the
+    # app container reuses the device the regular init container had.
+    ids = {"pod_uid": "u1", "pod_name": "train", "namespace": "ml"}
+    init = kubelet.allocate(RESOURCE, 1, container="setup", kind="init", **ids)
+    kubelet.allocate(RESOURCE, 1, container="proxy", kind="sidecar", **ids)
+    kubelet.allocate(RESOURCE, 1, container="main", must_include=init.device_ids, **ids)
+    # A pod whose only device-holding container is a regular init container.
+    kubelet.allocate(
+        RESOURCE, 1, pod_uid="u2", pod_name="prep", namespace="ml", container="fetch", kind="init"
+    )
+
+    listed = lister.List(pr.ListPodResourcesRequest(), timeout=5).pod_resources
+    assert [(p.name, [c.name for c in p.containers]) for p in listed] == [
+        ("train", ["proxy", "main"]),
+        ("prep", []),
+    ]
+    train = listed[0]
+    assert device_entries(train.containers[0]) == [(RESOURCE, ["gpu-1"], [0])]
+    assert device_entries(train.containers[1]) == [(RESOURCE, ["gpu-0"], [0])]
+    got = lister.Get(pr.GetPodResourcesRequest(pod_name="train", pod_namespace="ml"), timeout=5)
+    assert got.pod_resources == train
+    got = lister.Get(pr.GetPodResourcesRequest(pod_name="prep", pod_namespace="ml"), timeout=5)
+    assert (got.pod_resources.name, list(got.pod_resources.containers)) == ("prep", [])
+    # The init containers' devices are still the pods': the kubelet hands them to nobody else.
+    assert {d for a in kubelet.allocations() for d in a.device_ids} == {"gpu-0", "gpu-1", "gpu-2"}
+    with pytest.raises(AllocationError, match="belongs to another pod"):
+        kubelet.allocate(RESOURCE, 1, pod_uid="u3", must_include=["gpu-2"])
 
 
 def test_released_pods_leave_the_list(

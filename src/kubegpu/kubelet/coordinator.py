@@ -21,9 +21,11 @@ Unhealthy), so the kubelet cannot pick them; and ``Allocate`` verifies and refus
 are serialised by one lock: the kubelet admits pods one at a time anyway, and the ledger read +
 write must not interleave.
 
-Reconciliation lists the kubelet's PodResources (which knows pod ↔ slot) and makes the records
-follow it (:mod:`kubegpu.kubelet.records`): a container the kubelet gave another pod's share
-exchanges records with that pod, a container missing from a ledger is recorded, whole-GPU
+Reconciliation lists the kubelet's PodResources (which knows pod ↔ slot for sidecars and app
+containers; regular init containers are never listed, so what was recorded for them stays
+unverified, and whole-GPU ones follow the containers they handed their cards to) and makes the
+records follow it (:mod:`kubegpu.kubelet.records`): a container the kubelet gave another pod's
+share exchanges records with that pod, a container missing from a ledger is recorded, whole-GPU
 decisions are set to the cards held; the pods' ``kubegpu.io/gpu-allocation`` then says what
 runs (the extender only writes it before binding, so the agent is its sole writer afterwards)
 and the extender's accounting is the truth. Every repair is logged with node, pod and card
@@ -378,7 +380,7 @@ class SharingCoordinator:
                     f"refusing share slot {slot}",
                 )
             held = None if holdings is None else self._held_pods(holdings, slots=True)
-            candidates = share_candidates(self.pods, card, held)
+            candidates = share_candidates(self.pods, card, held, slot)
             if not candidates:
                 raise AllocationRefused(
                     "FAILED_PRECONDITION",

@@ -149,8 +149,9 @@ class _Shares:
 
     def _source(self, key: _Key, slot: str) -> _Key | None:
         """Who the grant ``key`` holds is recorded under: the latest grant of ``slot`` (the
-        kubelet hands a slot on only after its holder is gone, or to the app containers of the
-        init container that had it, whose own grants are not the ones we look for)."""
+        kubelet hands a slot on only after its holder is gone, or to the next container of the
+        pod whose regular init container had it; that init container's own grant is not the
+        one we look for, and PodResources never shows it holding anything)."""
         pod = self.by_uid[key[0]]
         found = [
             other
@@ -158,11 +159,7 @@ class _Shares:
             if other != key
             and entry.slot == slot
             and self.holding.get(other) != slot
-            and not (
-                other[0] == key[0]
-                and other[1] in pod.init_containers
-                and key[1] not in pod.init_containers
-            )
+            and not (other[0] == key[0] and other[1] in pod.regular_init)
         ]
         if not found:
             return None
@@ -333,16 +330,36 @@ def follow_whole_holdings(
         if not mine:
             continue
         containers: list[ContainerAllocation] = []
+        moves: dict[str, str] = {}  # decided card -> the one the kubelet gave instead
         for c in pod.decision.containers:
             got = mine.get(c.name)
             decided = tuple(s.uuid for s in c.cards)
             if got is None or set(got) == set(decided) or any(u not in cards for u in got):
                 containers.append(c)
                 continue
+            lost = [u for u in decided if u not in got]
+            for old, new in zip(lost, [u for u in got if u not in decided], strict=False):
+                moves.setdefault(old, new)
             containers.append(replace(c, cards=tuple(whole(u) for u in got)))
             notes.setdefault(pod.uid, []).append(
                 f"container {c.name}: decided card(s) {','.join(decided)}, the kubelet gave "
                 f"{','.join(got)}; decision moved so the extender accounts the truth"
+            )
+        # PodResources never lists a regular init container, but the kubelet hands its cards
+        # on to the pod's next containers (the extender decides them that way too): it follows
+        # their moves, or the pod would be accounted a card it never held.
+        for i, c in enumerate(containers):
+            if c.name not in pod.regular_init or c.name in mine:
+                continue
+            decided = tuple(s.uuid for s in c.cards)
+            followed = tuple(dict.fromkeys(moves.get(u, u) for u in decided))
+            if followed == decided:
+                continue
+            containers[i] = replace(c, cards=tuple(whole(u) for u in followed))
+            notes.setdefault(pod.uid, []).append(
+                f"init container {c.name}: decided card(s) {','.join(decided)}, the kubelet "
+                f"handed its pod's containers {','.join(followed)} instead; moved with them "
+                "(PodResources does not list init containers)"
             )
         if pod.uid in notes:
             decisions[pod.uid] = _whole_decision(pod.decision, containers)

@@ -53,7 +53,8 @@ class LedgerError(ValueError):
 @dataclass(frozen=True)
 class GrantedContainer:
     """One container's card as handed out (``source`` "allocate") or as learnt from the
-    kubelet's PodResources API ("podresources"); ``verified`` once PodResources agreed.
+    kubelet's PodResources API ("podresources"); ``verified`` once PodResources agreed (never,
+    for a regular init container: PodResources does not list those).
     ``trade`` is set when PodResources showed that this container was handed the share decided
     for another pod's container (see :class:`Trade`)."""
 
@@ -221,6 +222,14 @@ class NodePod:
         return f"{self.namespace}/{self.name}"
 
     @property
+    def regular_init(self) -> frozenset[str]:
+        """Init containers that run to completion before the next one starts. The kubelet's
+        PodResources never lists them (fact sheet 2.3), although the devices they were given
+        stay the pod's and go on to its next containers: what the agent recorded for them can
+        never be confirmed there, only what the containers reusing their devices hold."""
+        return self.init_containers - self.sidecars
+
+    @property
     def shared(self) -> bool:
         return self.decision is not None and self.decision.shared
 
@@ -282,8 +291,13 @@ def read_node_pod(pod: Mapping[str, Any], node: str, names: ResourceNames) -> No
         except LedgerError as exc:
             problem = f"pod {pod_key(pod)}: {exc}; treated as nothing allocated"
     slots: list[tuple[str, CardShare]] = []
-    init: set[str] = set()
-    sidecars: set[str] = set()
+    # From the spec for every pod: whole-GPU pods need them too (their regular init
+    # containers' cards are not in PodResources either).
+    spec_init = [
+        c for c in (pod.get("spec") or {}).get("initContainers") or [] if isinstance(c, dict)
+    ]
+    init = {str(c.get("name")) for c in spec_init}
+    sidecars = {str(c.get("name")) for c in spec_init if c.get("restartPolicy") == "Always"}
     if decision is not None and decision.shared:
         card = decision.cards[0]
         split = _container_tokens(decision)
@@ -292,8 +306,6 @@ def read_node_pod(pod: Mapping[str, Any], node: str, names: ResourceNames) -> No
         except RequestError as exc:
             containers = ()
             problem = f"{exc}"
-        init = {c.name for c in containers if c.init}
-        sidecars = {c.name for c in containers if c.sidecar}
         ordered = [c for c in containers if c.init] + [c for c in containers if not c.init]
         for c in ordered:
             if c.share_slots:
@@ -343,26 +355,43 @@ def share_candidates(
     pods: Iterable[NodePod],
     card: str | None = None,
     held: Mapping[tuple[str, str], Collection[str]] | None = None,
+    slot: str | None = None,
 ) -> list[NextShare]:
-    """Whom the next share-slot ``Allocate`` (on ``card``, when given) is for, likeliest first.
+    """Whom the next share-slot ``Allocate`` (on ``card``, when given; for ``slot``, when
+    known) is for, likeliest first.
 
     ``held`` is the kubelet's PodResources answer, (namespace, pod) -> containers holding a
     share slot, or ``None`` without it. The kubelet allocates every container of a pod in a row
-    (init containers first) and records each in PodResources before the next, so a pod that
-    holds slots for some of its sharing containers but not for the ones after them is the pod
-    being admitted: that pod alone is returned, whatever ``card`` is (a caller that sees its
-    share on another card must refuse, not guess). Otherwise the pending pods in admission
+    (init containers first) and records each before the next; PodResources shows the pod's
+    sidecars and app containers, never its regular init containers. So a pod that holds slots
+    for some of its sharing containers but not for the ones after them (not counting regular
+    init containers its ledger has served: nothing else can say they ran) is the pod being
+    admitted: that pod alone is returned, whatever ``card`` is (a caller that sees its share on
+    another card must refuse, not guess). So is a pod whose ledger records ``slot`` for one of
+    its regular init containers: the kubelet hands such a device on only to the same pod's next
+    container, and holds it for the pod meanwhile. Otherwise the pending pods in admission
     order, without those that already hold slots (the kubelet admitted them already)."""
-    pods = [p for p in pods if not p.terminal and p.shared]
+    pods = sorted((p for p in pods if not p.terminal and p.shared), key=lambda p: p.order)
     if held is not None:
-        for pod in sorted(pods, key=lambda p: p.order):
+        for pod in pods:
             mine = held.get((pod.namespace, pod.name))
             names = [n for n, _ in pod.slot_containers]
             done = [names.index(n) for n in mine or () if n in names]
-            rest = pod.slot_containers[max(done) + 1 :] if done else ()
+            if not done:
+                continue
+            served = pod.allocated() & pod.regular_init
+            rest = [(n, s) for n, s in pod.slot_containers[max(done) + 1 :] if n not in served]
             if rest:
                 name, share = rest[0]
                 return [NextShare(pod, name, share, admitting=True)]
+    if slot is not None:
+        for pod in pods:
+            step = pod.next_container()
+            reused = pod.ledger is not None and any(
+                c.slot == slot and c.name in pod.regular_init for c in pod.ledger.containers
+            )
+            if reused and step is not None:
+                return [NextShare(pod, *step, admitting=True)]
     out: list[NextShare] = []
     for pod in pending_share_pods(pods, card):
         if held is not None and held.get((pod.namespace, pod.name)):

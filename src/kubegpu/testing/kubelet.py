@@ -49,6 +49,10 @@ from kubegpu.kubelet.channels import unix_channel, unix_target
 log = logging.getLogger(__name__)
 
 UpdateSource = Literal["list_and_watch", "disconnect", "restart"]
+# What the kubelet knows of a container from the pod spec: an app container, a regular init
+# container, or a restartable one (a sidecar: an init container with restartPolicy: Always).
+# PodResources reports sidecars and app containers only (fact sheet 2.3).
+ContainerKind = Literal["app", "init", "sidecar"]
 
 API_VERSION = "v1beta1"
 SUPPORTED_VERSIONS: tuple[str, ...] = (API_VERSION,)
@@ -191,7 +195,8 @@ class Allocation:
 
     ``preferred_device_ids`` is the plugin's GetPreferredAllocation answer, or ``None`` when the
     plugin does not advertise the RPC. ``numa_nodes`` maps each device to its NUMA nodes at
-    allocation time (PodResources reports these).
+    allocation time (PodResources reports these). ``kind`` is the container's place in the pod
+    spec: a regular init container's devices stay the pod's, but PodResources never lists it.
     """
 
     pod_uid: str
@@ -204,6 +209,7 @@ class Allocation:
     preferred_device_ids: tuple[str, ...] | None
     pre_start_called: bool
     numa_nodes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    kind: ContainerKind = "app"
 
     @property
     def envs(self) -> Mapping[str, str]:
@@ -759,6 +765,7 @@ class KubeletEmulator:
         pod_name: str | None = None,
         namespace: str = "default",
         container: str = "main",
+        kind: ContainerKind = "app",
     ) -> Allocation:
         """Admit one container asking for ``count`` devices of ``resource``, like the kubelet.
 
@@ -766,7 +773,9 @@ class KubeletEmulator:
         the plugin. Otherwise picks from healthy, unallocated devices (``must_include`` first,
         standing in for devices reused from an init container), asks GetPreferredAllocation
         when the plugin offers it, calls Allocate with one container request, then
-        PreStartContainer when the plugin requires it. Raises ``AllocationError``.
+        PreStartContainer when the plugin requires it. ``kind`` says what the container is in
+        the pod spec (the caller knows it, as the kubelet does): it decides whether PodResources
+        reports it. Raises ``AllocationError``.
         """
         if count < 1:
             raise AllocationError(f"count must be at least 1, got {count}")
@@ -835,17 +844,19 @@ class KubeletEmulator:
             preferred_device_ids=preferred,
             pre_start_called=pre_start_called,
             numa_nodes={d: devices[d].numa_nodes for d in chosen},
+            kind=kind,
         )
         with self._lock:
             self._allocations[key] = allocation
             self._changed.notify_all()
         log.info(
-            "node %s: allocated %s %s to pod %s/%s container %s",
+            "node %s: allocated %s %s to pod %s/%s %s container %s",
             self.node_name,
             resource,
             ",".join(chosen),
             namespace,
             pod_name,
+            kind,
             container,
         )
         return allocation

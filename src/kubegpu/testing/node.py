@@ -30,7 +30,7 @@ from lightkube.types import PatchType
 
 from kubegpu.sharing.podstate import read_decision
 from kubegpu.sharing.resources import RequestError, ResourceNames, pod_totals
-from kubegpu.testing.kubelet import AllocationError, KubeletEmulator
+from kubegpu.testing.kubelet import AllocationError, ContainerKind, KubeletEmulator
 from kubegpu.testing.scheduler import TERMINAL_PHASES, follow, now_rfc3339, pod_name, pod_uid
 
 log = logging.getLogger(__name__)
@@ -47,17 +47,19 @@ def admission_order(pod: Mapping[str, Any]) -> tuple[str, str, str]:
 
 def device_requests(
     pod: Mapping[str, Any], names: ResourceNames
-) -> list[tuple[str, bool, str, int]]:
-    """(container, init, resource, count) for every container asking for GPU devices, in the
-    kubelet's order: init containers first, then app containers, each in spec order."""
+) -> list[tuple[str, ContainerKind, str, int]]:
+    """(container, kind, resource, count) for every container asking for GPU devices, in the
+    kubelet's order: init containers (sidecars among them) first, then app containers, each in
+    spec order."""
     shares = pod_totals(pod, names).containers
     ordered = [c for c in shares if c.init] + [c for c in shares if not c.init]
-    out: list[tuple[str, bool, str, int]] = []
+    out: list[tuple[str, ContainerKind, str, int]] = []
     for c in ordered:
+        kind: ContainerKind = "sidecar" if c.sidecar else "init" if c.init else "app"
         if c.whole_gpus:
-            out.append((c.name, c.init, names.whole_gpu, c.whole_gpus))
+            out.append((c.name, kind, names.whole_gpu, c.whole_gpus))
         if c.share_slots:
-            out.append((c.name, c.init, names.share_slot, c.share_slots))
+            out.append((c.name, kind, names.share_slot, c.share_slots))
     return out
 
 
@@ -149,9 +151,11 @@ class KubeletDriver:
         except RequestError as exc:
             await self._fail(pod, f"Pod was rejected: {exc}")
             return False
-        reusable: dict[str, list[str]] = {}  # resource -> devices of finished init containers
+        # resource -> devices of finished regular init containers not yet taken by a sidecar or
+        # an app container (the device manager's devicesToReuse)
+        reusable: dict[str, list[str]] = {}
         try:
-            for container, init, resource, count in requests:
+            for container, kind, resource, count in requests:
                 must = reusable.get(resource, [])[:count]
                 self._holding.add(uid)
                 allocation = await asyncio.to_thread(
@@ -163,11 +167,15 @@ class KubeletDriver:
                     pod_name=str(meta.get("name")),
                     namespace=str(meta.get("namespace") or "default"),
                     container=container,
+                    kind=kind,
                 )
                 self.container_env.setdefault(key, {})[container] = dict(allocation.envs)
-                if init:
-                    pool = reusable.setdefault(resource, [])
+                pool = reusable.setdefault(resource, [])
+                if kind == "init":
                     pool.extend(d for d in allocation.device_ids if d not in pool)
+                else:
+                    # A sidecar or app container keeps what it got: no later container reuses it.
+                    pool[:] = [d for d in pool if d not in allocation.device_ids]
                 log.info(
                     "node %s: pod %s container %s got %s %s (NVIDIA_VISIBLE_DEVICES=%s)",
                     self.node_name,

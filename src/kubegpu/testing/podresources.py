@@ -1,11 +1,13 @@
 """The kubelet's PodResources v1 API (``v1.PodResourcesLister``) for the kubelet emulator.
 
 What it owns: turning the emulator's allocations and device lists into List / Get /
-GetAllocatableResources answers with the kubelet's real shape (fact sheet section 2.3): one
-``ContainerDevices`` entry per (device, NUMA node), a device without topology as one entry
-without topology, only pods that still hold devices, and the kubelet's 100 req/s (burst 10)
-rate limit answered with RESOURCE_EXHAUSTED. Consumers (exporter, plugin) talk to it through
-the generated stub exactly as they would to a kubelet.
+GetAllocatableResources answers with the kubelet's real shape (fact sheet section 2.3): per pod
+its sidecars (restartable init containers) first, then its app containers, and never its regular
+init containers, although the devices they were given stay the pod's (and the kubelet hands
+them on to the pod's later containers); one ``ContainerDevices`` entry per (device, NUMA node),
+a device without topology as one entry without topology; only pods that still hold devices; and
+the kubelet's 100 req/s (burst 10) rate limit answered with RESOURCE_EXHAUSTED. Consumers
+(exporter, plugin) talk to it through the generated stub exactly as they would to a kubelet.
 """
 
 from __future__ import annotations
@@ -86,15 +88,22 @@ def container_devices(
 
 
 def pod_resources(allocations: list[Allocation]) -> list[pr.PodResources]:
-    """Group allocations into pods (first-allocated pod first) and containers."""
+    """Group allocations into pods (first-allocated pod first) and containers: per pod the
+    sidecars, then the app containers, each in allocation order; regular init containers are
+    left out (a pod whose devices only they hold is listed without containers: the kubelet
+    knows it, and lists every active pod)."""
     pods: dict[str, pr.PodResources] = {}
-    containers: dict[tuple[str, str], pr.ContainerResources] = {}
     for allocation in allocations:
-        pod = pods.get(allocation.pod_uid)
-        if pod is None:
-            pod = pods[allocation.pod_uid] = pr.PodResources(
+        if allocation.pod_uid not in pods:
+            pods[allocation.pod_uid] = pr.PodResources(
                 name=allocation.pod_name, namespace=allocation.namespace
             )
+    containers: dict[tuple[str, str], pr.ContainerResources] = {}
+    sidecars_first = sorted(allocations, key=lambda a: a.kind != "sidecar")  # stable
+    for allocation in sidecars_first:
+        if allocation.kind == "init":
+            continue
+        pod = pods[allocation.pod_uid]
         key = (allocation.pod_uid, allocation.container)
         container = containers.get(key)
         if container is None:
