@@ -158,11 +158,12 @@ def test_fragment_of_a_mixed_node_counts_other_models_as_out_of_reach() -> None:
     )
 
 
-@pytest.mark.parametrize("policy", ["fgd", "kubegpu"])
-def test_fragmentation_policies_pick_the_card_leaving_the_least_fragment(policy: str) -> None:
+def test_fgd_picks_the_card_leaving_the_least_fragment() -> None:
     # T4 card 2 has 600 free, card 3 is idle. A 500-milli T4 share on card 2 leaves 100
-    # (fragment for every T4 share class); on card 3 it leaves 600 + 500, both usable.
-    eng = engine([mixed_node(free=(1000, 1000, 600, 1000))], policy)
+    # (fragment for every T4 share class); on card 3 it leaves 600 + 500, both usable. (Ours
+    # sees no difference: 100 of the 600 stays unfilled by 500s and 250s either way, so it
+    # takes the tighter card; tests/placement/test_waste.py covers its rule.)
+    eng = engine([mixed_node(free=(1000, 1000, 600, 1000))], "fgd")
     pod = PodRequest(1000, 1024, 1, 500, None, T4)
     cpu = 64_000 - 1000
     models = ("V100", "V100", "T4", "T4")
@@ -315,5 +316,5 @@ def test_kubegpu_orders_cpu_pods_on_mixed_clusters_by_the_fragment_growth(seed: 
                 )
             # The engine's buckets (GROWTH_BUCKET_MILLI), from the growth by definition.
             buckets = np.floor(np.round(np.array(growth), 6) / 300.0)
-            assert eng._kubegpu_keys(pod, rows)[0].tolist() == buckets.tolist()
+            assert eng._kubegpu_keys(pod, rows)[1].tolist() == buckets.tolist()
         eng.place(pod)

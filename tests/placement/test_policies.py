@@ -150,14 +150,16 @@ def test_kubegpu_sends_cpu_only_pods_where_the_cards_are_already_used() -> None:
     assert engine(nodes, "kubegpu").choose(cpu_pod).node == "cards-used"  # type: ignore[union-attr]
 
 
-def test_kubegpu_scores_follow_fragment_growth_best_node_100() -> None:
+def test_kubegpu_closes_a_gap_rather_than_opening_a_card_best_node_100() -> None:
+    # No share size is common in a whole-card workload, so every gap is waste: the share
+    # shrinks the 600 gap on "fragmented" (−300) instead of opening a 700 gap on "whole".
     nodes = [node("whole", (1000,), rank=0), node("fragmented", (600,), rank=1)]
     assert engine(nodes, "kubegpu").score(share(300)) == {"whole": 0, "fragmented": 100}
 
 
-def test_kubegpu_breaks_equal_fragment_growth_by_the_tightest_card() -> None:
-    # Cards 1 and 2 both cut the fragment by 300; FGD takes the first (index 1), we take the
-    # tighter one (600 free) and keep the 700 for a bigger share.
+def test_kubegpu_breaks_equal_waste_by_the_tightest_card() -> None:
+    # Cards 1 and 2 both shrink their unfillable gap by 300; FGD takes the first (index 1),
+    # we take the tighter one (600 free) and keep the 700 for a bigger share.
     nodes = [node("n", (1000, 700, 600))]
     assert engine(nodes, "fgd").pick_gpus("n", share(300)) == (1,)
     assert engine(nodes, "kubegpu").pick_gpus("n", share(300)) == (2,)
@@ -200,15 +202,57 @@ def test_popular_classes_of_a_weighted_workload_match_fgds_cut_of_the_pod_list()
     assert len(whole.popular(95.0).pods) == 2 and len(whole.pods) == 3
 
 
-def test_kubegpu_lets_rank_decide_gpu_pods_whose_fgd_scores_tie() -> None:
-    # Half whole-card pods, half 250-milli shares. A 100-milli share grows the fragment of a
-    # 330-free card by 65 and of a 300-free card by 50: exact growth prefers "tight", but both
-    # truncate to FGD score 48, so rank 0 wins (first fit, which consolidates load).
+def test_kubegpu_lets_rank_decide_gpu_pods_whose_waste_and_fgd_scores_tie() -> None:
+    # Half whole-card pods, half 250-milli shares. A 100-milli share turns the 330 gap (80
+    # unfillable) into 230 (all of it) and the 300 gap (50) into 200: +150 on both. FGD's
+    # exact growth differs (65 against 50) but both truncate to score 48, so rank 0 wins
+    # (first fit, which consolidates load).
     workload = TypicalWorkload.from_weights(
         [(PodRequest(1000, 0, 1, 1000), 0.5), (PodRequest(1000, 0, 1, 250), 0.5)]
     )
     nodes = [node("first", (330,), rank=0), node("tight", (300,), rank=1)]
     ours = engine(nodes, "kubegpu", workload)
-    assert ours._fragment_growth(share(100), ours.feasible_rows(share(100))).tolist() == [65, 50]
+    assert ours._kubegpu_keys(share(100), ours.feasible_rows(share(100)))[0].tolist() == [3, 3]
     assert engine(nodes, "fgd", workload).score(share(100)) == {"first": 48, "tight": 48}
     assert ours.choose(share(100)).node == "first"  # type: ignore[union-attr]
+
+
+def test_kubegpu_leaves_a_gap_a_common_share_fills_where_best_fit_leaves_a_sliver() -> None:
+    # 500-milli shares are the common size. A 300-milli share on the 600 card (best fit)
+    # leaves 300, which no common share fits; on the 800 card it leaves exactly 500.
+    workload = TypicalWorkload.from_weights(
+        [(PodRequest(1000, 0, 1, 500), 0.9), (PodRequest(1000, 0, 1, 300), 0.1)]
+    )
+    nodes = [node("n", (600, 800))]
+    assert engine(nodes, "bestfit", workload).pick_gpus("n", share(300)) == (0,)
+    assert engine(nodes, "kubegpu", workload).pick_gpus("n", share(300)) == (1,)
+
+
+def test_kubegpu_sends_a_light_whole_card_pod_to_the_node_that_cannot_feed_its_cards() -> None:
+    # The workload's GPU pods need 10 CPU milli per milli-GPU. "half-fed" has 12,000 milli-CPU
+    # for two free cards: one typical pod fits, so FGD sees no fragment there and takes rank 0,
+    # but the second card would be stranded. Ours gives that card to the pod asking little CPU.
+    workload = TypicalWorkload.from_weights([(PodRequest(10_000, 0, 1, 1000), 1.0)])
+    nodes = [
+        node("fed", (1000, 1000), rank=0),
+        node("half-fed", (1000, 1000), cpu_free=12_000, rank=1),
+    ]
+    light = PodRequest(2000, 1024, 1, 1000)
+    assert engine(nodes, "fgd", workload).choose(light).node == "fed"  # type: ignore[union-attr]
+    ours = engine(nodes, "kubegpu", workload)
+    assert ours.choose(light).node == "half-fed"  # type: ignore[union-attr]
+
+
+def test_kubegpu_keeps_cpu_only_pods_off_nodes_whose_cards_need_that_cpu() -> None:
+    # "lean" has exactly the CPU its two free cards need at the workload's ratio (10 milli
+    # per milli-GPU); a CPU-only pod there would strand 400 milli-GPU, on "rich" nothing.
+    workload = TypicalWorkload.from_weights(
+        [(PodRequest(10_000, 0, 1, 1000), 0.5), (PodRequest(4000, 0), 0.5)]
+    )
+    nodes = [
+        node("lean", (1000, 1000), cpu_free=20_000, rank=0),
+        node("rich", (1000, 1000), rank=1),
+    ]
+    cpu_pod = PodRequest(4000, 1024)
+    ours = engine(nodes, "kubegpu", workload)
+    assert ours.choose(cpu_pod).node == "rich"  # type: ignore[union-attr]

@@ -19,7 +19,6 @@ card, and their fragmentation state names every card's model (see ``_row_key``).
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from kubegpu.placement.fragmentation import (
 )
 from kubegpu.placement.model import MILLI_PER_GPU, Fit, GpuState, NodeState, Placement, PodRequest
 from kubegpu.placement.policies import GpuChoice, NodeScore, PolicySpec, get_policy
+from kubegpu.placement.waste import COST_BUCKET_MILLI, CPU_WEIGHT, WastePotential
 
 IntArray = npt.NDArray[np.int64]
 
@@ -45,8 +45,8 @@ MAX_SPEC_GPU_MILLI = 8 * MILLI_PER_GPU
 _NO_CARD = -1  # free milli of a card slot the node does not have: never fits anything
 _UNTRACKED_MEMORY = np.iinfo(np.int64).max // 4
 
-# Our policy orders CPU-only pods by fragmentation growth in buckets of this many milli-GPU
-# (see PlacementEngine._kubegpu_keys for why not the exact value).
+# Our policy breaks ties of CPU-only pods by fragmentation growth in buckets of this many
+# milli-GPU (see PlacementEngine._kubegpu_keys for why not the exact value).
 GROWTH_BUCKET_MILLI = 300.0
 # ... and whole-card pods against the classes covering this share of the target workload.
 POPULAR_PERCENT = 95.0
@@ -147,6 +147,12 @@ class PlacementEngine:
             FragmentationMemo(workload.popular(POPULAR_PERCENT))
             if workload is not None and self.policy.node_score is NodeScore.KUBEGPU
             else self.memo
+        )
+        # Ours orders nodes first by the waste a placement dooms (``kubegpu.placement.waste``).
+        self._waste = (
+            WastePotential.from_workload(workload)
+            if workload is not None and self.policy.node_score is NodeScore.KUBEGPU
+            else None
         )
         self._state_ids: dict[_StateKey, int] = {}
         self._state_keys: list[_StateKey] = []
@@ -534,37 +540,16 @@ class PlacementEngine:
                 best_score, best_col = score, col
         return best_score, (best_col,)
 
-    # --- kubegpu: bucketed fragmentation growth, then first fit -----------------
-    def _state_delta(self, key: _StateKey, pod: PodRequest) -> float:
-        """Least fragment growth F(n') − F(n) over the pod's possible cards on state ``key``."""
+    # --- kubegpu: least doomed waste, then FGD's score, then first fit ---------
+    def _cpu_pod_growth(self, key: _StateKey, pod: PodRequest) -> float:
+        """Fragment growth F(n') − F(n) on state ``key`` when a CPU-only ``pod`` lands."""
         assert self.memo is not None
         cpu, free, model = key
         before = self.memo.fragment(cpu, free, model)
-        cpu_after = cpu - pod.cpu_milli
-        if not pod.is_gpu_share:
-            after = (
-                _mixed_whole_after(free, model, pod)
-                if isinstance(model, tuple)
-                else whole_card_sorted_after(free, pod.gpu_count)
-            )
-            return self.memo.fragment(cpu_after, after, model) - before
-        best = math.inf
-        if isinstance(model, tuple):
-            for _, after in _mixed_share_options(free, model, pod):
-                best = min(best, self.memo.fragment(cpu_after, after, model) - before)
-            return best
-        previous = -1
-        for pos, value in enumerate(free):
-            if value < pod.gpu_milli or value == previous:
-                continue
-            previous = value
-            after = _replace_sorted(free, pos, value - pod.gpu_milli)
-            best = min(best, self.memo.fragment(cpu_after, after, model) - before)
-        return best
+        return self.memo.fragment(cpu - pod.cpu_milli, free, model) - before
 
     def _fragment_growth(self, pod: PodRequest, rows: IntArray) -> npt.NDArray[np.float64]:
-        if pod.gpu_memory_mib is not None:
-            return np.array([self._kubegpu_row(int(i), pod)[0] for i in rows], dtype=np.float64)
+        """Fragment growth of a CPU-only ``pod`` on each of ``rows`` (cached per state)."""
         key: _PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
         table = self._delta_tables.get(key)
         needed = len(self._state_keys)
@@ -579,32 +564,76 @@ class PlacementEngine:
         missing = np.isnan(out)
         if missing.any():
             for sid in np.unique(ids[missing]).tolist():
-                table[sid] = self._state_delta(self._state_keys[sid], pod)
+                table[sid] = self._cpu_pod_growth(self._state_keys[sid], pod)
             out = table[ids]
         return out
+
+    def _stranded_bucket(self, pod: PodRequest, rows: IntArray) -> npt.NDArray[np.float64]:
+        """Per row, the CPU-stranded GPU a pod taking no share would add, in cost buckets."""
+        assert self._waste is not None
+        growth = self._waste.stranded_growth(
+            self.gpu_free_total[rows].astype(np.float64),
+            self.cpu_free[rows].astype(np.float64),
+            pod.total_gpu_milli,
+            pod.cpu_milli,
+        )
+        return np.floor(np.round(CPU_WEIGHT * growth, 6) / COST_BUCKET_MILLI)
+
+    def _share_choice(
+        self, pod: PodRequest, rows: IntArray
+    ) -> tuple[npt.NDArray[np.float64], IntArray]:
+        """For a GPU share on each of ``rows``: the cost bucket of its best card and that
+        card's column. A card's cost is the growth of its unfillable gap plus the node's
+        CPU-stranded GPU (weighted); the best card has the least bucket, then the least free
+        milli (best fit), then the lowest index."""
+        assert self._waste is not None
+        free = self.card_free[rows]
+        eligible = self._eligible_cards(rows, pod)
+        gap = np.where(eligible, self._waste.card_gap_growth(free, pod.gpu_milli), np.inf)
+        stranded = self._waste.stranded_growth(
+            self.gpu_free_total[rows].astype(np.float64),
+            self.cpu_free[rows].astype(np.float64),
+            pod.gpu_milli,
+            pod.cpu_milli,
+        )
+        bucket = np.floor(np.round(gap + CPU_WEIGHT * stranded[:, None], 6) / COST_BUCKET_MILLI)
+        # Lexicographic (bucket, free milli) in one number: free milli is below the stride.
+        tightness = np.where(eligible, free, MILLI_PER_GPU + 1)
+        cols = (bucket * (2 * MILLI_PER_GPU + 2) + tightness).argmin(axis=1)
+        return bucket[np.arange(rows.size), cols], cols.astype(np.int64)
 
     def _kubegpu_keys(self, pod: PodRequest, rows: IntArray) -> list[npt.NDArray[np.float64]]:
         """Sort keys of ``rows`` for our policy, most significant first; rank breaks the rest.
 
-        GPU pods: FGD's integer score (negated). GPU shares are scored against the *whole*
-        target workload, whole-card pods against FGD's classes covering
-        :data:`POPULAR_PERCENT` of it (measured on openb: the whole workload helps shares on
-        CPU-heavy traces, but for whole cards the rare classes it adds cost multi-GPU traces).
-        The truncated sigmoid lumps small fragmentation differences together (one point is ~40
-        milli near zero growth) and lets the fixed rank decide, i.e. first fit, which
-        consolidates load; measured on the openb grid, ordering by the exact growth *loses*
-        ~1 pp on default (it scatters pods).
+        First, the waste the placement dooms (``kubegpu.placement.waste``), in
+        :data:`COST_BUCKET_MILLI` buckets: for a share, the growth of its best card's
+        unfillable gap plus the node's CPU-stranded GPU; for whole cards and CPU-only pods, the
+        stranded GPU alone (a whole card leaves no gap). Measured on the openb grid, this is
+        what beats FGD: most of what FGD leaves idle on a full cluster is card slivers no
+        common share fits and cards on nodes out of CPU.
 
-        CPU-only pods: fragmentation growth in :data:`GROWTH_BUCKET_MILLI` buckets, then the
-        node with the least free GPU. CPU spent where the cards are already used strands
-        nothing; the coarse bucket (rather than FGD's finer score) lets that rule decide more
-        often, which is where most of the gain on CPU-heavy traces comes from.
+        Then FGD's integer score (negated): shares scored against the *whole* target workload,
+        whole-card pods against FGD's classes covering :data:`POPULAR_PERCENT` of it (the rare
+        multi-card classes the whole workload adds cost multi-GPU traces). Its coarse,
+        truncated score lets the fixed rank decide near-ties, i.e. first fit, which
+        consolidates load; exact values scatter it (~1 pp worse on openb's default trace).
+
+        CPU-only pods: after the stranded GPU, fragmentation growth in
+        :data:`GROWTH_BUCKET_MILLI` buckets, then the node with the least free GPU: CPU spent
+        where the cards are already allocated strands nothing.
         """
+        if pod.is_gpu_share:
+            bucket, _ = self._share_choice(pod, rows)
+            return [bucket, -self._fgd(pod, rows).astype(np.float64)]
+        stranded = self._stranded_bucket(pod, rows)
         if pod.gpu_count:
-            return [-self._fgd(pod, rows).astype(np.float64)]
+            return [stranded, -self._fgd(pod, rows).astype(np.float64)]
         growth = self._fragment_growth(pod, rows)
-        bucket = np.floor(np.round(growth, 6) / GROWTH_BUCKET_MILLI)
-        return [bucket, self.gpu_free_total[rows].astype(np.float64)]
+        return [
+            stranded,
+            np.floor(np.round(growth, 6) / GROWTH_BUCKET_MILLI),
+            self.gpu_free_total[rows].astype(np.float64),
+        ]
 
     def _kubegpu_order(self, pod: PodRequest, rows: IntArray) -> IntArray:
         """Positions of ``rows``, best first (equal keys keep rank order: lexsort is stable)."""
@@ -616,42 +645,6 @@ class PlacementEngine:
         if rows.size == 1:
             return np.full(1, 100, dtype=np.int64)
         return order_scores(self._kubegpu_keys(pod, rows))
-
-    def _kubegpu_row(self, i: int, pod: PodRequest) -> tuple[float, tuple[int, ...]]:
-        """Least fragment growth on row ``i`` and the card giving it; among equal growth the
-        tightest card (best fit), then the lowest index."""
-        assert self.memo is not None
-        if not pod.is_gpu_share:
-            return self._state_delta(self._row_key(i), pod), self._lowest_full_cards(i, pod)
-        count = int(self.gpu_count[i])
-        free_cols = self.card_free[i, :count].tolist()
-        cpu = int(self.cpu_free[i])
-        eligible = self._eligible_cards(np.array([i]), pod)[0]
-        best: tuple[float, int, int] | None = None
-        if self.mixed[i]:
-            models = self.card_models[i]
-            before = self.memo.fragment(cpu, tuple(free_cols), models)
-            for col, after in _mixed_share_options(tuple(free_cols), models, pod, eligible):
-                after_fragment = self.memo.fragment(cpu - pod.cpu_milli, after, models)
-                candidate = (round(after_fragment - before, 6), free_cols[col], col)
-                if best is None or candidate < best:
-                    best = candidate
-            assert best is not None
-            return best[0], (best[2],)
-        sorted_free = tuple(sorted(free_cols))
-        model = self.models[i]
-        before = self.memo.fragment(cpu, sorted_free, model)
-        for col in range(count):
-            if not eligible[col]:
-                continue
-            value = free_cols[col]
-            after = _replace_sorted(sorted_free, sorted_free.index(value), value - pod.gpu_milli)
-            delta = round(self.memo.fragment(cpu - pod.cpu_milli, after, model) - before, 6)
-            candidate = (delta, value, col)
-            if best is None or candidate < best:
-                best = candidate
-        assert best is not None
-        return best[0], (best[2],)
 
     # ----------------------------------------------------------------- card choice
     def _lowest_full_cards(self, i: int, pod: PodRequest) -> tuple[int, ...]:
@@ -679,7 +672,7 @@ class PlacementEngine:
             masked = np.where(eligible, self.card_free[i], MILLI_PER_GPU + 1)
             return (int(masked.argmin()),)  # argmin: first (lowest-index) of the tightest
         if self.policy.node_score is NodeScore.KUBEGPU:
-            return self._kubegpu_row(i, pod)[1]
+            return (int(self._share_choice(pod, np.array([i]))[1][0]),)
         return self._fgd_row(i, pod)[1]
 
     # ----------------------------------------------------------------- mutation

@@ -18,7 +18,7 @@ class NodeScore(enum.Enum):
     GPU_PACKING = "gpu-packing"  # prefer partly used cards, then partly used nodes
     BEST_FIT = "best-fit"  # least (CPU, GPU) left after placement, min-max normalised
     FGD = "fgd"  # least growth of expected fragmentation
-    KUBEGPU = "kubegpu"  # FGD vs whole workload; CPU pods to used cards; first fit
+    KUBEGPU = "kubegpu"  # least doomed waste (card gaps, CPU-stranded GPU), then FGD, first fit
 
 
 class GpuChoice(enum.Enum):
