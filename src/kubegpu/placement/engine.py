@@ -151,7 +151,11 @@ class PlacementEngine:
         # Ours orders nodes first by the waste a placement dooms (``kubegpu.placement.waste``).
         self._waste = (
             WastePotential.from_workload(workload)
-            if workload is not None and self.policy.node_score is NodeScore.KUBEGPU
+            if workload is not None
+            and (
+                self.policy.node_score is NodeScore.KUBEGPU
+                or self.policy.gpu_choice is GpuChoice.WASTE
+            )
             else None
         )
         self._state_ids: dict[_StateKey, int] = {}
@@ -671,7 +675,7 @@ class PlacementEngine:
         if choice is GpuChoice.BEST_FIT:
             masked = np.where(eligible, self.card_free[i], MILLI_PER_GPU + 1)
             return (int(masked.argmin()),)  # argmin: first (lowest-index) of the tightest
-        if self.policy.node_score is NodeScore.KUBEGPU:
+        if choice is GpuChoice.WASTE:
             return (int(self._share_choice(pod, np.array([i]))[1][0]),)
         return self._fgd_row(i, pod)[1]
 

@@ -25,6 +25,7 @@ class GpuChoice(enum.Enum):
     RANDOM = "random"  # a uniformly drawn card that fits
     BEST_FIT = "best-fit"  # the fitting card with the least free milli (lowest index on ties)
     FRAGMENTATION = "fragmentation"  # the card whose use adds the least fragmentation
+    WASTE = "waste"  # the card whose use dooms the least waste, then the tightest
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ POLICIES: dict[str, PolicySpec] = {
         PolicySpec("gpupacking", "04-GpuPacking", NodeScore.GPU_PACKING, GpuChoice.BEST_FIT),
         PolicySpec("bestfit", "05-BestFit", NodeScore.BEST_FIT, GpuChoice.BEST_FIT),
         PolicySpec("fgd", "06-FGD", NodeScore.FGD, GpuChoice.FRAGMENTATION),
-        PolicySpec("kubegpu", "07-Kubegpu", NodeScore.KUBEGPU, GpuChoice.FRAGMENTATION),
+        PolicySpec("kubegpu", "07-Kubegpu", NodeScore.KUBEGPU, GpuChoice.WASTE),
     )
 }
 
