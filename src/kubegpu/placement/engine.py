@@ -592,18 +592,21 @@ class PlacementEngine:
         milli (best fit), then the lowest index."""
         assert self._waste is not None
         free = self.card_free[rows]
-        eligible = self._eligible_cards(rows, pod)
-        gap = np.where(eligible, self._waste.card_gap_growth(free, pod.gpu_milli), np.inf)
+        gap = self._waste.gap_growth_by_free(pod.gpu_milli)[free + 1]  # +inf: does not fit
+        if pod.gpu_memory_mib is not None or pod.gpu_models:
+            gap = np.where(self._eligible_cards(rows, pod), gap, np.inf)
         stranded = self._waste.stranded_growth(
             self.gpu_free_total[rows].astype(np.float64),
             self.cpu_free[rows].astype(np.float64),
             pod.gpu_milli,
             pod.cpu_milli,
         )
-        bucket = np.floor(np.round(gap + CPU_WEIGHT * stranded[:, None], 6) / COST_BUCKET_MILLI)
-        # Lexicographic (bucket, free milli) in one number: free milli is below the stride.
-        tightness = np.where(eligible, free, MILLI_PER_GPU + 1)
-        cols = (bucket * (2 * MILLI_PER_GPU + 2) + tightness).argmin(axis=1)
+        # Gap growth is a whole number of milli; rounding the stranded part keeps float noise
+        # from moving a cost across a bucket boundary.
+        bucket = np.floor((gap + np.round(CPU_WEIGHT * stranded, 6)[:, None]) / COST_BUCKET_MILLI)
+        # Lexicographic (bucket, free milli) in one number: free milli is below the stride
+        # (cards that do not fit have an infinite bucket whatever their free milli).
+        cols = (bucket * (2 * MILLI_PER_GPU + 2) + free).argmin(axis=1)
         return bucket[np.arange(rows.size), cols], cols.astype(np.int64)
 
     def _kubegpu_keys(self, pod: PodRequest, rows: IntArray) -> list[npt.NDArray[np.float64]]:

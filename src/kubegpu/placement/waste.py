@@ -29,7 +29,7 @@ Pure and numpy-only, like the rest of the placement core.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -100,6 +100,9 @@ class WastePotential:
 
     gap_waste: FloatArray  # indexed by a card's free milli, 0…1000
     cpu_per_gpu_milli: float | None
+    _growth_by_free: dict[int, FloatArray] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def from_workload(cls, workload: TypicalWorkload) -> WastePotential:
@@ -121,9 +124,18 @@ class WastePotential:
 
     def card_gap_growth(self, card_free: npt.NDArray[np.int64], share_milli: int) -> FloatArray:
         """Per card, the growth of its unfillable gap if a share of ``share_milli`` lands on
-        it (cards it does not fit get +inf)."""
-        fits = card_free >= share_milli
-        before = np.clip(card_free, 0, MILLI_PER_GPU)
-        after = np.clip(card_free - share_milli, 0, MILLI_PER_GPU)
-        growth = self.gap_waste[after] - self.gap_waste[before]
-        return np.where(fits, growth, np.inf)
+        it (cards it does not fit, and absent card slots (free −1), get +inf)."""
+        return self.gap_growth_by_free(share_milli)[np.asarray(card_free) + 1]
+
+    def gap_growth_by_free(self, share_milli: int) -> FloatArray:
+        """:meth:`card_gap_growth` as a table indexed by free milli + 1 (−1 … 1000), made once
+        per share size: the extender and the simulator look it up for every card."""
+        table = self._growth_by_free.get(share_milli)
+        if table is None:
+            free = np.arange(-1, MILLI_PER_GPU + 1)
+            fits = free >= share_milli
+            before = self.gap_waste[np.clip(free, 0, MILLI_PER_GPU)]
+            after = self.gap_waste[np.clip(free - share_milli, 0, MILLI_PER_GPU)]
+            table = np.where(fits, after - before, np.inf)
+            self._growth_by_free[share_milli] = table
+        return table
