@@ -4,7 +4,6 @@ emulator (gRPC over unix sockets) and the fake API server (HTTP, lightkube)."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,22 +15,15 @@ from lightkube.resources.core_v1 import Pod
 from kubegpu.kubelet.resources import card_of
 from kubegpu.sharing.resources import ResourceNames
 from kubegpu.testing.node import KubeletDriver, admission_order, device_requests
-from tests.kubelet.conftest import short_tempdir
-from tests.kubelet.sharenode import NODE, SLOT, SharedNode, ShareSpec
+from tests.kubelet.sharenode import NODE, SLOT, SharedNode, ShareSpec, ready_shared_node
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def node() -> Iterator[SharedNode]:
-    root = short_tempdir()
-    shared = SharedNode(root)
-    try:
-        shared.wait_ready()
+    with ready_shared_node() as shared:
         yield shared
-    finally:
-        shared.close()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 async def eventually(check: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:

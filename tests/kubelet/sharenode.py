@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +46,7 @@ from kubegpu.sharing.podstate import read_pod
 from kubegpu.sharing.resources import ResourceNames
 from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node
 from kubegpu.testing.kubelet import Allocation, ContainerKind, KubeletEmulator
-from tests.kubelet.conftest import PluginProcess
+from tests.kubelet.conftest import PluginProcess, short_tempdir
 
 NODE = "test-node"
 WHOLE = "nvidia.com/gpu"
@@ -381,6 +383,20 @@ class SharedNode:
         ledger = self.ledger(pod)
         assert ledger is not None
         return ledger
+
+
+@contextmanager
+def ready_shared_node() -> Iterator[SharedNode]:
+    """A default :class:`SharedNode` in its own short temporary directory, its devices
+    registered; closed and its directory removed afterwards."""
+    root = short_tempdir()
+    shared = SharedNode(root)
+    try:
+        shared.wait_ready()
+        yield shared
+    finally:
+        shared.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def card_totals(node: SharedNode, pods: Sequence[str]) -> dict[str, tuple[int, int]]:

@@ -3,7 +3,6 @@ and the fake API server over HTTP; decisions written as the scheduler extender w
 
 from __future__ import annotations
 
-import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,6 @@ from kubegpu.sharing.annotations import (
 from kubegpu.sharing.resources import GPU_MODELS_ANNOTATION
 from kubegpu.testing.apiserver import make_pod
 from kubegpu.testing.kubelet import Allocation, AllocationError
-from tests.kubelet.conftest import short_tempdir
 from tests.kubelet.sharenode import (
     COMPUTE,
     MEMORY,
@@ -32,6 +30,7 @@ from tests.kubelet.sharenode import (
     SharedNode,
     ShareSpec,
     card_totals,
+    ready_shared_node,
 )
 
 T4_MIB = 15360
@@ -39,14 +38,8 @@ T4_MIB = 15360
 
 @pytest.fixture
 def node() -> Iterator[SharedNode]:
-    root = short_tempdir()
-    shared = SharedNode(root)
-    try:
-        shared.wait_ready()
+    with ready_shared_node() as shared:
         yield shared
-    finally:
-        shared.close()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def uuid_of(node: SharedNode, index: int) -> str:

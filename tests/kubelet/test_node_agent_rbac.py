@@ -5,7 +5,6 @@ fake API server, each request it logged checked against ``deploy/base/node-agent
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -15,22 +14,15 @@ from kubegpu.sharing.annotations import INVENTORY_ANNOTATION
 from kubegpu.testing.apiserver.server import RequestRecord
 from tests.deploy.manifests import DEPLOY
 from tests.deploy.rbac import allowed, rbac_rules
-from tests.kubelet.conftest import short_tempdir
-from tests.kubelet.sharenode import NODE, WHOLE, SharedNode, ShareSpec
+from tests.kubelet.sharenode import NODE, WHOLE, SharedNode, ShareSpec, ready_shared_node
 
 NODE_AGENT_RBAC = DEPLOY / "base" / "node-agent-rbac.yaml"
 
 
 @pytest.fixture
 def node() -> Iterator[SharedNode]:
-    root = short_tempdir()
-    shared = SharedNode(root)
-    try:
-        shared.wait_ready()
+    with ready_shared_node() as shared:
         yield shared
-    finally:
-        shared.close()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def request_log(node: SharedNode) -> list[RequestRecord]:
