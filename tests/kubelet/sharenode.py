@@ -228,21 +228,7 @@ class SharedNode:
                 shared=True,
             )
             annotations[ALLOCATION_ANNOTATION] = encode_allocation(decision)
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "namespace": "default",
-                "annotations": annotations,
-                # Distinct, ordered creation times: the kubelet admits the oldest pod first.
-                "creationTimestamp": f"2026-01-01T00:{self._created:02d}:00Z",
-            },
-            "spec": spec,
-            "status": {"phase": "Pending"},
-        }
-        stored = self.api.store.put("pods", pod)
-        return str(stored["metadata"]["uid"])
+        return self._put_bound_pod(name, annotations, spec)
 
     def add_whole_pod(self, name: str, card_indices: Sequence[int]) -> str:
         """A pod bound to this node with the extender's decision for whole cards (one
@@ -261,19 +247,30 @@ class SharedNode:
             shared=False,
         )
         limits = {WHOLE: str(len(cards))}
+        return self._put_bound_pod(
+            name,
+            {ALLOCATION_ANNOTATION: encode_allocation(decision)},
+            {
+                "nodeName": NODE,
+                "containers": [{"name": "main", "image": "x", "resources": {"limits": limits}}],
+            },
+        )
+
+    def _put_bound_pod(self, name: str, annotations: dict[str, str], spec: dict[str, Any]) -> str:
+        """Store a Pending pod in ``default`` with ``spec`` (whose nodeName binds it here) and
+        ``annotations``, its creation time taken from the count the caller just advanced.
+        Returns its UID."""
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
                 "name": name,
                 "namespace": "default",
-                "annotations": {ALLOCATION_ANNOTATION: encode_allocation(decision)},
+                "annotations": annotations,
+                # Distinct, ordered creation times: the kubelet admits the oldest pod first.
                 "creationTimestamp": f"2026-01-01T00:{self._created:02d}:00Z",
             },
-            "spec": {
-                "nodeName": NODE,
-                "containers": [{"name": "main", "image": "x", "resources": {"limits": limits}}],
-            },
+            "spec": spec,
             "status": {"phase": "Pending"},
         }
         return str(self.api.store.put("pods", pod)["metadata"]["uid"])
