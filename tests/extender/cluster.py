@@ -24,6 +24,8 @@ MEMORY = "kubegpu.io/gpu-memory"
 COMPUTE = "kubegpu.io/gpu-compute"
 SLOT = "kubegpu.io/gpu-shared"
 WHOLE = "nvidia.com/gpu"
+# The fake preset 2xV100-2xT4's models, as NVML names them and the node agent publishes them.
+V100, T4 = "Tesla V100-SXM2-16GB", "Tesla T4"
 
 
 def inventory(

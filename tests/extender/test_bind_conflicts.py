@@ -17,6 +17,8 @@ from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, decode_allocation
 from kubegpu.sharing.resources import GPU_MODELS_ANNOTATION
 from kubegpu.testing.apiserver import FakeApiServer, StatusError, Store
 from tests.extender.cluster import (
+    T4,
+    V100,
     gpu_node,
     http_session,
     mixed_node,
@@ -25,8 +27,6 @@ from tests.extender.cluster import (
     shared_pod,
     whole_pod,
 )
-
-V100, T4 = "Tesla V100-SXM2-16GB", "Tesla T4"
 
 
 def stored(server: FakeApiServer, name: str) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, decode_allocation
 from kubegpu.sharing.resources import GPU_MODELS_ANNOTATION
 from kubegpu.testing.apiserver import FakeApiServer
 from tests.extender.cluster import (
+    T4,
+    V100,
     filter_args,
     gpu_node,
     http_session,
@@ -24,7 +26,6 @@ from tests.extender.cluster import (
     whole_pod,
 )
 
-V100, T4 = "Tesla V100-SXM2-16GB", "Tesla T4"  # NVML's names, as in the inventory
 # Reasons name models as the feature labels spell them, the spelling models compare in.
 V100_LABEL, T4_LABEL = "Tesla-V100-SXM2-16GB", "Tesla-T4"
 NODES = ["node-m", "node-t4"]
