@@ -12,9 +12,8 @@ from kubegpu.placement.engine import PlacementEngine
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import GpuState, NodeState, PodRequest
 from kubegpu.placement.waste import (
-    COST_BUCKET_MILLI,
-    CPU_WEIGHT,
     WastePotential,
+    WasteWeights,
     common_share_sizes,
     cpu_per_gpu_milli,
     gap_waste_table,
@@ -128,8 +127,9 @@ def test_kubegpu_places_each_share_on_the_card_of_least_cost_bucket(seed: int) -
             pod.gpu_milli,
             pod.cpu_milli,
         )[0]
-        cost = potential.card_gap_growth(free, pod.gpu_milli) + CPU_WEIGHT * stranded
-        buckets = np.floor(np.round(cost, 6) / COST_BUCKET_MILLI)
+        weights = WasteWeights()
+        cost = potential.card_gap_growth(free, pod.gpu_milli) + weights.cpu_weight * stranded
+        buckets = np.floor(np.round(cost, 6) / weights.bucket_milli)
         col = placement.gpu_indices[0]
         # The chosen card is in the node's least bucket, and no card there is tighter.
         assert buckets[col] == buckets.min()

@@ -34,7 +34,7 @@ from kubegpu.placement.fragmentation import (
 )
 from kubegpu.placement.model import MILLI_PER_GPU, Fit, GpuState, NodeState, Placement, PodRequest
 from kubegpu.placement.policies import GpuChoice, NodeScore, PolicySpec, get_policy
-from kubegpu.placement.waste import COST_BUCKET_MILLI, CPU_WEIGHT, WastePotential
+from kubegpu.placement.waste import WastePotential, WasteWeights
 
 IntArray = npt.NDArray[np.int64]
 
@@ -85,7 +85,8 @@ class PlacementEngine:
     """A cluster's free resources plus one policy.
 
     ``workload`` is the target workload FGD and Kubegpu measure fragmentation against (required
-    for them, ignored otherwise). ``seed`` drives the Random policy only.
+    for them, ignored otherwise). ``seed`` drives the Random policy only. ``waste_weights``
+    are Kubegpu's measured constants (``kubegpu.placement.waste``); only benchmarks vary them.
     """
 
     def __init__(
@@ -94,6 +95,7 @@ class PlacementEngine:
         policy: PolicySpec | str,
         workload: TypicalWorkload | None = None,
         seed: int = 0,
+        waste_weights: WasteWeights | None = None,
     ) -> None:
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         if self.policy.node_score in (NodeScore.FGD, NodeScore.KUBEGPU) and workload is None:
@@ -150,7 +152,7 @@ class PlacementEngine:
         )
         # Ours orders nodes first by the waste a placement dooms (``kubegpu.placement.waste``).
         self._waste = (
-            WastePotential.from_workload(workload)
+            WastePotential.from_workload(workload, waste_weights or WasteWeights())
             if workload is not None
             and (
                 self.policy.node_score is NodeScore.KUBEGPU
@@ -573,15 +575,14 @@ class PlacementEngine:
         return out
 
     def _stranded_bucket(self, pod: PodRequest, rows: IntArray) -> npt.NDArray[np.float64]:
-        """Per row, the CPU-stranded GPU a pod taking no share would add, in cost buckets."""
+        """Per row, the cost bucket of a pod taking no share (it leaves no card gap)."""
         assert self._waste is not None
-        growth = self._waste.stranded_growth(
+        return self._waste.stranded_buckets(
             self.gpu_free_total[rows].astype(np.float64),
             self.cpu_free[rows].astype(np.float64),
             pod.total_gpu_milli,
             pod.cpu_milli,
         )
-        return np.floor(np.round(CPU_WEIGHT * growth, 6) / COST_BUCKET_MILLI)
 
     def _share_choice(
         self, pod: PodRequest, rows: IntArray
@@ -592,18 +593,15 @@ class PlacementEngine:
         milli (best fit), then the lowest index."""
         assert self._waste is not None
         free = self.card_free[rows]
-        gap = self._waste.gap_growth_by_free(pod.gpu_milli)[free + 1]  # +inf: does not fit
-        if pod.gpu_memory_mib is not None or pod.gpu_models:
-            gap = np.where(self._eligible_cards(rows, pod), gap, np.inf)
-        stranded = self._waste.stranded_growth(
+        bucket = self._waste.share_buckets(
+            free,
             self.gpu_free_total[rows].astype(np.float64),
             self.cpu_free[rows].astype(np.float64),
             pod.gpu_milli,
             pod.cpu_milli,
         )
-        # Gap growth is a whole number of milli; rounding the stranded part keeps float noise
-        # from moving a cost across a bucket boundary.
-        bucket = np.floor((gap + np.round(CPU_WEIGHT * stranded, 6)[:, None]) / COST_BUCKET_MILLI)
+        if pod.gpu_memory_mib is not None or pod.gpu_models:
+            bucket = np.where(self._eligible_cards(rows, pod), bucket, np.inf)
         # Lexicographic (bucket, free milli) in one number: free milli is below the stride
         # (cards that do not fit have an infinite bucket whatever their free milli).
         cols = (bucket * (2 * MILLI_PER_GPU + 2) + free).argmin(axis=1)
@@ -612,12 +610,12 @@ class PlacementEngine:
     def _kubegpu_keys(self, pod: PodRequest, rows: IntArray) -> list[npt.NDArray[np.float64]]:
         """Sort keys of ``rows`` for our policy, most significant first; rank breaks the rest.
 
-        First, the waste the placement dooms (``kubegpu.placement.waste``), in
-        :data:`COST_BUCKET_MILLI` buckets: for a share, the growth of its best card's
-        unfillable gap plus the node's CPU-stranded GPU; for whole cards and CPU-only pods, the
-        stranded GPU alone (a whole card leaves no gap). Measured on the openb grid, this is
-        what beats FGD: most of what FGD leaves idle on a full cluster is card slivers no
-        common share fits and cards on nodes out of CPU.
+        First, the waste the placement dooms (``kubegpu.placement.waste``), in cost
+        buckets: for a share, the growth of its best card's unfillable gap plus the node's
+        CPU-stranded GPU; for whole cards and CPU-only pods, the stranded GPU alone (a whole
+        card leaves no gap). Measured on the openb grid, this is what beats FGD: most of what
+        FGD leaves idle on a full cluster is card slivers no common share fits and cards on
+        nodes out of CPU.
 
         Then FGD's integer score (negated): shares scored against the *whole* target workload,
         whole-card pods against FGD's classes covering :data:`POPULAR_PERCENT` of it (the rare

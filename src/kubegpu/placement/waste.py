@@ -1,27 +1,28 @@
 """Our policy's waste potential: how much free GPU a placement dooms to stay unused.
 
 FGD (``fragmentation``) asks, per node, which typical pods could still land there. Measured on
-the openb traces, two things it does not see account for most of what it leaves idle once the
-cluster is full:
+the openb traces, what it leaves idle once the cluster is full is almost all of two kinds, and
+FGD's measure sees neither well:
 
 * **Card gaps nothing common can fill.** A share that leaves a card with 60 milli free, or
   190 after an 810-milli pod, strands that sliver for good. FGD counts a card as useful for a
   class whenever the class fits in it, not what the card is left with once it does. Here a
   gap of ``g`` milli is worth ``gap_waste[g]``: ``g`` minus the most that the *common* share
   sizes can pack into it (unbounded knapsack). Only sizes that make up most of the sharing
-  pods count (:data:`COMMON_SHARE_PERCENT`): rare sizes (160, 110, 50 milli on openb) would
+  pods count (``common_share_percent``): rare sizes (160, 110, 50 milli on openb) would
   make almost every gap look fillable, yet there are far too few of them to fill the gaps
   that exist (a hundred 160-milli pods against a thousand 190-milli gaps).
 * **Cards whose node runs out of CPU.** GPU pods need CPU with their cards; a node whose free
   CPU cannot carry its free GPU at the workload's CPU-per-GPU ratio strands the difference.
   ``stranded(G, cpu) = max(0, G − cpu / ρ)``, with ρ the target workload's CPU milli per GPU
-  milli (about 11 cores per card on openb). On openb this was over half of what FGD leaves
-  idle on the CPU-heavy and multi-GPU traces (e.g. 0.7 of 3.1 % on multigpu40).
+  milli (about 11 cores per card on openb). On openb this is about a quarter of what FGD
+  leaves idle at 100 % arrived (``bench/kubegpu_sensitivity.py --breakdown``).
 
-A placement's cost is the growth of both, in milli-GPU: ``Δgap_waste + CPU_WEIGHT · Δstranded``.
-The engine orders nodes by that cost in :data:`COST_BUCKET_MILLI` buckets, then by FGD's own
-score, then by rank (see ``PlacementEngine._kubegpu_keys``). The weights and bucket were
-measured, not derived: see docs/benchmarks.md, "07-Kubegpu".
+A placement's cost is the growth of both, in milli-GPU: ``Δgap_waste + cpu_weight · Δstranded``.
+The engine orders nodes by that cost in ``bucket_milli`` buckets, then by FGD's own score,
+then by rank (see ``PlacementEngine._kubegpu_keys``). The three constants of
+:class:`WasteWeights` were measured, not derived: see docs/benchmarks.md, "07-Kubegpu", and
+``bench/kubegpu_sensitivity.py``.
 
 Pure and numpy-only, like the rest of the placement core.
 """
@@ -39,13 +40,19 @@ from kubegpu.placement.model import MILLI_PER_GPU
 
 FloatArray = npt.NDArray[np.float64]
 
-# Share sizes counted as fillers: the most common ones, covering this much of the sharing pods.
-COMMON_SHARE_PERCENT = 85.0
-# Weight of a milli-GPU stranded by CPU against a milli-GPU left in an unfillable card gap.
-CPU_WEIGHT = 0.75
-# Costs within one bucket tie (and then FGD's score and the rank decide): about one point of
-# FGD's score near zero growth, so equal-looking placements consolidate on low-rank nodes.
-COST_BUCKET_MILLI = 40.0
+
+@dataclass(frozen=True)
+class WasteWeights:
+    """Our policy's measured constants."""
+
+    # Share sizes counted as fillers: the most common ones, covering this much of the sharing
+    # pods' weight.
+    common_share_percent: float = 85.0
+    # Weight of a milli-GPU stranded by CPU against one left in an unfillable card gap.
+    cpu_weight: float = 0.75
+    # Costs within one bucket tie (then FGD's score and the rank decide): about one point of
+    # FGD's score near zero growth, so equal-looking placements consolidate on low-rank nodes.
+    bucket_milli: float = 40.0
 
 
 def gap_waste_table(sizes: Iterable[int]) -> FloatArray:
@@ -67,7 +74,7 @@ def gap_waste_table(sizes: Iterable[int]) -> FloatArray:
 
 
 def common_share_sizes(
-    workload: TypicalWorkload, percent: float = COMMON_SHARE_PERCENT
+    workload: TypicalWorkload, percent: float = WasteWeights.common_share_percent
 ) -> list[int]:
     """The most likely share sizes (milli of one card) covering ``percent`` of the sharing
     pods' weight, most likely first (ties: the larger size first)."""
@@ -100,13 +107,17 @@ class WastePotential:
 
     gap_waste: FloatArray  # indexed by a card's free milli, 0…1000
     cpu_per_gpu_milli: float | None
+    weights: WasteWeights = WasteWeights()
     _growth_by_free: dict[int, FloatArray] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
     @classmethod
-    def from_workload(cls, workload: TypicalWorkload) -> WastePotential:
-        return cls(gap_waste_table(common_share_sizes(workload)), cpu_per_gpu_milli(workload))
+    def from_workload(
+        cls, workload: TypicalWorkload, weights: WasteWeights = WasteWeights()
+    ) -> WastePotential:
+        sizes = common_share_sizes(workload, weights.common_share_percent)
+        return cls(gap_waste_table(sizes), cpu_per_gpu_milli(workload), weights)
 
     def stranded(self, gpu_free_milli: FloatArray, cpu_free_milli: FloatArray) -> FloatArray:
         """Free milli-GPU a node's free CPU cannot carry at the workload's ratio."""
@@ -139,3 +150,28 @@ class WastePotential:
             table = np.where(fits, after - before, np.inf)
             self._growth_by_free[share_milli] = table
         return table
+
+    def stranded_buckets(
+        self, gpu_free: FloatArray, cpu_free: FloatArray, gpu_taken: int, cpu_taken: int
+    ) -> FloatArray:
+        """Per node, the cost bucket of a pod that leaves no card gap (whole cards, CPU only)."""
+        growth = self.stranded_growth(gpu_free, cpu_free, gpu_taken, cpu_taken)
+        return np.floor(np.round(self.weights.cpu_weight * growth, 6) / self.weights.bucket_milli)
+
+    def share_buckets(
+        self,
+        card_free: npt.NDArray[np.int64],
+        gpu_free: FloatArray,
+        cpu_free: FloatArray,
+        share_milli: int,
+        cpu_taken: int,
+    ) -> FloatArray:
+        """Per (node, card), the cost bucket of a share landing on that card (+inf where it
+        does not fit): the card's gap growth plus its node's weighted stranded growth."""
+        gap = self.gap_growth_by_free(share_milli)[card_free + 1]
+        stranded = self.stranded_growth(gpu_free, cpu_free, share_milli, cpu_taken)
+        # Gap growth is a whole number of milli; rounding the stranded part keeps float noise
+        # from moving a cost across a bucket boundary.
+        weighted = np.round(self.weights.cpu_weight * stranded, 6)
+        bucket: FloatArray = np.floor((gap + weighted[:, None]) / self.weights.bucket_milli)
+        return bucket

@@ -17,6 +17,7 @@ from kubegpu.placement.engine import PlacementEngine
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import MILLI_PER_GPU, NodeState, PodRequest
 from kubegpu.placement.policies import NodeScore, PolicySpec
+from kubegpu.placement.waste import WasteWeights
 from kubegpu.simulate.arrivals import Arrivals
 
 COLUMNS = tuple(range(131))  # arrived workload 0 … 130 % of cluster GPU capacity
@@ -30,16 +31,30 @@ class ReplayResult:
     failed_pods: int
 
 
+def ranked_engine(
+    nodes: Sequence[NodeState],
+    arrivals: Arrivals,
+    policy: PolicySpec,
+    workload: TypicalWorkload,
+    seed: int,
+    waste_weights: WasteWeights | None = None,
+) -> PlacementEngine:
+    """An engine over ``nodes`` with the tie-break ranks of this arrival sequence."""
+    ranked = [replace(n, rank=arrivals.node_ranks[n.name]) for n in nodes]
+    return PlacementEngine(ranked, policy, workload, seed=seed, waste_weights=waste_weights)
+
+
 def replay(
     nodes: Sequence[NodeState],
     arrivals: Arrivals,
     policy: PolicySpec,
     workload: TypicalWorkload,
     seed: int,
+    waste_weights: WasteWeights | None = None,
 ) -> ReplayResult:
-    """Place every arriving pod with ``policy``; record the two counters after each."""
-    ranked = [replace(n, rank=arrivals.node_ranks[n.name]) for n in nodes]
-    engine = PlacementEngine(ranked, policy, workload, seed=seed)
+    """Place every arriving pod with ``policy``; record the two counters after each.
+    ``waste_weights`` vary our policy's constants (benchmarks only)."""
+    engine = ranked_engine(nodes, arrivals, policy, workload, seed, waste_weights)
     count = len(arrivals.pods)
     arrived = np.zeros(count, dtype=np.int64)
     used = np.zeros(count, dtype=np.int64)
