@@ -13,7 +13,7 @@ import pytest
 from kubegpu.placement.policies import get_policy
 from kubegpu.simulate.arrivals import load_fixture
 from kubegpu.simulate.command import read_paper
-from kubegpu.simulate.replay import discretise, replay, typical_workload
+from kubegpu.simulate.replay import discretise, replay, target_workload
 from kubegpu.simulate.traces import load_nodes, load_pods
 
 
@@ -22,8 +22,9 @@ def run(openb: Path, workload: str, policy: str, seed: int) -> list[float | None
     pods = load_pods(openb / f"openb_pod_list_{workload}.csv")
     fixture = openb / "arrivals" / f"openb_pod_list_{workload}_seed{seed}.txt.gz"
     arrivals = load_fixture(fixture, pods, nodes)
-    workload_ = typical_workload([p.request for p in pods])
-    return discretise(replay(nodes, arrivals, get_policy(policy), workload_, seed))
+    spec = get_policy(policy)
+    workload_ = target_workload(spec, [p.request for p in pods])
+    return discretise(replay(nodes, arrivals, spec, workload_, seed))
 
 
 @pytest.mark.slow
@@ -120,3 +121,18 @@ def test_cli_without_a_fixture_for_a_seed_exits_2(openb: Path, tmp_path: Path) -
     )
     assert result.returncode == 2
     assert "openb_pod_list_default_seed7.txt.gz: no arrival fixture for seed 7" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("workload", "seed"), [("default", 42), ("gpushare100", 43), ("cpu200", 44)]
+)
+def test_kubegpu_allocates_at_least_half_a_point_more_than_published_fgd(
+    openb: Path, workload: str, seed: int
+) -> None:
+    # Issue 3's target is on the mean of ten seeds per workload (bench/simulate_grid.py,
+    # docs/benchmarks.md); single seeds of these three lead by 0.8-1.4 pp there.
+    paper = read_paper(openb / "paper_allocation_ratio.csv")
+    fgd = paper[(f"openb_pod_list_{workload}", "06-FGD")][seed][100]
+    ours = run(openb, workload, "kubegpu", seed)[100]
+    assert ours is not None and ours >= fgd + 0.5
