@@ -117,6 +117,35 @@ async def test_serves_https_and_requires_a_client_certificate(pki: Path) -> None
                         await response.read()
 
 
+async def test_the_metrics_listener_is_plain_http_beside_the_mutual_tls_verbs(pki: Path) -> None:
+    # What the default-scheduler overlay runs: the verbs behind client certificates, and the
+    # read-only endpoints in plain HTTP for Prometheus and the kubelet's probes.
+    async with FakeApiServer() as server:
+        server.store.put("nodes", gpu_node("node-a"))
+        async with running_extender(
+            server,
+            tls_cert_file=pki / "server.crt",
+            tls_key_file=pki / "server.key",
+            client_ca_file=pki / "ca.crt",
+            metrics_port=0,
+        ) as ext:
+            assert ext.metrics_url is not None and ext.metrics_url.startswith("http://")
+            body = filter_args(shared_pod("p", 1024, 100), ["node-a"])
+            async with aiohttp.ClientSession() as http:
+                for path in ("/healthz", "/readyz", "/metrics"):
+                    async with http.get(f"{ext.metrics_url}{path}") as response:
+                        assert response.status == 200, path
+                # No client certificate and no TLS: the verbs are not there at all ...
+                async with http.post(f"{ext.metrics_url}/filter", json=body) as response:
+                    assert response.status == 404
+                # ... and the verbs' listener still demands a certificate.
+                with pytest.raises(aiohttp.ClientError):
+                    async with http.post(
+                        f"{ext.url}/filter", json=body, ssl=client_context(pki, with_cert=False)
+                    ) as response:
+                        await response.read()
+
+
 @pytest.mark.parametrize(
     ("settings", "problem"),
     [

@@ -293,7 +293,9 @@ EXTENDER_RULES: tuple[Rule, ...] = (
         "client-ca-file needs tls-cert-file and tls-key-file",
     ),
     Rule(
-        "Plain HTTP is refused on any address but loopback unless `allow-insecure-http` is set.",
+        "Plain HTTP is refused on any address but loopback unless `allow-insecure-http` is set "
+        "(on the verbs' listener: the metrics listener is plain HTTP on any address, as it "
+        "serves only `/metrics`, `/healthz` and `/readyz` and changes nothing).",
         ["--host", "0.0.0.0"],
         "refusing plain HTTP on 0.0.0.0",
     ),
@@ -302,6 +304,16 @@ EXTENDER_RULES: tuple[Rule, ...] = (
         "`bind-attempts` is at least 1.",
         ["--bind-attempts", "0"],
         "bind-attempts must be at least 1",
+    ),
+    Rule(
+        "`metrics-host` is an IP address (or `localhost`); it is used only with `metrics-port`.",
+        ["--metrics-port", "9402", "--metrics-host", "metrics.example"],
+        "is not an IP address",
+    ),
+    Rule(
+        "`metrics-port` is not `port` on the same address (or on every address, `0.0.0.0`).",
+        ["--port", "9402", "--metrics-port", "9402"],
+        "the verbs and the metrics listener need a port each",
     ),
     Rule(
         "The four resource names are distinct, each `domain/name`.",

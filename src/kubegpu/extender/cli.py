@@ -93,6 +93,21 @@ _path = click.Path(path_type=Path, dir_okay=False)
         "name."
     ),
 )
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="IP address of the metrics listener (0.0.0.0 or :: for every address).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help=(
+        "Also serve /metrics, /healthz and /readyz, and nothing else, on this port over plain "
+        "HTTP (safe: read-only, no verb), for Prometheus and the kubelet's probes. Unset: off."
+    ),
+)
 @click.option("--whole-gpu-resource", default=DEFAULT_WHOLE_GPU, show_default=True)
 @click.option("--gpu-memory-resource", default=DEFAULT_GPU_MEMORY, show_default=True)
 @click.option("--gpu-compute-resource", default=DEFAULT_GPU_COMPUTE, show_default=True)
@@ -121,13 +136,19 @@ def extender_command(**options: Any) -> None:
             bind_attempts=int(options["bind_attempts"]),
             leader_lease=options["leader_lease"] or None,
             leader_identity=options["leader_identity"] or None,
+            metrics_host=options["metrics_host"],
+            metrics_port=options["metrics_port"],
         )
         config.validate()
     except (ConfigError, ValueError) as exc:
         click.echo(f"kubegpu extender: {exc}", err=True)
         raise SystemExit(2) from None
     log.info("configuration: %s", config)
-    asyncio.run(_serve(config))
+    try:
+        asyncio.run(_serve(config))
+    except ConfigError as exc:  # a listener that cannot be opened (service.py)
+        click.echo(f"kubegpu extender: {exc}", err=True)
+        raise SystemExit(2) from None
 
 
 def _opt_path(value: object) -> Path | None:

@@ -3,7 +3,9 @@
 Settings arrive from flags, ``KUBEGPU_EXTENDER_*`` variables or a versioned YAML file (the
 CLI resolves that precedence); this module only checks the result. Plain HTTP is refused on
 any address but loopback unless explicitly allowed, because the scheduler's calls carry whole
-pod specs and the bind verb acts on the cluster.
+pod specs and the bind verb acts on the cluster. The optional metrics listener
+(``metrics-port``) is plain HTTP wherever it listens: it serves only ``/metrics``, ``/healthz``
+and ``/readyz``, reads no body and has no verb that changes anything.
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ class ExtenderConfig:
     # bind refuses unless the holder is leader_identity (replicated schedulers, leader.py).
     leader_lease: str | None = None
     leader_identity: str | None = None  # None: this host's name
+    # A second, plain-HTTP listener for /metrics, /healthz and /readyz only (never the verbs),
+    # so Prometheus and the kubelet's probes can reach them while the verbs stay on loopback
+    # or behind client certificates. None: off.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
 
     @property
     def tls(self) -> bool:
@@ -75,6 +82,7 @@ class ExtenderConfig:
             raise ConfigError(f"max-body-bytes {self.max_body_bytes} is too small")
         if self.bind_attempts < 1:
             raise ConfigError("bind-attempts must be at least 1")
+        self._validate_metrics_listener()
         if self.leader_lease:
             namespace, _, name = self.leader_lease.partition("/")
             if not namespace or not name or "/" in name:
@@ -82,6 +90,36 @@ class ExtenderConfig:
                     f"leader-lease {self.leader_lease!r} must be namespace/name, e.g. "
                     "kube-system/kube-scheduler"
                 )
+
+    def _validate_metrics_listener(self) -> None:
+        if self.metrics_port is None:
+            return
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics-port {self.metrics_port} out of range (0-65535)")
+        if not is_ip_or_localhost(self.metrics_host):
+            raise ConfigError(
+                f"metrics-host {self.metrics_host!r} is not an IP address (e.g. 0.0.0.0, ::, "
+                "127.0.0.1)"
+            )
+        hosts = {self.host, self.metrics_host}
+        if self.metrics_port == self.port != 0 and (len(hosts) == 1 or hosts & _WILDCARD_HOSTS):
+            raise ConfigError(
+                f"metrics-port {self.metrics_port} is also port on {self.host}: the verbs and "
+                "the metrics listener need a port each"
+            )
+
+
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
+def is_ip_or_localhost(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def is_loopback(host: str) -> bool:

@@ -158,6 +158,17 @@ class ExtenderApp:
         app.router.add_get("/metrics", self.handle_metrics)
         return app
 
+    def metrics_application(self) -> web.Application:
+        """The read-only face for the metrics listener: ``/metrics``, ``/healthz`` and
+        ``/readyz`` of the same process, nothing else (any other path, the verbs included,
+        is 404). Served as plain HTTP off loopback (config.py says why that is safe); no
+        handler reads a body, hence the 1 KiB limit."""
+        app = web.Application(client_max_size=1024, middlewares=[_no_crash])
+        app.router.add_get("/healthz", self.handle_healthz)
+        app.router.add_get("/readyz", self.handle_readyz)
+        app.router.add_get("/metrics", self.handle_metrics)
+        return app
+
     def _timed(
         self, verb: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

@@ -12,7 +12,12 @@ import lightkube
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from kubegpu.extender.config import ExtenderConfig, load_workload, server_ssl_context
+from kubegpu.extender.config import (
+    ConfigError,
+    ExtenderConfig,
+    load_workload,
+    server_ssl_context,
+)
 from kubegpu.extender.leader import LeaderGate, default_identity
 from kubegpu.extender.scheduler import GpuScheduler
 from kubegpu.extender.server import ExtenderApp
@@ -61,14 +66,24 @@ class ExtenderService:
             leader=leader,
         )
         self._runner: web.AppRunner | None = None
+        self._metrics_runner: web.AppRunner | None = None
         self._view_task: asyncio.Task[None] | None = None
         self.port = config.port
+        self.metrics_port = config.metrics_port  # the bound one once started (port 0)
 
     @property
     def url(self) -> str:
         scheme = "https" if self.config.tls else "http"
         host = self.config.host if ":" not in self.config.host else f"[{self.config.host}]"
         return f"{scheme}://{host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str | None:
+        """``http://host:port`` of the metrics listener, or None when it is off."""
+        if self.metrics_port is None:
+            return None
+        host = self.config.metrics_host
+        return f"http://{host if ':' not in host else f'[{host}]'}:{self.metrics_port}"
 
     async def start(self) -> None:
         self._view_task = asyncio.create_task(self.view.run(), name="kubegpu-cluster-view")
@@ -84,6 +99,12 @@ class ExtenderService:
         await site.start()
         self._runner = runner
         self.port = runner.addresses[0][1]
+        if self.config.metrics_port is not None:
+            try:
+                await self._start_metrics(self.config.metrics_host, self.config.metrics_port)
+            except ConfigError:
+                await self.stop()
+                raise
         log.info(
             "kubegpu extender on %s, policy %s, resources %s, %s",
             self.url,
@@ -94,7 +115,28 @@ class ExtenderService:
             else "binds whenever asked (no leader-lease)",
         )
 
+    async def _start_metrics(self, host: str, port: int) -> None:
+        runner = web.AppRunner(
+            self.app.metrics_application(), access_log=None, handle_signals=False
+        )
+        await runner.setup()
+        try:
+            # Plain HTTP on purpose, whatever the address: read-only endpoints, no verb.
+            await web.TCPSite(runner, host, port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise ConfigError(
+                f"metrics-host/metrics-port {host}:{port}: cannot listen there "
+                f"({exc.strerror or exc})"
+            ) from None
+        self._metrics_runner = runner
+        self.metrics_port = runner.addresses[0][1]
+        log.info("metrics, /healthz and /readyz (read-only, plain HTTP) on %s", self.metrics_url)
+
     async def stop(self) -> None:
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+            self._metrics_runner = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
