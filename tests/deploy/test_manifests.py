@@ -100,9 +100,13 @@ def test_strict_validation_refuses_a_field_kubernetes_does_not_know() -> None:
         kubernetes_validate.validate(agent, SCHEMA_VERSION, strict=True)
 
 
+def test_the_monitoring_overlay_holds_a_podmonitor_and_a_servicemonitor() -> None:
+    kinds = sorted((o["kind"], o["metadata"]["name"]) for o in render("overlays/monitoring"))
+    assert kinds == [("PodMonitor", "kubegpu-node-agent"), ("ServiceMonitor", "kubegpu-extender")]
+
+
 def test_the_podmonitor_scrapes_the_exporter_port_of_the_node_agent() -> None:
-    (monitor,) = render("overlays/monitoring")
-    assert monitor["kind"] == "PodMonitor"
+    monitor = find(render("overlays/monitoring"), "PodMonitor", "kubegpu-node-agent")
     agent = find(render("base"), "DaemonSet", "kubegpu-node-agent")
     labels = agent["spec"]["template"]["metadata"]["labels"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
@@ -763,24 +767,102 @@ def test_the_scheduler_calls_the_extender_where_it_listens(
     assert extender["nodeCacheCapable"] is True and extender["ignorable"] is False
 
 
+def _container_port(item: Obj, port: int | str) -> int:
+    """A probe's or Service's target port in a container: a number, or a named port."""
+    if isinstance(port, int):
+        return port
+    (number,) = [p["containerPort"] for p in item.get("ports", []) if p["name"] == port]
+    return int(number)
+
+
 @pytest.mark.parametrize("overlay", INSTALL_OVERLAYS)
-def test_the_extender_probes_reach_its_listener(
+def test_the_extender_probes_ask_its_metrics_listener(
     overlay: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The verbs listen on loopback (and, in default-scheduler, only for clients with the
+    # scheduler's certificate), where the kubelet's HTTP probes cannot go: the probes ask the
+    # read-only metrics listener on the pod IP (the node's, on the host network) instead.
     config = _extender_config(overlay, tmp_path, monkeypatch)
     item = container(find(render(overlay), *EXTENDERS[overlay]), "extender")
     assert config.host == "127.0.0.1"  # loopback only, in both overlays
-    for probe in ("readinessProbe", "livenessProbe"):
-        spec = item[probe]
-        if "exec" in spec:  # pod network: the kubelet cannot reach the pod's loopback
-            assert f"http://127.0.0.1:{config.port}/" in spec["exec"]["command"][-1]
-        else:  # host network, client certificates required: a TCP check on loopback
-            assert spec["tcpSocket"] == {"host": "127.0.0.1", "port": config.port}
-            assert pod_spec(find(render(overlay), *EXTENDERS[overlay]))["hostNetwork"] is True
+    assert config.metrics_port is not None and config.metrics_port != config.port
+    assert config.metrics_host in ("0.0.0.0", "::")  # reachable on the pod IP
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        target = item[probe]["httpGet"]
+        assert target["path"] == path
+        assert target.get("scheme", "HTTP") == "HTTP"
+        assert "host" not in target  # the pod IP, where the metrics listener is
+        assert _container_port(item, target["port"]) == config.metrics_port
     if config.tls:
         mounted = {m["mountPath"] for m in item["volumeMounts"]}
         for path in (config.tls_cert_file, config.tls_key_file, config.client_ca_file):
             assert path.parent.as_posix() in mounted
+
+
+def _selected(objs: list[Obj], service: Obj) -> list[Obj]:
+    """The workloads whose pods a Service's selector picks (same namespace)."""
+    selector = service["spec"].get("selector") or {}
+    assert selector, f"Service {service['metadata']['name']} selects nothing"
+    return [
+        w
+        for w in workloads(objs)
+        if w["metadata"].get("namespace") == service["metadata"].get("namespace")
+        and selector.items() <= w["spec"]["template"]["metadata"]["labels"].items()
+    ]
+
+
+@pytest.mark.parametrize("overlay", INSTALL_OVERLAYS)
+def test_the_metrics_service_selects_the_extender_pods_on_their_metrics_port(
+    overlay: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objs = render(overlay)
+    config = _extender_config(overlay, tmp_path, monkeypatch)
+    service = find(objs, "Service", "kubegpu-extender-metrics")
+    assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
+    # Exactly the extender's pods: not the node agent's, whose exporter has its own monitor.
+    assert _selected(objs, service) == [find(objs, *EXTENDERS[overlay])]
+    item = container(find(objs, *EXTENDERS[overlay]), "extender")
+    (port,) = service["spec"]["ports"]
+    assert port["name"] == "metrics"
+    assert _container_port(item, port.get("targetPort", port["port"])) == config.metrics_port
+    # A named target port the container does not declare would leave the Service empty.
+    assert isinstance(port["targetPort"], str)
+
+
+@pytest.mark.parametrize("overlay", INSTALL_OVERLAYS)
+def test_no_service_exposes_the_extender_verbs(
+    overlay: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objs = render(overlay)
+    config = _extender_config(overlay, tmp_path, monkeypatch)
+    services = [o for o in objs if o["kind"] == "Service"]
+    assert services  # the check below has something to check
+    for service in services:
+        for workload in _selected(objs, service):
+            for item in pod_spec(workload)["containers"]:
+                if item["name"] != "extender":
+                    continue
+                for port in service["spec"]["ports"]:
+                    target = _container_port(item, port.get("targetPort", port["port"]))
+                    assert target != config.port, service["metadata"]["name"]
+    # The verbs' port is not even declared as a container port, so no named port can reach it.
+    item = container(find(objs, *EXTENDERS[overlay]), "extender")
+    assert config.port not in {p["containerPort"] for p in item.get("ports", [])}
+
+
+def test_the_servicemonitor_scrapes_the_metrics_service_of_both_install_overlays() -> None:
+    monitor = find(render("overlays/monitoring"), "ServiceMonitor", "kubegpu-extender")
+    for overlay in INSTALL_OVERLAYS:
+        service = find(render(overlay), "Service", "kubegpu-extender-metrics")
+        labels = service["metadata"]["labels"]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        # A ServiceMonitor without namespaceSelector looks in its own namespace only.
+        assert "namespaceSelector" not in monitor["spec"]
+        assert service["metadata"]["namespace"] == monitor["metadata"]["namespace"] == NAMESPACE
+        names = {p["name"] for p in service["spec"]["ports"]}
+        for endpoint in monitor["spec"]["endpoints"]:
+            assert endpoint["port"] in names
+            assert endpoint["path"] == "/metrics"
 
 
 def test_the_second_scheduler_reads_its_config_and_holds_its_own_lease() -> None:

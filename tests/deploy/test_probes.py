@@ -4,6 +4,7 @@ this machine has), and the probe the kubelet would run is run."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import re
@@ -32,6 +33,7 @@ from kubegpu.testing.apiserver import FakeApiServer, make_node
 from kubegpu.testing.kubelet import KubeletEmulator
 from tests.deploy.manifests import (
     DEPLOY,
+    Obj,
     arg_value,
     container,
     container_env,
@@ -199,7 +201,8 @@ def test_device_plugin_probes_pass_once_it_serves_and_has_registered_and_fail_af
                 for probe in probes:
                     assert wait_for_status(url(probe), 200) == 200, probe
                 # What the PodMonitor scrapes: the exporter inside the agent, every GPU.
-                (endpoint,) = render("overlays/monitoring")[0]["spec"]["podMetricsEndpoints"]
+                monitor = find(render("overlays/monitoring"), "PodMonitor", "kubegpu-node-agent")
+                (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
                 assert ports[endpoint["port"]] == 9400  # the manifest's; rebased here
                 scraped = scrape_gpus(f"http://127.0.0.1:{metrics_port}{endpoint['path']}")
                 assert scraped == {env["NODE_NAME"]: 4}
@@ -218,39 +221,68 @@ def test_device_plugin_probes_pass_once_it_serves_and_has_registered_and_fail_af
         kubelet_dir.rmdir()
 
 
+def _extender_probe_urls(item: Obj, port: int) -> dict[str, str]:
+    """probe -> the URL the kubelet would GET, with the manifest's metrics port rebased to
+    ``port`` on loopback (the kubelet sends it to the pod IP)."""
+    named = {p["name"]: p["containerPort"] for p in item.get("ports", [])}
+    urls = {}
+    for probe in ("livenessProbe", "readinessProbe"):
+        target = item[probe]["httpGet"]
+        assert target.get("scheme", "HTTP") == "HTTP"
+        assert named[target["port"]] in (9402, 10262)  # the manifests'; rebased here
+        urls[probe] = f"http://127.0.0.1:{port}{target['path']}"
+    return urls
+
+
+def _metrics_families(url: str) -> set[str]:
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    return {family.name for family in text_string_to_metric_families(text)}
+
+
 def test_extender_probes_pass_once_it_has_synced_with_the_api_server(tmp_path: Path) -> None:
-    # The second-scheduler overlay: the extender beside kube-scheduler, loopback HTTP, probed
-    # by commands run inside its container.
+    # The second-scheduler overlay: the extender beside kube-scheduler, the verbs on loopback
+    # HTTP, the probes on its metrics listener (plain HTTP, read-only) on the pod IP.
     objs = render("overlays/second-scheduler")
     pod = find(objs, "Deployment", "kubegpu-scheduler")
     item = container(pod, "extender")
     paths = materialise_config_volumes(objs, pod, "extender", tmp_path)
-    port = free_port()
-    probes = []
-    for name in ("livenessProbe", "readinessProbe"):
-        command = [part.replace(":8888/", f":{port}/") for part in item[name]["exec"]["command"]]
-        assert command[0] == "python" and command != item[name]["exec"]["command"]
-        probes.append([sys.executable, *command[1:]])
+    port, metrics_port = free_port(), free_port()
+    urls = _extender_probe_urls(item, metrics_port)
+    assert all(http_status(u) == 0 for u in urls.values())  # nothing listens yet
 
-    def all_pass() -> bool:
-        return all(
-            subprocess.run(p, capture_output=True, timeout=30, check=False).returncode == 0
-            for p in probes
-        )
-
+    # Hold the first list of pods, to see readiness wait for it.
+    release = threading.Event()
     with FakeApiServer().run_in_thread() as api:
+
+        async def held(_store: object) -> None:
+            while not release.is_set():
+                await asyncio.sleep(0.05)
+
+        api.server.before("list", "pods", held)
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         args = [
             *substitute(item["args"], container_env(item), paths),
             f"--port={port}",
+            "--metrics-host=127.0.0.1",
+            f"--metrics-port={metrics_port}",
             f"--kubeconfig={kubeconfig}",
         ]
-        assert not all_pass()  # nothing listens yet: the probes can fail
         with running(args, _env()):
-            deadline = time.monotonic() + 30
-            while not all_pass() and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert all_pass()
+            assert wait_for_status(urls["livenessProbe"], 200) == 200
+            assert http_status(urls["readinessProbe"]) == 503  # not synced yet
+            release.set()
+            assert wait_for_status(urls["readinessProbe"], 200) == 200
+            # What the ServiceMonitor scrapes, through the Service's target port.
+            (endpoint,) = find(render("overlays/monitoring"), "ServiceMonitor", "kubegpu-extender")[
+                "spec"
+            ]["endpoints"]
+            scraped = f"http://127.0.0.1:{metrics_port}{endpoint['path']}"
+            assert "kubegpu_extender_request_duration_seconds" in _metrics_families(scraped)
+            # The verbs are not on the metrics listener; they are on loopback as before.
+            assert http_status(f"http://127.0.0.1:{metrics_port}/filter") == 404
+            assert http_status(f"http://127.0.0.1:{port}/readyz") == 200
+        assert all(http_status(u) == 0 for u in urls.values())
 
 
 def _https_status(url: str, context: ssl.SSLContext) -> int | str:
@@ -289,8 +321,9 @@ def test_default_scheduler_extender_serves_only_clients_with_the_scheduler_certi
     config_file.write_text(config_file.read_text().replace(tls_mount, str(certs)))
     scheduler = yaml.safe_load((overlay / "kube-scheduler-config.yaml").read_text())
     (extender,) = scheduler["extenders"]
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     url = extender["urlPrefix"].replace(":8443", f":{port}") + "/readyz"
+    probes = _extender_probe_urls(item, metrics_port)
 
     # What kube-scheduler does with its tlsConfig: verify the server against caFile (by IP)
     # and present certFile/keyFile.
@@ -309,6 +342,8 @@ def test_default_scheduler_extender_serves_only_clients_with_the_scheduler_certi
         args = [
             *substitute(item["args"], container_env(item), paths),
             f"--port={port}",
+            "--metrics-host=127.0.0.1",
+            f"--metrics-port={metrics_port}",
             f"--kubeconfig={kubeconfig}",
         ]
         with running(args, _env()):
@@ -316,9 +351,10 @@ def test_default_scheduler_extender_serves_only_clients_with_the_scheduler_certi
             while _https_status(url, like_scheduler) != 200 and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert _https_status(url, like_scheduler) == 200
-            # The probe in the manifest: a TCP connection to the address kube-scheduler uses.
-            target = item["readinessProbe"]["tcpSocket"]
-            with socket.create_connection((target["host"], port), timeout=5):
-                pass
-            # An HTTP probe would never see 200: the handshake fails without a certificate.
+            # An HTTPS probe of the verbs' listener would never see 200: the handshake fails
+            # without a certificate. The manifest's probes ask the metrics listener instead.
             assert _https_status(url, like_kubelet) != 200
+            for probe_url in probes.values():
+                assert wait_for_status(probe_url, 200) == 200
+            # Which answers plain HTTP, and only the read-only endpoints.
+            assert http_status(f"http://127.0.0.1:{metrics_port}/bind") == 404
