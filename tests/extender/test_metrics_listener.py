@@ -5,7 +5,6 @@ port stops the command with exit 2 naming the setting."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import subprocess
@@ -19,9 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kubegpu.extender import cli as extender_cli
 from kubegpu.extender.config import ExtenderConfig
-from kubegpu.extender.service import ExtenderService
-from kubegpu.kube.view import Backoff
-from kubegpu.testing.apiserver import FakeApiServer, Store
+from kubegpu.testing.apiserver import FakeApiServer
 from tests.extender.cluster import (
     filter_args,
     gpu_node,
@@ -87,34 +84,6 @@ async def test_serves_metrics_and_probes_and_refuses_the_verbs() -> None:
                 assert r.status == 404
         stored = server.store.get("pods", "default", "p")
         assert stored is not None and stored["spec"].get("nodeName") is None  # nothing bound
-
-
-async def test_readyz_on_the_metrics_listener_waits_for_the_first_list() -> None:
-    arrived, release = asyncio.Event(), asyncio.Event()
-
-    async def slow_list(store: Store) -> None:
-        arrived.set()
-        await release.wait()
-
-    async with FakeApiServer() as server:
-        server.store.put("nodes", gpu_node("node-a"))
-        server.before("list", "pods", slow_list)
-        client = server.async_client()
-        config = ExtenderConfig(port=0, metrics_port=0)
-        service = ExtenderService(config, client=client, backoff=Backoff(0.01, 0.05))
-        try:
-            async with service, http_session() as http:
-                await asyncio.wait_for(arrived.wait(), 10)
-                async with http.get(f"{service.metrics_url}/readyz") as r:
-                    assert (r.status, await r.text()) == (503, "not synced")
-                async with http.get(f"{service.metrics_url}/healthz") as r:
-                    assert r.status == 200
-                release.set()
-                await service.wait_synced(10)
-                async with http.get(f"{service.metrics_url}/readyz") as r:
-                    assert r.status == 200
-        finally:
-            await client.close()
 
 
 async def test_off_unless_a_metrics_port_is_set() -> None:

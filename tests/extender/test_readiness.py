@@ -1,6 +1,7 @@
 """Before its first list of nodes and pods the extender is alive but not ready, over real HTTP:
 /readyz answers 503 (so no Service or probe sends it work), /healthz 200, and filter and bind
-answer an Error instead of deciding on an empty view; once the list arrives it is ready."""
+answer an Error instead of deciding on an empty view; once the list arrives it is ready. The
+metrics listener, where the deploy overlays point their probes, says the same."""
 
 from __future__ import annotations
 
@@ -28,16 +29,16 @@ async def test_not_ready_until_the_first_list_then_ready() -> None:
         pod = server.store.put("pods", shared_pod("p", 1024, 100))
         server.before("list", "pods", slow_list)  # the pods list hangs until released
         client = server.async_client()
-        service = ExtenderService(
-            ExtenderConfig(port=0), client=client, backoff=Backoff(0.01, 0.05)
-        )
+        config = ExtenderConfig(port=0, metrics_port=0)
+        service = ExtenderService(config, client=client, backoff=Backoff(0.01, 0.05))
         try:
             async with service, http_session() as http:
                 await asyncio.wait_for(arrived.wait(), 10)
-                async with http.get(f"{service.url}/readyz") as r:
-                    assert (r.status, await r.text()) == (503, "not synced")
-                async with http.get(f"{service.url}/healthz") as r:
-                    assert r.status == 200
+                for url in (service.url, service.metrics_url):
+                    async with http.get(f"{url}/readyz") as r:
+                        assert (r.status, await r.text()) == (503, "not synced"), url
+                    async with http.get(f"{url}/healthz") as r:
+                        assert r.status == 200, url
                 _, body = await post(http, f"{service.url}/filter", filter_args(pod, ["node-a"]))
                 assert body["Error"] == NOT_SYNCED and body["NodeNames"] == []
                 binding = {
@@ -60,6 +61,8 @@ async def test_not_ready_until_the_first_list_then_ready() -> None:
                     await asyncio.sleep(0.01)
                 else:
                     raise AssertionError("/readyz never turned 200 after the first list")
+                async with http.get(f"{service.metrics_url}/readyz") as r:
+                    assert (r.status, await r.text()) == (200, "ok")
                 _, body = await post(http, f"{service.url}/filter", filter_args(pod, ["node-a"]))
                 assert body["Error"] == "" and body["NodeNames"] == ["node-a"]
         finally:
