@@ -431,3 +431,60 @@ async def test_without_rbac_to_watch_the_agent_lists_every_sync_interval_and_say
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             await client.close()
+
+
+RECONCILE_RARELY = AgentConfig.model_validate(
+    {"sharing": {"gpuShare": {"enabled": True, "slotsPerCard": 2, "reconcileIntervalS": 3600}}}
+)
+
+
+def whole_pod(name: str) -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": NODE,
+            "containers": [
+                {"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+            ],
+        },
+    }
+
+
+async def test_a_whole_gpu_pod_leaving_gives_its_cards_slots_back_without_waiting_a_round(
+    server: FakeApiServer,
+) -> None:
+    """Found on the real kubelet: slots withdrawn for a whole-GPU pod stayed withdrawn until
+    the next PodResources round (30 s by default) after the pod was gone. kube-scheduler then
+    turned shared pods away for a card that was free, and a pod bound in that window failed
+    admission for good (the kubelet allocates no unhealthy device: UnexpectedAdmissionError)."""
+    client = server.async_client()
+    board = HealthBoard()
+    pod_resources = ScriptedPodResources()
+    coordinator = SharingCoordinator(
+        NODE, RECONCILE_RARELY, LightkubeNodeApi(client, NODE), board, pod_resources=pod_resources
+    )
+    coordinator.set_plans(build_plans(RECONCILE_RARELY, INVENTORY))
+    server.store.put("pods", whole_pod("w"))
+    pod_resources.holdings = [DeviceHolding("default", "w", "main", "nvidia.com/gpu", (CARDS[0],))]
+    whole_plan = next(p for p in coordinator.plans if not p.share_slots)
+    task = asyncio.create_task(coordinator.run())
+    try:
+        await until(lambda: coordinator.synced.is_set(), "first list")
+        await coordinator.allocate(whole_plan, [CARDS[0]])
+        await until(
+            lambda: board.blocked.get("kubegpu.io/gpu-shared") == frozenset({CARDS[0]}),
+            "slots of the whole card withdrawn",
+        )
+        # The kubelet has let the pod go: it is no longer in PodResources, and it is deleted.
+        pod_resources.holdings = []
+        server.store.remove("pods", "default", "w")
+        await until(
+            lambda: not board.blocked.get("kubegpu.io/gpu-shared"), "slots given back", 10.0
+        )
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await client.close()

@@ -39,7 +39,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -91,6 +91,7 @@ CONFLICT_RETRIES = 5
 WATCH_TIMEOUT_S = 300  # the server ends each watch stream after this; lightkube re-opens it
 TOMBSTONES = 1024
 FORBIDDEN_POLL_S = 300.0  # without RBAC watch: poll this long before trying to watch again
+POD_LEFT_FOLLOW_UP_S = 2.0  # after a pod left: one more reconcile this much later
 
 
 def _now_rfc3339(clock: Callable[[], float]) -> str:
@@ -142,6 +143,10 @@ class SharingCoordinator:
         self._tombstones: OrderedDict[str, int] = OrderedDict()
         self.relists = 0
         self.synced = asyncio.Event()  # set once the first list is in
+        # Set when a pod of this node is deleted or finishes: its cards' withdrawn ids must be
+        # given back now, not at the next reconcile round (the real kubelet turns a pod bound
+        # meanwhile away for good when the only ids left for it are unhealthy).
+        self._pod_left = asyncio.Event()
         self.forbidden_poll_s = FORBIDDEN_POLL_S
         self._problems: dict[str, str] = {}
         self._collisions: set[str] = set()
@@ -204,6 +209,8 @@ class SharingCoordinator:
         if current is not None and not _newer(pod, current, unknown=True):
             return  # a list or an earlier event already gave us this version or a newer one
         version = _version(pod.resource_version)
+        if event == "DELETED" or pod.terminal:
+            self._pod_left.set()
         if event == "DELETED":
             self.pods = [p for p in self.pods if p.uid != pod.uid]
             if version is not None:
@@ -601,9 +608,7 @@ class SharingCoordinator:
         async with asyncio.TaskGroup() as group:
             group.create_task(self._watch())
             if self.pod_resources is not None:
-                group.create_task(
-                    self._every(share.reconcile_interval_s, self.reconcile, "reconcile")
-                )
+                group.create_task(self._reconcile_loop(share.reconcile_interval_s))
 
     async def _watch(self) -> None:
         """Keep this node's pods current: one LIST, then a watch from its resourceVersion
@@ -679,17 +684,26 @@ class SharingCoordinator:
                 log.warning("node %s: cannot list this node's pods: %s", self.node, err)
             await asyncio.sleep(retry_s)
 
-    async def _every(
-        self, interval_s: float, step: Callable[[], Awaitable[object]], what: str
-    ) -> None:
+    async def _reconcile_loop(self, interval_s: float) -> None:
+        """Reconcile every ``interval_s``, and at once when a pod of this node has left; once
+        more a moment later, in case the kubelet had not let go of its devices yet."""
+        follow_up = False
         while True:
             try:
-                await step()
+                await self.reconcile()
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # API or kubelet hiccups: log, try again next round
-                log.warning("node %s: %s failed: %s", self.node, what, err)
-            await asyncio.sleep(interval_s)
+                log.warning("node %s: reconcile failed: %s", self.node, err)
+            wait_s = min(interval_s, POD_LEFT_FOLLOW_UP_S) if follow_up else interval_s
+            try:
+                async with asyncio.timeout(wait_s):
+                    await self._pod_left.wait()
+            except TimeoutError:
+                follow_up = False
+            else:
+                follow_up = True
+            self._pod_left.clear()
 
 
 def _repaired(pod: NodePod, repair: Repair) -> NodePod:
