@@ -26,12 +26,12 @@ def _run(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_lint_is_clean() -> None:
-    result = _run("ruff", "check", "src", "tests", "bench")
+    result = _run("ruff", "check", "src", "tests", "bench", "e2e")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_ruff_format_is_clean() -> None:
-    result = _run("ruff", "format", "--check", "src", "tests", "bench")
+    result = _run("ruff", "format", "--check", "src", "tests", "bench", "e2e")
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -3,8 +3,8 @@
 # kube-controller-manager, kube-scheduler, kubelet, kubectl) from their Go modules, pinned in
 # go.mod beside this script, into a cache folder keyed by version:
 #   ${KUBEGPU_E2E_CACHE:-$HOME/.cache/kubegpu-e2e}/k8s-<version>-etcd-<version>/bin
-# Nothing is rebuilt when that folder already holds every binary for these versions (and this
-# go.mod/go.sum). Prints the folder on the last line of stdout. Takes minutes on 2 cores cold;
+# Nothing is rebuilt when that folder already holds every binary for these versions. Prints the
+# folder on the last line of stdout. Takes minutes on 2 cores cold;
 # seconds warm.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -12,9 +12,8 @@ cd "$here"
 
 k8s_version="$(awk '$1 == "k8s.io/kubernetes" {print $2}' go.mod)"
 etcd_version="$(awk '$1 == "go.etcd.io/etcd/server/v3" {print $2}' go.mod)"
-stamp="$(cat go.mod go.sum | sha256sum | cut -c1-12)"
 cache_root="${KUBEGPU_E2E_CACHE:-$HOME/.cache/kubegpu-e2e}"
-dest="$cache_root/k8s-$k8s_version-etcd-$etcd_version-$stamp/bin"
+dest="$cache_root/k8s-$k8s_version-etcd-$etcd_version/bin"
 binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 
 missing=()

@@ -2,8 +2,8 @@
 // code: this module only pins k8s.io/kubernetes and etcd so that `go build` produces their
 // binaries. Every staging module of k8s.io/kubernetes is required at v0.0.0 and replaced by a
 // relative path in its own go.mod; a consumer must replace each with the published version
-// that matches (v1.35.4 -> v0.35.4). build.sh regenerates nothing: edit the version in one
-// place (K8S_VERSION in build.sh) and run `build.sh --bump` to rewrite these lines.
+// that matches (v1.35.4 -> v0.35.4). To move to another Kubernetes version, change the
+// k8s.io/kubernetes line and every replace line together, then run `go mod tidy`.
 module kubegpu.io/e2e/components
 
 go 1.25.0

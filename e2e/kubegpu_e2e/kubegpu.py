@@ -1,0 +1,216 @@
+"""The kubegpu roles beside the real cluster, as host processes: node agent (fake backend,
+8xA100-80GB-NVLink, shared mode on), extender, the second kube-scheduler that calls it, and the
+labeller. Each runs with the credentials of its own service account from deploy/, whose RBAC is
+applied with the real kubectl, so least privilege is exercised for real."""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import sys
+from pathlib import Path
+
+import yaml
+
+from kubegpu_e2e.cluster import NODE_NAME, Cluster, free_port, write_kubeconfig
+from kubegpu_e2e.processes import HostProcess
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+FAKE_GPUS = "8xA100-80GB-NVLink"
+NAMESPACE = "kubegpu"
+# Objects of the overlay that grant or hold identity. The workloads (DaemonSet, Deployment)
+# are not applied: their image is not in this cluster, and pulling it would leave loopback.
+_IDENTITY_KINDS = {
+    "Namespace",
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "Secret",
+    "ResourceQuota",
+}
+
+
+def _kubegpu() -> str:
+    return str(Path(sys.executable).with_name("kubegpu"))
+
+
+class KubegpuRoles:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.processes: dict[str, HostProcess] = {}
+        self.kubeconfigs: dict[str, Path] = {}
+        self.agent_health_port = free_port()
+        self.exporter_port = free_port()
+        self.extender_metrics_port = free_port()
+        self.scheduler_port = free_port()
+        self.fake_control = cluster.run_dir / "fake-gpu.sock"
+
+    # -------------------------------------------------------------- identities from deploy/
+    def apply_rbac(self) -> None:
+        rendered = self.cluster.kubectl(
+            "kustomize", str(DEPLOY / "overlays" / "second-scheduler")
+        ).stdout
+        documents = [d for d in yaml.safe_load_all(rendered) if d]
+        identity = [d for d in documents if d["kind"] in _IDENTITY_KINDS]
+        self.cluster.kubectl(
+            "apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(identity)
+        )
+        for account in ("kubegpu-node-agent", "kubegpu-extender", "kubegpu-scheduler"):
+            token = self.cluster.kubectl(
+                "create", "token", account, "-n", NAMESPACE, "--duration=12h"
+            ).stdout.strip()
+            self.kubeconfigs[account] = write_kubeconfig(
+                self.cluster.run_dir / f"{account}.kubeconfig",
+                self.cluster.server,
+                self.cluster.ca.cert,
+                user=account,
+                token=token,
+            )
+
+    # -------------------------------------------------------------- processes
+    def _start(self, name: str, argv: list[str]) -> HostProcess:
+        env = dict(self.cluster.env)
+        env.pop("KUBECONFIG", None)
+        process = HostProcess(name, argv, self.cluster.logs / f"{name}.log", env=env).start()
+        self.processes[name] = process
+        return process
+
+    def start_agent(self) -> HostProcess:
+        c = self.cluster
+        process = self._start(
+            "kubegpu-node-agent",
+            [
+                _kubegpu(),
+                "device-plugin",
+                "--backend=fake",
+                f"--fake-gpus={FAKE_GPUS}",
+                f"--fake-control={self.fake_control}",
+                f"--config={DEPLOY / 'base' / 'node-agent-config.yaml'}",
+                f"--kubelet-dir={c.device_plugin_dir}",
+                f"--node-name={NODE_NAME}",
+                f"--kubeconfig={self.kubeconfigs['kubegpu-node-agent']}",
+                f"--pod-resources-socket={c.pod_resources_socket}",
+                f"--cdi-dir={c.cdi_dir}",
+                f"--health-listen=127.0.0.1:{self.agent_health_port}",
+                # The exporter inside the agent, as the DaemonSet runs it (on loopback here).
+                "--exporter",
+                f"--exporter-listen=127.0.0.1:{self.exporter_port}",
+                "--exporter-pod-directory=api",
+                f"--exporter-pod-resources-socket={c.pod_resources_socket}",
+            ],
+        )
+        process.wait_until(
+            lambda: _plain_ok(f"http://127.0.0.1:{self.agent_health_port}/readyz"),
+            60,
+            "node agent /readyz (registered with the kubelet)",
+        )
+        return process
+
+    def stop_agent(self) -> None:
+        self.processes["kubegpu-node-agent"].stop(grace=15)
+
+    def start_extender(self) -> HostProcess:
+        config = DEPLOY / "overlays" / "second-scheduler" / "extender-config.yaml"
+        settings = yaml.safe_load(config.read_text())["settings"]
+        process = self._start(
+            "kubegpu-extender",
+            [
+                _kubegpu(),
+                "extender",
+                f"--config={config}",
+                f"--kubeconfig={self.kubeconfigs['kubegpu-extender']}",
+                # The overlay listens on the pod IP for Prometheus; here only loopback is used.
+                "--metrics-host=127.0.0.1",
+                f"--metrics-port={self.extender_metrics_port}",
+            ],
+        )
+        process.wait_until(
+            lambda: _plain_ok(f"http://127.0.0.1:{self.extender_metrics_port}/healthz"),
+            60,
+            "extender /healthz",
+        )
+        self.extender_port = int(settings["port"])
+        return process
+
+    def start_scheduler(self) -> HostProcess:
+        """A second kube-scheduler with the shipped KubeSchedulerConfiguration; only the API
+        access the Deployment gets from its service account is added (clientConnection)."""
+        shipped = DEPLOY / "overlays" / "second-scheduler" / "kube-scheduler-config.yaml"
+        config = yaml.safe_load(shipped.read_text())
+        kubeconfig = self.kubeconfigs["kubegpu-scheduler"]
+        config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+        path = self.cluster.run_dir / "kubegpu-scheduler-config.yaml"
+        path.write_text(yaml.safe_dump(config))
+        process = self._start(
+            "kubegpu-scheduler",
+            [
+                str(self.cluster.bin_dir / "kube-scheduler"),
+                f"--config={path}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.scheduler_port}",
+                "--v=2",
+            ],
+        )
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        process.wait_until(
+            lambda: _plain_ok(f"https://127.0.0.1:{self.scheduler_port}/healthz", context),
+            120,
+            "kubegpu-scheduler /healthz",
+        )
+        self.cluster.wait_for(
+            "the kubegpu-scheduler Lease held by this host",
+            lambda: (
+                self.cluster.get("lease", "-n", "kube-system", "kubegpu-scheduler")["spec"]
+                .get("holderIdentity", "")
+                .startswith(socket.gethostname() + "_")
+            ),
+            timeout=60,
+        )
+        return process
+
+    def start_labeller(self) -> HostProcess:
+        return self._start(
+            "kubegpu-labels",
+            [
+                _kubegpu(),
+                "labels",
+                "--backend=fake",
+                f"--fake-gpus={FAKE_GPUS}",
+                "--sink=node",
+                f"--node-name={NODE_NAME}",
+                f"--kubeconfig={self.kubeconfigs['kubegpu-node-agent']}",
+                f"--config={DEPLOY / 'base' / 'node-agent-config.yaml'}",
+                "--poll=2",
+            ],
+        )
+
+    def start(self) -> None:
+        self.apply_rbac()
+        self.start_agent()
+        self.start_extender()
+        self.start_scheduler()
+        self.start_labeller()
+
+    def stop(self) -> None:
+        for process in reversed(list(self.processes.values())):
+            process.stop(grace=10)
+
+
+def _plain_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=2, context=context) as response:
+        return bool(response.status == 200)
+
+
+def tool_path(cluster: Cluster) -> str:
+    """PATH for kubectl plugin discovery: our kubectl, then the venv with kubectl-gpu."""
+    return f"{cluster.bin_dir}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"

@@ -1,0 +1,137 @@
+"""The suite's fixtures: one real cluster for the whole session (started once, torn down on
+success, failure, Ctrl-C or SIGTERM), the kubegpu roles beside it, a namespace per scenario,
+and e2e/out/report.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+E2E = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(E2E))
+
+from kubegpu_e2e.cluster import Cluster  # noqa: E402
+from kubegpu_e2e.kubegpu import KubegpuRoles  # noqa: E402
+
+OUT = Path(os.environ.get("KUBEGPU_E2E_OUT", E2E / "out"))
+_results: dict[str, dict[str, Any]] = {}
+_leftovers: list[str] = []
+
+
+def _bin_dir() -> Path:
+    configured = os.environ.get("KUBEGPU_E2E_BIN")
+    if configured:
+        return Path(configured)
+    built = subprocess.run(
+        [str(E2E / "components" / "build.sh")],
+        capture_output=False,
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    )
+    return Path(built.stdout.strip().splitlines()[-1])
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # SIGTERM (CI's timeout, `kill`) tears down like Ctrl-C: fixtures' finalizers run.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    config.addinivalue_line("markers", "e2e: runs against the real cluster of e2e/")
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    OUT.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    c = Cluster(bin_dir=_bin_dir(), out_dir=OUT)
+    try:
+        c.start()
+        _results["cluster start"] = {
+            "outcome": "passed",
+            "duration_s": round(time.monotonic() - started, 1),
+        }
+        yield c
+    finally:
+        _leftovers.extend(c.stop())
+
+
+@pytest.fixture(scope="session")
+def roles(cluster: Cluster) -> Iterator[KubegpuRoles]:
+    r = KubegpuRoles(cluster)
+    try:
+        r.start()
+        yield r
+    finally:
+        r.stop()
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = "e2e-" + request.node.name.replace("_", "-").lower()[:50].strip("-")
+    cluster.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=180s", check=False)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    entry = _results.setdefault(report.nodeid, {"outcome": "passed", "duration_s": 0.0})
+    entry["duration_s"] = round(entry["duration_s"] + report.duration, 1)
+    if report.failed:
+        entry["outcome"] = "failed"
+        entry.setdefault("phase", report.when)
+    elif report.skipped and report.when != "teardown":
+        entry["outcome"] = "skipped"
+
+
+def _version(argv: list[str]) -> str:
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except OSError as error:
+        return f"unavailable: {error}"
+    return (result.stdout + result.stderr).strip()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    bin_dir = os.environ.get("KUBEGPU_E2E_BIN", "")
+    versions: dict[str, str] = {}
+    if bin_dir:
+        b = Path(bin_dir)
+        versions = {
+            "etcd": _version([str(b / "etcd"), "--version"]),
+            "kube-apiserver": _version([str(b / "kube-apiserver"), "--version"]),
+            "kube-controller-manager": _version([str(b / "kube-controller-manager"), "--version"]),
+            "kube-scheduler": _version([str(b / "kube-scheduler"), "--version"]),
+            "kubelet": _version([str(b / "kubelet"), "--version"]),
+            "kubectl": _version([str(b / "kubectl"), "version", "--client"]),
+            "go version -m kube-apiserver (k8s.io/kubernetes)": "\n".join(
+                line.strip()
+                for line in _version(
+                    ["go", "version", "-m", str(b / "kube-apiserver")]
+                ).splitlines()
+                if "k8s.io/kubernetes" in line or line.startswith(str(b))
+            ),
+        }
+    versions["containerd"] = _version(["containerd", "--version"])
+    versions["runc"] = _version(["runc", "--version"]).splitlines()[0] if versions else ""
+    OUT.mkdir(parents=True, exist_ok=True)
+    report = {
+        "exit_status": int(exitstatus),
+        "scenarios": [{"name": name, **entry} for name, entry in _results.items()],
+        "versions": versions,
+        "cleanup": _leftovers,
+    }
+    (OUT / "report.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -1,0 +1,119 @@
+"""`kubectl gpu inspect` through the real kubectl's plugin lookup agrees with what the real
+kubelet's PodResources says; `kubegpu labels` puts GPU-feature-discovery labels on the Node."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from kubegpu_e2e.cluster import NODE_NAME, Cluster
+from kubegpu_e2e.kubegpu import KubegpuRoles, tool_path
+from kubegpu_e2e.workloads import (
+    SCHEDULER,
+    SHARED,
+    WHOLE,
+    container,
+    container_env,
+    create,
+    pod,
+    pod_resources,
+    share,
+    wait_running,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def _kubelet_view(cluster: Cluster, namespace: str) -> dict[str, set[str]]:
+    """card UUID -> pods on it, from PodResources (whole cards by device id; shares by the
+    slot the kubelet handed out, whose card the container's own environment names)."""
+    cards: dict[str, set[str]] = {}
+    for entry in pod_resources(cluster.pod_resources_socket):
+        if entry.namespace != namespace:
+            continue
+        if entry.resource == WHOLE:
+            for uuid in entry.device_ids:
+                cards.setdefault(uuid, set()).add(entry.pod)
+        elif entry.resource == SHARED:
+            env = container_env(cluster, namespace, entry.pod, entry.container)
+            cards.setdefault(env["KUBEGPU_GPU_UUID"], set()).add(entry.pod)
+    return cards
+
+
+def test_kubectl_gpu_inspect_agrees_with_pod_resources(
+    cluster: Cluster, roles: KubegpuRoles, namespace: str
+) -> None:
+    create(
+        cluster,
+        pod("share-a", namespace, [container("main", share(12288, 250))], scheduler=SCHEDULER),
+        pod("share-b", namespace, [container("main", share(4096, 100))], scheduler=SCHEDULER),
+        pod("whole", namespace, [container("main", {WHOLE: "2"})]),
+    )
+    wait_running(cluster, namespace, "share-a", "share-b", "whole")
+    env = {**cluster.env, "PATH": tool_path(cluster), "KUBECONFIG": str(cluster.admin)}
+    env.pop("KUBEGPU_E2E_BIN", None)
+    result = subprocess.run(
+        [
+            str(cluster.bin_dir / "kubectl"),
+            "gpu",
+            "inspect",
+            "-o",
+            "json",
+            "-n",
+            namespace,
+            f"--exporter-url-template=http://127.0.0.1:{roles.exporter_port}/metrics",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    (node,) = [n for n in report["nodes"] if n["name"] == NODE_NAME]
+    inspected = {
+        card["uuid"]: {p["name"] for p in card["pods"] if p["namespace"] == namespace}
+        for card in node["cards"]
+    }
+    inspected = {uuid: pods for uuid, pods in inspected.items() if pods}
+    assert inspected == _kubelet_view(cluster, namespace)
+
+    table = subprocess.run(
+        [str(cluster.bin_dir / "kubectl"), "gpu", "inspect", "-n", namespace, "--no-usage"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert table.returncode == 0, table.stderr
+    assert NODE_NAME in table.stdout and "share-a" in table.stdout
+
+
+def test_labeller_writes_gpu_feature_discovery_labels(
+    cluster: Cluster, roles: KubegpuRoles
+) -> None:
+    expected = {
+        "nvidia.com/gpu.count": "8",
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+        "nvidia.com/gpu.memory": "81920",
+        "nvidia.com/gpu.family": "ampere",
+        "nvidia.com/gpu.compute.major": "8",
+        "nvidia.com/gpu.compute.minor": "0",
+        "kubegpu.io/gpu.healthy-count": "8",
+        "kubegpu.io/gpu.nvlink": "true",
+        "kubegpu.io/gpu-share": "true",
+        "kubegpu.io/gpu-share.slots": "32",
+    }
+
+    def labels() -> dict[str, str]:
+        return dict(cluster.get("node", NODE_NAME)["metadata"].get("labels", {}))
+
+    cluster.wait_for(
+        "GPU feature labels on the Node",
+        lambda: expected.items() <= labels().items(),
+        timeout=60,
+    )
+    # The driver of the fake preset (535.161.08, CUDA 12.2), in GFD's own label names.
+    current = labels()
+    assert current["nvidia.com/cuda.driver-version.major"] == "535", current
