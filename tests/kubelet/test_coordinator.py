@@ -141,7 +141,7 @@ async def test_a_container_the_agent_never_recorded_is_learnt_from_podresources_
     assert server.count("patch", "pods") == patches
 
 
-async def test_whole_gpus_in_kubelet_use_withdraw_their_slots_and_refuse_shares(
+async def test_whole_gpus_in_kubelet_use_keep_their_slots_advertised_but_refuse_shares(
     server: FakeApiServer,
     parts: tuple[SharingCoordinator, ScriptedPodResources, HealthBoard],
 ) -> None:
@@ -149,7 +149,9 @@ async def test_whole_gpus_in_kubelet_use_withdraw_their_slots_and_refuse_shares(
     server.store.put("pods", shared_pod("p", 0, ("main",)))
     pod_resources.holdings = [DeviceHolding("default", "w", "main", "nvidia.com/gpu", (CARDS[0],))]
     await coordinator.reconcile()
-    assert board.blocked["kubegpu.io/gpu-shared"] == frozenset({CARDS[0]})
+    # Withdrawn slots would lower the node's count, and kube-scheduler never retries a shared
+    # pod it turned away for slots when they come back (found on the real scheduler).
+    assert not board.blocked.get("kubegpu.io/gpu-shared")
     slot_plan = next(p for p in coordinator.plans if p.share_slots)
     with pytest.raises(AllocationRefused) as caught:
         await coordinator.allocate(slot_plan, [slot_id(INVENTORY.gpus[0].uuid, 0)])
@@ -438,27 +440,12 @@ RECONCILE_RARELY = AgentConfig.model_validate(
 )
 
 
-def whole_pod(name: str) -> dict[str, object]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": NODE,
-            "containers": [
-                {"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
-            ],
-        },
-    }
-
-
-async def test_a_whole_gpu_pod_leaving_gives_its_cards_slots_back_without_waiting_a_round(
+async def test_a_shared_pod_leaving_gives_its_card_whole_back_without_waiting_a_round(
     server: FakeApiServer,
 ) -> None:
-    """Found on the real kubelet: slots withdrawn for a whole-GPU pod stayed withdrawn until
-    the next PodResources round (30 s by default) after the pod was gone. kube-scheduler then
-    turned shared pods away for a card that was free, and a pod bound in that window failed
-    admission for good (the kubelet allocates no unhealthy device: UnexpectedAdmissionError)."""
+    """Found on the real kubelet: ids withdrawn for a pod stayed withdrawn until the next
+    PodResources round (30 s by default) after the pod was gone, and a pod the scheduler bound
+    in that window failed admission for good (the kubelet allocates no unhealthy device)."""
     client = server.async_client()
     board = HealthBoard()
     pod_resources = ScriptedPodResources()
@@ -466,23 +453,22 @@ async def test_a_whole_gpu_pod_leaving_gives_its_cards_slots_back_without_waitin
         NODE, RECONCILE_RARELY, LightkubeNodeApi(client, NODE), board, pod_resources=pod_resources
     )
     coordinator.set_plans(build_plans(RECONCILE_RARELY, INVENTORY))
-    server.store.put("pods", whole_pod("w"))
-    pod_resources.holdings = [DeviceHolding("default", "w", "main", "nvidia.com/gpu", (CARDS[0],))]
-    whole_plan = next(p for p in coordinator.plans if not p.share_slots)
+    slot = slot_id(INVENTORY.gpus[0].uuid, 0)
+    pod_resources.holdings = [
+        DeviceHolding("default", "s", "main", "kubegpu.io/gpu-shared", (slot,))
+    ]
     task = asyncio.create_task(coordinator.run())
     try:
         await until(lambda: coordinator.synced.is_set(), "first list")
-        await coordinator.allocate(whole_plan, [CARDS[0]])
         await until(
-            lambda: board.blocked.get("kubegpu.io/gpu-shared") == frozenset({CARDS[0]}),
-            "slots of the whole card withdrawn",
+            lambda: board.blocked.get("nvidia.com/gpu") == frozenset({CARDS[0]}),
+            "the whole id of the card holding a share withdrawn",
         )
         # The kubelet has let the pod go: it is no longer in PodResources, and it is deleted.
+        server.store.put("pods", shared_pod("s", 0, ("main",)))
         pod_resources.holdings = []
-        server.store.remove("pods", "default", "w")
-        await until(
-            lambda: not board.blocked.get("kubegpu.io/gpu-shared"), "slots given back", 10.0
-        )
+        server.store.remove("pods", "default", "s")
+        await until(lambda: not board.blocked.get("nvidia.com/gpu"), "whole id given back", 10.0)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -16,8 +16,9 @@ they must see a pod the kubelet admits the moment its own watch shows it bound.
 
 Whole GPUs and shares never meet on one card, by three layers (docs/sharing.md): the extender's
 accounting never decides it; the coordinator withdraws the ids that would allow it (a card
-holding shares reports its whole-GPU id Unhealthy, a card in whole use reports its slots
-Unhealthy), so the kubelet cannot pick them; and ``Allocate`` verifies and refuses. Allocations
+holding shares reports its whole-GPU id Unhealthy, so the kubelet cannot pick it; a card in
+whole use keeps its share slots, see ``_update_blocked``); and ``Allocate`` verifies and
+refuses. Allocations
 are serialised by one lock: the kubelet admits pods one at a time anyway, and the ledger read +
 write must not interleave.
 
@@ -255,16 +256,24 @@ class SharingCoordinator:
         new, self._collisions = collisions - self._collisions, collisions
         for uuid in sorted(new):  # once per collision, not on every sync
             log.error(
-                "node %s: card %s is both shared (%s) and whole (%s); both withdrawn",
+                "node %s: card %s is both shared (%s) and whole (%s); its whole-GPU id is "
+                "withdrawn",
                 self.node,
                 uuid,
                 ", ".join(shares[uuid]),
                 wholes[uuid],
             )
         for plan in self.plans:
+            if plan.share_slots:
+                # Share slots are never withdrawn: kube-scheduler never retries a shared pod
+                # that NodeResourcesFit turned away for want of slots when the node's count
+                # comes back (its queueing hint counts the memory and compute resources the
+                # extender manages as missing from the node), so the pod would wait for the
+                # five-minute flush. The extender never puts a share on a card in whole use,
+                # GetPreferredAllocation steers to the decided card, and Allocate refuses.
+                continue
             cards = {g.uuid for g in plan.gpus}
-            taken = wholes if plan.share_slots else shares
-            blocked = frozenset(GpuUuid(u) for u in taken if u in cards)
+            blocked = frozenset(GpuUuid(u) for u in shares if u in cards)
             if self.board.set_blocked(plan.resource_name, blocked):
                 log.info(
                     "node %s resource %s: withdrawn cards now %s",
@@ -694,7 +703,7 @@ class SharingCoordinator:
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # API or kubelet hiccups: log, try again next round
-                log.warning("node %s: reconcile failed: %s", self.node, err)
+                log.warning("node %s: %s failed: %s", self.node, "reconcile", err)
             wait_s = min(interval_s, POD_LEFT_FOLLOW_UP_S) if follow_up else interval_s
             try:
                 async with asyncio.timeout(wait_s):
