@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx2 as httpx
@@ -39,6 +40,7 @@ from kubegpu.extender.wire import (
     parse_extender_body,
 )
 from kubegpu.kube import pods as kpods
+from kubegpu.kube.view import ReservationHeld
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION
 from kubegpu.sharing.podstate import pod_uid, read_decision
 from kubegpu.sharing.resources import (
@@ -78,6 +80,36 @@ async def _no_crash(
     except Exception as exc:
         log.exception("%s %s failed", request.method, request.path)
         return _reply({"Error": f"internal error: {exc}"}, status=500)
+
+
+class PodLocks:
+    """One lock per pod UID, so binds of one pod run one after another (kube-scheduler retries
+    a bind after its ``httpTimeout`` while the first handler may still run): the view keeps one
+    reservation per UID, and two binds of a pod at once would overwrite each other's.
+
+    A lock is forgotten only when no bind holds it *or waits for it*. ``Lock.locked()`` is
+    not that test: between a release and the woken waiter running it reads False, and dropping
+    the lock then hands the next bind a fresh one that runs beside the waiter."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, uid: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(uid) or (asyncio.Lock(), 0)
+        self._locks[uid] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[uid]
+            if users == 1:
+                del self._locks[uid]
+            else:
+                self._locks[uid] = (lock, users - 1)
 
 
 class ExtenderMetrics:
@@ -141,7 +173,7 @@ class ExtenderApp:
         self.metrics = ExtenderMetrics(registry or CollectorRegistry())
         self.max_body_bytes = max_body_bytes
         self.bind_attempts = bind_attempts
-        self._pod_locks: dict[str, asyncio.Lock] = {}
+        self.pod_locks = PodLocks()
         self._node_names = NodeNamesCache()
         # Pod JSON -> its GPU request (or why it has none that can be served): prioritize
         # sends the bytes filter just got; parsing quantities costs ~0.1 ms a pod.
@@ -292,13 +324,8 @@ class ExtenderApp:
             args = parse_binding_args(await self._body(request, "bind"))
         except WireError as exc:
             return self._bad("bind", exc)
-        lock = self._pod_locks.setdefault(args.pod_uid, asyncio.Lock())
-        try:
-            async with lock:
-                error = await self.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
-        finally:
-            if not lock.locked():
-                self._pod_locks.pop(args.pod_uid, None)
+        async with self.pod_locks.hold(args.pod_uid):
+            error = await self.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
         return _reply({"Error": error})
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
@@ -350,6 +377,9 @@ class ExtenderApp:
                 return await self._post_binding(namespace, name, uid, node, recorded=True)
             try:
                 decision = self.scheduler.decide(pod, gpu, node)
+            except ReservationHeld as exc:  # not while pod_locks serialises a pod's binds
+                self.metrics.binds.labels("in-flight").inc()
+                return str(exc)
             except Unschedulable as exc:
                 self.metrics.binds.labels("no-fit").inc()
                 self.metrics.rejections.labels(reason_category(str(exc))).inc()
