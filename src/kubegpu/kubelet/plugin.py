@@ -11,8 +11,11 @@ suspended coroutine, not a worker thread, and never starves ``Allocate``.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
+import socket
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -262,8 +265,88 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         return api_pb2.PreStartContainerResponse()
 
 
+class SocketInUse(RuntimeError):
+    """Another live process holds the claim on a plugin socket."""
+
+    def __init__(self, socket_path: Path, lock_path: Path, owner: str) -> None:
+        super().__init__(
+            f"{socket_path} is served by another node agent ({owner or 'owner unknown'}; "
+            f"lock {lock_path})"
+        )
+        self.socket_path = socket_path
+        self.owner = owner
+
+
+class SocketClaim:
+    """The exclusive right to serve one plugin socket: an ``flock`` on ``<socket>.lock`` beside
+    it, held for as long as the process serves the socket.
+
+    Without it two agents on one kubelet directory (a DaemonSet rolling update with a surge)
+    each unlink and rebind the other's socket, for ever. An flock goes with its process, even
+    on SIGKILL, so a crashed owner never blocks its successor, and the kubelet, which deletes
+    every socket in the directory when it starts, leaves regular files alone. The file names
+    its owner (pid, host, since when) for the message the next process logs."""
+
+    def __init__(self, socket_path: Path, lock_path: Path, fd: int) -> None:
+        self.socket_path = socket_path
+        self.lock_path = lock_path
+        self._fd: int | None = fd
+
+    @classmethod
+    def acquire(cls, socket_path: Path) -> SocketClaim:
+        """Claim ``socket_path``; raises :class:`SocketInUse` naming the owner, or OSError."""
+        lock_path = socket_path.with_name(socket_path.name + ".lock")
+        socket_path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by children
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = os.pread(fd, 512, 0).decode(errors="replace").strip()
+                os.close(fd)
+                raise SocketInUse(socket_path, lock_path, owner) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            # The owner removes the file as it releases it: a lock won on the removed file
+            # is no claim (a third process may lock the new one), so look again.
+            if _same_file(fd, lock_path):
+                break
+            os.close(fd)
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        owner = f"pid {os.getpid()} on {socket.gethostname()} since {since}"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, owner.encode(), 0)
+        return cls(socket_path, lock_path, fd)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        if _same_file(fd, self.lock_path):
+            self.lock_path.unlink(missing_ok=True)  # before unlocking: see acquire
+        os.close(fd)  # drops the flock
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
 class PluginServer:
-    """Serves one resource on ``<kubelet_dir>/<plan.socket_name>`` and registers it."""
+    """Serves one resource on ``<kubelet_dir>/<plan.socket_name>`` and registers it.
+
+    ``claim`` is the :class:`SocketClaim` on that socket when the caller holds it (the agent
+    keeps its claims across restarts of the server, so no other process slips in between);
+    without one, ``start`` takes one and ``stop`` gives it back."""
 
     def __init__(
         self,
@@ -271,6 +354,7 @@ class PluginServer:
         kubelet_dir: Path,
         *,
         stop_grace_s: float = 0.2,
+        claim: SocketClaim | None = None,
     ) -> None:
         self.servicer = servicer
         self.kubelet_dir = kubelet_dir
@@ -278,14 +362,20 @@ class PluginServer:
         self.stop_grace_s = stop_grace_s
         self._server: aio.Server | None = None
         self.socket_identity: tuple[int, int] | None = None
+        self.claim = claim
+        self._own_claim = False
 
     @property
     def resource_name(self) -> str:
         return self.servicer.plan.resource_name
 
     async def start(self) -> None:
-        """Bind a fresh socket (removing a stale file first) and serve."""
+        """Bind a fresh socket (removing a stale file first) and serve; raises
+        :class:`SocketInUse`, touching nothing, while another process owns the socket."""
         self.kubelet_dir.mkdir(parents=True, exist_ok=True)
+        if self.claim is None:
+            self.claim = SocketClaim.acquire(self.socket_path)
+            self._own_claim = True
         self.socket_path.unlink(missing_ok=True)
         server = aio.server()
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
@@ -331,6 +421,9 @@ class PluginServer:
         # Only our own file: a successor process may already have bound the same path.
         if remove_socket and self.socket_intact():
             self.socket_path.unlink(missing_ok=True)
+        if self._own_claim and self.claim is not None:
+            self.claim.release()
+            self.claim, self._own_claim = None, False
 
     def socket_intact(self) -> bool:
         """Our socket file still exists and is the one we bound (inode and ctime, because
