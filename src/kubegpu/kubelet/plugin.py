@@ -18,7 +18,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import grpc
 from grpc import aio
@@ -42,6 +42,9 @@ API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+# Longest status message we send: it travels in gRPC trailers, which clients cap (8 KiB by
+# default) and fail the call on, whatever its code.
+MAX_STATUS_CHARS = 1000
 # The kubelet itself gives up dialing us after 10 s; waiting longer for it is pointless.
 REGISTER_TIMEOUT_S = 10.0
 
@@ -185,35 +188,49 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 last = states
             version = await self.board.wait_for_change(version)
 
+    async def _refuse(
+        self, context: aio.ServicerContext[Any, Any], verb: str, err: Exception
+    ) -> NoReturn:
+        """Log and answer a refusal: INVALID_ARGUMENT for a malformed request, the refusal's
+        own code otherwise; the message cut to ``MAX_STATUS_CHARS`` (it travels in trailers)."""
+        code = err.code if isinstance(err, AllocationRefused) else "INVALID_ARGUMENT"
+        text = str(err)
+        if len(text) > MAX_STATUS_CHARS:
+            text = text[: MAX_STATUS_CHARS - 1] + "…"
+        log.warning(
+            "node %s resource %s: %s refused (%s): %s",
+            self.node,
+            self.plan.resource_name,
+            verb,
+            code,
+            text,
+        )
+        await context.abort(grpc.StatusCode[code], text)
+        raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
     async def GetPreferredAllocation(
         self, request: api_pb2.PreferredAllocationRequest, context: aio.ServicerContext[Any, Any]
     ) -> api_pb2.PreferredAllocationResponse:
         response = api_pb2.PreferredAllocationResponse()
         for creq in request.container_requests:
+            must_include = list(creq.must_include_deviceIDs)
             try:
+                available = self.plan.check_preferred(
+                    list(creq.available_deviceIDs),
+                    must_include,
+                    creq.allocation_size,
+                    self.board.unusable(self.plan.resource_name),
+                )
                 steered = None
                 if self.hooks is not None:
                     steered = await self.hooks.preferred(
-                        self.plan,
-                        list(creq.available_deviceIDs),
-                        list(creq.must_include_deviceIDs),
-                        creq.allocation_size,
+                        self.plan, available, must_include, creq.allocation_size
                     )
                 ids = steered or self.plan.preferred(
-                    self.inventory,
-                    list(creq.available_deviceIDs),
-                    list(creq.must_include_deviceIDs),
-                    creq.allocation_size,
-                    self.policy,
+                    self.inventory, available, must_include, creq.allocation_size, self.policy
                 )
-            except (AllocationError, PreferenceError) as err:
-                log.warning(
-                    "node %s resource %s: preferred allocation refused: %s",
-                    self.node,
-                    self.plan.resource_name,
-                    err,
-                )
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            except (AllocationError, AllocationRefused, PreferenceError) as err:
+                await self._refuse(context, "preferred allocation", err)
             response.container_responses.add(deviceIDs=ids)
         return response
 
@@ -223,27 +240,13 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         response = api_pb2.AllocateResponse()
         for creq in request.container_requests:
             try:
+                self.plan.check_allocate(list(creq.devices_ids), self.board.unhealthy)
                 if self.hooks is not None:
                     alloc = await self.hooks.allocate(self.plan, list(creq.devices_ids))
                 else:
                     alloc = self.plan.allocate(self.config, list(creq.devices_ids))
-            except AllocationError as err:
-                log.warning(
-                    "node %s resource %s: allocate refused: %s",
-                    self.node,
-                    self.plan.resource_name,
-                    err,
-                )
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-            except AllocationRefused as err:
-                log.warning(
-                    "node %s resource %s: allocate refused (%s): %s",
-                    self.node,
-                    self.plan.resource_name,
-                    err.code,
-                    err,
-                )
-                await context.abort(grpc.StatusCode[err.code], str(err))
+            except (AllocationError, AllocationRefused) as err:
+                await self._refuse(context, "allocate", err)
             log.info(
                 "node %s resource %s: allocated devices %s",
                 self.node,
@@ -256,6 +259,10 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     async def PreStartContainer(
         self, request: api_pb2.PreStartContainerRequest, context: aio.ServicerContext[Any, Any]
     ) -> api_pb2.PreStartContainerResponse:
+        try:
+            self.plan.check_ids(list(request.devices_ids))
+        except AllocationError as err:
+            await self._refuse(context, "pre-start", err)
         log.info(
             "node %s resource %s: pre-start for devices %s (nothing to do)",
             self.node,
