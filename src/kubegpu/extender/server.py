@@ -27,6 +27,8 @@ from lightkube import ApiError
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from kubegpu.extender.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_INFLIGHT_BODY_BYTES
+from kubegpu.extender.intake import BODY_KEY, BodyBudget, BodyIntake
 from kubegpu.extender.leader import LeaderGate
 from kubegpu.extender.scheduler import GpuScheduler, Unschedulable, reason_category
 from kubegpu.extender.wire import (
@@ -63,7 +65,6 @@ def _reply(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=_ENCODER.encode(body), status=status, content_type="application/json")
 
 
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024  # a non-cache-capable filter of 5,000 full Nodes
 _BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -163,6 +164,8 @@ class ExtenderApp:
         *,
         registry: CollectorRegistry | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES,
+        body_timeout_s: float = 30.0,
         bind_attempts: int = 5,
         leader: LeaderGate | None = None,
     ) -> None:
@@ -172,6 +175,12 @@ class ExtenderApp:
         self.client = client
         self.metrics = ExtenderMetrics(registry or CollectorRegistry())
         self.max_body_bytes = max_body_bytes
+        self.intake = BodyIntake(
+            max_body_bytes=max_body_bytes,
+            budget=BodyBudget(max(max_inflight_body_bytes, max_body_bytes), self.metrics.registry),
+            timeout_s=body_timeout_s,
+            registry=self.metrics.registry,
+        )
         self.bind_attempts = bind_attempts
         self.pod_locks = PodLocks()
         self._node_names = NodeNamesCache()
@@ -181,7 +190,9 @@ class ExtenderApp:
         self._priorities: PriorityEncoder | None = None
 
     def application(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[_no_crash])
+        app = web.Application(
+            client_max_size=self.max_body_bytes, middlewares=[_no_crash, self.intake.middleware]
+        )
         app.router.add_post("/filter", self._timed("filter", self.handle_filter))
         app.router.add_post("/prioritize", self._timed("prioritize", self.handle_prioritize))
         app.router.add_post("/bind", self._timed("bind", self.handle_bind))
@@ -216,25 +227,27 @@ class ExtenderApp:
         return timed
 
     async def _body(self, request: web.Request, verb: str) -> Any:
-        raw = await request.read()  # raises 413 beyond client_max_size
+        raw = request[BODY_KEY]  # read by the intake, within its limits
         try:
             return _DECODER.decode(raw)
-        except (msgspec.DecodeError, RecursionError) as exc:
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
             raise self._not_json(verb, exc) from None
 
     def _not_json(self, verb: str, exc: Exception) -> web.HTTPBadRequest:
         self.metrics.bad_requests.labels(verb).inc()
+        why = f"not UTF-8 ({exc.reason})" if isinstance(exc, UnicodeDecodeError) else exc
         return web.HTTPBadRequest(
-            text=json.dumps({"Error": f"body is not JSON: {exc}"}),
+            text=json.dumps({"Error": f"body is not JSON: {why}"}),
             content_type="application/json",
         )
 
     async def _extender_args(self, request: web.Request, verb: str) -> ExtenderArgs:
         """The ExtenderArgs of a filter or prioritize call (raises 400 / 413 / WireError)."""
-        raw = await request.read()  # raises 413 beyond client_max_size
+        raw = request[BODY_KEY]  # read by the intake, within its limits
         try:
             return parse_extender_body(raw, self._node_names)
-        except (msgspec.DecodeError, RecursionError) as exc:
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
+            # msgspec checks UTF-8 inside strings and says so with a UnicodeDecodeError.
             raise self._not_json(verb, exc) from None
 
     def _gpu_request(self, args: ExtenderArgs) -> GpuRequest:
