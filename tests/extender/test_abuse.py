@@ -212,3 +212,13 @@ async def test_without_node_caching_a_filter_of_1213_full_nodes_needs_the_matchi
     assert [n["metadata"]["name"] for n in answer["Nodes"]["items"]] == ["node-0000", "node-0001"]
     assert answer["Nodes"]["items"][0]["status"]["images"] == nodes[0]["status"]["images"]
     assert len(answer["FailedNodes"]) + len(answer["FailedAndUnresolvableNodes"]) == 1211
+
+
+async def test_the_metrics_listener_drops_heads_that_never_end_too() -> None:
+    async with extender(metrics_port=0, request_head_timeout_s=0.5) as ext:
+        assert ext.metrics_port is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", ext.metrics_port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAcc")
+        await writer.drain()
+        assert await closed_by_server(reader) == b""
+        writer.close()

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import Counter, Gauge
 
 log = logging.getLogger(__name__)
 
@@ -33,25 +33,23 @@ class BodyBudget:
     """Bytes of request bodies held at once, across every request; refuses what would exceed
     ``limit_bytes``."""
 
-    def __init__(self, limit_bytes: int, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, limit_bytes: int, gauge: Gauge | None = None) -> None:
         self.limit_bytes = limit_bytes
         self.held_bytes = 0
-        self._gauge = Gauge(
-            "kubegpu_extender_request_body_bytes_in_flight",
-            "Bytes of request bodies read or reserved and not yet released.",
-            registry=registry,
-        )
+        self._gauge = gauge
 
     def take(self, count: int) -> bool:
         if self.held_bytes + count > self.limit_bytes:
             return False
         self.held_bytes += count
-        self._gauge.set(self.held_bytes)
+        if self._gauge is not None:
+            self._gauge.set(self.held_bytes)
         return True
 
     def give(self, count: int) -> None:
         self.held_bytes -= count
-        self._gauge.set(self.held_bytes)
+        if self._gauge is not None:
+            self._gauge.set(self.held_bytes)
 
 
 class _Refusal(Exception):
@@ -70,18 +68,12 @@ class BodyIntake:
         max_body_bytes: int,
         budget: BodyBudget,
         timeout_s: float,
-        registry: CollectorRegistry | None = None,
+        refused: Counter,
     ) -> None:
         self.max_body_bytes = max_body_bytes
         self.budget = budget
         self.timeout_s = timeout_s
-        self.refused = Counter(
-            "kubegpu_extender_requests_refused_total",
-            "Requests refused before their handler ran: too-large (413), busy (503: the "
-            "in-flight body budget is spent), timeout (408: the body did not arrive in time).",
-            ["reason"],
-            registry=registry,
-        )
+        self.refused = refused  # by reason: too-large, busy, timeout
 
     @web.middleware
     async def middleware(

@@ -24,7 +24,7 @@ import lightkube
 import msgspec
 from aiohttp import web
 from lightkube import ApiError
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kubegpu.extender.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_INFLIGHT_BODY_BYTES
@@ -152,6 +152,18 @@ class ExtenderMetrics:
             ["verb"],
             registry=registry,
         )
+        self.refused = Counter(
+            "kubegpu_extender_requests_refused_total",
+            "Requests refused before their handler ran: too-large (413), busy (503: the "
+            "in-flight body budget is spent), timeout (408: the body did not arrive in time).",
+            ["reason"],
+            registry=registry,
+        )
+        self.body_bytes_in_flight = Gauge(
+            "kubegpu_extender_request_body_bytes_in_flight",
+            "Bytes of request bodies read or reserved and not yet released.",
+            registry=registry,
+        )
 
 
 class ExtenderApp:
@@ -177,9 +189,11 @@ class ExtenderApp:
         self.max_body_bytes = max_body_bytes
         self.intake = BodyIntake(
             max_body_bytes=max_body_bytes,
-            budget=BodyBudget(max(max_inflight_body_bytes, max_body_bytes), self.metrics.registry),
+            budget=BodyBudget(
+                max(max_inflight_body_bytes, max_body_bytes), self.metrics.body_bytes_in_flight
+            ),
             timeout_s=body_timeout_s,
-            registry=self.metrics.registry,
+            refused=self.metrics.refused,
         )
         self.bind_attempts = bind_attempts
         self.pod_locks = PodLocks()
