@@ -272,14 +272,16 @@ class Agent:
         watcher = asyncio.create_task(self._watch(), name="watch-kubelet-dir")
         try:
             self._start_probes()
-            # Before the health monitor, so the exporter counts its first events too.
-            await self._start_exporter()
-            self._start_health()
-            self._start_inventory_publisher()
-            await self._start_sharing()
-            self._write_cdi()
-            self._kubelet_socket = socket_identity(self.kubelet_socket)
+            # Before anything another agent on this node would fight over (its MPS daemon's
+            # pipes above all): while one owns the sockets, this one only answers its probes.
             if await self._claim_sockets():
+                # Before the health monitor, so the exporter counts its first events too.
+                await self._start_exporter()
+                self._start_health()
+                self._start_inventory_publisher()
+                await self._start_sharing()
+                self._write_cdi()
+                self._kubelet_socket = socket_identity(self.kubelet_socket)
                 await self._start_servers()
             else:
                 self.events.put_nowait(Event.STOP)
