@@ -41,7 +41,7 @@ def test_a_second_agent_on_the_same_kubelet_dir_waits_for_the_first_then_takes_o
         second.wait_for_log("waiting for it to exit")
         message = next(line for line in second.log().splitlines() if "waiting for it" in line)
         assert str(kubelet_dir / SOCKET) in message
-        assert "pid" in message and str(first.proc.pid) in message
+        assert f"pid {first.proc.pid} on " in message
         assert kubelet.is_connected(RESOURCE)
         assert first.proc.poll() is None
 
