@@ -222,3 +222,12 @@ async def test_the_metrics_listener_drops_heads_that_never_end_too() -> None:
         await writer.drain()
         assert await closed_by_server(reader) == b""
         writer.close()
+
+
+async def test_a_post_to_no_verb_is_404_without_its_body_being_read() -> None:
+    async with extender(max_body_bytes=64 * KIB) as ext:
+        reader, writer = await raw_request(ext, head("/nosuch", 32 * KIB), b"{")
+        status_line = await asyncio.wait_for(reader.readline(), 20)
+        writer.close()
+        assert status_line.startswith(b"HTTP/1.1 404")
+        assert await metric(ext, "kubegpu_extender_request_body_bytes_in_flight") == 0

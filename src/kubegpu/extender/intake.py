@@ -81,8 +81,8 @@ class BodyIntake:
         request: web.Request,
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
     ) -> web.StreamResponse:
-        if request.method != "POST":
-            return await handler(request)
+        if request.method != "POST" or request.match_info.http_exception is not None:
+            return await handler(request)  # no body to read (or 404/405 without reading it)
         held = [0]  # bytes taken from the budget for this request, given back below
         try:
             try:
