@@ -1,7 +1,8 @@
 """Two node agents on one kubelet directory, as a DaemonSet rolling update with a surge runs
 them: the second sees the first owns the socket and waits, naming the socket and its owner,
 instead of each unlinking and rebinding the other's socket and registering again and again.
-Once the first exits, the second takes over. Real processes against the kubelet emulator."""
+Once the first exits, the second takes over; one stopped while it waits exits cleanly. Real
+processes against the kubelet emulator."""
 
 from __future__ import annotations
 
@@ -51,6 +52,16 @@ def test_a_second_agent_on_the_same_kubelet_dir_waits_for_the_first_then_takes_o
         kubelet.wait_for_devices(RESOURCE, lambda d: len(d) == 8, timeout_s=30)
         assert (kubelet_dir / SOCKET).is_socket()
         assert kubelet.is_connected(RESOURCE)
+
+        # One more, stopped while it waits: it exits cleanly and the owner is untouched.
+        serving = registrations(kubelet)
+        third = PluginProcess(kubelet_dir, tag="third")
+        try:
+            third.wait_for_log(f"pid {second.proc.pid} on ")
+        finally:
+            assert third.stop() == 0, third.log()[-3000:]
+        assert registrations(kubelet) == serving
+        assert kubelet.is_connected(RESOURCE) and (kubelet_dir / SOCKET).is_socket()
         assert second.stop() == 0
     finally:
         first.stop()
