@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kubegpu.enforcement.mps import MpsDaemon, MpsSpec
+from tests.enforcement.fakes import HUNG, install_fake_mps_control
 
 
 def spec_for(command: Path | str, root: Path, **kwargs: float) -> MpsSpec:
@@ -157,3 +158,27 @@ async def test_the_real_mps_daemon_serves_a_cuda_client_within_its_limits(tmp_pa
     finally:
         await daemon.stop()
     assert daemon.pid is None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_stopping_a_hung_daemon_kills_the_quit_client_then_the_daemon(tmp_path: Path) -> None:
+    spec = spec_for(install_fake_mps_control(tmp_path, HUNG), tmp_path)
+    daemon = MpsDaemon(spec, node="node-a")
+    await daemon.start()
+    await wait_for(lambda: list(spec.log_dir.glob("daemon-*.pid")), "the daemon running")
+    pid = daemon.pid
+    assert pid is not None
+    # A bound, not a measurement: the DaemonSet's terminationGracePeriodSeconds is 30, and the
+    # agent has more to stop than MPS (before, this took 30 s: quit, SIGTERM and a wait each).
+    await asyncio.wait_for(daemon.stop(), 15)
+    clients = [int(p.read_text()) for p in spec.log_dir.glob("client-*.pid")]
+    assert len(clients) == 1  # quit was asked for
+    assert not alive(clients[0]), "the hung quit client was left running"
+    assert daemon.pid is None and not alive(pid)

@@ -71,6 +71,7 @@ def extender_families() -> list[Metric]:
     metrics.binds.labels("bound").inc()
     metrics.conflicts.inc()
     metrics.bad_requests.labels("bind").inc()
+    metrics.refused.labels("busy").inc()
     return [family for family in registry.collect() if family.name.startswith("kubegpu_")]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -160,7 +161,11 @@ async def test_every_request_the_extender_makes_is_one_its_rbac_in_the_overlay_a
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
                 "metadata": {"name": name, "namespace": namespace},
-                "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15},
+                "spec": {
+                    "holderIdentity": holder,
+                    "leaseDurationSeconds": 15,
+                    "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                },
             },
         )
         assert "leader_identity" not in settings

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
 import pytest
 
 from kubegpu.extender.config import ConfigError, ExtenderConfig
-from kubegpu.extender.leader import holds
+from kubegpu.extender.leader import LeaderGate, holds
 from kubegpu.extender.service import ExtenderService
 from kubegpu.kube.view import Backoff
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION
@@ -24,12 +25,14 @@ from tests.extender.cluster import gpu_node, http_session, post, whole_pod
 LEASE = "kube-system/kube-scheduler"
 
 
-def lease(holder: str) -> dict[str, Any]:
+def lease(holder: str, renewed: datetime | None = None) -> dict[str, Any]:
+    """kube-scheduler's Lease as it writes it, renewed at ``renewed`` (default: now)."""
+    renew_time = (renewed or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": {"name": "kube-scheduler", "namespace": "kube-system"},
-        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "renewTime": renew_time},
     }
 
 
@@ -146,3 +149,36 @@ def test_the_holder_names_this_host_only_as_itself_or_itself_and_an_underscore(
 def test_a_lease_that_is_not_namespace_slash_name_is_refused_naming_it(value: str) -> None:
     with pytest.raises(ConfigError, match=f"leader-lease '{value}' must be namespace/name"):
         ExtenderConfig(leader_lease=value).validate()
+
+
+async def test_a_lease_its_holder_stopped_renewing_is_not_leadership() -> None:
+    renewed = datetime(2026, 11, 25, 12, 0, 0, tzinfo=UTC)
+    now = [renewed + timedelta(seconds=5)]
+    caught_up = []
+
+    async def catch_up() -> None:
+        caught_up.append(now[0])
+
+    async with FakeApiServer() as server:
+        server.store.put("leases", lease("cp-1_0b7e4c1a", renewed))
+        client = server.async_client()
+        gate = LeaderGate(
+            client, LEASE, "cp-1", catch_up=catch_up, max_age_s=0.0, wall_clock=lambda: now[0]
+        )
+        try:
+            assert await gate.refusal() == ""  # renewed 5 s ago, for 15 s
+            now[0] = renewed + timedelta(seconds=16)  # its kube-scheduler stopped renewing
+            refusal = await gate.refusal()
+            assert "expired" in refusal and "cp-1_0b7e4c1a" in refusal
+            assert "2026-11-25T12:00:15" in refusal  # when it ran out
+            # Renewed again (the same scheduler back, or a restart): leading, caught up afresh.
+            server.store.put("leases", lease("cp-1_0b7e4c1a", renewed + timedelta(seconds=14)))
+            assert await gate.refusal() == ""
+            assert len(caught_up) == 2
+            # A Lease without renewTime was never renewed: nobody leads by it.
+            no_renew = lease("cp-1_0b7e4c1a")
+            del no_renew["spec"]["renewTime"]
+            server.store.put("leases", no_renew)
+            assert "renewTime" in await gate.refusal()
+        finally:
+            await client.close()

@@ -407,3 +407,27 @@ async def test_a_pods_request_is_read_again_whenever_its_json_differs() -> None:
     assert passed["NodeNames"] == ["node-a"] and passed["FailedAndUnresolvableNodes"] == {}
     assert [entry["Host"] for entry in prioritized] == ["node-a"]
     assert answers[4:] == answers[:4]
+
+
+async def test_a_node_over_its_cpu_is_reported_with_none_free_not_a_negative_amount() -> None:
+    async with FakeApiServer() as server:
+        # Placed by another scheduler (or allocatable shrank under it): 3 CPUs on a 2-CPU node.
+        busy = whole_pod("busy", 0, cpu="3")
+        busy["spec"]["nodeName"] = "node-a"
+        seed(server, ("nodes", gpu_node("node-a", cpu="2")), ("pods", busy))
+        async with running_extender(server) as ext, http_session() as http:
+            await eventually_seen(ext, "busy")
+            pods = [whole_pod("one", 1, cpu="1"), shared_pod("two", 1024, 100, cpu="1")]
+            reasons = []
+            for pod in pods:
+                _, body = await post(http, f"{ext.url}/filter", filter_args(pod, ["node-a"]))
+                reasons.append(body["FailedNodes"]["node-a"])
+    assert reasons == ["node-a: 0 milli-CPU free, pod needs 1000"] * 2
+
+
+async def eventually_seen(ext: Any, name: str) -> None:
+    for _ in range(500):
+        if ("default", name) in ext.view.pod_json:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the extender never saw pod {name}")

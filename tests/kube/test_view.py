@@ -6,9 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 
-from kubegpu.kube.view import Backoff, ClusterView
+import pytest
+
+from kubegpu.kube.view import Backoff, ClusterView, ReservationHeld
+from kubegpu.sharing.accounting import CardShare, PodUsage
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION
 from kubegpu.testing.apiserver import FakeApiServer, make_pod
 from tests.extender.cluster import gpu_node, whole_pod
@@ -217,3 +221,17 @@ async def test_the_deletion_of_a_pod_leaves_a_namesake_created_since_alone() -> 
             view.apply_pod(gone, deleted=True)  # then the watch's DELETED of the old one
             assert view.pod_json[("default", "a")]["metadata"]["uid"] == "uid-of-the-namesake"
             assert [u.uid for u in view.usages_on("n1")] == ["uid-of-the-namesake"]
+
+
+def test_a_second_reservation_of_a_pod_is_refused_not_written_over_the_first() -> None:
+    view = ClusterView(None)  # type: ignore[arg-type]  # no I/O: reservations are local
+    card = CardShare("GPU-a", 0, 600, 4096)
+    first = PodUsage("uid-a", "default/a", "node-1", 1000, 1024, (card,), bound=False)
+    view.reserve(first)
+    with pytest.raises(ReservationHeld, match="default/a"):
+        view.reserve(dataclasses.replace(first, node="node-2"))
+    # The first still holds its card on node-1; once released, a new one may be made.
+    assert view.usages_on("node-1") == [first] and view.usages_on("node-2") == []
+    view.unreserve("uid-a")
+    view.reserve(dataclasses.replace(first, node="node-2"))
+    assert view.usages_on("node-1") == [] and len(view.usages_on("node-2")) == 1

@@ -41,10 +41,14 @@ class PluginProcess:
         extra: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         backend: str = "fake",
+        tag: str = "plugin",
     ) -> None:
+        """``tag`` names this process's log and fake-control socket beside ``kubelet_dir``:
+        give two processes on one kubelet directory different tags."""
         self.kubelet_dir = kubelet_dir
-        self.control = kubelet_dir.parent / f"{kubelet_dir.name}-fake.sock"
-        self.log_path = kubelet_dir.parent / f"{kubelet_dir.name}-plugin.log"
+        suffix = "" if tag == "plugin" else f"-{tag}"
+        self.control = kubelet_dir.parent / f"{kubelet_dir.name}{suffix}-fake.sock"
+        self.log_path = kubelet_dir.parent / f"{kubelet_dir.name}-{tag}.log"
         args = [
             sys.executable,
             "-m",

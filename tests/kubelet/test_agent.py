@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import socket
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ import pytest
 from kubegpu.config import load_config
 from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.kubelet.agent import Agent, AgentSettings, Backoff, Event
+from kubegpu.kubelet.plugin import SocketClaim, SocketInUse
 from kubegpu.testing.kubelet import KubeletEmulator
 from tests.kubelet.conftest import RESOURCE, short_tempdir, wait_until
 
@@ -122,3 +124,49 @@ async def test_inventory_publisher_stops_when_a_change_lands_with_the_stop(root:
             assert stop in done, "the inventory publisher outlived the agent's stop"
     finally:
         backend.close()
+
+
+async def test_a_socket_lost_again_and_again_is_recreated_with_a_backoff(root: Path) -> None:
+    kubelet_dir = root / "dp"
+    kubelet = KubeletEmulator(kubelet_dir)
+    kubelet.start()
+    now = [1000.0]
+    backend = FakeGpuBackend.from_spec("4xT4")
+    settings = AgentSettings(
+        kubelet_dir, "unit", poll_interval_s=0.01, backoff=Backoff(1.0, 2.0, 8.0)
+    )
+    agent = Agent(settings, load_config(None), backend, clock=lambda: now[0])
+    run = asyncio.create_task(agent.run())
+    try:
+        await asyncio.to_thread(kubelet.wait_for_registration, RESOURCE, 20)
+        sock = agent.servers[0].socket_path
+        # The first loss is a real one (someone removed it): re-created at once.
+        sock.unlink()
+        await asyncio.to_thread(kubelet.wait_for_registration, RESOURCE, 20, count=2)
+        # Lost again at once: a fight, not an accident. With the clock standing still the
+        # agent waits out its backoff, however often its watch sees the socket missing.
+        sock.unlink()
+        await asyncio.sleep(0.5)
+        assert not sock.exists()
+        assert sum(r.resource_name == RESOURCE for r in kubelet.registrations) == 2
+        now[0] += 1.0  # backoff.delay(0)
+        await asyncio.to_thread(kubelet.wait_for_registration, RESOURCE, 20, count=3)
+        assert sock.is_socket()
+    finally:
+        agent.events.put_nowait(Event.STOP)
+        assert await asyncio.wait_for(run, 30) == 0
+        await asyncio.to_thread(kubelet.stop)
+        backend.close()
+
+
+def test_a_socket_claim_is_exclusive_names_its_owner_and_is_given_back(root: Path) -> None:
+    path = root / "dp" / "kubegpu-x.sock"
+    first = SocketClaim.acquire(path)
+    with pytest.raises(SocketInUse) as err:
+        SocketClaim.acquire(path)  # another open file: flock refuses it even in one process
+    assert str(path) in str(err.value) and f"pid {os.getpid()}" in str(err.value)
+    first.release()
+    assert not first.held and not first.lock_path.exists()
+    second = SocketClaim.acquire(path)
+    assert second.held
+    second.release()

@@ -157,3 +157,126 @@ async def test_unary_calls_are_answered_while_streams_are_open(whole: Served) ->
     assert options.get_preferred_allocation_available
     for s in streams:
         s.cancel()
+
+
+# -- what the servicer refuses: each one a status with a short message, never a wrong answer --
+
+U = [g.uuid for g in INV.gpus]
+HUGE_ID = "GPU-" + "x" * 100_000
+
+
+def allocate_request(*containers: list[str]) -> api_pb2.AllocateRequest:
+    return api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=c) for c in containers]
+    )
+
+
+def preferred_request(
+    available: list[str], must: list[str] | None = None, size: int = 1
+) -> api_pb2.PreferredAllocationRequest:
+    return api_pb2.PreferredAllocationRequest(
+        container_requests=[
+            api_pb2.ContainerPreferredAllocationRequest(
+                available_deviceIDs=available,
+                must_include_deviceIDs=must or [],
+                allocation_size=size,
+            )
+        ]
+    )
+
+
+async def refused(call: Any) -> aio.AioRpcError:
+    with pytest.raises(aio.AioRpcError) as err:
+        await call
+    details = err.value.details() or ""
+    assert len(details) < 1024, f"{len(details)} characters of status message"
+    return err.value
+
+
+async def test_allocate_refuses_a_device_id_listed_twice(whole: Served, replicated: Served) -> None:
+    err = await refused(whole.stub.Allocate(allocate_request([U[1], U[2], U[1]])))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"{U[1]!r} is listed twice" in (err.details() or "")
+    err = await refused(replicated.stub.Allocate(allocate_request([f"{U[0]}::1", f"{U[0]}::1"])))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # Two replicas of one card are two devices, not a duplicate.
+    response = await replicated.stub.Allocate(allocate_request([f"{U[0]}::0", f"{U[0]}::1"]))
+    assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == U[0]
+
+
+async def test_allocate_refuses_an_unhealthy_device_naming_it_and_why(whole: Served) -> None:
+    whole.board.set(U[3], False, "Xid 79")
+    err = await refused(whole.stub.Allocate(allocate_request([U[2], U[3]])))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert U[3] in (err.details() or "") and "Xid 79" in (err.details() or "")
+    whole.board.set(U[3], True, "recovered")
+    await whole.stub.Allocate(allocate_request([U[2], U[3]]))
+
+
+async def test_preferred_allocation_never_offers_an_unhealthy_device(whole: Served) -> None:
+    whole.board.set(U[0], False, "Xid 48")
+    response = await whole.stub.GetPreferredAllocation(preferred_request(U[:3], size=2))
+    assert sorted(response.container_responses[0].deviceIDs) == sorted(U[1:3])
+    err = await refused(whole.stub.GetPreferredAllocation(preferred_request(U[:3], size=3)))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    err = await refused(whole.stub.GetPreferredAllocation(preferred_request(U[:3], [U[0]], 2)))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert U[0] in (err.details() or "")
+
+
+async def test_preferred_allocation_refuses_a_must_include_id_not_available(
+    whole: Served,
+) -> None:
+    err = await refused(whole.stub.GetPreferredAllocation(preferred_request(U[:4], [U[6]], 2)))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert U[6] in (err.details() or "") and "available" in (err.details() or "")
+
+
+@pytest.mark.parametrize(
+    ("available", "must", "size"),
+    [
+        ([U[0], U[1], U[0]], [], 2),
+        (U[:4], [U[1], U[1]], 2),
+        (U[:4], [], 0),
+        (U[:4], [], -1),
+    ],
+    ids=["duplicate-available", "duplicate-must-include", "size-0", "size-negative"],
+)
+async def test_preferred_allocation_refuses_a_malformed_request(
+    whole: Served, available: list[str], must: list[str], size: int
+) -> None:
+    err = await refused(whole.stub.GetPreferredAllocation(preferred_request(available, must, size)))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_pre_start_refuses_an_unknown_or_repeated_device_id(replicated: Served) -> None:
+    err = await refused(
+        replicated.stub.PreStartContainer(
+            api_pb2.PreStartContainerRequest(devices_ids=["GPU-not-here::0"])
+        )
+    )
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "GPU-not-here::0" in (err.details() or "")
+    twice = [f"{U[0]}::0", f"{U[0]}::0"]
+    err = await refused(
+        replicated.stub.PreStartContainer(api_pb2.PreStartContainerRequest(devices_ids=twice))
+    )
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_an_id_of_any_length_is_cut_short_in_the_status(
+    whole: Served, replicated: Served
+) -> None:
+    calls = [
+        whole.stub.Allocate(allocate_request([HUGE_ID])),
+        whole.stub.Allocate(allocate_request([U[0], HUGE_ID, HUGE_ID])),
+        whole.stub.GetPreferredAllocation(preferred_request([HUGE_ID], size=1)),
+        whole.stub.GetPreferredAllocation(preferred_request(U[:2], [HUGE_ID], 1)),
+        replicated.stub.PreStartContainer(api_pb2.PreStartContainerRequest(devices_ids=[HUGE_ID])),
+        # Thousands of unknown ids: the message names a few and counts the rest.
+        whole.stub.Allocate(allocate_request([f"GPU-unknown-{i:05d}" for i in range(5000)])),
+    ]
+    for call in calls:
+        err = await refused(call)
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+        assert "GPU-xxxx" in (err.details() or "") or "GPU-unknown-00000" in (err.details() or "")

@@ -145,3 +145,13 @@ def test_decision_for_another_node_is_not_trusted() -> None:
     reading = read_pod(pod("other", DECIDED), ResourceNames())
     assert "names node n but the pod is bound to other" in reading.problem
     assert reading.usage is not None and reading.usage.cards == ()
+
+
+def test_a_node_over_its_cpu_or_memory_has_none_free_never_a_negative_amount() -> None:
+    # Pods placed by another scheduler, or allocatable shrunk under running pods: the node
+    # holds more than it has. Free is 0, as for an over-full card, not a debt.
+    info = NodeInfo("n", 2000, 2048, INV)
+    state = node_state(info, [usage("a"), usage("b"), usage("c")])  # 3000 milli, 3072 MiB
+    assert state.cpu_free_milli == 0
+    assert state.memory_free_mib == 0
+    assert state.cpu_capacity_milli == 2000

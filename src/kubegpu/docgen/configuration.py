@@ -301,6 +301,11 @@ EXTENDER_RULES: tuple[Rule, ...] = (
     ),
     Rule("`max-body-bytes` is at least 1024.", ["--max-body-bytes", "100"], "is too small"),
     Rule(
+        "`max-inflight-body-bytes` is at least `max-body-bytes`.",
+        ["--max-body-bytes", "4096", "--max-inflight-body-bytes", "2048"],
+        "no full-size request could be served",
+    ),
+    Rule(
         "`bind-attempts` is at least 1.",
         ["--bind-attempts", "0"],
         "bind-attempts must be at least 1",
@@ -635,7 +640,6 @@ EXTENDER_NOTES: dict[str, str] = {
     "port": "Port to listen on.",
     "tls-cert-file": "PEM certificate (chain) to serve HTTPS with; needs tls-key-file.",
     "tls-key-file": "PEM private key of tls-cert-file.",
-    "max-body-bytes": "Largest request body accepted; a bigger one is answered 413.",
     "workload-refresh-seconds": (
         "How often the target workload of fgd/kubegpu is re-derived from the cluster's GPU "
         "pods (not used with workload-file)."
@@ -651,7 +655,11 @@ EXTENDER_NOTES: dict[str, str] = {
 }
 
 # ExtenderConfig field → ``kubegpu extender`` option, where the names differ.
-_EXTENDER_OPTION_FOR_FIELD = {"workload_refresh_s": "workload_refresh_seconds"}
+_EXTENDER_OPTION_FOR_FIELD = {
+    "workload_refresh_s": "workload_refresh_seconds",
+    "request_head_timeout_s": "request_head_timeout_seconds",
+    "request_body_timeout_s": "request_body_timeout_seconds",
+}
 
 
 @dataclass(frozen=True)

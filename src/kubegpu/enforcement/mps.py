@@ -8,7 +8,8 @@ environment names (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``, ``CUDA_MPS_ACTIVE_THREA
 set by the node agent's ``Allocate``). A daemon that exits is restarted after a bounded,
 doubling delay (reset once it has stayed up for the longest delay). Stopping asks it to
 ``quit`` the way an operator would (the same command in client mode, ``quit`` on stdin), then
-terminates it if it does not go. The command is injectable: tests run a fake daemon script.
+terminates and finally kills it if it does not go, all within a few seconds. The command is
+injectable: tests run a fake daemon script.
 
 What the node must provide (not done here): the agent's container sees the GPUs and the MPS
 binaries and has ``host_dir`` mounted at the same path; MPS clients talk to the server through
@@ -32,6 +33,10 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 Sleep = Callable[[float], Awaitable[None]]
+
+# How long stop() gives the daemon to go (quit, then SIGTERM), and then a SIGKILL to take.
+STOP_GRACE_S = 5.0
+KILL_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -132,25 +137,34 @@ class MpsDaemon:
             log.warning("node %s: restarting MPS control daemon in %.1f s", self.node, delay)
             await self._sleep(delay)
 
-    async def stop(self, timeout_s: float = 10.0) -> None:
+    async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop the daemon within about ``grace_s`` (plus ``KILL_WAIT_S`` for a SIGKILL):
+        ``quit`` first (half the grace, the client killed if it hangs on a daemon that no
+        longer answers), then SIGTERM for the rest, then SIGKILL. Bounded so the agent's
+        whole shutdown fits well inside the pod's terminationGracePeriodSeconds (30 s)."""
         self._stopping = True
         proc = self._proc
         if proc is not None and proc.returncode is None:
-            await self._ask_to_quit(timeout_s)
-            try:
-                async with asyncio.timeout(timeout_s):
-                    await proc.wait()
-            except TimeoutError:
+            loop = asyncio.get_running_loop()
+            quit_by = loop.time() + grace_s / 2
+            term_by = loop.time() + grace_s
+            await self._ask_to_quit(grace_s / 2)
+            if not await _exited(proc, quit_by - loop.time()):
                 log.warning("node %s: MPS control daemon ignored quit; terminating", self.node)
                 with contextlib.suppress(ProcessLookupError):
                     proc.terminate()
-                try:
-                    async with asyncio.timeout(timeout_s):
-                        await proc.wait()
-                except TimeoutError:
+                if not await _exited(proc, term_by - loop.time()):
+                    log.warning(
+                        "node %s: MPS control daemon ignored SIGTERM; killing it", self.node
+                    )
                     with contextlib.suppress(ProcessLookupError):
                         proc.kill()
-                    await proc.wait()
+                    if not await _exited(proc, KILL_WAIT_S):
+                        log.error(
+                            "node %s: MPS control daemon (pid %d) survived SIGKILL; leaving it",
+                            self.node,
+                            proc.pid,
+                        )
             log.info("node %s: MPS control daemon stopped", self.node)
         task, self._task = self._task, None
         if task is not None:
@@ -159,6 +173,8 @@ class MpsDaemon:
                 await task
 
     async def _ask_to_quit(self, timeout_s: float) -> None:
+        """Send ``quit`` through the control client; a client still running after
+        ``timeout_s`` (stuck on a daemon that does not answer) is killed, never left behind."""
         try:
             client = await asyncio.create_subprocess_exec(
                 self.spec.command,
@@ -167,10 +183,31 @@ class MpsDaemon:
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL,
             )
+        except OSError as err:
+            log.warning("node %s: could not send quit to the MPS daemon: %s", self.node, err)
+            return
+        try:
             async with asyncio.timeout(timeout_s):
                 await client.communicate(b"quit\n")
-        except (OSError, TimeoutError) as err:
-            log.warning("node %s: could not send quit to the MPS daemon: %s", self.node, err)
+        except TimeoutError:
+            log.warning(
+                "node %s: the MPS quit client did not finish in %.1f s; killing it",
+                self.node,
+                timeout_s,
+            )
+            with contextlib.suppress(ProcessLookupError):
+                client.kill()
+            await _exited(client, KILL_WAIT_S)
+
+
+async def _exited(proc: asyncio.subprocess.Process, within_s: float) -> bool:
+    """Wait up to ``within_s`` for ``proc`` to exit; True when it has."""
+    try:
+        async with asyncio.timeout(max(0.0, within_s)):
+            await proc.wait()
+    except TimeoutError:
+        return proc.returncode is not None
+    return True
 
 
 def mps_spec_for(

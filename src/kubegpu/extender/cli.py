@@ -65,7 +65,52 @@ _path = click.Path(path_type=Path, dir_okay=False)
 @click.option(
     "--allow-insecure-http", is_flag=True, help="Serve plain HTTP on a non-loopback address."
 )
-@click.option("--max-body-bytes", type=int, default=16 * 1024 * 1024, show_default=True)
+@click.option(
+    "--node-cache-capable/--no-node-cache-capable",
+    default=True,
+    show_default=True,
+    help=(
+        "Must match nodeCacheCapable in kube-scheduler's extender config. Off, every filter "
+        "carries full Node objects (about 15 KiB each: 75 MiB for 5,000 nodes), so the body "
+        "limits default larger (max-body-bytes 128 MiB)."
+    ),
+)
+@click.option(
+    "--max-body-bytes",
+    type=int,
+    default=None,
+    help=(
+        "Largest request body accepted; a bigger one is answered 413. Unset: 16 MiB, or "
+        "128 MiB with --no-node-cache-capable."
+    ),
+)
+@click.option(
+    "--max-inflight-body-bytes",
+    type=int,
+    default=None,
+    help=(
+        "Bytes of request bodies held at once across all requests; a request that would pass "
+        "it is answered 503 at once (kube-scheduler retries the pod). Unset: 64 MiB or "
+        "max-body-bytes, whichever is larger."
+    ),
+)
+@click.option(
+    "--request-head-timeout-seconds",
+    type=click.FloatRange(0, 3600, min_open=True),
+    default=30.0,
+    show_default=True,
+    help=(
+        "Close a connection that has not sent a whole request head this long after it opened "
+        "or was last answered (idle keep-alive connections too)."
+    ),
+)
+@click.option(
+    "--request-body-timeout-seconds",
+    type=click.FloatRange(0, 3600, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Answer 408 and close when a request body is not complete this long after its head.",
+)
 @click.option(
     "--workload-file",
     type=_path,
@@ -129,7 +174,11 @@ def extender_command(**options: Any) -> None:
             tls_key_file=_opt_path(options["tls_key_file"]),
             client_ca_file=_opt_path(options["client_ca_file"]),
             allow_insecure_http=bool(options["allow_insecure_http"]),
-            max_body_bytes=int(options["max_body_bytes"]),
+            node_cache_capable=bool(options["node_cache_capable"]),
+            max_body_bytes=_opt_int(options["max_body_bytes"]),
+            max_inflight_body_bytes=_opt_int(options["max_inflight_body_bytes"]),
+            request_head_timeout_s=float(options["request_head_timeout_seconds"]),
+            request_body_timeout_s=float(options["request_body_timeout_seconds"]),
             kubeconfig=_opt_path(options["kubeconfig"]),
             workload_file=_opt_path(options["workload_file"]),
             workload_refresh_s=float(options["workload_refresh_seconds"]),
@@ -149,6 +198,10 @@ def extender_command(**options: Any) -> None:
     except ConfigError as exc:  # a listener that cannot be opened (service.py)
         click.echo(f"kubegpu extender: {exc}", err=True)
         raise SystemExit(2) from None
+
+
+def _opt_int(value: object) -> int | None:
+    return None if value is None else int(str(value))
 
 
 def _opt_path(value: object) -> Path | None:

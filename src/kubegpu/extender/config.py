@@ -28,6 +28,14 @@ from kubegpu.sharing.resources import ResourceNames
 CONFIG_API_VERSION = "kubegpu.io/v1alpha1"
 CONFIG_KIND = "ExtenderConfig"
 DEFAULT_PORT = 8888
+# A node-cache-capable call (node names only) over any cluster size, with the largest pod etcd
+# stores (1.5 MiB). Not enough without node caching: full Node objects are ~15 KiB each
+# (1,213 realistic ones are 18 MiB, 5,000 are 75 MiB), hence the larger default of that mode.
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+FULL_NODES_MAX_BODY_BYTES = 128 * 1024 * 1024
+# Bytes of request bodies held at once, across requests: four full-size bodies of the cache
+# mode, or one of the full-Node mode (the body limit, whichever is larger).
+DEFAULT_MAX_INFLIGHT_BODY_BYTES = 64 * 1024 * 1024
 
 
 class ConfigError(ValueError):
@@ -44,7 +52,16 @@ class ExtenderConfig:
     tls_key_file: Path | None = None
     client_ca_file: Path | None = None  # set: clients must present a certificate it signed
     allow_insecure_http: bool = False
-    max_body_bytes: int = 16 * 1024 * 1024
+    # kube-scheduler's nodeCacheCapable for this extender: False, every filter carries full
+    # Node objects (~15 KiB each), so the body limits default larger (server.py).
+    node_cache_capable: bool = True
+    max_body_bytes: int | None = None  # None: the default of the node_cache_capable mode
+    max_inflight_body_bytes: int | None = None  # None: 64 MiB or max_body_bytes, if larger
+    # A connection is closed when it has not sent a whole request head this long after it
+    # opened or its last answer (idle keep-alive connections too); a body not complete this
+    # long after its head is answered 408.
+    request_head_timeout_s: float = 30.0
+    request_body_timeout_s: float = 30.0
     kubeconfig: Path | None = None
     workload_file: Path | None = None
     workload_refresh_s: float = 300.0
@@ -63,6 +80,18 @@ class ExtenderConfig:
     def tls(self) -> bool:
         return self.tls_cert_file is not None
 
+    @property
+    def body_limit_bytes(self) -> int:
+        if self.max_body_bytes is not None:
+            return self.max_body_bytes
+        return DEFAULT_MAX_BODY_BYTES if self.node_cache_capable else FULL_NODES_MAX_BODY_BYTES
+
+    @property
+    def inflight_limit_bytes(self) -> int:
+        if self.max_inflight_body_bytes is not None:
+            return self.max_inflight_body_bytes
+        return max(DEFAULT_MAX_INFLIGHT_BODY_BYTES, self.body_limit_bytes)
+
     def validate(self) -> None:
         policies = set(POLICY_ALIASES) | set(POLICIES)
         if self.policy.lower() not in policies:
@@ -78,8 +107,19 @@ class ExtenderConfig:
                 f"refusing plain HTTP on {self.host}: configure tls-cert-file/tls-key-file or "
                 "pass --allow-insecure-http"
             )
-        if self.max_body_bytes < 1024:
+        if self.body_limit_bytes < 1024:
             raise ConfigError(f"max-body-bytes {self.max_body_bytes} is too small")
+        if self.inflight_limit_bytes < self.body_limit_bytes:
+            raise ConfigError(
+                f"max-inflight-body-bytes {self.inflight_limit_bytes} is smaller than "
+                f"max-body-bytes {self.body_limit_bytes}: no full-size request could be served"
+            )
+        for key, seconds in (
+            ("request-head-timeout-seconds", self.request_head_timeout_s),
+            ("request-body-timeout-seconds", self.request_body_timeout_s),
+        ):
+            if not 0 < seconds <= 3600:  # also refuses NaN
+                raise ConfigError(f"{key} {seconds} must be more than 0 and at most 3600")
         if self.bind_attempts < 1:
             raise ConfigError("bind-attempts must be at least 1")
         self._validate_metrics_listener()

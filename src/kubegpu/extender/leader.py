@@ -7,7 +7,9 @@ resourceVersion cannot stop that. kube-scheduler itself only schedules while it 
 leader-election Lease, but a bind it started can outlive its leadership (the extender keeps
 serving a request whose caller is gone). So with ``leader-lease`` set, bind asks this gate
 first: the Lease's ``holderIdentity`` (kube-scheduler writes ``<hostname>_<uuid>``) must be
-this extender's identity (its host name by default: the same host as its kube-scheduler).
+this extender's identity (its host name by default: the same host as its kube-scheduler), and
+the Lease must be live: renewed within its ``leaseDurationSeconds`` (a holder that stopped
+renewing, e.g. a kube-scheduler that hung, leads nobody).
 
 The answer is read from the API server, at most ``max_age_s`` old, one read at a time however
 many binds ask. When this extender becomes the leader's, it lists the pods again before
@@ -22,10 +24,12 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 
 import httpx2 as httpx
 import lightkube
 from lightkube import ApiError
+from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.resources.coordination_v1 import Lease
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,7 @@ class LeaderGate:
         catch_up: Callable[[], Awaitable[None]],
         max_age_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.client = client
         self.namespace, _, self.name = lease.partition("/")
@@ -61,6 +66,7 @@ class LeaderGate:
         self._catch_up = catch_up
         self.max_age_s = max_age_s
         self._clock = clock
+        self._wall_clock = wall_clock
         self._lock = asyncio.Lock()
         self._checked_at: float | None = None
         self._refusal = ""
@@ -85,12 +91,16 @@ class LeaderGate:
             return self._lost(f"cannot read lease {self.lease}: {exc.status.message}")
         except httpx.HTTPError as exc:
             return self._lost(f"cannot read lease {self.lease}: {exc}")
-        holder = (lease.spec.holderIdentity if lease.spec else None) or ""
+        spec = lease.spec or LeaseSpec()
+        holder = spec.holderIdentity or ""
         if not holds(holder, self.identity):
             return self._lost(
                 f"kubegpu extender {self.identity!r} is not next to the leading kube-scheduler "
                 f"(lease {self.lease} is held by {holder or 'nobody'!r}); refusing to bind"
             )
+        stale = self._stale(holder, spec)
+        if stale:
+            return self._lost(stale)
         if not self._leading:
             try:
                 await self._catch_up()
@@ -104,6 +114,29 @@ class LeaderGate:
                 self.identity,
             )
         return ""
+
+    def _stale(self, holder: str, spec: LeaseSpec) -> str:
+        """Why a Lease naming us is no leadership: its holder stopped renewing it
+        (``renewTime + leaseDurationSeconds`` is past), or it says nothing of when; else "".
+
+        renewTime is the holder's wall clock; the holder is the kube-scheduler on this host
+        (that is what holding means here), so the two clocks are one."""
+        renewed, duration = spec.renewTime, spec.leaseDurationSeconds
+        if renewed is None or duration is None:
+            return (
+                f"lease {self.lease} held by {holder!r} has no renewTime or "
+                "leaseDurationSeconds, so it cannot be told live; refusing to bind"
+            )
+        expired_at = renewed + timedelta(seconds=duration)
+        now = self._wall_clock()
+        if expired_at >= now:
+            return ""
+        ago_s = (now - expired_at).total_seconds()
+        return (
+            f"lease {self.lease} held by {holder!r} expired at "
+            f"{expired_at.strftime('%Y-%m-%dT%H:%M:%SZ')} ({ago_s:.0f} s ago): its "
+            "kube-scheduler stopped renewing it; refusing to bind"
+        )
 
     def _lost(self, why: str) -> str:
         if self._leading or self._refusal != why:

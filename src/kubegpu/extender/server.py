@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx2 as httpx
@@ -23,9 +24,11 @@ import lightkube
 import msgspec
 from aiohttp import web
 from lightkube import ApiError
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from kubegpu.extender.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_INFLIGHT_BODY_BYTES
+from kubegpu.extender.intake import BODY_KEY, BodyBudget, BodyIntake
 from kubegpu.extender.leader import LeaderGate
 from kubegpu.extender.scheduler import GpuScheduler, Unschedulable, reason_category
 from kubegpu.extender.wire import (
@@ -39,6 +42,7 @@ from kubegpu.extender.wire import (
     parse_extender_body,
 )
 from kubegpu.kube import pods as kpods
+from kubegpu.kube.view import ReservationHeld
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION
 from kubegpu.sharing.podstate import pod_uid, read_decision
 from kubegpu.sharing.resources import (
@@ -61,7 +65,6 @@ def _reply(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=_ENCODER.encode(body), status=status, content_type="application/json")
 
 
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024  # a non-cache-capable filter of 5,000 full Nodes
 _BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -78,6 +81,36 @@ async def _no_crash(
     except Exception as exc:
         log.exception("%s %s failed", request.method, request.path)
         return _reply({"Error": f"internal error: {exc}"}, status=500)
+
+
+class PodLocks:
+    """One lock per pod UID, so binds of one pod run one after another (kube-scheduler retries
+    a bind after its ``httpTimeout`` while the first handler may still run): the view keeps one
+    reservation per UID, and two binds of a pod at once would overwrite each other's.
+
+    A lock is forgotten only when no bind holds it *or waits for it*. ``Lock.locked()`` is
+    not that test: between a release and the woken waiter running it reads False, and dropping
+    the lock then hands the next bind a fresh one that runs beside the waiter."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, uid: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(uid) or (asyncio.Lock(), 0)
+        self._locks[uid] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[uid]
+            if users == 1:
+                del self._locks[uid]
+            else:
+                self._locks[uid] = (lock, users - 1)
 
 
 class ExtenderMetrics:
@@ -119,6 +152,18 @@ class ExtenderMetrics:
             ["verb"],
             registry=registry,
         )
+        self.refused = Counter(
+            "kubegpu_extender_requests_refused_total",
+            "Requests refused before their handler ran: too-large (413), busy (503: the "
+            "in-flight body budget is spent), timeout (408: the body did not arrive in time).",
+            ["reason"],
+            registry=registry,
+        )
+        self.body_bytes_in_flight = Gauge(
+            "kubegpu_extender_request_body_bytes_in_flight",
+            "Bytes of request bodies read or reserved and not yet released.",
+            registry=registry,
+        )
 
 
 class ExtenderApp:
@@ -131,6 +176,8 @@ class ExtenderApp:
         *,
         registry: CollectorRegistry | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES,
+        body_timeout_s: float = 30.0,
         bind_attempts: int = 5,
         leader: LeaderGate | None = None,
     ) -> None:
@@ -140,8 +187,16 @@ class ExtenderApp:
         self.client = client
         self.metrics = ExtenderMetrics(registry or CollectorRegistry())
         self.max_body_bytes = max_body_bytes
+        self.intake = BodyIntake(
+            max_body_bytes=max_body_bytes,
+            budget=BodyBudget(
+                max(max_inflight_body_bytes, max_body_bytes), self.metrics.body_bytes_in_flight
+            ),
+            timeout_s=body_timeout_s,
+            refused=self.metrics.refused,
+        )
         self.bind_attempts = bind_attempts
-        self._pod_locks: dict[str, asyncio.Lock] = {}
+        self.pod_locks = PodLocks()
         self._node_names = NodeNamesCache()
         # Pod JSON -> its GPU request (or why it has none that can be served): prioritize
         # sends the bytes filter just got; parsing quantities costs ~0.1 ms a pod.
@@ -149,7 +204,9 @@ class ExtenderApp:
         self._priorities: PriorityEncoder | None = None
 
     def application(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[_no_crash])
+        app = web.Application(
+            client_max_size=self.max_body_bytes, middlewares=[_no_crash, self.intake.middleware]
+        )
         app.router.add_post("/filter", self._timed("filter", self.handle_filter))
         app.router.add_post("/prioritize", self._timed("prioritize", self.handle_prioritize))
         app.router.add_post("/bind", self._timed("bind", self.handle_bind))
@@ -184,25 +241,27 @@ class ExtenderApp:
         return timed
 
     async def _body(self, request: web.Request, verb: str) -> Any:
-        raw = await request.read()  # raises 413 beyond client_max_size
+        raw = request[BODY_KEY]  # read by the intake, within its limits
         try:
             return _DECODER.decode(raw)
-        except (msgspec.DecodeError, RecursionError) as exc:
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
             raise self._not_json(verb, exc) from None
 
     def _not_json(self, verb: str, exc: Exception) -> web.HTTPBadRequest:
         self.metrics.bad_requests.labels(verb).inc()
+        why = f"not UTF-8 ({exc.reason})" if isinstance(exc, UnicodeDecodeError) else exc
         return web.HTTPBadRequest(
-            text=json.dumps({"Error": f"body is not JSON: {exc}"}),
+            text=json.dumps({"Error": f"body is not JSON: {why}"}),
             content_type="application/json",
         )
 
     async def _extender_args(self, request: web.Request, verb: str) -> ExtenderArgs:
         """The ExtenderArgs of a filter or prioritize call (raises 400 / 413 / WireError)."""
-        raw = await request.read()  # raises 413 beyond client_max_size
+        raw = request[BODY_KEY]  # read by the intake, within its limits
         try:
             return parse_extender_body(raw, self._node_names)
-        except (msgspec.DecodeError, RecursionError) as exc:
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
+            # msgspec checks UTF-8 inside strings and says so with a UnicodeDecodeError.
             raise self._not_json(verb, exc) from None
 
     def _gpu_request(self, args: ExtenderArgs) -> GpuRequest:
@@ -292,13 +351,8 @@ class ExtenderApp:
             args = parse_binding_args(await self._body(request, "bind"))
         except WireError as exc:
             return self._bad("bind", exc)
-        lock = self._pod_locks.setdefault(args.pod_uid, asyncio.Lock())
-        try:
-            async with lock:
-                error = await self.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
-        finally:
-            if not lock.locked():
-                self._pod_locks.pop(args.pod_uid, None)
+        async with self.pod_locks.hold(args.pod_uid):
+            error = await self.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
         return _reply({"Error": error})
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
@@ -350,6 +404,9 @@ class ExtenderApp:
                 return await self._post_binding(namespace, name, uid, node, recorded=True)
             try:
                 decision = self.scheduler.decide(pod, gpu, node)
+            except ReservationHeld as exc:  # not while pod_locks serialises a pod's binds
+                self.metrics.binds.labels("in-flight").inc()
+                return str(exc)
             except Unschedulable as exc:
                 self.metrics.binds.labels("no-fit").inc()
                 self.metrics.rejections.labels(reason_category(str(exc))).inc()

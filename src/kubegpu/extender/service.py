@@ -26,6 +26,8 @@ from kubegpu.kube.view import Backoff, ClusterView
 
 log = logging.getLogger(__name__)
 
+LINGER_S = 2.0
+
 
 class ExtenderService:
     """``async with ExtenderService(config) as service:`` serves until the block ends."""
@@ -61,7 +63,9 @@ class ExtenderService:
             self.scheduler,
             self.client,
             registry=registry,
-            max_body_bytes=config.max_body_bytes,
+            max_body_bytes=config.body_limit_bytes,
+            max_inflight_body_bytes=config.inflight_limit_bytes,
+            body_timeout_s=config.request_body_timeout_s,
             bind_attempts=config.bind_attempts,
             leader=leader,
         )
@@ -87,7 +91,18 @@ class ExtenderService:
 
     async def start(self) -> None:
         self._view_task = asyncio.create_task(self.view.run(), name="kubegpu-cluster-view")
-        runner = web.AppRunner(self.app.application(), access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            self.app.application(),
+            access_log=None,
+            handle_signals=False,
+            # aiohttp closes a connection still waiting for a whole request head this long
+            # after it opened or was last answered (its default is an hour).
+            keepalive_timeout=self.config.request_head_timeout_s,
+            # After answering a request whose body it did not read (a 408/413/503 refusal),
+            # aiohttp reads and drops the rest for this long before it closes: long enough for
+            # the client to read the answer rather than meet a reset, no longer (default 10 s).
+            lingering_time=LINGER_S,
+        )
         await runner.setup()
         site = web.TCPSite(
             runner,
@@ -117,7 +132,10 @@ class ExtenderService:
 
     async def _start_metrics(self, host: str, port: int) -> None:
         runner = web.AppRunner(
-            self.app.metrics_application(), access_log=None, handle_signals=False
+            self.app.metrics_application(),
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=self.config.request_head_timeout_s,
         )
         await runner.setup()
         try:

@@ -162,13 +162,14 @@ class NodeNamesCache:
 def parse_extender_body(raw: bytes, cache: NodeNamesCache) -> ExtenderArgs:
     """:func:`parse_extender_args` of the JSON ``raw``, fast for kube-scheduler's own shape.
 
-    Raises ``msgspec.DecodeError`` when ``raw`` is not JSON and :class:`WireError` when it is
+    Raises ``msgspec.DecodeError`` when ``raw`` is not JSON (``UnicodeDecodeError`` when a
+    string in it is not UTF-8) and :class:`WireError` when it is
     not ExtenderArgs, exactly as decoding generically and calling :func:`parse_extender_args`
     would; any body the typed decoder does not take goes that generic way.
     """
     try:
         fast = _CACHE_MODE_DECODER.decode(raw)
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         fast = None
     if fast is not None:
         pod_raw = bytes(fast.Pod)

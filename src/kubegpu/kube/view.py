@@ -52,6 +52,10 @@ class Backoff:
         return float(min(self.max_s, self.initial_s * self.factor ** max(0, attempt - 1)))
 
 
+class ReservationHeld(Exception):
+    """A pod already has a reservation: another bind of it has not settled."""
+
+
 def node_info(node: Mapping[str, Any]) -> NodeInfo:
     """A Node's JSON as the accounting sees it; a malformed inventory becomes an error string."""
     meta = node.get("metadata") or {}
@@ -153,6 +157,12 @@ class ClusterView:
 
     # ------------------------------------------------------------------ local writes
     def reserve(self, usage: PodUsage) -> None:
+        """Hold ``usage`` for a bind in flight; raises :class:`ReservationHeld` when another
+        reservation of the pod is still held. Reservations are keyed by UID, so a second one
+        would silently replace the first, and the cards of whichever bind lands first would
+        look free to the next pod (the extender runs one bind of a pod at a time for this)."""
+        if usage.uid in self.reservations:
+            raise ReservationHeld(f"pod {usage.key}: another bind of it is still in flight")
         previous = self.usage(usage.uid)
         self.reservations[usage.uid] = usage
         self._touch(previous, usage)

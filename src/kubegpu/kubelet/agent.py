@@ -22,9 +22,11 @@ import contextlib
 import dataclasses
 import enum
 import logging
+import math
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -41,6 +43,8 @@ from kubegpu.kubelet.plugin import (
     DevicePluginServicer,
     HealthBoard,
     PluginServer,
+    SocketClaim,
+    SocketInUse,
     socket_identity,
 )
 from kubegpu.kubelet.probes import ProbeResult, ProbeServerError, ping_all, start_probe_server
@@ -206,6 +210,7 @@ class Agent:
         api: NodeApi | None = None,
         pod_resources: PodResourcesApi | None = None,
         kube_client: KubeClientFactory | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         check_api_access(config, api=api is not None, node_name=settings.node_name)
         self.settings = settings
@@ -216,10 +221,17 @@ class Agent:
         self.node = settings.node_name or "-"
         self._monitor_factory = monitor_factory
         self._sleep = sleep
+        self._clock = clock
         self.inventory = backend.snapshot()
         self.plans: list[ResourcePlan] = build_plans(config, self.inventory)
         self.board = HealthBoard()
         self.servers: list[PluginServer] = []
+        # socket path -> our claim on it, held from the first start to the final stop (kept
+        # across server restarts, so another agent never slips in between).
+        self.claims: dict[Path, SocketClaim] = {}
+        self.waiting_for: str | None = None  # why no server runs yet: another agent owns one
+        # resource -> (losses of its socket in a row, when it was last re-created).
+        self._losses: dict[str, tuple[int, float]] = {}
         self.registrations: dict[str, asyncio.Task[None]] = {}
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self._monitor: Monitor | None = None
@@ -260,14 +272,19 @@ class Agent:
         watcher = asyncio.create_task(self._watch(), name="watch-kubelet-dir")
         try:
             self._start_probes()
-            # Before the health monitor, so the exporter counts its first events too.
-            await self._start_exporter()
-            self._start_health()
-            self._start_inventory_publisher()
-            await self._start_sharing()
-            self._write_cdi()
-            self._kubelet_socket = socket_identity(self.kubelet_socket)
-            await self._start_servers()
+            # Before anything another agent on this node would fight over (its MPS daemon's
+            # pipes above all): while one owns the sockets, this one only answers its probes.
+            if await self._claim_sockets():
+                # Before the health monitor, so the exporter counts its first events too.
+                await self._start_exporter()
+                self._start_health()
+                self._start_inventory_publisher()
+                await self._start_sharing()
+                self._write_cdi()
+                self._kubelet_socket = socket_identity(self.kubelet_socket)
+                await self._start_servers()
+            else:
+                self.events.put_nowait(Event.STOP)
             failures = 0
             while True:
                 pending = {await self.events.get()}
@@ -301,6 +318,7 @@ class Agent:
             for sig in signals:
                 loop.remove_signal_handler(sig)
             await self._stop_servers()
+            self._release_claims(keep=())
             await self._stop_sharing()
             await self._stop_inventory_publisher()
             await self._stop_health()
@@ -356,14 +374,67 @@ class Agent:
             plan, self.inventory, self.config, self.board, self.node, hooks=self.coordinator
         )
 
+    def _socket_path(self, plan: ResourcePlan) -> Path:
+        return self.settings.kubelet_dir / plan.socket_name
+
+    def _claim(self, plan: ResourcePlan) -> SocketClaim:
+        """Our claim on the plan's socket, taken now if not held; raises SocketInUse."""
+        path = self._socket_path(plan)
+        claim = self.claims.get(path)
+        if claim is None:
+            claim = self.claims[path] = SocketClaim.acquire(path)
+        return claim
+
+    def _release_claims(self, keep: Iterable[Path]) -> None:
+        for path in set(self.claims) - set(keep):
+            self.claims.pop(path).release()
+
+    async def _claim_sockets(self) -> bool:
+        """Claim every plan's socket, waiting while another node agent owns one (the old pod of
+        a rolling update, until it exits); False when told to stop meanwhile. Only events that
+        need the servers running are dropped while waiting: a reload is kept for afterwards."""
+        attempt = 0
+        deferred: set[Event] = set()
+        try:
+            while True:
+                try:
+                    for plan in self.plans:
+                        self._claim(plan)
+                    return True
+                except SocketInUse as err:
+                    # Not even the stale-socket cleanup: the owner's socket is live.
+                    self._release_claims(keep=())
+                    if self.waiting_for != str(err):
+                        self.waiting_for = str(err)
+                        log.warning("node %s: %s; waiting for it to exit", self.node, err)
+                delay = self.settings.backoff.delay(attempt)
+                attempt += 1
+                try:
+                    event = await asyncio.wait_for(self.events.get(), delay)
+                except TimeoutError:
+                    continue
+                if event is Event.STOP:
+                    return False
+                if event is Event.RELOAD:
+                    deferred.add(event)
+        finally:
+            if self.waiting_for is not None and self.claims:
+                log.info("node %s: the other node agent is gone; serving", self.node)
+            self.waiting_for = None
+            for event in deferred:
+                self.events.put_nowait(event)
+
     async def _start_servers(self) -> None:
         if not self.plans:
             log.warning("node %s: no GPU matches any resource; advertising nothing", self.node)
         for plan in self.plans:
-            server = PluginServer(self._servicer(plan), self.settings.kubelet_dir)
+            claim = self._claim(plan)
+            server = PluginServer(self._servicer(plan), self.settings.kubelet_dir, claim=claim)
             await server.start()
             self.servers.append(server)
             self._register_later(server)
+        # Sockets a reload stopped serving.
+        self._release_claims(keep=[self._socket_path(p) for p in self.plans])
 
     def _register_later(self, server: PluginServer) -> None:
         old = self.registrations.pop(server.resource_name, None)
@@ -420,21 +491,37 @@ class Agent:
         await self._start_servers()
 
     async def _restart_lost_servers(self) -> None:
+        """Re-create each server whose socket is gone, with a backoff when it keeps going:
+        the first loss is re-created at once, the next ones (each within a while of the one
+        before) only after ``backoff.delay`` of the streak; the watch re-posts the loss on
+        every poll, so a re-creation not yet due is simply left for a later one."""
+        now = self._clock()
         for i, server in enumerate(self.servers):
             if server.socket_intact():
                 continue
+            streak, last = self._losses.get(server.resource_name, (0, -math.inf))
+            if now - last > 4 * self.settings.backoff.max_s:
+                streak = 0  # it held long enough: a fresh loss, not a fight
+            if streak and now - last < self.settings.backoff.delay(streak - 1):
+                continue
+            self._losses[server.resource_name] = (streak + 1, now)
             log.warning(
-                "node %s resource %s: socket %s was removed; recreating and re-registering",
+                "node %s resource %s: socket %s was removed; recreating and re-registering%s",
                 self.node,
                 server.resource_name,
                 server.socket_path,
+                f" (lost {streak + 1} times in a row)" if streak else "",
             )
             task = self.registrations.pop(server.resource_name, None)
             if task is not None:
                 task.cancel()
             self.registered.pop(server.resource_name, None)
             await server.stop()
-            fresh = PluginServer(self._servicer(server.servicer.plan), self.settings.kubelet_dir)
+            fresh = PluginServer(
+                self._servicer(server.servicer.plan),
+                self.settings.kubelet_dir,
+                claim=self._claim(server.servicer.plan),
+            )
             await fresh.start()
             self.servers[i] = fresh
             self._register_later(fresh)
@@ -444,6 +531,9 @@ class Agent:
     async def liveness(self) -> ProbeResult:
         """Alive when this runs at all (the loop turns) and every resource's server answers
         ``GetDevicePluginOptions`` on its socket."""
+        if self.waiting_for is not None:
+            # Alive and doing what it should (a rolling update's overlap): not restarted.
+            return ProbeResult(True, f"waiting: {self.waiting_for}")
         serving = {s.resource_name for s in self.servers}
         missing = [p.resource_name for p in self.plans if p.resource_name not in serving]
         if missing:

@@ -11,11 +11,14 @@ suspended coroutine, not a worker thread, and never starves ``Allocate``.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
+import socket
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import grpc
 from grpc import aio
@@ -39,6 +42,9 @@ API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+# Longest status message we send: it travels in gRPC trailers, which clients cap (8 KiB by
+# default) and fail the call on, whatever its code.
+MAX_STATUS_CHARS = 1000
 # The kubelet itself gives up dialing us after 10 s; waiting longer for it is pointless.
 REGISTER_TIMEOUT_S = 10.0
 
@@ -182,35 +188,49 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 last = states
             version = await self.board.wait_for_change(version)
 
+    async def _refuse(
+        self, context: aio.ServicerContext[Any, Any], verb: str, err: Exception
+    ) -> NoReturn:
+        """Log and answer a refusal: INVALID_ARGUMENT for a malformed request, the refusal's
+        own code otherwise; the message cut to ``MAX_STATUS_CHARS`` (it travels in trailers)."""
+        code = err.code if isinstance(err, AllocationRefused) else "INVALID_ARGUMENT"
+        text = str(err)
+        if len(text) > MAX_STATUS_CHARS:
+            text = text[: MAX_STATUS_CHARS - 1] + "…"
+        log.warning(
+            "node %s resource %s: %s refused (%s): %s",
+            self.node,
+            self.plan.resource_name,
+            verb,
+            code,
+            text,
+        )
+        await context.abort(grpc.StatusCode[code], text)
+        raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
     async def GetPreferredAllocation(
         self, request: api_pb2.PreferredAllocationRequest, context: aio.ServicerContext[Any, Any]
     ) -> api_pb2.PreferredAllocationResponse:
         response = api_pb2.PreferredAllocationResponse()
         for creq in request.container_requests:
+            must_include = list(creq.must_include_deviceIDs)
             try:
+                available = self.plan.check_preferred(
+                    list(creq.available_deviceIDs),
+                    must_include,
+                    creq.allocation_size,
+                    self.board.unusable(self.plan.resource_name),
+                )
                 steered = None
                 if self.hooks is not None:
                     steered = await self.hooks.preferred(
-                        self.plan,
-                        list(creq.available_deviceIDs),
-                        list(creq.must_include_deviceIDs),
-                        creq.allocation_size,
+                        self.plan, available, must_include, creq.allocation_size
                     )
                 ids = steered or self.plan.preferred(
-                    self.inventory,
-                    list(creq.available_deviceIDs),
-                    list(creq.must_include_deviceIDs),
-                    creq.allocation_size,
-                    self.policy,
+                    self.inventory, available, must_include, creq.allocation_size, self.policy
                 )
-            except (AllocationError, PreferenceError) as err:
-                log.warning(
-                    "node %s resource %s: preferred allocation refused: %s",
-                    self.node,
-                    self.plan.resource_name,
-                    err,
-                )
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            except (AllocationError, AllocationRefused, PreferenceError) as err:
+                await self._refuse(context, "preferred allocation", err)
             response.container_responses.add(deviceIDs=ids)
         return response
 
@@ -220,27 +240,13 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         response = api_pb2.AllocateResponse()
         for creq in request.container_requests:
             try:
+                self.plan.check_allocate(list(creq.devices_ids), self.board.unhealthy)
                 if self.hooks is not None:
                     alloc = await self.hooks.allocate(self.plan, list(creq.devices_ids))
                 else:
                     alloc = self.plan.allocate(self.config, list(creq.devices_ids))
-            except AllocationError as err:
-                log.warning(
-                    "node %s resource %s: allocate refused: %s",
-                    self.node,
-                    self.plan.resource_name,
-                    err,
-                )
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-            except AllocationRefused as err:
-                log.warning(
-                    "node %s resource %s: allocate refused (%s): %s",
-                    self.node,
-                    self.plan.resource_name,
-                    err.code,
-                    err,
-                )
-                await context.abort(grpc.StatusCode[err.code], str(err))
+            except (AllocationError, AllocationRefused) as err:
+                await self._refuse(context, "allocate", err)
             log.info(
                 "node %s resource %s: allocated devices %s",
                 self.node,
@@ -253,6 +259,10 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     async def PreStartContainer(
         self, request: api_pb2.PreStartContainerRequest, context: aio.ServicerContext[Any, Any]
     ) -> api_pb2.PreStartContainerResponse:
+        try:
+            self.plan.check_ids(list(request.devices_ids))
+        except AllocationError as err:
+            await self._refuse(context, "pre-start", err)
         log.info(
             "node %s resource %s: pre-start for devices %s (nothing to do)",
             self.node,
@@ -262,8 +272,88 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         return api_pb2.PreStartContainerResponse()
 
 
+class SocketInUse(RuntimeError):
+    """Another live process holds the claim on a plugin socket."""
+
+    def __init__(self, socket_path: Path, lock_path: Path, owner: str) -> None:
+        super().__init__(
+            f"{socket_path} is served by another node agent ({owner or 'owner unknown'}; "
+            f"lock {lock_path})"
+        )
+        self.socket_path = socket_path
+        self.owner = owner
+
+
+class SocketClaim:
+    """The exclusive right to serve one plugin socket: an ``flock`` on ``<socket>.lock`` beside
+    it, held for as long as the process serves the socket.
+
+    Without it two agents on one kubelet directory (a DaemonSet rolling update with a surge)
+    each unlink and rebind the other's socket, for ever. An flock goes with its process, even
+    on SIGKILL, so a crashed owner never blocks its successor, and the kubelet, which deletes
+    every socket in the directory when it starts, leaves regular files alone. The file names
+    its owner (pid, host, since when) for the message the next process logs."""
+
+    def __init__(self, socket_path: Path, lock_path: Path, fd: int) -> None:
+        self.socket_path = socket_path
+        self.lock_path = lock_path
+        self._fd: int | None = fd
+
+    @classmethod
+    def acquire(cls, socket_path: Path) -> SocketClaim:
+        """Claim ``socket_path``; raises :class:`SocketInUse` naming the owner, or OSError."""
+        lock_path = socket_path.with_name(socket_path.name + ".lock")
+        socket_path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by children
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = os.pread(fd, 512, 0).decode(errors="replace").strip()
+                os.close(fd)
+                raise SocketInUse(socket_path, lock_path, owner) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            # The owner removes the file as it releases it: a lock won on the removed file
+            # is no claim (a third process may lock the new one), so look again.
+            if _same_file(fd, lock_path):
+                break
+            os.close(fd)
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        owner = f"pid {os.getpid()} on {socket.gethostname()} since {since}"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, owner.encode(), 0)
+        return cls(socket_path, lock_path, fd)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        if _same_file(fd, self.lock_path):
+            self.lock_path.unlink(missing_ok=True)  # before unlocking: see acquire
+        os.close(fd)  # drops the flock
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
 class PluginServer:
-    """Serves one resource on ``<kubelet_dir>/<plan.socket_name>`` and registers it."""
+    """Serves one resource on ``<kubelet_dir>/<plan.socket_name>`` and registers it.
+
+    ``claim`` is the :class:`SocketClaim` on that socket when the caller holds it (the agent
+    keeps its claims across restarts of the server, so no other process slips in between);
+    without one, ``start`` takes one and ``stop`` gives it back."""
 
     def __init__(
         self,
@@ -271,6 +361,7 @@ class PluginServer:
         kubelet_dir: Path,
         *,
         stop_grace_s: float = 0.2,
+        claim: SocketClaim | None = None,
     ) -> None:
         self.servicer = servicer
         self.kubelet_dir = kubelet_dir
@@ -278,14 +369,20 @@ class PluginServer:
         self.stop_grace_s = stop_grace_s
         self._server: aio.Server | None = None
         self.socket_identity: tuple[int, int] | None = None
+        self.claim = claim
+        self._own_claim = False
 
     @property
     def resource_name(self) -> str:
         return self.servicer.plan.resource_name
 
     async def start(self) -> None:
-        """Bind a fresh socket (removing a stale file first) and serve."""
+        """Bind a fresh socket (removing a stale file first) and serve; raises
+        :class:`SocketInUse`, touching nothing, while another process owns the socket."""
         self.kubelet_dir.mkdir(parents=True, exist_ok=True)
+        if self.claim is None:
+            self.claim = SocketClaim.acquire(self.socket_path)
+            self._own_claim = True
         self.socket_path.unlink(missing_ok=True)
         server = aio.server()
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
@@ -331,6 +428,9 @@ class PluginServer:
         # Only our own file: a successor process may already have bound the same path.
         if remove_socket and self.socket_intact():
             self.socket_path.unlink(missing_ok=True)
+        if self._own_claim and self.claim is not None:
+            self.claim.release()
+            self.claim, self._own_claim = None, False
 
     def socket_intact(self) -> bool:
         """Our socket file still exists and is the one we bound (inode and ctime, because

@@ -9,8 +9,9 @@ converts these values to and from the wire.
 
 from __future__ import annotations
 
+import collections
 import fnmatch
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -35,6 +36,26 @@ CONTROL_DEVICE_NODES: tuple[str, ...] = (
 )
 # The nvidia-container-toolkit's convention for the volume-mounts strategy.
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
+
+
+# Longest device id a message or log line shows in full: ids come from the caller, and a status
+# message travels in gRPC trailers, which clients cap (8 KiB by default) and then fail on.
+SHOWN_ID_CHARS = 80
+SHOWN_IDS = 3  # ids named in one message; the rest are counted
+
+
+def shown(device_id: str) -> str:
+    """A caller's device id as messages show it: quoted, and cut to ``SHOWN_ID_CHARS``."""
+    if len(device_id) <= SHOWN_ID_CHARS:
+        return repr(device_id)
+    return f"{device_id[:SHOWN_ID_CHARS]!r}… ({len(device_id)} characters)"
+
+
+def shown_list(device_ids: Sequence[str]) -> str:
+    """A few ids, then how many more: a message stays short however many ids were sent."""
+    head = ", ".join(shown(i) for i in device_ids[:SHOWN_IDS])
+    rest = len(device_ids) - SHOWN_IDS
+    return f"{head} and {rest} more" if rest > 0 else head
 
 
 class AllocationError(ValueError):
@@ -140,8 +161,81 @@ class ResourcePlan:
             return self._by_id[device_id]
         except KeyError:
             raise AllocationError(
-                f"unknown device id {device_id!r} for resource {self.resource_name}"
+                f"unknown device id {shown(device_id)} for resource {self.resource_name}"
             ) from None
+
+    def check_ids(self, device_ids: Sequence[str], what: str = "device id") -> None:
+        """Every id advertised and none listed twice; raises AllocationError naming a few.
+        (Two replicas or slots of one card are two ids: only the very same id repeats.)"""
+        unknown = [i for i in device_ids if i not in self._by_id]
+        if unknown:
+            raise AllocationError(
+                f"unknown {what}{'s' if len(unknown) > 1 else ''} {shown_list(unknown)} "
+                f"for resource {self.resource_name}"
+            )
+        twice = [i for i, n in collections.Counter(device_ids).items() if n > 1]
+        if twice:
+            raise AllocationError(
+                f"{what} {shown_list(twice)} is listed twice for resource {self.resource_name}"
+            )
+
+    def check_allocate(self, device_ids: Sequence[str], unhealthy: Mapping[GpuUuid, str]) -> None:
+        """What Allocate must refuse before anything else looks at the ids: none, unknown or
+        repeated ids (AllocationError), and a device on an unhealthy GPU (AllocationRefused,
+        FAILED_PRECONDITION): the kubelet only allocates healthy ones, so such a request is
+        from before the health change reached it, and the container would get a broken card."""
+        if not device_ids:
+            raise AllocationError(f"empty device list for resource {self.resource_name}")
+        self.check_ids(device_ids)
+        for device_id in device_ids:
+            reason = unhealthy.get(self._by_id[device_id].gpu.uuid)
+            if reason is not None:
+                raise AllocationRefused(
+                    "FAILED_PRECONDITION",
+                    f"device {shown(device_id)} of resource {self.resource_name} is unhealthy "
+                    f"({reason})",
+                )
+
+    def check_preferred(
+        self,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
+        unusable: Collection[GpuUuid],
+    ) -> list[str]:
+        """Validate a GetPreferredAllocation container request against the kubelet's contract
+        (known ids, none twice, must-include among the available, 1 <= size <= available) and
+        return the available ids that may be offered: those on unusable cards (unhealthy, or
+        withdrawn because in use the other way) never are. AllocationError for a malformed
+        request; AllocationRefused (FAILED_PRECONDITION) when unusable cards make it unmet."""
+        self.check_ids(available, "available id")
+        self.check_ids(must_include, "must-include id")
+        missing = [i for i in must_include if i not in set(available)]
+        if missing:
+            raise AllocationError(
+                f"must-include id {shown_list(missing)} is not among the available ids "
+                f"for resource {self.resource_name}"
+            )
+        if not len(must_include) <= size <= len(available) or size < 1:
+            raise AllocationError(
+                f"allocation size {size} is not between {max(1, len(must_include))} and the "
+                f"{len(available)} available ids for resource {self.resource_name}"
+            )
+        bad = [i for i in must_include if self._by_id[i].gpu.uuid in unusable]
+        if bad:
+            raise AllocationRefused(
+                "FAILED_PRECONDITION",
+                f"must-include id {shown_list(bad)} of resource {self.resource_name} is on an "
+                "unhealthy or withdrawn GPU",
+            )
+        usable = [i for i in available if self._by_id[i].gpu.uuid not in unusable]
+        if len(usable) < size:
+            raise AllocationRefused(
+                "FAILED_PRECONDITION",
+                f"only {len(usable)} of the {len(available)} available ids of resource "
+                f"{self.resource_name} are on healthy GPUs; {size} asked",
+            )
+        return usable
 
     def states(self, unhealthy: Collection[GpuUuid]) -> list[DeviceState]:
         """Every id with its health: all ids of an unhealthy GPU are unhealthy, replicas too."""

@@ -126,8 +126,11 @@ def node_state(info: NodeInfo, usages: Iterable[PodUsage]) -> NodeState:
     return NodeState(
         info.name,
         cpu_capacity_milli=info.cpu_milli,
-        cpu_free_milli=info.cpu_milli - cpu_used,
-        memory_free_mib=info.memory_mib - memory_used,
+        # A node can hold more than it has (pods another scheduler placed, allocatable that
+        # shrank under running pods): nothing is free then, as on an over-full card, rather
+        # than a negative amount that reasons would print and scores would reward.
+        cpu_free_milli=max(0, info.cpu_milli - cpu_used),
+        memory_free_mib=max(0, info.memory_mib - memory_used),
         gpu_model=node_model(info.inventory),
         gpus=tuple(gpus),
     )
