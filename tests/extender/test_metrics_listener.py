@@ -190,6 +190,7 @@ def test_a_metrics_port_already_taken_stops_the_process_with_exit_2(tmp_path: Pa
                 f"--kubeconfig={kubeconfig}",
                 "--port=0",
                 f"--metrics-port={busy}",
+                "--leader-lease=none",
             ],
             capture_output=True,
             text=True,

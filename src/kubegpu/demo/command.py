@@ -229,6 +229,9 @@ def start_extender(run: DemoRun) -> Child:
             str(run.kubeconfig),
             "--policy",
             run.options.policy,
+            # One extender and one scheduler stand-in for the demo's lifetime: nothing to guard.
+            "--leader-lease",
+            "none",
             log_level=run.options.child_log_level,
         ),
         env=_no_proxy(),

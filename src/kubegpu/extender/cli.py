@@ -15,7 +15,14 @@ from typing import Any
 
 import click
 
-from kubegpu.extender.config import ConfigError, ExtenderConfig, load_config_file
+from kubegpu.cli.types import seconds
+from kubegpu.extender.config import (
+    ConfigError,
+    ExtenderConfig,
+    check_files,
+    load_config_file,
+    resolve_leader_lease,
+)
 from kubegpu.sharing.resources import (
     DEFAULT_GPU_COMPUTE,
     DEFAULT_GPU_MEMORY,
@@ -29,11 +36,19 @@ log = logging.getLogger(__name__)
 
 def _load_file(ctx: click.Context, _param: click.Parameter, value: Path | None) -> Path | None:
     if value is not None:
+        known = [p.name for p in ctx.command.params if p.name and p.name != "config"]
         try:
-            ctx.default_map = {**(ctx.default_map or {}), **load_config_file(value)}
+            ctx.default_map = {**(ctx.default_map or {}), **load_config_file(value, known)}
         except ConfigError as exc:
             raise click.BadParameter(str(exc)) from None
     return value
+
+
+def settings_keys() -> list[str]:
+    """The keys a ``--config`` file's ``settings`` may have: the long option names."""
+    return [
+        p.name.replace("_", "-") for p in extender_command.params if p.name not in (None, "config")
+    ]
 
 
 _path = click.Path(path_type=Path, dir_okay=False)
@@ -57,31 +72,59 @@ _path = click.Path(path_type=Path, dir_okay=False)
     help="binpack, spread, fgd or kubegpu (or any placement engine policy name).",
 )
 @click.option("--kubeconfig", type=_path, default=None, help="Default: in-cluster, then ~/.kube.")
-@click.option("--tls-cert-file", type=_path, default=None)
-@click.option("--tls-key-file", type=_path, default=None)
+@click.option(
+    "--tls-cert-file",
+    type=_path,
+    default=None,
+    help="Serve HTTPS with this PEM certificate (chain); needs --tls-key-file.",
+)
+@click.option(
+    "--tls-key-file",
+    type=_path,
+    default=None,
+    help="The unencrypted PEM private key of --tls-cert-file.",
+)
 @click.option(
     "--client-ca-file", type=_path, default=None, help="Require client certificates signed by it."
 )
 @click.option(
     "--allow-insecure-http", is_flag=True, help="Serve plain HTTP on a non-loopback address."
 )
-@click.option("--max-body-bytes", type=int, default=16 * 1024 * 1024, show_default=True)
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=1024),
+    default=16 * 1024 * 1024,
+    show_default=True,
+    help="Largest request body accepted; a larger one is answered 413.",
+)
 @click.option(
     "--workload-file",
     type=_path,
     default=None,
     help="Target workload for fgd/kubegpu (default: the GPU pods in the cluster).",
 )
-@click.option("--workload-refresh-seconds", type=float, default=300.0, show_default=True)
-@click.option("--bind-attempts", type=int, default=5, show_default=True)
+@click.option(
+    "--workload-refresh-seconds",
+    type=seconds(),
+    default=300.0,
+    show_default=True,
+    help="How often fgd/kubegpu re-read the cluster's GPU pods as their target workload.",
+)
+@click.option(
+    "--bind-attempts",
+    type=click.IntRange(1, 100),
+    default=5,
+    show_default=True,
+    help="Tries per bind when the API answers a conflict (409) or is briefly unavailable.",
+)
 @click.option(
     "--leader-lease",
     default=None,
     help=(
-        "namespace/name of the leader-election Lease of the kube-scheduler that calls this "
-        "extender (kube-system/kube-scheduler for the default scheduler). Set it wherever "
-        "kube-scheduler runs replicated: bind then refuses unless that Lease's holder is "
-        "leader-identity. Unset: every bind is served."
+        "Required. namespace/name of the leader-election Lease of the kube-scheduler that "
+        "calls this extender (kube-system/kube-scheduler for the default scheduler): bind "
+        "refuses unless that Lease's holder is leader-identity. 'none' when exactly one "
+        "extender can ever run (two unguarded extenders both bind and over-commit cards)."
     ),
 )
 @click.option(
@@ -134,12 +177,13 @@ def extender_command(**options: Any) -> None:
             workload_file=_opt_path(options["workload_file"]),
             workload_refresh_s=float(options["workload_refresh_seconds"]),
             bind_attempts=int(options["bind_attempts"]),
-            leader_lease=options["leader_lease"] or None,
+            leader_lease=resolve_leader_lease(options["leader_lease"]),
             leader_identity=options["leader_identity"] or None,
             metrics_host=options["metrics_host"],
             metrics_port=options["metrics_port"],
         )
         config.validate()
+        check_files(config)
     except (ConfigError, ValueError) as exc:
         click.echo(f"kubegpu extender: {exc}", err=True)
         raise SystemExit(2) from None
