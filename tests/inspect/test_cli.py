@@ -287,11 +287,12 @@ def test_an_unreachable_cluster_exits_1_with_a_message(tmp_path: Path) -> None:
     assert "Traceback" not in result.output
 
 
-def test_a_missing_kubeconfig_exits_1_with_a_message(tmp_path: Path) -> None:
+def test_a_missing_kubeconfig_exits_2_with_a_message(tmp_path: Path) -> None:
+    # The user's to fix, so a usage error (2), unlike a cluster that does not answer (1).
     result = CliRunner().invoke(
         cli, ["inspect", "--kubeconfig", str(tmp_path / "nope")], catch_exceptions=False
     )
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "does not exist" in result.stderr
 
 

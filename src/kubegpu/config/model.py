@@ -56,7 +56,12 @@ def qualify_resource_name(name: str) -> str:
 
 class _Model(BaseModel):
     model_config = ConfigDict(
-        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+        extra="forbid",
+        frozen=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+        # An interval of .nan or .inf would never fire (or compare false everywhere).
+        allow_inf_nan=False,
     )
 
 

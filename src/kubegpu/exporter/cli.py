@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from kubegpu.cli.types import POSITIVE_SECONDS
 from kubegpu.config.model import parse_listen_address
 from kubegpu.inventory.backend import GpuBackend
 
@@ -32,6 +33,25 @@ def open_backend(kind: str, fake_gpus: str | None, fake_control: Path | None = N
     if kind not in BACKEND_KINDS:
         raise ValueError(f"unknown GPU backend {kind!r}")
     return select_backend(kind, fake_gpus=fake_gpus, fake_control=fake_control)
+
+
+def open_gpu_backend_or_exit(
+    kind: str, fake_gpus: str | None, fake_control: Path | None
+) -> GpuBackend:
+    """The backend, or exit: 2 for settings that are wrong (a fake spec that does not load),
+    1 when the node's GPUs cannot be read (NVML missing or failing)."""
+    from kubegpu.inventory.backend import InventoryError
+
+    try:
+        gpu_backend = open_backend(kind, fake_gpus, fake_control)
+        gpu_backend.snapshot()
+    except InventoryError as exc:
+        log.error("cannot open the GPU backend: %s", exc)
+        sys.exit(1)
+    except ValueError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    return gpu_backend
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -97,11 +117,15 @@ def parse_listen(value: str) -> tuple[str, int]:
     help="Node name for the node label (default: hostname).",
 )
 @click.option(
-    "--interval", type=float, default=10.0, show_default=True, help="Seconds between refreshes."
+    "--interval",
+    type=POSITIVE_SECONDS,
+    default=10.0,
+    show_default=True,
+    help="Seconds between refreshes.",
 )
 @click.option(
     "--read-timeout",
-    type=float,
+    type=POSITIVE_SECONDS,
     default=5.0,
     show_default=True,
     help="Longest wait for one NVML read; older data is served meanwhile.",
@@ -130,7 +154,6 @@ def exporter_command(
         stale_after,
         start_node_exporter,
     )
-    from kubegpu.inventory.backend import InventoryError
     from kubegpu.kubelet.agent import health_policy
 
     host, port = parse_listen(listen)
@@ -141,17 +164,22 @@ def exporter_command(
     except (ConfigError, ValueError) as exc:
         log.error("invalid config: %s", exc)
         sys.exit(2)
-    try:
-        gpu_backend = open_backend(backend, fake_gpus, fake_control)
-        inventory = gpu_backend.snapshot()
-    except (InventoryError, ValueError) as exc:
-        log.error("cannot open the GPU backend: %s", exc)
-        sys.exit(1)
+    kube_config = None
+    if pod_directory == "api":
+        from kubegpu.kube.client import KubeconfigError, load_kubeconfig
+
+        try:  # now, not on the first scrape: the error is the user's to fix at start
+            kube_config = load_kubeconfig()
+        except KubeconfigError as exc:
+            click.echo(f"kubegpu exporter: --pod-directory api needs API access: {exc}", err=True)
+            sys.exit(2)
+    gpu_backend = open_gpu_backend_or_exit(backend, fake_gpus, fake_control)
+    inventory = gpu_backend.snapshot()
 
     def kube_client() -> object:
         import lightkube
 
-        return lightkube.Client(field_manager="kubegpu-exporter")
+        return lightkube.Client(kube_config, field_manager="kubegpu-exporter")
 
     directory, shares = pod_sources(pod_directory, pod_log_dir, node, kube_client)
     settings = ExporterSettings(

@@ -38,10 +38,11 @@ def load_kubeconfig(path: str | Path | None = None) -> KubeConfig:
                 "pass --kubeconfig"
             )
         path = default
-    return _from_file(Path(path))
+    return load_kubeconfig_file(Path(path))
 
 
-def _from_file(path: Path) -> KubeConfig:
+def load_kubeconfig_file(path: Path) -> KubeConfig:
+    """One kubeconfig file, checked enough that lightkube cannot fail on it with a KeyError."""
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
