@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import shutil
 import signal
@@ -39,6 +40,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.resources.core_v1 import Node, NodeStatus, Pod
 from lightkube.types import PatchType
 
+from kubegpu.cli.types import POSITIVE_SECONDS
 from kubegpu.demo.processes import (
     Child,
     ComponentError,
@@ -705,6 +707,30 @@ def _run_async(
 
 
 # --------------------------------------------------------------------------- CLI
+def _known_policy(value: str) -> str:
+    """The extender's own check, here: its refusal would come only after the cluster started."""
+    from kubegpu.extender.scheduler import POLICY_ALIASES
+    from kubegpu.placement.policies import POLICIES
+
+    known = set(POLICY_ALIASES) | set(POLICIES)
+    if value.lower() not in known:
+        raise click.BadParameter(f"{value!r} is not one of {', '.join(sorted(known))}")
+    return value
+
+
+def _writable(param: click.Parameter, value: Path | None) -> Path | None:
+    """A file the demo writes must have a folder that exists now, not only once the whole run
+    is over."""
+    if value is None:
+        return None
+    folder = value.parent
+    if not folder.is_dir():
+        raise click.BadParameter(f"folder {folder} does not exist", param=param)
+    if not os.access(folder, os.W_OK):
+        raise click.BadParameter(f"cannot write in {folder}", param=param)
+    return value
+
+
 @click.command("demo")
 @click.option(
     "--nodes",
@@ -730,6 +756,7 @@ def _run_async(
     "--policy",
     default="kubegpu",
     show_default=True,
+    callback=lambda _ctx, _param, value: _known_policy(value),
     help="Extender placement policy: binpack, spread, fgd or kubegpu.",
 )
 @click.option(
@@ -743,12 +770,14 @@ def _run_async(
 @click.option(
     "--summary-json",
     type=click.Path(path_type=Path, dir_okay=False),
+    callback=lambda _ctx, param, value: _writable(param, value),
     default=None,
     help="Also write the summary (with per-card use and placements) as JSON here.",
 )
 @click.option(
     "--pid-file",
     type=click.Path(path_type=Path, dir_okay=False),
+    callback=lambda _ctx, param, value: _writable(param, value),
     default=None,
     help="Append '<pid> <component>' for every child process started.",
 )
@@ -768,7 +797,7 @@ def _run_async(
 @click.option(
     "--timeout",
     "timeout_s",
-    type=float,
+    type=POSITIVE_SECONDS,
     default=180.0,
     show_default=True,
     help="Seconds the pods may take to settle.",

@@ -62,7 +62,13 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 
 @click.command("exporter")
-@click.option("--listen", default="127.0.0.1:9400", show_default=True, help="HOST:PORT to serve.")
+@click.option(
+    "--listen",
+    default="127.0.0.1:9400",
+    show_default=True,
+    callback=lambda _ctx, _param, value: parse_listen(value),
+    help="HOST:PORT to serve.",
+)
 @click.option(
     "--backend", type=click.Choice(["auto", "nvml", "fake"]), default="auto", show_default=True
 )
@@ -131,7 +137,7 @@ def parse_listen(value: str) -> tuple[str, int]:
     help="Longest wait for one NVML read; older data is served meanwhile.",
 )
 def exporter_command(
-    listen: str,
+    listen: tuple[str, int],
     backend: str,
     fake_gpus: str | None,
     fake_control: Path | None,
@@ -156,7 +162,7 @@ def exporter_command(
     )
     from kubegpu.kubelet.agent import health_policy
 
-    host, port = parse_listen(listen)
+    host, port = listen
     node = node_name or socket.gethostname()
     try:
         config = load_config(config_path)

@@ -76,6 +76,16 @@ def _sink(kind: str, nfd_file: Path, node_name: str) -> LabelSink:
     return StdoutSink(sys.stdout)
 
 
+def _under_a_folder(path: Path) -> Path:
+    """The feature file's folder may be missing (NFD makes it), but not lie under a file."""
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise click.BadParameter(f"{path}: {folder} is a file, not a folder")
+    return path
+
+
 @click.command("labels")
 @click.option(
     "--backend", type=click.Choice(["auto", "nvml", "fake"]), default="auto", show_default=True
@@ -96,7 +106,8 @@ def _sink(kind: str, nfd_file: Path, node_name: str) -> LabelSink:
 )
 @click.option(
     "--nfd-file",
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, dir_okay=False),
+    callback=lambda _ctx, _param, value: _under_a_folder(value),
     default=DEFAULT_NFD_FEATURE_FILE,
     show_default=True,
     help="Feature file for --sink nfd.",
