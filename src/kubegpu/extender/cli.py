@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -177,11 +178,13 @@ def extender_command(**options: Any) -> None:
             workload_file=_opt_path(options["workload_file"]),
             workload_refresh_s=float(options["workload_refresh_seconds"]),
             bind_attempts=int(options["bind_attempts"]),
-            leader_lease=resolve_leader_lease(options["leader_lease"]),
+            leader_lease=None,  # resolved below, once the rest is known to be right
             leader_identity=options["leader_identity"] or None,
             metrics_host=options["metrics_host"],
             metrics_port=options["metrics_port"],
         )
+        config.validate()
+        config = replace(config, leader_lease=resolve_leader_lease(options["leader_lease"]))
         config.validate()
         check_files(config)
     except (ConfigError, ValueError) as exc:
