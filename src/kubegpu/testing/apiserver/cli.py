@@ -145,14 +145,16 @@ async def _serve(server: FakeApiServer, kubeconfig_path: Path | None) -> None:
 
 
 async def _announce_and_wait(server: FakeApiServer, kubeconfig_path: Path) -> None:
-    path = server.write_kubeconfig(kubeconfig_path)
-    click.echo(f"fake API server listening on {server.url}")
-    click.echo(f"kubeconfig written to {path}")
-    click.echo(f"export KUBECONFIG={path}", nl=True)
+    # Handlers first: a SIGTERM sent as soon as the kubeconfig is announced must still stop
+    # the server cleanly and remove what it wrote.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    path = server.write_kubeconfig(kubeconfig_path)
+    click.echo(f"fake API server listening on {server.url}")
+    click.echo(f"kubeconfig written to {path}")
+    click.echo(f"export KUBECONFIG={path}", nl=True)
     try:
         await stop.wait()
     finally:
