@@ -152,9 +152,18 @@ def test_namespace_filter_shows_only_that_namespaces_pods(kubeconfig: Path) -> N
         u["namespace"] for n in doc["nodes"] for u in n["unplacedPods"]
     ]
     assert listed and set(listed) == {"web"}
-    assert [n["name"] for n in doc["nodes"]] == ["a100", "mixed"]
+    # Nodes with none of its pods stay: their cards are what the namespace could still get.
+    assert [n["name"] for n in doc["nodes"]] == ["a100", "legacy", "mixed", "sick"]
     # The over-committed T4 still shows both pods' memory.
     assert by_name(doc["nodes"], "mixed")["cards"][3]["allocatedMemoryMiB"] == 10240 + 6144
+
+
+def test_a_namespace_without_pods_still_shows_every_gpu_node(kubeconfig: Path) -> None:
+    result = run("--kubeconfig", str(kubeconfig), "--no-usage", "-n", "nobody-here")
+    assert result.exit_code == 0, result.output
+    assert "no GPU nodes match" not in result.stdout
+    for name in ("a100", "legacy", "mixed", "sick"):
+        assert name in result.stdout
 
 
 def test_used_memory_comes_from_each_nodes_exporter(kubeconfig: Path) -> None:

@@ -273,12 +273,17 @@ def test_a_decision_for_another_node_is_a_warning_and_the_pod_holds_no_card() ->
     assert warning.pod == "ml/stuck" and warning.node == "mixed"
 
 
+ALL_GPU_NODES = [n.name for n in report().nodes]
+
+
 @pytest.mark.parametrize(
     ("filters", "nodes"),
     [
         pytest.param(Filters(nodes=("mixed",)), ["mixed"], id="one-node"),
         pytest.param(Filters(nodes=("sick", "a100")), ["a100", "sick"], id="two-nodes"),
-        pytest.param(Filters(namespace="web"), ["a100", "mixed"], id="namespace"),
+        # Every node, also those with none of the namespace's pods: their cards are free to it.
+        pytest.param(Filters(namespace="web"), ALL_GPU_NODES, id="namespace"),
+        pytest.param(Filters(namespace="nobody-here"), ALL_GPU_NODES, id="empty-namespace"),
         pytest.param(Filters(nodes=("nope",)), [], id="unknown-node"),
     ],
 )

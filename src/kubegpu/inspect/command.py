@@ -233,7 +233,8 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
     "-n",
     "--namespace",
     default="",
-    help="Only pods of this namespace (card figures still count every pod).",
+    help="Only pods of this namespace (every GPU node is still shown, and card figures still "
+    "count every pod).",
 )
 @click.option("-w", "--watch", is_flag=True, help="Re-render on every change until Ctrl-C.")
 @click.option(

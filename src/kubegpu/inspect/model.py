@@ -919,8 +919,8 @@ def _filtered(report: InspectReport) -> InspectReport:
                 for c in view.cards
             )
             unplaced = tuple(u for u in view.unplaced if u.namespace == namespace)
-            if not unplaced and not any(c.pods for c in cards):
-                continue
+            # A node with none of the namespace's pods stays: its free cards are what that
+            # namespace's next pod could get, and hiding it could leave "no GPU nodes match".
             view = _replace_node(view, cards, unplaced)
         nodes.append(view)
     shown = {v.name for v in nodes}
