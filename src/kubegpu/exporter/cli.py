@@ -70,7 +70,12 @@ def parse_listen(value: str) -> tuple[str, int]:
     help="HOST:PORT to serve.",
 )
 @click.option(
-    "--backend", type=click.Choice(["auto", "nvml", "fake"]), default="auto", show_default=True
+    "--backend",
+    type=click.Choice(["auto", "nvml", "fake"]),
+    default="auto",
+    show_default=True,
+    help="Where GPUs are read from: auto and nvml use NVML (auto fails clearly without it); "
+    "fake uses --fake-gpus.",
 )
 @click.option("--fake-gpus", default=None, help="Fake node: preset name or spec file.")
 @click.option(

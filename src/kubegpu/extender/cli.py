@@ -65,7 +65,13 @@ _path = click.Path(path_type=Path, dir_okay=False)
     help="YAML file (apiVersion kubegpu.io/v1alpha1, kind ExtenderConfig, settings: {...}).",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8888, show_default=True)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8888,
+    show_default=True,
+    help="Port of the verbs' listener (0 picks a free one, logged at start).",
+)
 @click.option(
     "--policy",
     default="kubegpu",
@@ -152,10 +158,30 @@ _path = click.Path(path_type=Path, dir_okay=False)
         "HTTP (safe: read-only, no verb), for Prometheus and the kubelet's probes. Unset: off."
     ),
 )
-@click.option("--whole-gpu-resource", default=DEFAULT_WHOLE_GPU, show_default=True)
-@click.option("--gpu-memory-resource", default=DEFAULT_GPU_MEMORY, show_default=True)
-@click.option("--gpu-compute-resource", default=DEFAULT_GPU_COMPUTE, show_default=True)
-@click.option("--share-slot-resource", default=DEFAULT_SHARE_SLOT, show_default=True)
+@click.option(
+    "--whole-gpu-resource",
+    default=DEFAULT_WHOLE_GPU,
+    show_default=True,
+    help="Resource of whole GPUs (the node agent's sharing.gpuShare.wholeResourceName).",
+)
+@click.option(
+    "--gpu-memory-resource",
+    default=DEFAULT_GPU_MEMORY,
+    show_default=True,
+    help="Resource of GPU memory in MiB per card (sharing.gpuShare.memoryResourceName).",
+)
+@click.option(
+    "--gpu-compute-resource",
+    default=DEFAULT_GPU_COMPUTE,
+    show_default=True,
+    help="Resource of GPU compute in thousandths of a card (sharing.gpuShare.computeResourceName).",
+)
+@click.option(
+    "--share-slot-resource",
+    default=DEFAULT_SHARE_SLOT,
+    show_default=True,
+    help="Resource of share slots the node agent advertises (sharing.gpuShare.resourceName).",
+)
 def extender_command(**options: Any) -> None:
     """Serve kube-scheduler's filter, prioritize and bind verbs for GPU pods."""
     try:

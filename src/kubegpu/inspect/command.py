@@ -369,6 +369,7 @@ def _quiet_stdout() -> None:
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
     default="warning",
     show_default=True,
+    help="Least severe log lines shown (on stderr).",
 )
 def kubectl_gpu(log_level: str) -> None:
     """kubectl plugin for kubegpu: `kubectl gpu inspect`."""

@@ -88,7 +88,12 @@ def _under_a_folder(path: Path) -> Path:
 
 @click.command("labels")
 @click.option(
-    "--backend", type=click.Choice(["auto", "nvml", "fake"]), default="auto", show_default=True
+    "--backend",
+    type=click.Choice(["auto", "nvml", "fake"]),
+    default="auto",
+    show_default=True,
+    help="Where GPUs are read from: auto and nvml use NVML (auto fails clearly without it); "
+    "fake uses --fake-gpus.",
 )
 @click.option("--fake-gpus", default=None, help="Fake node: preset name or spec file.")
 @click.option(
