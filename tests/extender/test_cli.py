@@ -138,20 +138,41 @@ def test_leader_lease_none_runs_one_unguarded_extender(tmp_path: Path) -> None:
                 f"--kubeconfig={kubeconfig}",
                 f"--port={port}",
                 "--leader-lease=none",
+                # One minor older than the fake API server's v1.31: allowed.
+                "--scheduler-version=v1.30.9",
             ],
             env={**env, "NO_PROXY": "*"},
             stderr=subprocess.PIPE,
             text=True,
         )
+        seen: list[str] = []
         try:
             deadline = time.monotonic() + 60
             while "kubegpu extender on" not in (
                 line := process.stderr.readline() if process.stderr else ""
             ):
+                seen.append(line)
                 assert line or process.poll() is None, "extender exited"
                 assert time.monotonic() < deadline
         finally:
             process.send_signal(signal.SIGTERM)
             _, rest = process.communicate(timeout=30)
     assert "binds whenever asked (no leader-lease)" in line
+    assert any("kube-scheduler v1.30.9 fits the API server v1.31" in s for s in seen), seen
     assert process.returncode == 0, rest
+
+
+def test_a_kube_scheduler_newer_than_the_api_server_is_refused_at_start(tmp_path: Path) -> None:
+    # The fake API server answers /version as v1.31.
+    with FakeApiServer().run_in_thread() as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        result = run_extender(
+            f"--kubeconfig={kubeconfig}",
+            "--port=0",
+            "--leader-lease=none",
+            "--scheduler-version=v1.34.2",
+        )
+    assert result.returncode == 2, result.stderr
+    assert "kube-scheduler v1.34 is newer than the API server v1.31" in result.stderr
+    assert "images: newTag of registry.k8s.io/kube-scheduler" in result.stderr
+    assert "Traceback" not in result.stderr

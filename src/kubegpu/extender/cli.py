@@ -159,6 +159,16 @@ _path = click.Path(path_type=Path, dir_okay=False)
     ),
 )
 @click.option(
+    "--scheduler-version",
+    default=None,
+    help=(
+        "Version of the kube-scheduler that calls this extender (its image tag, e.g. v1.31.4). "
+        "Set, the extender refuses to start when it is newer than the API server or more than "
+        "one minor version older (Kubernetes' version skew policy). The second-scheduler "
+        "overlay sets it from the kube-scheduler image. Unset: not checked."
+    ),
+)
+@click.option(
     "--whole-gpu-resource",
     default=DEFAULT_WHOLE_GPU,
     show_default=True,
@@ -208,18 +218,18 @@ def extender_command(**options: Any) -> None:
             leader_identity=options["leader_identity"] or None,
             metrics_host=options["metrics_host"],
             metrics_port=options["metrics_port"],
+            scheduler_version=options["scheduler_version"] or None,
         )
         config.validate()
         config = replace(config, leader_lease=resolve_leader_lease(options["leader_lease"]))
         config.validate()
-        check_files(config)
     except (ConfigError, ValueError) as exc:
         click.echo(f"kubegpu extender: {exc}", err=True)
         raise SystemExit(2) from None
     log.info("configuration: %s", config)
     try:
         asyncio.run(_serve(config))
-    except ConfigError as exc:  # a listener that cannot be opened (service.py)
+    except ConfigError as exc:  # a file, a listener or a scheduler version (service.py)
         click.echo(f"kubegpu extender: {exc}", err=True)
         raise SystemExit(2) from None
 
@@ -230,6 +240,10 @@ def _opt_path(value: object) -> Path | None:
 
 async def _serve(config: ExtenderConfig) -> None:
     from kubegpu.extender.service import ExtenderService
+
+    # Every file first (TLS, kubeconfig, workload), before listening or connecting: a bad one
+    # ends the process here with one line naming it.
+    check_files(config)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -22,6 +22,7 @@ import yaml
 
 from kubegpu.core.names import model_key
 from kubegpu.extender.scheduler import POLICY_ALIASES
+from kubegpu.extender.skew import parse_version
 from kubegpu.kube.client import KubeconfigError, load_kubeconfig
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import PodRequest
@@ -62,6 +63,9 @@ class ExtenderConfig:
     # or behind client certificates. None: off.
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
+    # The calling kube-scheduler's version (its image tag); set, start refuses a version the
+    # skew policy does not allow against the API server's (skew.py). None: not checked.
+    scheduler_version: str | None = None
 
     @property
     def tls(self) -> bool:
@@ -87,6 +91,11 @@ class ExtenderConfig:
         if self.bind_attempts < 1:
             raise ConfigError("bind-attempts must be at least 1")
         self._validate_metrics_listener()
+        if self.scheduler_version is not None:
+            try:
+                parse_version(self.scheduler_version)
+            except ValueError as exc:
+                raise ConfigError(f"scheduler-version {exc}") from None
         if self.leader_lease:
             namespace, _, name = self.leader_lease.partition("/")
             if not namespace or not name or "/" in name:
