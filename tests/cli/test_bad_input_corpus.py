@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -34,7 +35,7 @@ LONG_DIR = "d" * 120
 
 @dataclass(frozen=True)
 class Case:
-    command: str  # split on spaces; "{files}" is the folder of the corpus's files
+    command: str  # split on spaces; "{files}": the corpus's files, "{busy}": a taken port
     names: str  # the output must contain this: the option or file at fault
     # 2, a usage error, unless the command documents otherwise for this case.
     code: int = 2
@@ -69,6 +70,14 @@ CORPUS: dict[str, list[tuple[str, str] | tuple[str, str, int]]] = {
         ("emulate-node --fake-gpus 4xT4 --timeout 0", "--timeout"),
         ("emulate-node --fake-gpus 4xT4 --timeout nan", "--timeout"),
         ("emulate-node --fake-gpus 4xT4 --allocate -1", "--allocate"),
+        (
+            f"emulate-node --fake-gpus 4xT4 --once --pod-resources-socket {{files}}/{LONG_DIR}/p",
+            "--pod-resources-socket",
+        ),
+        (
+            "emulate-node --fake-gpus 4xT4 --once --pod-resources-socket {files}/a-file/p.sock",
+            "--pod-resources-socket",
+        ),
         ("emulate-node --fake-gpus nosuch --once", "nosuch"),
     ],
     "simulate": [
@@ -110,10 +119,12 @@ CORPUS: dict[str, list[tuple[str, str] | tuple[str, str, int]]] = {
         (f"exporter {FAKE} --listen 127.0.0.1:99999", "--listen"),
         (f"exporter {FAKE} --config {{files}}/latin1.yaml", "latin1.yaml"),
         ("exporter --backend fake --fake-gpus nosuch", "nosuch"),
+        (f"exporter {FAKE} --listen 127.0.0.1:{{busy}}", "--listen"),
     ],
     "fake-apiserver": [
         ("fake-apiserver --port 99999", "--port"),
         ("fake-apiserver --port -1", "--port"),
+        ("fake-apiserver --port {busy}", "cannot listen on"),
         ("fake-apiserver --port 0 --kubeconfig {files}/a-file/kc", "--kubeconfig"),
         (
             "fake-apiserver --port 0 --tls-cert-file {files}/missing.crt "
@@ -178,6 +189,7 @@ CORPUS: dict[str, list[tuple[str, str] | tuple[str, str, int]]] = {
         (f"{EXT} --max-body-bytes -1", "--max-body-bytes"),
         (f"{EXT} {API} --workload-file {{files}}/latin1.yaml", "latin1.yaml"),
         (f"{EXT} {API} --policy nosuch", "nosuch"),
+        (f"{EXT} {API} --port {{busy}}", "cannot listen there"),
     ],
     "demo": [
         ("demo --summary-json {files}/missing/summary.json", "--summary-json"),
@@ -274,11 +286,11 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def run_case(item: Case, files: Path, scratch: Path) -> Outcome:
+def run_case(item: Case, files: Path, scratch: Path, busy: int) -> Outcome:
     home, temp = scratch / "home", scratch / "tmp"
     home.mkdir(parents=True)
     temp.mkdir()
-    args = [a.replace("{files}", str(files)) for a in item.args]
+    args = [a.replace("{files}", str(files)).replace("{busy}", str(busy)) for a in item.args]
     process = subprocess.Popen(
         [sys.executable, "-m", "kubegpu", *args],
         stdout=subprocess.PIPE,
@@ -322,9 +334,15 @@ def test_the_corpus_covers_every_subcommand() -> None:
 def outcomes(files: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Outcome]]:
     cases = [Case(*c) for name in subcommands() for c in CORPUS.get(name, [])]
     scratch = tmp_path_factory.mktemp("runs")
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    # "{busy}": a loopback port something already listens on.
+    with socket.socket() as taken, ThreadPoolExecutor(max_workers=4) as pool:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
         results = list(
-            pool.map(lambda ic: run_case(ic[1], files, scratch / str(ic[0])), enumerate(cases))
+            pool.map(
+                lambda ic: run_case(ic[1], files, scratch / str(ic[0]), busy), enumerate(cases)
+            )
         )
     yield results
 

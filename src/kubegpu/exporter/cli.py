@@ -212,14 +212,23 @@ def exporter_command(
         "off" if no_pod_resources else pod_resources_socket,
         "the API server" if pod_directory == "api" else pod_log_dir,
     )
-    running = start_node_exporter(
-        gpu_backend,
-        settings,
-        pod_resources_socket=None if no_pod_resources else pod_resources_socket,
-        pod_directory=directory,
-        shares=shares,
-        health=HealthFeed([gpu.uuid for gpu in inventory.gpus], policy=policy),
-    )
+    try:
+        running = start_node_exporter(
+            gpu_backend,
+            settings,
+            pod_resources_socket=None if no_pod_resources else pod_resources_socket,
+            pod_directory=directory,
+            shares=shares,
+            health=HealthFeed([gpu.uuid for gpu in inventory.gpus], policy=policy),
+        )
+    except OSError as exc:  # the address is taken or not this machine's
+        gpu_backend.close()
+        click.echo(
+            f"kubegpu exporter: --listen {host}:{port}: cannot listen there "
+            f"({exc.strerror or exc})",
+            err=True,
+        )
+        sys.exit(2)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -99,7 +99,15 @@ class ExtenderService:
             ssl_context=server_ssl_context(self.config),
             backlog=2048,
         )
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            await self.stop()
+            raise ConfigError(
+                f"host/port {self.config.host}:{self.config.port}: cannot listen there "
+                f"({exc.strerror or exc})"
+            ) from None
         self._runner = runner
         self.port = runner.addresses[0][1]
         if self.config.metrics_port is not None:

@@ -291,6 +291,11 @@ def emulate_node(
             check_socket_dir(kubelet_dir, [KUBELET_SOCKET_NAME, "kubegpu-nvidia.com_gpu.sock"])
         except SocketDirError as error:
             raise click.BadParameter(str(error), param_hint="'--kubelet-dir'") from None
+    if pod_resources_socket is not None:
+        try:
+            check_socket_dir(pod_resources_socket.parent, [pod_resources_socket.name])
+        except SocketDirError as error:
+            raise click.BadParameter(str(error), param_hint="'--pod-resources-socket'") from None
     # One temporary root for everything we create: the kubelet dir (unless given) and the fake
     # backend's control socket, kept out of the kubelet dir because kubelets own the sockets there.
     session = Path(tempfile.mkdtemp(prefix="kubegpu-node-"))
