@@ -162,7 +162,7 @@ def demo_process(work_dir: Path) -> Iterator[type[DemoProcess]]:
             cwd: Path | None = None,
             env: dict[str, str] | None = None,
         ) -> None:
-            super().__init__(work_dir, *args, cwd=cwd)
+            super().__init__(work_dir, *args, cwd=cwd, env=env)
             started.append(self)
 
     try:
