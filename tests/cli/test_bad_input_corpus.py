@@ -28,6 +28,10 @@ from cryptography.x509.oid import NameOID
 
 from kubegpu.cli.main import cli
 
+# About 90 processes, four at a time: well under a minute on two idle cores, more on a busy
+# machine; the module-scoped run is charged to the first test that uses it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
 CASE_TIMEOUT_S = 60
 # A folder name that makes a unix socket path longer than the kernel's 108-byte sun_path.
 LONG_DIR = "d" * 120
