@@ -202,6 +202,7 @@ CORPUS: dict[str, list[tuple[str, str] | tuple[str, str, int]]] = {
         ("demo --trace {files}/latin1.csv", "latin1.csv"),
         ("demo --timeout 0", "--timeout"),
         ("demo --work-dir {files}/a-file", "--work-dir"),
+        (f"demo --work-dir {{files}}/{LONG_DIR}", "--work-dir"),
     ],
 }
 
@@ -234,6 +235,7 @@ def _self_signed(key: ec.EllipticCurvePrivateKey) -> bytes:
 def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("corpus")
     (root / "a-file").write_text("not a folder\n")
+    (root / LONG_DIR).mkdir()
     (root / "latin1.yaml").write_bytes("version: v1 # caf\xe9\n".encode("latin-1"))
     (root / "latin1.csv").write_bytes("sn,cpu_milli\ncaf\xe9,1\n".encode("latin-1"))
     (root / "garbage.pem").write_text("-----BEGIN CERTIFICATE-----\nnot base64\n")

@@ -63,6 +63,8 @@ from kubegpu.demo.scenario import (
     trace_pods,
 )
 from kubegpu.demo.summary import DemoSummary, render_summary, summarize
+from kubegpu.kubelet.resources import socket_name_for
+from kubegpu.kubelet.socketdir import SocketDirError, check_socket_dir
 from kubegpu.sharing.annotations import INVENTORY_ANNOTATION
 from kubegpu.sharing.resources import ResourceNames
 from kubegpu.testing.apiserver.objects import make_node
@@ -718,6 +720,19 @@ def _known_policy(value: str) -> str:
     return value
 
 
+def _short_enough(work_dir: Path | None) -> Path | None:
+    """The node agents' sockets go in <work-dir>/kgd-XXXXXXXX/n<i>/dp: refuse a folder so deep
+    that they would not fit in a unix socket path, before anything starts."""
+    if work_dir is None:
+        return None
+    deepest = work_dir / "kgd-xxxxxxxx" / "n31" / "dp"
+    try:
+        check_socket_dir(deepest, [socket_name_for("kubegpu.io/gpu-shared"), "kubelet.sock"])
+    except SocketDirError as exc:
+        raise click.BadParameter(f"too deep for the demo's sockets: {exc}") from None
+    return work_dir
+
+
 def _writable(param: click.Parameter, value: Path | None) -> Path | None:
     """A file the demo writes must have a folder that exists now, not only once the whole run
     is over."""
@@ -784,6 +799,7 @@ def _writable(param: click.Parameter, value: Path | None) -> Path | None:
 @click.option(
     "--work-dir",
     type=click.Path(path_type=Path, file_okay=False, exists=True),
+    callback=lambda _ctx, _param, value: _short_enough(value),
     default=None,
     help="Parent of the temporary work directory [default: $TMPDIR].",
 )
