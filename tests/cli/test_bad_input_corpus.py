@@ -8,6 +8,7 @@ entries here fails the test instead of going unchecked.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import signal
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -284,12 +286,25 @@ def _environment(home: Path, temp: Path) -> dict[str, str]:
     return {**env, "HOME": str(home), "TMPDIR": str(temp), "NO_PROXY": "*", "COLUMNS": "200"}
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+# Not KUBEGPU_*: no command reads it, and the demo passes its whole environment on.
+MARKER = "CORPUS_TEST_CASE"
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Processes that inherited ``MARKER=marker``: the case's own and every descendant, also
+    those that started a session of their own (the demo's children do) or were reparented."""
+    needle = f"{MARKER}={marker}".encode()
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue  # gone, or not ours to read
+        if needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
 
 
 def run_case(item: Case, files: Path, scratch: Path, busy: int) -> Outcome:
@@ -297,12 +312,13 @@ def run_case(item: Case, files: Path, scratch: Path, busy: int) -> Outcome:
     home.mkdir(parents=True)
     temp.mkdir()
     args = [a.replace("{files}", str(files)).replace("{busy}", str(busy)) for a in item.args]
+    marker = uuid.uuid4().hex
     process = subprocess.Popen(
         [sys.executable, "-m", "kubegpu", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        env=_environment(home, temp),
+        env={**_environment(home, temp), MARKER: marker},
         cwd=scratch,
         start_new_session=True,
         text=True,
@@ -316,12 +332,12 @@ def run_case(item: Case, files: Path, scratch: Path, busy: int) -> Outcome:
         output, _ = process.communicate()
         returncode = None
     deadline = time.monotonic() + 5
-    while _group_alive(process.pid) and time.monotonic() < deadline:
+    while (left := marked_processes(marker)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    leftover = _group_alive(process.pid)
-    if leftover:
-        os.killpg(process.pid, signal.SIGKILL)
-    return Outcome(item, returncode, output, leftover, sorted(p.name for p in temp.iterdir()))
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return Outcome(item, returncode, output, bool(left), sorted(p.name for p in temp.iterdir()))
 
 
 def subcommands() -> list[str]:
