@@ -68,6 +68,11 @@ CORPUS: dict[str, list[tuple[str, str] | tuple[str, str, int]]] = {
         ("device-plugin --backend fake --fake-gpus nosuch", "nosuch"),
         (f"device-plugin {FAKE} --health-listen nohost", "nohost"),
         (f"device-plugin {FAKE} --kubeconfig {{files}}/no-clusters.yaml", "no-clusters.yaml"),
+        (
+            f"device-plugin {FAKE} --kubelet-dir {{files}}/kd "
+            "--device-list-strategy cdi-annotations --cdi-dir {files}/a-file",
+            "--cdi-dir",
+        ),
     ],
     "emulate-node": [
         ("emulate-node --fake-gpus 4xT4 --kubelet-dir {files}/a-file", "--kubelet-dir"),

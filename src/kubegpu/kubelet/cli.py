@@ -257,7 +257,7 @@ def device_plugin(
     )
     from kubegpu.kubelet.probes import ProbeServerError
     from kubegpu.kubelet.resources import PlanError
-    from kubegpu.kubelet.socketdir import SocketDirError, check_socket_dir
+    from kubegpu.kubelet.socketdir import SocketDirError, check_folder, check_socket_dir
 
     node = node_name or "-"
     overrides = {_OVERRIDES[k]: v for k, v in flags.items() if v is not None}
@@ -272,6 +272,12 @@ def device_plugin(
     except SocketDirError as err:
         click.echo(f"kubegpu device-plugin: --kubelet-dir {err}", err=True)
         sys.exit(2)
+    if config.uses_cdi:
+        try:  # the CDI spec is written there at start
+            check_folder(Path(config.flags.plugin.cdi_dir), "write the CDI spec")
+        except SocketDirError as err:
+            click.echo(f"kubegpu device-plugin: flags.plugin.cdiDir (--cdi-dir) {err}", err=True)
+            sys.exit(2)
 
     try:
         gpu_backend = _open_backend(backend, fake_gpus, fake_control)

@@ -31,6 +31,12 @@ def check_socket_dir(directory: Path, socket_names: Iterable[str]) -> None:
             f"{directory}: the socket path {path} would be {size} bytes, more than the "
             f"{MAX_SOCKET_PATH_BYTES} a unix socket path may have; use a shorter folder"
         )
+    check_folder(directory, "create sockets")
+
+
+def check_folder(directory: Path, purpose: str = "write") -> None:
+    """Raise :class:`SocketDirError` unless ``directory`` is a folder this process can
+    ``purpose`` in, or can be made as one."""
     existing = directory
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -38,4 +44,4 @@ def check_socket_dir(directory: Path, socket_names: Iterable[str]) -> None:
         what = "is" if existing == directory else f"lies under {existing}, which is"
         raise SocketDirError(f"{directory} {what} not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise SocketDirError(f"{existing}: no permission to create sockets there")
+        raise SocketDirError(f"{existing}: no permission to {purpose} there")
