@@ -111,6 +111,41 @@ def test_sharing_an_undeclared_resource_names_it(tmp_path: Path) -> None:
         load_config(write(tmp_path, text))
 
 
+@pytest.mark.parametrize(
+    ("text", "field", "nearest"),
+    [
+        ("helth: {}", "helth", "'health'"),
+        ("flagz: {}", "flagz", "'flags'"),
+        (
+            "flags: {plugin: {passDeviceSpec: true}}",
+            "flags.plugin.passDeviceSpec",
+            "'passDeviceSpecs'",
+        ),
+        (
+            "sharing: {gpuShare: {slotsPerCrad: 4}}",
+            "sharing.gpuShare.slotsPerCrad",
+            "'slotsPerCard'",
+        ),
+        # A misspelt required key is unknown and missing at once: the misspelling is named.
+        ("resources: {gpus: [{pattern: '*', nmae: a.b/c}]}", "resources.gpus.0.nmae", "'name'"),
+    ],
+)
+def test_an_unknown_key_names_the_nearest_valid_one(
+    tmp_path: Path, text: str, field: str, nearest: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    assert err.value.field == field
+    assert f"{field}: unknown field (did you mean {nearest}?)" in str(err.value)
+
+
+def test_a_config_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("version: v1 # caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=rf"config file {path}: not UTF-8 text"):
+        load_config(path)
+
+
 def test_malformed_yaml_says_where(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"malformed YAML .* at line 3, column 2"):
         load_config(write(tmp_path, "version: v1\nflags: [a, b\nx: 1\n"))

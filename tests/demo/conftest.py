@@ -30,7 +30,13 @@ def work_dir() -> Iterator[Path]:
 class DemoProcess:
     """``python -m kubegpu demo ...`` with its output collected on a thread."""
 
-    def __init__(self, work_dir: Path, *args: str, cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        work_dir: Path,
+        *args: str,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.work_dir = work_dir
         self.pid_file = work_dir.parent / f"{work_dir.name}.pids"
         self.summary_json = work_dir.parent / f"{work_dir.name}.summary.json"
@@ -47,7 +53,12 @@ class DemoProcess:
             str(self.summary_json),
             *args,
         ]
-        env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            "NO_PROXY": "127.0.0.1,localhost",
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
         self.proc = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
@@ -144,8 +155,14 @@ def demo_process(work_dir: Path) -> Iterator[type[DemoProcess]]:
     started: list[DemoProcess] = []
 
     class Tracked(DemoProcess):
-        def __init__(self, work_dir: Path, *args: str, cwd: Path | None = None) -> None:
-            super().__init__(work_dir, *args, cwd=cwd)
+        def __init__(
+            self,
+            work_dir: Path,
+            *args: str,
+            cwd: Path | None = None,
+            env: dict[str, str] | None = None,
+        ) -> None:
+            super().__init__(work_dir, *args, cwd=cwd, env=env)
             started.append(self)
 
     try:

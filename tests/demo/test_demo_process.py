@@ -234,15 +234,27 @@ def test_sigterm_while_the_node_agents_start_stops_everything_started_so_far(
     assert list(work_dir.iterdir()) == []
 
 
-def test_a_component_that_fails_to_start_is_named_with_its_log(
+def test_a_bad_policy_is_refused_before_anything_starts(
     work_dir: Path, demo_process: type[DemoProcess]
 ) -> None:
     demo = demo_process(work_dir, "--nodes", "1", "--policy", "no-such-policy")
+    assert demo.wait(60) == 2
+    assert "Invalid value for '--policy': 'no-such-policy' is not one of" in demo.output
+    assert not demo.pid_file.exists() or demo.child_pids() == {}
+    assert list(work_dir.iterdir()) == []
+
+
+def test_a_component_that_fails_to_start_is_named_with_its_log(
+    work_dir: Path, demo_process: type[DemoProcess]
+) -> None:
+    # A setting the extender refuses at start, reaching it through the environment the demo's
+    # children inherit (the demo checks its own options before it starts anything).
+    demo = demo_process(work_dir, "--nodes", "1", env={"KUBEGPU_EXTENDER_MAX_BODY_BYTES": "1"})
     assert demo.wait(60) == 1
     out = demo.output
     assert "kubegpu demo: extender: exited with code 2" in out
     assert "--- extender log tail ---" in out
-    assert "no-such-policy" in out
+    assert "--max-body-bytes" in out
     pids = demo.child_pids()
     assert set(pids.values()) == {"fake-apiserver", "extender"}
     assert alive_kubegpu_processes(pids) == []

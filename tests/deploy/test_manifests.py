@@ -975,3 +975,16 @@ def test_critical_priority_classes_are_covered_by_a_quota_in_their_namespace(
         priority = pod_spec(workload).get("priorityClassName", "")
         if priority.startswith("system-"):
             assert (workload["metadata"]["namespace"], priority) in covered
+
+
+def test_the_kube_scheduler_version_knob_reaches_the_extenders_check() -> None:
+    # One knob (images: newTag): the extender gets the same version, and refuses to start
+    # beside a kube-scheduler that the API server's version does not allow.
+    objs = render("overlays/second-scheduler")
+    pod = find(objs, "Deployment", "kubegpu-scheduler")["spec"]["template"]["spec"]
+    scheduler = next(c for c in pod["containers"] if c["name"] == "kube-scheduler")
+    image, _, tag = scheduler["image"].rpartition(":")
+    assert image == "registry.k8s.io/kube-scheduler" and re.fullmatch(r"v\d+\.\d+\.\d+", tag)
+    extender = next(c for c in pod["containers"] if c["name"] == "extender")
+    env = {e["name"]: e.get("value") for e in extender.get("env", [])}
+    assert env["KUBEGPU_EXTENDER_SCHEDULER_VERSION"] == tag

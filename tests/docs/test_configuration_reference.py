@@ -162,3 +162,11 @@ def test_check_mode_names_the_command_when_the_file_is_stale(
     assert gen.REGENERATE in capsys.readouterr().err
     assert gen.main(["--write", "--output", str(out)]) == 0
     assert gen.main(["--check", "--output", str(out)]) == 0
+
+
+def test_recover_after_healthy_checks_says_how_long_a_check_is() -> None:
+    from kubegpu.inventory.health import HEALTH_CHECK_S
+
+    section = DOC.read_text(encoding="utf-8").split("#### `health.recoverAfterHealthyChecks`")[1]
+    description = section.split("####")[0]
+    assert f"{HEALTH_CHECK_S:g} s" in description

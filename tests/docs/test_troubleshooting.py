@@ -64,6 +64,8 @@ SCOPES = (
     Scope("preferred allocation", ("placement/topology.py",), ("PreferenceError",)),
     Scope("MPS supervision", ("enforcement",), (), logs=True),
     Scope("extender settings", ("extender/config.py",), ("ConfigError",)),
+    Scope("TLS files", ("tls.py",), ("TlsFileError",)),
+    Scope("kubeconfig", ("kube/client.py",), ("KubeconfigError",)),
     Scope("pod requests", ("sharing/resources.py",), ("RequestError", "ValueError")),
     Scope("extender wire format", ("extender/wire.py",), ("WireError",)),
     Scope("annotations", ("sharing/annotations.py",), ("AnnotationError",)),

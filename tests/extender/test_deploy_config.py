@@ -16,6 +16,7 @@ import pytest
 import yaml
 from aiohttp import web
 
+from kubegpu.extender.cli import settings_keys
 from kubegpu.extender.config import ExtenderConfig, load_config_file
 from kubegpu.extender.scheduler import GpuScheduler
 from kubegpu.extender.server import ExtenderApp
@@ -97,7 +98,7 @@ def test_second_profile_is_named_kubegpu_scheduler_and_default_config_keeps_the_
 
 
 def test_extender_settings_file_loads_into_a_valid_config() -> None:
-    settings = load_config_file(DEPLOY / "extender-config.yaml")
+    settings = load_config_file(DEPLOY / "extender-config.yaml", settings_keys())
     names = ResourceNames(
         settings["whole_gpu_resource"],
         settings["gpu_memory_resource"],
@@ -109,6 +110,30 @@ def test_extender_settings_file_loads_into_a_valid_config() -> None:
     )
     config.validate()
     assert config.names == ResourceNames()
+
+
+@pytest.mark.parametrize(
+    ("extender_config", "scheduler_config"),
+    [
+        (DEPLOY / "extender-config.yaml", DEPLOY / "kubegpu-scheduler.yaml"),
+        *(
+            (OVERLAYS / o / "extender-config.yaml", OVERLAYS / o / "kube-scheduler-config.yaml")
+            for o in ("second-scheduler", "default-scheduler")
+        ),
+    ],
+    ids=["deploy/scheduler", "second-scheduler", "default-scheduler"],
+)
+def test_every_shipped_extender_config_binds_only_beside_its_leading_scheduler(
+    extender_config: Path, scheduler_config: Path
+) -> None:
+    # Without a lease two extenders started from one file both bind and over-commit cards:
+    # each shipped file names the Lease its kube-scheduler elects with.
+    settings = load_config_file(extender_config, settings_keys())
+    election = yaml.safe_load(scheduler_config.read_text())["leaderElection"]
+    assert election["leaderElect"] is True
+    assert settings["leader_lease"] == (
+        f"{election['resourceNamespace']}/{election['resourceName']}"
+    )
 
 
 def test_rbac_grants_only_reads_pod_patches_and_bindings() -> None:
@@ -142,7 +167,7 @@ def kube_scheduler_hostname() -> str:
 async def test_every_request_the_extender_makes_is_one_its_rbac_in_the_overlay_allows(
     overlay: str,
 ) -> None:
-    settings = load_config_file(OVERLAYS / overlay / "extender-config.yaml")
+    settings = load_config_file(OVERLAYS / overlay / "extender-config.yaml", settings_keys())
     lease = settings["leader_lease"]
     namespace, name = lease.split("/")
     rules = [

@@ -122,6 +122,8 @@ async def test_a_killed_extender_with_binds_in_flight_is_rebuilt_exactly_and_nev
             str(server.write_kubeconfig(tmp_path / "kubeconfig")),
             "--port",
             str(port),
+            "--leader-lease",
+            "none",
             env={**os.environ, "NO_PROXY": "*"},
             stdout=log,
             stderr=log,

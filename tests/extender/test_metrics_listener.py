@@ -121,7 +121,7 @@ def test_the_metrics_settings_take_flag_over_environment_over_file(
     settings = tmp_path / "extender.yaml"
     settings.write_text(
         "apiVersion: kubegpu.io/v1alpha1\nkind: ExtenderConfig\n"
-        "settings:\n  metrics-host: 0.0.0.0\n  metrics-port: 9402\n"
+        "settings:\n  metrics-host: 0.0.0.0\n  metrics-port: 9402\n  leader-lease: none\n"
     )
     code, output, config = resolved(["--config", str(settings)])
     assert code == 0, output
@@ -190,6 +190,7 @@ def test_a_metrics_port_already_taken_stops_the_process_with_exit_2(tmp_path: Pa
                 f"--kubeconfig={kubeconfig}",
                 "--port=0",
                 f"--metrics-port={busy}",
+                "--leader-lease=none",
             ],
             capture_output=True,
             text=True,

@@ -174,7 +174,7 @@ def test_plain_http_elsewhere_needs_the_explicit_flag() -> None:
 
 def test_the_command_exits_2_on_plain_http_off_loopback() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "kubegpu", "extender", "--host", "0.0.0.0"],
+        [sys.executable, "-m", "kubegpu", "extender", "--host", "0.0.0.0", "--leader-lease=none"],
         capture_output=True,
         text=True,
         timeout=60,

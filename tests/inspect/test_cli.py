@@ -152,9 +152,18 @@ def test_namespace_filter_shows_only_that_namespaces_pods(kubeconfig: Path) -> N
         u["namespace"] for n in doc["nodes"] for u in n["unplacedPods"]
     ]
     assert listed and set(listed) == {"web"}
-    assert [n["name"] for n in doc["nodes"]] == ["a100", "mixed"]
+    # Nodes with none of its pods stay: their cards are what the namespace could still get.
+    assert [n["name"] for n in doc["nodes"]] == ["a100", "legacy", "mixed", "sick"]
     # The over-committed T4 still shows both pods' memory.
     assert by_name(doc["nodes"], "mixed")["cards"][3]["allocatedMemoryMiB"] == 10240 + 6144
+
+
+def test_a_namespace_without_pods_still_shows_every_gpu_node(kubeconfig: Path) -> None:
+    result = run("--kubeconfig", str(kubeconfig), "--no-usage", "-n", "nobody-here")
+    assert result.exit_code == 0, result.output
+    assert "no GPU nodes match" not in result.stdout
+    for name in ("a100", "legacy", "mixed", "sick"):
+        assert name in result.stdout
 
 
 def test_used_memory_comes_from_each_nodes_exporter(kubeconfig: Path) -> None:
@@ -287,11 +296,12 @@ def test_an_unreachable_cluster_exits_1_with_a_message(tmp_path: Path) -> None:
     assert "Traceback" not in result.output
 
 
-def test_a_missing_kubeconfig_exits_1_with_a_message(tmp_path: Path) -> None:
+def test_a_missing_kubeconfig_exits_2_with_a_message(tmp_path: Path) -> None:
+    # The user's to fix, so a usage error (2), unlike a cluster that does not answer (1).
     result = CliRunner().invoke(
         cli, ["inspect", "--kubeconfig", str(tmp_path / "nope")], catch_exceptions=False
     )
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "does not exist" in result.stderr
 
 

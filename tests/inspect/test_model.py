@@ -233,6 +233,21 @@ def test_pending_lists_decided_unbound_and_unscheduled_gpu_pods() -> None:
     assert queued.node == ""
 
 
+def test_a_pod_the_scheduler_found_no_node_for_is_pending_refused_not_unscheduled() -> None:
+    # The demo's summary counts these as refused; inspect must not call them something else.
+    pods = mc.pods()
+    queued = next(p for p in pods if p["metadata"]["name"] == "queued")
+    queued["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "x"}
+        ],
+    }
+    r = build_report(mc.nodes(), pods)
+    (refused,) = [p for p in r.pending if p.key == "ml/queued"]
+    assert refused.state is PendingState.REFUSED and refused.node == ""
+
+
 def test_a_bound_pod_whose_containers_have_not_started_is_pending_starting() -> None:
     pods = mc.pods()
     train_a = next(p for p in pods if p["metadata"]["name"] == "train-a")
@@ -258,12 +273,17 @@ def test_a_decision_for_another_node_is_a_warning_and_the_pod_holds_no_card() ->
     assert warning.pod == "ml/stuck" and warning.node == "mixed"
 
 
+ALL_GPU_NODES = [n.name for n in report().nodes]
+
+
 @pytest.mark.parametrize(
     ("filters", "nodes"),
     [
         pytest.param(Filters(nodes=("mixed",)), ["mixed"], id="one-node"),
         pytest.param(Filters(nodes=("sick", "a100")), ["a100", "sick"], id="two-nodes"),
-        pytest.param(Filters(namespace="web"), ["a100", "mixed"], id="namespace"),
+        # Every node, also those with none of the namespace's pods: their cards are free to it.
+        pytest.param(Filters(namespace="web"), ALL_GPU_NODES, id="namespace"),
+        pytest.param(Filters(namespace="nobody-here"), ALL_GPU_NODES, id="empty-namespace"),
         pytest.param(Filters(nodes=("nope",)), [], id="unknown-node"),
     ],
 )

@@ -437,6 +437,8 @@ class ExtenderProcess:
                 "0",
                 "--policy",
                 policy,
+                "--leader-lease",
+                "none",
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,

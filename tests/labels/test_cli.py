@@ -59,7 +59,7 @@ def test_labels_once_patches_the_node_through_kubeconfig(
     assert labels["nvidia.com/gpu.replicas"] == "4"
 
 
-def test_labels_once_to_stdout_and_a_bad_preset_exits_1() -> None:
+def test_labels_once_to_stdout_and_a_bad_preset_exits_2() -> None:
     result = run_labels("--fake-gpus", "4xT4", "--once", "--no-timestamp")
     assert result.returncode == 0, result.stderr
     lines = dict(line.split("=", 1) for line in result.stdout.splitlines())
@@ -74,7 +74,8 @@ def test_labels_once_to_stdout_and_a_bad_preset_exits_1() -> None:
         )
         > 1_700_000_000
     )
-    assert run_labels("--fake-gpus", "no-such-preset", "--once").returncode == 1
+    # A fake spec that does not load is a usage error, as for device-plugin and discover.
+    assert run_labels("--fake-gpus", "no-such-preset", "--once").returncode == 2
 
 
 def test_sharing_labels_come_from_the_agent_config_and_flags_override_it(tmp_path: Path) -> None:

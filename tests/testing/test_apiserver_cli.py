@@ -105,3 +105,27 @@ async def test_https_with_a_given_certificate_is_verified_by_lightkube(tmp_path:
             assert [n.metadata.name async for n in client.list(Node)] == ["secure"]
         finally:
             await client.close()
+
+
+def test_the_kubeconfig_it_writes_by_default_is_removed_at_exit(tmp_path: Path) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    with subprocess.Popen(
+        [sys.executable, "-m", "kubegpu", "fake-apiserver", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(temp)},
+    ) as process:
+        try:
+            assert process.stdout is not None
+            announced = [process.stdout.readline().strip() for _ in range(2)]
+            written = Path(announced[1].removeprefix("kubeconfig written to "))
+            assert written.is_file() and written.is_relative_to(temp), announced
+            process.send_signal(signal.SIGTERM)
+            process.communicate(timeout=20)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert process.returncode == 0
+    assert list(temp.iterdir()) == []

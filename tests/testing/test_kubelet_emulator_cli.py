@@ -96,13 +96,23 @@ def test_a_given_kubelet_dir_is_left_without_sockets() -> None:
 
 
 def test_a_plugin_that_cannot_start_is_reported_with_its_output() -> None:
-    result = run_once("--fake-gpus", "no-such-preset", "--timeout", "30")
+    result = run_once(
+        "--fake-gpus", "4xT4", "--plugin-arg=--config=/no-such-config.yaml", "--timeout", "30"
+    )
 
     assert result.returncode == 1
     assert "device plugin exited with code" in result.stderr
     assert "--- device plugin output ---" in result.stderr
-    assert "no-such-preset" in result.stderr.split("--- device plugin output ---")[1]
+    assert "no-such-config.yaml" in result.stderr.split("--- device plugin output ---")[1]
     assert not session_dir(result.stdout).exists()
+
+
+def test_a_fake_spec_that_does_not_load_is_refused_before_the_plugin_starts() -> None:
+    result = run_once("--fake-gpus", "no-such-preset")
+
+    assert result.returncode == 2
+    assert "Invalid value for '--fake-gpus': no-such-preset" in result.stderr
+    assert "device plugin: pid" not in result.stdout
 
 
 @pytest.fixture

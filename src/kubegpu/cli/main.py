@@ -61,9 +61,14 @@ class LazyGroup(click.Group):
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
     default="info",
     show_default=True,
+    help="Least severe log lines shown (on stderr).",
 )
 @click.option(
-    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="text: one line per record for people; json: one JSON object per line for collectors.",
 )
 def cli(log_level: str, log_format: str) -> None:
     """GPUs as a first-class, shareable, observable Kubernetes resource."""

@@ -8,13 +8,14 @@ field path and the bad value.
 
 from __future__ import annotations
 
+import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from kubegpu.config.model import AgentConfig
 
@@ -46,6 +47,11 @@ def read_config_file(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"config file {path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+            f"{err.start})"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -64,11 +70,53 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The model that holds the field at ``loc`` (list indexes and dict keys skipped)."""
+    model: type[BaseModel] = AgentConfig
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = next((f for name, f in model.model_fields.items() if part in (name, f.alias)), None)
+        if field is None:
+            continue  # a free-form key (a dict entry): stay on the model it belongs to
+        inner = _model_in(field.annotation)
+        if inner is None:
+            return None
+        model = inner
+    return model
+
+
+def _model_in(annotation: object) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _did_you_mean(loc: Sequence[int | str]) -> str:
+    model = _model_at(loc)
+    if model is None:
+        return ""
+    keys = [f.alias or name for name, f in model.model_fields.items()]
+    close = difflib.get_close_matches(str(loc[-1]), keys, n=1, cutoff=0.6)
+    if close:
+        return f" (did you mean {close[0]!r}?)"
+    return f" (known here: {', '.join(keys)})"
+
+
 def _describe(err: ValidationError, source: str) -> ConfigError:
-    first = err.errors()[0]
+    # A misspelt key is both unknown and a missing required one: name the misspelling first.
+    first = sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
     field = ".".join(str(p) for p in first["loc"])
     value = first.get("input")
-    msg = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
+    msg = (
+        "unknown field" + _did_you_mean(first["loc"])
+        if first["type"] == "extra_forbidden"
+        else first["msg"]
+    )
     if not field:
         # A model-level check; its message already starts with the field path.
         text = msg.removeprefix("Value error, ")

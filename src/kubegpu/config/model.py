@@ -56,7 +56,12 @@ def qualify_resource_name(name: str) -> str:
 
 class _Model(BaseModel):
     model_config = ConfigDict(
-        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+        extra="forbid",
+        frozen=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+        # An interval of .nan or .inf would never fire (or compare false everywhere).
+        allow_inf_nan=False,
     )
 
 
@@ -253,8 +258,10 @@ class Health(_Model):
     ignored_xids: list[int] = Field(default_factory=list)
     # Xids treated as fatal even when ignored by default or above.
     critical_xids: list[int] = Field(default_factory=list)
-    # Report a GPU Healthy again after this many consecutive health-monitor polls without a
-    # critical event (not for a lost GPU: that needs the device back); None = never, as NVIDIA.
+    # Report a GPU Healthy again after this many consecutive health checks without a critical
+    # event (not for a lost GPU: that needs the device back); None = never, as NVIDIA. A check
+    # is one wait for GPU events of 0.2 s, shorter when a non-critical event ends it, so 300
+    # checks are at most a minute without a critical Xid.
     recover_after_healthy_checks: int | None = Field(default=None, ge=1)
 
 

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import shutil
 import signal
@@ -39,6 +40,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.resources.core_v1 import Node, NodeStatus, Pod
 from lightkube.types import PatchType
 
+from kubegpu.cli.types import POSITIVE_SECONDS
 from kubegpu.demo.processes import (
     Child,
     ComponentError,
@@ -61,6 +63,8 @@ from kubegpu.demo.scenario import (
     trace_pods,
 )
 from kubegpu.demo.summary import DemoSummary, render_summary, summarize
+from kubegpu.kubelet.resources import socket_name_for
+from kubegpu.kubelet.socketdir import SocketDirError, check_socket_dir
 from kubegpu.sharing.annotations import INVENTORY_ANNOTATION
 from kubegpu.sharing.resources import ResourceNames
 from kubegpu.testing.apiserver.objects import make_node
@@ -229,6 +233,9 @@ def start_extender(run: DemoRun) -> Child:
             str(run.kubeconfig),
             "--policy",
             run.options.policy,
+            # One extender and one scheduler stand-in for the demo's lifetime: nothing to guard.
+            "--leader-lease",
+            "none",
             log_level=run.options.child_log_level,
         ),
         env=_no_proxy(),
@@ -702,6 +709,43 @@ def _run_async(
 
 
 # --------------------------------------------------------------------------- CLI
+def _known_policy(value: str) -> str:
+    """The extender's own check, here: its refusal would come only after the cluster started."""
+    from kubegpu.extender.scheduler import POLICY_ALIASES
+    from kubegpu.placement.policies import POLICIES
+
+    known = set(POLICY_ALIASES) | set(POLICIES)
+    if value.lower() not in known:
+        raise click.BadParameter(f"{value!r} is not one of {', '.join(sorted(known))}")
+    return value
+
+
+def _short_enough(work_dir: Path | None) -> Path | None:
+    """The node agents' sockets go in <work-dir>/kgd-XXXXXXXX/n<i>/dp: refuse a folder so deep
+    that they would not fit in a unix socket path, before anything starts."""
+    if work_dir is None:
+        return None
+    deepest = work_dir / "kgd-xxxxxxxx" / "n31" / "dp"
+    try:
+        check_socket_dir(deepest, [socket_name_for("kubegpu.io/gpu-shared"), "kubelet.sock"])
+    except SocketDirError as exc:
+        raise click.BadParameter(f"too deep for the demo's sockets: {exc}") from None
+    return work_dir
+
+
+def _writable(param: click.Parameter, value: Path | None) -> Path | None:
+    """A file the demo writes must have a folder that exists now, not only once the whole run
+    is over."""
+    if value is None:
+        return None
+    folder = value.parent
+    if not folder.is_dir():
+        raise click.BadParameter(f"folder {folder} does not exist", param=param)
+    if not os.access(folder, os.W_OK):
+        raise click.BadParameter(f"cannot write in {folder}", param=param)
+    return value
+
+
 @click.command("demo")
 @click.option(
     "--nodes",
@@ -727,6 +771,7 @@ def _run_async(
     "--policy",
     default="kubegpu",
     show_default=True,
+    callback=lambda _ctx, _param, value: _known_policy(value),
     help="Extender placement policy: binpack, spread, fgd or kubegpu.",
 )
 @click.option(
@@ -740,18 +785,21 @@ def _run_async(
 @click.option(
     "--summary-json",
     type=click.Path(path_type=Path, dir_okay=False),
+    callback=lambda _ctx, param, value: _writable(param, value),
     default=None,
     help="Also write the summary (with per-card use and placements) as JSON here.",
 )
 @click.option(
     "--pid-file",
     type=click.Path(path_type=Path, dir_okay=False),
+    callback=lambda _ctx, param, value: _writable(param, value),
     default=None,
     help="Append '<pid> <component>' for every child process started.",
 )
 @click.option(
     "--work-dir",
     type=click.Path(path_type=Path, file_okay=False, exists=True),
+    callback=lambda _ctx, _param, value: _short_enough(value),
     default=None,
     help="Parent of the temporary work directory [default: $TMPDIR].",
 )
@@ -765,7 +813,7 @@ def _run_async(
 @click.option(
     "--timeout",
     "timeout_s",
-    type=float,
+    type=POSITIVE_SECONDS,
     default=180.0,
     show_default=True,
     help="Seconds the pods may take to settle.",

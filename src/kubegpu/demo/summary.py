@@ -74,7 +74,7 @@ class DemoSummary:
     pods_running: int
     pods_refused: int
     pods_failed: int
-    pods_pending: int
+    pods_waiting: int  # neither running, refused nor failed: not yet decided
     over_committed: tuple[str, ...]
     top_reasons: tuple[ReasonGroup, ...]
     failures: Mapping[str, str] = field(default_factory=dict)
@@ -201,7 +201,7 @@ def summarize(
                 "whole": False,
             }
     node_names = {card["node"] for card in cards.values()}
-    running = refused = failed = pending = 0
+    running = refused = failed = waiting = 0
     failures: dict[str, str] = {}
     placements: dict[str, dict[str, Any]] = {}
     reasons: dict[str, Mapping[str, str]] = {}
@@ -222,7 +222,7 @@ def summarize(
             reasons[key] = (refusals or {}).get(key) or {"-": message}
             refused_pods.append(RefusedPod(key, describe_request(pod), pod_reason(reasons[key])))
         else:
-            pending += 1
+            waiting += 1
         decision, _ = read_decision(pod)
         placements[key] = {
             "phase": phase,
@@ -276,7 +276,7 @@ def summarize(
         pods_running=running,
         pods_refused=refused,
         pods_failed=failed,
-        pods_pending=pending,
+        pods_waiting=waiting,
         over_committed=over,
         top_reasons=tuple(group_reasons(reasons)),
         failures=failures,
@@ -304,7 +304,7 @@ def render_summary(summary: DemoSummary) -> list[str]:
         f"({_pct(s.shared_memory_allocated_mib, s.shared_memory_total_mib):.1f} %)",
         f"pods            {s.pods_submitted} submitted: {s.pods_running} running, "
         f"{s.pods_refused} refused by the scheduler, {s.pods_failed} failed at admission, "
-        f"{s.pods_pending} pending",
+        f"{s.pods_waiting} still waiting for the scheduler",
         "over-committed  "
         + ("none (every card within its compute and memory)" if not s.over_committed else ""),
     ]

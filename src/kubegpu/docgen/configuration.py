@@ -299,16 +299,26 @@ EXTENDER_RULES: tuple[Rule, ...] = (
         ["--host", "0.0.0.0"],
         "refusing plain HTTP on 0.0.0.0",
     ),
-    Rule("`max-body-bytes` is at least 1024.", ["--max-body-bytes", "100"], "is too small"),
+    Rule(
+        "`max-body-bytes` is at least 1024.",
+        ["--max-body-bytes", "100"],
+        "Invalid value for '--max-body-bytes'",
+    ),
     Rule(
         "`max-inflight-body-bytes` is at least `max-body-bytes`.",
         ["--max-body-bytes", "4096", "--max-inflight-body-bytes", "2048"],
         "no full-size request could be served",
     ),
     Rule(
-        "`bind-attempts` is at least 1.",
+        "`bind-attempts` is 1 to 100.",
         ["--bind-attempts", "0"],
-        "bind-attempts must be at least 1",
+        "Invalid value for '--bind-attempts'",
+    ),
+    Rule(
+        "`leader-lease` is set: the namespace/name of the Lease of the kube-scheduler that "
+        "calls the extender, or `none` where exactly one extender can ever run.",
+        [],
+        "leader-lease is not set",
     ),
     Rule(
         "`metrics-host` is an IP address (or `localhost`); it is used only with `metrics-port`.",

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from kubegpu.cli.types import POSITIVE_SECONDS
 from kubegpu.config.model import parse_listen_address
 from kubegpu.inventory.backend import GpuBackend
 
@@ -34,6 +35,25 @@ def open_backend(kind: str, fake_gpus: str | None, fake_control: Path | None = N
     return select_backend(kind, fake_gpus=fake_gpus, fake_control=fake_control)
 
 
+def open_gpu_backend_or_exit(
+    kind: str, fake_gpus: str | None, fake_control: Path | None
+) -> GpuBackend:
+    """The backend, or exit: 2 for settings that are wrong (a fake spec that does not load),
+    1 when the node's GPUs cannot be read (NVML missing or failing)."""
+    from kubegpu.inventory.backend import InventoryError
+
+    try:
+        gpu_backend = open_backend(kind, fake_gpus, fake_control)
+        gpu_backend.snapshot()
+    except InventoryError as exc:
+        log.error("cannot open the GPU backend: %s", exc)
+        sys.exit(1)
+    except ValueError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    return gpu_backend
+
+
 def parse_listen(value: str) -> tuple[str, int]:
     try:
         return parse_listen_address(value)
@@ -42,9 +62,20 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 
 @click.command("exporter")
-@click.option("--listen", default="127.0.0.1:9400", show_default=True, help="HOST:PORT to serve.")
 @click.option(
-    "--backend", type=click.Choice(["auto", "nvml", "fake"]), default="auto", show_default=True
+    "--listen",
+    default="127.0.0.1:9400",
+    show_default=True,
+    callback=lambda _ctx, _param, value: parse_listen(value),
+    help="HOST:PORT to serve.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "nvml", "fake"]),
+    default="auto",
+    show_default=True,
+    help="Where GPUs are read from: auto and nvml use NVML (auto fails clearly without it); "
+    "fake uses --fake-gpus.",
 )
 @click.option("--fake-gpus", default=None, help="Fake node: preset name or spec file.")
 @click.option(
@@ -97,17 +128,21 @@ def parse_listen(value: str) -> tuple[str, int]:
     help="Node name for the node label (default: hostname).",
 )
 @click.option(
-    "--interval", type=float, default=10.0, show_default=True, help="Seconds between refreshes."
+    "--interval",
+    type=POSITIVE_SECONDS,
+    default=10.0,
+    show_default=True,
+    help="Seconds between refreshes.",
 )
 @click.option(
     "--read-timeout",
-    type=float,
+    type=POSITIVE_SECONDS,
     default=5.0,
     show_default=True,
     help="Longest wait for one NVML read; older data is served meanwhile.",
 )
 def exporter_command(
-    listen: str,
+    listen: tuple[str, int],
     backend: str,
     fake_gpus: str | None,
     fake_control: Path | None,
@@ -130,10 +165,9 @@ def exporter_command(
         stale_after,
         start_node_exporter,
     )
-    from kubegpu.inventory.backend import InventoryError
     from kubegpu.kubelet.agent import health_policy
 
-    host, port = parse_listen(listen)
+    host, port = listen
     node = node_name or socket.gethostname()
     try:
         config = load_config(config_path)
@@ -141,17 +175,22 @@ def exporter_command(
     except (ConfigError, ValueError) as exc:
         log.error("invalid config: %s", exc)
         sys.exit(2)
-    try:
-        gpu_backend = open_backend(backend, fake_gpus, fake_control)
-        inventory = gpu_backend.snapshot()
-    except (InventoryError, ValueError) as exc:
-        log.error("cannot open the GPU backend: %s", exc)
-        sys.exit(1)
+    kube_config = None
+    if pod_directory == "api":
+        from kubegpu.kube.client import KubeconfigError, load_kubeconfig
+
+        try:  # now, not on the first scrape: the error is the user's to fix at start
+            kube_config = load_kubeconfig()
+        except KubeconfigError as exc:
+            click.echo(f"kubegpu exporter: --pod-directory api needs API access: {exc}", err=True)
+            sys.exit(2)
+    gpu_backend = open_gpu_backend_or_exit(backend, fake_gpus, fake_control)
+    inventory = gpu_backend.snapshot()
 
     def kube_client() -> object:
         import lightkube
 
-        return lightkube.Client(field_manager="kubegpu-exporter")
+        return lightkube.Client(kube_config, field_manager="kubegpu-exporter")
 
     directory, shares = pod_sources(pod_directory, pod_log_dir, node, kube_client)
     settings = ExporterSettings(
@@ -173,14 +212,23 @@ def exporter_command(
         "off" if no_pod_resources else pod_resources_socket,
         "the API server" if pod_directory == "api" else pod_log_dir,
     )
-    running = start_node_exporter(
-        gpu_backend,
-        settings,
-        pod_resources_socket=None if no_pod_resources else pod_resources_socket,
-        pod_directory=directory,
-        shares=shares,
-        health=HealthFeed([gpu.uuid for gpu in inventory.gpus], policy=policy),
-    )
+    try:
+        running = start_node_exporter(
+            gpu_backend,
+            settings,
+            pod_resources_socket=None if no_pod_resources else pod_resources_socket,
+            pod_directory=directory,
+            shares=shares,
+            health=HealthFeed([gpu.uuid for gpu in inventory.gpus], policy=policy),
+        )
+    except OSError as exc:  # the address is taken or not this machine's
+        gpu_backend.close()
+        click.echo(
+            f"kubegpu exporter: --listen {host}:{port}: cannot listen there "
+            f"({exc.strerror or exc})",
+            err=True,
+        )
+        sys.exit(2)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -10,12 +10,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import click
 
-from kubegpu.extender.config import ConfigError, ExtenderConfig, load_config_file
+from kubegpu.cli.types import seconds
+from kubegpu.extender.config import (
+    ConfigError,
+    ExtenderConfig,
+    check_files,
+    load_config_file,
+    resolve_leader_lease,
+)
 from kubegpu.sharing.resources import (
     DEFAULT_GPU_COMPUTE,
     DEFAULT_GPU_MEMORY,
@@ -29,11 +37,19 @@ log = logging.getLogger(__name__)
 
 def _load_file(ctx: click.Context, _param: click.Parameter, value: Path | None) -> Path | None:
     if value is not None:
+        known = [p.name for p in ctx.command.params if p.name and p.name != "config"]
         try:
-            ctx.default_map = {**(ctx.default_map or {}), **load_config_file(value)}
+            ctx.default_map = {**(ctx.default_map or {}), **load_config_file(value, known)}
         except ConfigError as exc:
             raise click.BadParameter(str(exc)) from None
     return value
+
+
+def settings_keys() -> list[str]:
+    """The keys a ``--config`` file's ``settings`` may have: the long option names."""
+    return [
+        p.name.replace("_", "-") for p in extender_command.params if p.name not in (None, "config")
+    ]
 
 
 _path = click.Path(path_type=Path, dir_okay=False)
@@ -49,7 +65,13 @@ _path = click.Path(path_type=Path, dir_okay=False)
     help="YAML file (apiVersion kubegpu.io/v1alpha1, kind ExtenderConfig, settings: {...}).",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8888, show_default=True)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8888,
+    show_default=True,
+    help="Port of the verbs' listener (0 picks a free one, logged at start).",
+)
 @click.option(
     "--policy",
     default="kubegpu",
@@ -57,8 +79,18 @@ _path = click.Path(path_type=Path, dir_okay=False)
     help="binpack, spread, fgd or kubegpu (or any placement engine policy name).",
 )
 @click.option("--kubeconfig", type=_path, default=None, help="Default: in-cluster, then ~/.kube.")
-@click.option("--tls-cert-file", type=_path, default=None)
-@click.option("--tls-key-file", type=_path, default=None)
+@click.option(
+    "--tls-cert-file",
+    type=_path,
+    default=None,
+    help="Serve HTTPS with this PEM certificate (chain); needs --tls-key-file.",
+)
+@click.option(
+    "--tls-key-file",
+    type=_path,
+    default=None,
+    help="The unencrypted PEM private key of --tls-cert-file.",
+)
 @click.option(
     "--client-ca-file", type=_path, default=None, help="Require client certificates signed by it."
 )
@@ -77,7 +109,7 @@ _path = click.Path(path_type=Path, dir_okay=False)
 )
 @click.option(
     "--max-body-bytes",
-    type=int,
+    type=click.IntRange(min=1024),
     default=None,
     help=(
         "Largest request body accepted; a bigger one is answered 413. Unset: 16 MiB, or "
@@ -86,7 +118,7 @@ _path = click.Path(path_type=Path, dir_okay=False)
 )
 @click.option(
     "--max-inflight-body-bytes",
-    type=int,
+    type=click.IntRange(min=1024),
     default=None,
     help=(
         "Bytes of request bodies held at once across all requests; a request that would pass "
@@ -96,7 +128,7 @@ _path = click.Path(path_type=Path, dir_okay=False)
 )
 @click.option(
     "--request-head-timeout-seconds",
-    type=click.FloatRange(0, 3600, min_open=True),
+    type=seconds(maximum=3600),
     default=30.0,
     show_default=True,
     help=(
@@ -106,7 +138,7 @@ _path = click.Path(path_type=Path, dir_okay=False)
 )
 @click.option(
     "--request-body-timeout-seconds",
-    type=click.FloatRange(0, 3600, min_open=True),
+    type=seconds(maximum=3600),
     default=30.0,
     show_default=True,
     help="Answer 408 and close when a request body is not complete this long after its head.",
@@ -117,16 +149,28 @@ _path = click.Path(path_type=Path, dir_okay=False)
     default=None,
     help="Target workload for fgd/kubegpu (default: the GPU pods in the cluster).",
 )
-@click.option("--workload-refresh-seconds", type=float, default=300.0, show_default=True)
-@click.option("--bind-attempts", type=int, default=5, show_default=True)
+@click.option(
+    "--workload-refresh-seconds",
+    type=seconds(),
+    default=300.0,
+    show_default=True,
+    help="How often fgd/kubegpu re-read the cluster's GPU pods as their target workload.",
+)
+@click.option(
+    "--bind-attempts",
+    type=click.IntRange(1, 100),
+    default=5,
+    show_default=True,
+    help="Tries per bind when the API answers a conflict (409) or is briefly unavailable.",
+)
 @click.option(
     "--leader-lease",
     default=None,
     help=(
-        "namespace/name of the leader-election Lease of the kube-scheduler that calls this "
-        "extender (kube-system/kube-scheduler for the default scheduler). Set it wherever "
-        "kube-scheduler runs replicated: bind then refuses unless that Lease's holder is "
-        "leader-identity. Unset: every bind is served."
+        "Required. namespace/name of the leader-election Lease of the kube-scheduler that "
+        "calls this extender (kube-system/kube-scheduler for the default scheduler): bind "
+        "refuses unless that Lease's holder is leader-identity. 'none' when exactly one "
+        "extender can ever run (two unguarded extenders both bind and over-commit cards)."
     ),
 )
 @click.option(
@@ -153,10 +197,40 @@ _path = click.Path(path_type=Path, dir_okay=False)
         "HTTP (safe: read-only, no verb), for Prometheus and the kubelet's probes. Unset: off."
     ),
 )
-@click.option("--whole-gpu-resource", default=DEFAULT_WHOLE_GPU, show_default=True)
-@click.option("--gpu-memory-resource", default=DEFAULT_GPU_MEMORY, show_default=True)
-@click.option("--gpu-compute-resource", default=DEFAULT_GPU_COMPUTE, show_default=True)
-@click.option("--share-slot-resource", default=DEFAULT_SHARE_SLOT, show_default=True)
+@click.option(
+    "--scheduler-version",
+    default=None,
+    help=(
+        "Version of the kube-scheduler that calls this extender (its image tag, e.g. v1.31.4). "
+        "Set, the extender refuses to start when it is newer than the API server or more than "
+        "one minor version older (Kubernetes' version skew policy). The second-scheduler "
+        "overlay sets it from the kube-scheduler image. Unset: not checked."
+    ),
+)
+@click.option(
+    "--whole-gpu-resource",
+    default=DEFAULT_WHOLE_GPU,
+    show_default=True,
+    help="Resource of whole GPUs (the node agent's sharing.gpuShare.wholeResourceName).",
+)
+@click.option(
+    "--gpu-memory-resource",
+    default=DEFAULT_GPU_MEMORY,
+    show_default=True,
+    help="Resource of GPU memory in MiB per card (sharing.gpuShare.memoryResourceName).",
+)
+@click.option(
+    "--gpu-compute-resource",
+    default=DEFAULT_GPU_COMPUTE,
+    show_default=True,
+    help="Resource of GPU compute in thousandths of a card (sharing.gpuShare.computeResourceName).",
+)
+@click.option(
+    "--share-slot-resource",
+    default=DEFAULT_SHARE_SLOT,
+    show_default=True,
+    help="Resource of share slots the node agent advertises (sharing.gpuShare.resourceName).",
+)
 def extender_command(**options: Any) -> None:
     """Serve kube-scheduler's filter, prioritize and bind verbs for GPU pods."""
     try:
@@ -183,11 +257,14 @@ def extender_command(**options: Any) -> None:
             workload_file=_opt_path(options["workload_file"]),
             workload_refresh_s=float(options["workload_refresh_seconds"]),
             bind_attempts=int(options["bind_attempts"]),
-            leader_lease=options["leader_lease"] or None,
+            leader_lease=None,  # resolved below, once the rest is known to be right
             leader_identity=options["leader_identity"] or None,
             metrics_host=options["metrics_host"],
             metrics_port=options["metrics_port"],
+            scheduler_version=options["scheduler_version"] or None,
         )
+        config.validate()
+        config = replace(config, leader_lease=resolve_leader_lease(options["leader_lease"]))
         config.validate()
     except (ConfigError, ValueError) as exc:
         click.echo(f"kubegpu extender: {exc}", err=True)
@@ -195,7 +272,7 @@ def extender_command(**options: Any) -> None:
     log.info("configuration: %s", config)
     try:
         asyncio.run(_serve(config))
-    except ConfigError as exc:  # a listener that cannot be opened (service.py)
+    except ConfigError as exc:  # a file, a listener or a scheduler version (service.py)
         click.echo(f"kubegpu extender: {exc}", err=True)
         raise SystemExit(2) from None
 
@@ -210,6 +287,10 @@ def _opt_path(value: object) -> Path | None:
 
 async def _serve(config: ExtenderConfig) -> None:
     from kubegpu.extender.service import ExtenderService
+
+    # Every file first (TLS, kubeconfig, workload), before listening or connecting: a bad one
+    # ends the process here with one line naming it.
+    check_files(config)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

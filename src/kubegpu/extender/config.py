@@ -10,8 +10,10 @@ and ``/readyz``, reads no body and has no verb that changes anything.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import ssl
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,10 +22,13 @@ import yaml
 
 from kubegpu.core.names import model_key
 from kubegpu.extender.scheduler import POLICY_ALIASES
+from kubegpu.extender.skew import parse_version
+from kubegpu.kube.client import KubeconfigError, load_kubeconfig
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import PodRequest
 from kubegpu.placement.policies import POLICIES
 from kubegpu.sharing.resources import ResourceNames
+from kubegpu.tls import TlsFileError, server_context
 
 CONFIG_API_VERSION = "kubegpu.io/v1alpha1"
 CONFIG_KIND = "ExtenderConfig"
@@ -75,6 +80,9 @@ class ExtenderConfig:
     # or behind client certificates. None: off.
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
+    # The calling kube-scheduler's version (its image tag); set, start refuses a version the
+    # skew policy does not allow against the API server's (skew.py). None: not checked.
+    scheduler_version: str | None = None
 
     @property
     def tls(self) -> bool:
@@ -123,6 +131,11 @@ class ExtenderConfig:
         if self.bind_attempts < 1:
             raise ConfigError("bind-attempts must be at least 1")
         self._validate_metrics_listener()
+        if self.scheduler_version is not None:
+            try:
+                parse_version(self.scheduler_version)
+            except ValueError as exc:
+                raise ConfigError(f"scheduler-version {exc}") from None
         if self.leader_lease:
             namespace, _, name = self.leader_lease.partition("/")
             if not namespace or not name or "/" in name:
@@ -172,21 +185,61 @@ def is_loopback(host: str) -> bool:
 
 
 def server_ssl_context(config: ExtenderConfig) -> ssl.SSLContext | None:
-    if not config.tls:
+    """The listener's TLS context; :class:`ConfigError` naming the file when one is unusable."""
+    if config.tls_cert_file is None or config.tls_key_file is None:
         return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(str(config.tls_cert_file), str(config.tls_key_file))
-    if config.client_ca_file is not None:
-        context.verify_mode = ssl.CERT_REQUIRED
-        context.load_verify_locations(cafile=str(config.client_ca_file))
-    return context
+    try:
+        return server_context(config.tls_cert_file, config.tls_key_file, config.client_ca_file)
+    except TlsFileError as exc:
+        raise ConfigError(str(exc)) from None
 
 
-def load_config_file(path: Path) -> dict[str, Any]:
-    """A versioned YAML file as option defaults (keys are the long flag names)."""
+def check_files(config: ExtenderConfig) -> None:
+    """Every file the settings name can be used: TLS files, kubeconfig, workload file.
+
+    Run before any I/O (listening, connecting to the API), so a bad file ends the process at
+    start with one line naming it, not with a traceback once serving has begun."""
+    server_ssl_context(config)
+    try:
+        load_kubeconfig(config.kubeconfig)
+    except KubeconfigError as exc:
+        raise ConfigError(str(exc)) from None
+    if config.workload_file is not None:
+        load_workload(config.workload_file)
+
+
+# The leader-lease value that says "exactly one extender runs": binds are then never gated.
+SINGLE_INSTANCE = "none"
+
+
+def resolve_leader_lease(value: str | None) -> str | None:
+    """``namespace/name`` stays; ``none`` is None (no gate); unset is an error.
+
+    There is no silent default: an extender without a lease binds whenever asked, so two of
+    them (a second control-plane node, a rolling update, a copied config) each hand out the
+    same cards. Running unguarded has to be said out loud."""
+    if value is None or not value.strip():
+        raise ConfigError(
+            "leader-lease is not set: give the namespace/name of the Lease that the "
+            "kube-scheduler calling this extender elects its leader with (kube-system/"
+            "kube-scheduler for the default scheduler), or 'none' if exactly one extender "
+            "can ever run"
+        )
+    if value.strip().lower() == SINGLE_INSTANCE:
+        return None
+    return value.strip()
+
+
+def load_config_file(path: Path, known: Collection[str]) -> dict[str, Any]:
+    """A versioned YAML file as option defaults (keys are the long flag names, ``known``).
+
+    An unknown key is an error naming the nearest known one: silently ignored, ``polcy:`` or
+    ``leader-leese:`` would run with the default, and the latter would bind with no leader
+    guard at all."""
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte offset {exc.start})") from None
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: cannot read ({exc})") from None
     if not isinstance(doc, dict):
@@ -199,6 +252,12 @@ def load_config_file(path: Path) -> dict[str, Any]:
     settings = doc.get("settings") or {}
     if not isinstance(settings, dict):
         raise ConfigError(f"{path}: settings must be a mapping")
+    keys = sorted(k.replace("_", "-") for k in known)
+    for key in settings:
+        if str(key).replace("_", "-") not in keys:
+            close = difflib.get_close_matches(str(key).replace("_", "-"), keys, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(keys)}"
+            raise ConfigError(f"{path}: settings: unknown key {key!r} ({hint})")
     return {str(k).replace("-", "_"): v for k, v in settings.items()}
 
 
@@ -207,6 +266,10 @@ def load_workload(path: Path) -> TypicalWorkload:
     weight, models?}]`` (``gpuMilli`` per card; whole cards are 1000)."""
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"workload file {path}: not UTF-8 text (byte offset {exc.start})"
+        ) from None
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"workload file {path}: cannot read ({exc})") from None
     pods = doc.get("pods") if isinstance(doc, dict) else None

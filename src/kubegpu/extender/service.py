@@ -21,6 +21,7 @@ from kubegpu.extender.config import (
 from kubegpu.extender.leader import LeaderGate, default_identity
 from kubegpu.extender.scheduler import GpuScheduler
 from kubegpu.extender.server import ExtenderApp
+from kubegpu.extender.skew import parse_version, server_minor, skew_problem
 from kubegpu.kube.client import async_client
 from kubegpu.kube.view import Backoff, ClusterView
 
@@ -90,6 +91,8 @@ class ExtenderService:
         return f"http://{host if ':' not in host else f'[{host}]'}:{self.metrics_port}"
 
     async def start(self) -> None:
+        if self.config.scheduler_version is not None:
+            await self._check_scheduler_version(self.config.scheduler_version)
         self._view_task = asyncio.create_task(self.view.run(), name="kubegpu-cluster-view")
         runner = web.AppRunner(
             self.app.application(),
@@ -111,7 +114,15 @@ class ExtenderService:
             ssl_context=server_ssl_context(self.config),
             backlog=2048,
         )
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            await self.stop()
+            raise ConfigError(
+                f"host/port {self.config.host}:{self.config.port}: cannot listen there "
+                f"({exc.strerror or exc})"
+            ) from None
         self._runner = runner
         self.port = runner.addresses[0][1]
         if self.config.metrics_port is not None:
@@ -129,6 +140,28 @@ class ExtenderService:
             if self.app.leader
             else "binds whenever asked (no leader-lease)",
         )
+
+    async def _check_scheduler_version(self, scheduler_version: str) -> None:
+        """Refuse (ConfigError, exit 2) a kube-scheduler the skew policy does not allow with
+        this API server; an API that does not answer is only a warning (the view retries)."""
+        try:
+            # lightkube has no call for /version: its HTTP client, authenticated as the
+            # extender, on the server's base URL.
+            http = self.client._client._client
+            answer = await http.get("/version")
+            answer.raise_for_status()
+            server = server_minor(answer.json())
+        except Exception as exc:
+            log.warning(
+                "cannot read the API server's version to check kube-scheduler %s against it: %s",
+                scheduler_version,
+                exc,
+            )
+            return
+        problem = skew_problem(parse_version(scheduler_version), server)
+        if problem is not None:
+            raise ConfigError(f"scheduler-version: {problem}")
+        log.info("kube-scheduler %s fits the API server v%d.%d", scheduler_version, *server)
 
     async def _start_metrics(self, host: str, port: int) -> None:
         runner = web.AppRunner(

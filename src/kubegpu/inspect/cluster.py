@@ -4,7 +4,9 @@ Kubeconfig resolution follows kubectl, not lightkube's ``from_env`` (which prefe
 in-cluster service account): ``--kubeconfig``, else every existing file in ``$KUBECONFIG``
 (merged, first file wins per entry and for ``current-context``), else ``~/.kube/config``, else
 the in-cluster service account. Every failure to reach or read the cluster becomes one
-:class:`ClusterError` with a message fit for a terminal; the command maps it to exit code 1.
+:class:`ClusterError` with a message fit for a terminal; the command maps it to exit code 1,
+and :class:`KubeconfigProblem` (no kubeconfig, one that cannot be used, an unknown context:
+the user's to fix) to exit code 2.
 """
 
 from __future__ import annotations
@@ -25,11 +27,17 @@ from lightkube.config.kubeconfig import SERVICE_ACCOUNT, KubeConfig
 from lightkube.generic_resource import GenericGlobalResource, GenericNamespacedResource
 from lightkube.resources.core_v1 import Node, Pod
 
+from kubegpu.kube.client import KubeconfigError, load_kubeconfig_file
+
 log = logging.getLogger(__name__)
 
 
 class ClusterError(Exception):
     """The cluster cannot be read; the message says where and why."""
+
+
+class KubeconfigProblem(ClusterError):
+    """There is no usable kubeconfig (or context) to read the cluster with."""
 
 
 # --------------------------------------------------------------------------- kubeconfig
@@ -68,31 +76,33 @@ def resolve_kubeconfig(
     try:
         if explicit:
             if not Path(explicit).is_file():
-                raise ClusterError(f"kubeconfig {explicit} does not exist")
-            return KubeConfig.from_file(str(explicit))
+                raise KubeconfigProblem(f"kubeconfig {explicit} does not exist")
+            return load_kubeconfig_file(Path(explicit))
         listed = [p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]
         existing = [Path(p).expanduser() for p in listed if Path(p).expanduser().is_file()]
         if len(existing) == 1:
-            return KubeConfig.from_file(str(existing[0]))
+            return load_kubeconfig_file(existing[0])
         if existing:
             documents = []
             for path in existing:
-                loaded = yaml.safe_load(path.read_text()) or {}
+                loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
                 if isinstance(loaded, dict):
                     # Relative certificate paths are relative to their own file.
                     documents.append(_absolutise(loaded, path.parent))
             return KubeConfig.from_dict(_merge(documents))
         default = (home or Path.home()) / ".kube" / "config"
         if not listed and default.is_file():
-            return KubeConfig.from_file(str(default))
+            return load_kubeconfig_file(default)
         if Path(service_account).is_dir() and env.get("KUBERNETES_SERVICE_HOST"):
             return KubeConfig.from_service_account(str(service_account))
-    except ConfigError as exc:
-        raise ClusterError(f"kubeconfig: {exc}") from None
-    except (OSError, yaml.YAMLError) as exc:
-        raise ClusterError(f"cannot read kubeconfig: {exc}") from None
+    except KubeconfigError as exc:
+        raise KubeconfigProblem(str(exc)) from None
+    except (ConfigError, KeyError, TypeError, AttributeError) as exc:
+        raise KubeconfigProblem(f"kubeconfig: {type(exc).__name__}: {exc}") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise KubeconfigProblem(f"cannot read kubeconfig: {exc}") from None
     where = "$KUBECONFIG" if listed else str(default)
-    raise ClusterError(
+    raise KubeconfigProblem(
         f"no kubeconfig found ({where} does not exist) and not running inside a cluster; "
         "pass --kubeconfig"
     )
@@ -130,10 +140,10 @@ def make_client(
     config = resolve_kubeconfig(kubeconfig)
     try:
         single = config.get(context_name=context)
-    except ConfigError as exc:
-        raise ClusterError(f"kubeconfig: {exc}") from None
+    except (ConfigError, KeyError) as exc:
+        raise KubeconfigProblem(f"kubeconfig: {exc} (--context {context})") from None
     if single is None:
-        raise ClusterError("kubeconfig has no current context; pass --context")
+        raise KubeconfigProblem("kubeconfig has no current context; pass --context")
     client = lightkube.AsyncClient(
         single, timeout=httpx.Timeout(request_timeout_s), field_manager="kubegpu-inspect"
     )

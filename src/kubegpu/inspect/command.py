@@ -25,10 +25,12 @@ from typing import Any, TextIO
 
 import click
 
+from kubegpu.cli.types import FiniteFloatRange
 from kubegpu.inspect.cluster import (
     ClusterError,
     ClusterState,
     Connection,
+    KubeconfigProblem,
     follow_cluster,
     list_cluster,
     make_client,
@@ -231,7 +233,8 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
     "-n",
     "--namespace",
     default="",
-    help="Only pods of this namespace (card figures still count every pod).",
+    help="Only pods of this namespace (every GPU node is still shown, and card figures still "
+    "count every pod).",
 )
 @click.option("-w", "--watch", is_flag=True, help="Re-render on every change until Ctrl-C.")
 @click.option(
@@ -243,7 +246,7 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
 @click.option("--context", default=None, help="Kubeconfig context (default: current).")
 @click.option(
     "--request-timeout",
-    type=click.FloatRange(min=0.1),
+    type=FiniteFloatRange(min=0.1),
     default=10.0,
     show_default=True,
     help="Seconds to wait for the API server.",
@@ -271,21 +274,21 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
 )
 @click.option(
     "--exporter-timeout",
-    type=click.FloatRange(min=0.05),
+    type=FiniteFloatRange(min=0.05),
     default=2.0,
     show_default=True,
     help="Seconds to wait for all exporters together; late ones show '?'.",
 )
 @click.option(
     "--refresh-interval",
-    type=click.FloatRange(min=0.05),
+    type=FiniteFloatRange(min=0.05),
     default=1.0,
     show_default=True,
     help="--watch: least seconds between two renders.",
 )
 @click.option(
     "--usage-interval",
-    type=click.FloatRange(min=0.5),
+    type=FiniteFloatRange(min=0.5),
     default=10.0,
     show_default=True,
     help="--watch: seconds between two exporter fetches.",
@@ -341,7 +344,7 @@ def inspect_command(
         report = asyncio.run(inspect_once(connection, options))
     except ClusterError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        sys.exit(2 if isinstance(exc, KubeconfigProblem) else 1)
     except KeyboardInterrupt:
         return
     except BrokenPipeError:
@@ -366,6 +369,7 @@ def _quiet_stdout() -> None:
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
     default="warning",
     show_default=True,
+    help="Least severe log lines shown (on stderr).",
 )
 def kubectl_gpu(log_level: str) -> None:
     """kubectl plugin for kubegpu: `kubectl gpu inspect`."""

@@ -65,6 +65,9 @@ class PendingState(enum.Enum):
     BINDING = "binding"  # decided and recorded, not yet bound
     STARTING = "starting"  # bound with a decision, containers not started (no Allocate yet)
     UNSCHEDULED = "unscheduled"  # asks for GPUs, no node and no decision yet
+    # The scheduler tried and said no (PodScheduled=False); it tries again when the cluster
+    # changes. The demo summary and the scheduler stand-in call these pods "refused" too.
+    REFUSED = "refused"
 
 
 class UnplacedReason(enum.Enum):
@@ -287,6 +290,15 @@ def _node_inventory(node: Mapping[str, Any]) -> NodeInfo:
         return NodeInfo(name, 0, 0, decode_inventory(raw))
     except AnnotationError as exc:
         return NodeInfo(name, 0, 0, None, str(exc))
+
+
+def _refused(pod: Mapping[str, Any]) -> bool:
+    """Whether the scheduler has tried the pod and found no node (PodScheduled=False)."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(
+        isinstance(c, Mapping) and c.get("type") == "PodScheduled" and c.get("status") == "False"
+        for c in conditions
+    )
 
 
 def _phase(pod: Mapping[str, Any]) -> str:
@@ -524,7 +536,7 @@ def _read_pod(
             PendingPod(
                 namespace,
                 name,
-                PendingState.UNSCHEDULED,
+                PendingState.REFUSED if _refused(pod) else PendingState.UNSCHEDULED,
                 "",
                 totals.whole_gpus,
                 totals.gpu_memory_mib,
@@ -907,8 +919,8 @@ def _filtered(report: InspectReport) -> InspectReport:
                 for c in view.cards
             )
             unplaced = tuple(u for u in view.unplaced if u.namespace == namespace)
-            if not unplaced and not any(c.pods for c in cards):
-                continue
+            # A node with none of the namespace's pods stays: its free cards are what that
+            # namespace's next pod could get, and hiding it could leave "no GPU nodes match".
             view = _replace_node(view, cards, unplaced)
         nodes.append(view)
     shown = {v.name for v in nodes}

@@ -335,7 +335,9 @@ def _pending_lines(pending: tuple[PendingPod, ...]) -> Iterator[str]:
             request = f"{gib(p.memory_mib)}, {_compute(p.compute_milli)} of one GPU"
         cards = ", ".join(f"{c.index} ({c.uuid})" for c in p.cards) or "-"
         grid.add([p.key, p.state.value, p.node or "-", request, cards])
-    yield "pending GPU pods"
+    # "pending" is the pod phase: refused (the scheduler found no node), unscheduled (not
+    # tried yet), binding, starting.
+    yield "pending GPU pods (phase Pending)"
     yield from grid.lines("  ")
 
 

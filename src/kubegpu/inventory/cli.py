@@ -1,7 +1,7 @@
 """``kubegpu discover`` (print the node's GPUs) and ``kubegpu fake-gpu`` (script a fake node).
 
 Exit codes, the same for both: 0 success, 1 the backend or control socket is unavailable or
-refused the command, 2 bad usage or a bad fake spec.
+refused the command, 2 bad usage, a bad fake spec, or a --control path that is not a socket.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def _fail(message: str, code: int) -> NoReturn:
     type=click.Choice(["table", "json"]),
     default="table",
     show_default=True,
+    help="table: for people; json: every field, for scripts.",
 )
 def discover(backend_kind: str, fake_gpus: str | None, output: str) -> None:
     """Print the node's GPUs and the topology between them."""
@@ -204,7 +205,9 @@ def format_inventory_table(inventory: NodeInventory, backend: GpuBackend) -> str
     help="Control socket of the fake backend (the agent's --fake-control).",
 )
 @click.option("--gpu", default=None, metavar="INDEX|UUID", help="The GPU to act on.")
-@click.option("--xid", type=int, default=None, help="Xid code to inject (op xid).")
+@click.option(
+    "--xid", type=click.IntRange(min=0), default=None, help="Xid code to inject (op xid)."
+)
 def fake_gpu(op: str, control: Path, gpu: str | None, xid: int | None) -> None:
     """Script a running fake GPU backend: inject an Xid, lose or restore a GPU, show status."""
     fields: dict[str, Any] = {}
@@ -216,6 +219,10 @@ def fake_gpu(op: str, control: Path, gpu: str | None, xid: int | None) -> None:
         if xid is None:
             _fail("fake-gpu xid needs --xid N", EXIT_USAGE)
         fields["xid"] = xid
+    if control.exists() and not control.is_socket():
+        # Not a socket at all is the caller's mistake (2); a socket that is missing or that
+        # nobody answers on means the backend is not running (1).
+        _fail(f"--control {control} is not a unix socket (the agent's --fake-control)", EXIT_USAGE)
     try:
         reply = send_fake_gpu_command(control, op, **fields)
     except FakeControlError as exc:

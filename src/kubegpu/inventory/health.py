@@ -31,6 +31,10 @@ from kubegpu.inventory.backend import GpuBackend, HealthWatcher, InventoryError
 
 log = logging.getLogger(__name__)
 
+# One health check: one wait for GPU events, returning after this long when none came (sooner
+# when a non-critical one ends it). health.recoverAfterHealthyChecks counts these.
+HEALTH_CHECK_S = 0.2
+
 HealthCallback = Callable[[GpuUuid, bool, str], None]
 EventCallback = Callable[[HealthEvent], None]
 
@@ -73,7 +77,7 @@ class HealthMonitor:
         policy: HealthCheckPolicy,
         on_change: HealthCallback,
         *,
-        poll_timeout_s: float = 0.2,
+        poll_timeout_s: float = HEALTH_CHECK_S,
         node_name: str = "",
         on_event: EventCallback | None = None,
     ) -> None:

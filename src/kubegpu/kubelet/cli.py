@@ -257,6 +257,7 @@ def device_plugin(
     )
     from kubegpu.kubelet.probes import ProbeServerError
     from kubegpu.kubelet.resources import PlanError
+    from kubegpu.kubelet.socketdir import SocketDirError, check_folder, check_socket_dir
 
     node = node_name or "-"
     overrides = {_OVERRIDES[k]: v for k, v in flags.items() if v is not None}
@@ -266,6 +267,17 @@ def device_plugin(
         click.echo(f"kubegpu device-plugin: {err}", err=True)
         sys.exit(2)
     log.info("node %s: resolved config %s", node, render_config(config))
+    try:
+        check_socket_dir(kubelet_dir, _socket_names(config))
+    except SocketDirError as err:
+        click.echo(f"kubegpu device-plugin: --kubelet-dir {err}", err=True)
+        sys.exit(2)
+    if config.uses_cdi:
+        try:  # the CDI spec is written there at start
+            check_folder(Path(config.flags.plugin.cdi_dir), "write the CDI spec")
+        except SocketDirError as err:
+            click.echo(f"kubegpu device-plugin: flags.plugin.cdiDir (--cdi-dir) {err}", err=True)
+            sys.exit(2)
 
     try:
         gpu_backend = _open_backend(backend, fake_gpus, fake_control)
@@ -311,6 +323,17 @@ def device_plugin(
             sys.exit(1)
     finally:
         gpu_backend.close()
+
+
+def _socket_names(config: AgentConfig) -> list[str]:
+    """kubelet.sock and every socket the agent may make for the configured resources."""
+    from kubegpu.kubelet.plugin import KUBELET_SOCKET
+    from kubegpu.kubelet.resources import socket_name_for
+
+    names = {r.name for r in config.resources.gpus} | {config.sharing.gpu_share.resource_name}
+    for shared in config.sharing.time_slicing.resources:
+        names |= {shared.name, shared.rename or f"{shared.name}.shared"}
+    return [KUBELET_SOCKET, *(socket_name_for(n) for n in names)]
 
 
 def _kube_config(kubeconfig: Path | None) -> Any:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from kubegpu.cli.types import POSITIVE_SECONDS
 from kubegpu.config.model import DEFAULT_RESOURCE, AgentConfig
 from kubegpu.labels.catalogue import GpuShareSummary, SharingSummary
 from kubegpu.labels.sinks import DEFAULT_NFD_FEATURE_FILE, LabelSink
@@ -62,14 +63,37 @@ def _sink(kind: str, nfd_file: Path, node_name: str) -> LabelSink:
     if kind == "node":
         import lightkube
 
-        # In-cluster service account, else KUBECONFIG / ~/.kube/config.
-        return NodeLabelSink(lightkube.Client(field_manager="kubegpu-labels"), node_name)
+        from kubegpu.kube.client import KubeconfigError, load_kubeconfig
+
+        try:  # In-cluster service account, else KUBECONFIG / ~/.kube/config.
+            kube_config = load_kubeconfig()
+        except KubeconfigError as exc:
+            click.echo(f"kubegpu labels: --sink node needs API access: {exc}", err=True)
+            sys.exit(2)
+        return NodeLabelSink(
+            lightkube.Client(kube_config, field_manager="kubegpu-labels"), node_name
+        )
     return StdoutSink(sys.stdout)
+
+
+def _under_a_folder(path: Path) -> Path:
+    """The feature file's folder may be missing (NFD makes it), but not lie under a file."""
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise click.BadParameter(f"{path}: {folder} is a file, not a folder")
+    return path
 
 
 @click.command("labels")
 @click.option(
-    "--backend", type=click.Choice(["auto", "nvml", "fake"]), default="auto", show_default=True
+    "--backend",
+    type=click.Choice(["auto", "nvml", "fake"]),
+    default="auto",
+    show_default=True,
+    help="Where GPUs are read from: auto and nvml use NVML (auto fails clearly without it); "
+    "fake uses --fake-gpus.",
 )
 @click.option("--fake-gpus", default=None, help="Fake node: preset name or spec file.")
 @click.option(
@@ -87,7 +111,8 @@ def _sink(kind: str, nfd_file: Path, node_name: str) -> LabelSink:
 )
 @click.option(
     "--nfd-file",
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, dir_okay=False),
+    callback=lambda _ctx, _param, value: _under_a_folder(value),
     default=DEFAULT_NFD_FEATURE_FILE,
     show_default=True,
     help="Feature file for --sink nfd.",
@@ -124,14 +149,18 @@ def _sink(kind: str, nfd_file: Path, node_name: str) -> LabelSink:
 )
 @click.option(
     "--interval",
-    type=float,
+    type=POSITIVE_SECONDS,
     default=60.0,
     show_default=True,
     help="Seconds between re-asserting the labels (nothing is written if they are still "
     "there); changes are written within --poll.",
 )
 @click.option(
-    "--poll", type=float, default=10.0, show_default=True, help="Seconds between inventory checks."
+    "--poll",
+    type=POSITIVE_SECONDS,
+    default=10.0,
+    show_default=True,
+    help="Seconds between inventory checks.",
 )
 def labels_command(
     backend: str,
@@ -150,9 +179,8 @@ def labels_command(
 ) -> None:
     """Label this node with its GPUs' model, memory, count, driver, health and topology."""
     from kubegpu.config.load import ConfigError, load_config
-    from kubegpu.exporter.cli import open_backend
+    from kubegpu.exporter.cli import open_gpu_backend_or_exit
     from kubegpu.exporter.health import HealthFeed
-    from kubegpu.inventory.backend import InventoryError
     from kubegpu.kubelet.agent import health_policy
     from kubegpu.labels.labeller import Labeller
 
@@ -169,16 +197,13 @@ def labels_command(
         replicas=sharing.replicas if replicas is None else replicas,
         gpu_share=sharing.gpu_share,
     )
-    try:
-        gpu_backend = open_backend(backend, fake_gpus, fake_control)
-        inventory = gpu_backend.snapshot()
-    except (InventoryError, ValueError) as exc:
-        log.error("cannot open the GPU backend: %s", exc)
-        sys.exit(1)
+    label_sink = _sink(sink, nfd_file, node)
+    gpu_backend = open_gpu_backend_or_exit(backend, fake_gpus, fake_control)
+    inventory = gpu_backend.snapshot()
     health = HealthFeed(policy=policy)
     labeller = Labeller(
         inventory=gpu_backend.snapshot,
-        sink=_sink(sink, nfd_file, node),
+        sink=label_sink,
         health=health.healthy_map,
         sharing=sharing,
         timestamp=not no_timestamp,

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import click
 
+from kubegpu.cli.types import FiniteFloatRange
 from kubegpu.placement.model import NodeState
 from kubegpu.placement.policies import POLICIES, PolicySpec, get_policy
 from kubegpu.simulate.arrivals import Arrivals, generate_arrivals, load_fixture
@@ -90,8 +91,13 @@ def run_job(job: Job) -> JobResult:
     )
 
 
+# Each seed is one replay of every policy; past this a typo (1-5000000) would only build a
+# list of jobs for minutes and never finish, where a real study uses tens.
+MAX_SEEDS = 10_000
+
+
 def parse_seeds(text: str) -> list[int]:
-    """``42-51`` or ``42,45,50`` (or a mix) → sorted unique seeds."""
+    """``42-51`` or ``42,45,50`` (or a mix) → sorted unique seeds, at most :data:`MAX_SEEDS`."""
     seeds: set[int] = set()
     for part in text.split(","):
         part = part.strip()
@@ -99,12 +105,14 @@ def parse_seeds(text: str) -> list[int]:
             continue
         low, sep, high = part.partition("-")
         try:
-            if sep:
-                seeds.update(range(int(low), int(high) + 1))
-            else:
-                seeds.add(int(part))
+            first, last = (int(low), int(high)) if sep else (int(part), int(part))
         except ValueError:
             raise click.BadParameter(f"not a seed or range: {part!r}") from None
+        if last < first:
+            raise click.BadParameter(f"range {part!r} is reversed; did you mean {last}-{first}?")
+        if last - first + 1 + len(seeds) > MAX_SEEDS:
+            raise click.BadParameter(f"{text!r} is more than {MAX_SEEDS} seeds")
+        seeds.update(range(first, last + 1))
     if not seeds:
         raise click.BadParameter("no seeds")
     return sorted(seeds)
@@ -129,16 +137,21 @@ PaperTable = dict[tuple[str, str], dict[int, list[float]]]
 def read_paper(path: Path) -> PaperTable:
     """(workload, label) → seed → columns 0…130, from the paper artifact's CSV."""
     out: PaperTable = defaultdict(dict)
-    with path.open(newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
-        for row in reader:
-            try:
-                values = [float(row[str(x)]) for x in COLUMNS]
-                seed = int(row["seed"])
-                key = (row["workload"], row["sc_policy"])
-            except (KeyError, ValueError, TypeError):
-                raise TraceError(path, reader.line_num, "", "bad paper row") from None
-            out[key][seed] = values
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            for row in reader:
+                try:
+                    values = [float(row[str(x)]) for x in COLUMNS]
+                    seed = int(row["seed"])
+                    key = (row["workload"], row["sc_policy"])
+                except (KeyError, ValueError, TypeError):
+                    raise TraceError(path, reader.line_num, "", "bad paper row") from None
+                out[key][seed] = values
+    except OSError as exc:
+        raise TraceError(path, 0, "", f"cannot open: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(path, 0, "", f"not UTF-8 text (byte offset {exc.start})") from None
     return out
 
 
@@ -264,15 +277,22 @@ def _plot(out: Path, results: Sequence[JobResult]) -> Path:
     "policies",
     default="kubegpu",
     show_default=True,
+    callback=lambda _ctx, _param, value: parse_policies(value),
     help="Comma-separated policies (random, dotprod, gpuclustering, gpupacking, bestfit, "
     "fgd, kubegpu, or 'all').",
 )
-@click.option("--seeds", default="42-51", show_default=True, help="e.g. 42-51 or 42,44")
+@click.option(
+    "--seeds",
+    default="42-51",
+    show_default=True,
+    callback=lambda _ctx, _param, value: parse_seeds(value),
+    help=f"Arrival orders to replay: e.g. 42-51 or 42,44 (at most {MAX_SEEDS}).",
+)
 @click.option(
     "--inflation",
     default=1.3,
     show_default=True,
-    type=float,
+    type=FiniteFloatRange(min=0, max=10, min_open=True),
     help="Arrived GPU demand as a multiple of capacity.",
 )
 @click.option(
@@ -282,23 +302,40 @@ def _plot(out: Path, results: Sequence[JobResult]) -> Path:
     default=None,
     help="Directory of <pods stem>_seed<S>.txt.gz arrival fixtures.",
 )
-@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path))
-@click.option("--jobs", default=1, show_default=True, type=click.IntRange(1, 64))
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Folder for allocation.csv, runs.csv and allocation.png (made if missing).",
+)
+@click.option(
+    "--jobs",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Replays run at once, each in its own process (at most the CPU count).",
+)
 @click.option(
     "--paper",
     "paper_csv",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
     default=None,
     help="The paper's allocation CSV, to compare against.",
 )
-@click.option("--plot/--no-plot", default=True, show_default=True)
+@click.option(
+    "--plot/--no-plot",
+    default=True,
+    show_default=True,
+    help="Also draw the mean allocation curves into allocation.png.",
+)
 @click.pass_context
 def simulate(
     ctx: click.Context,
     nodes_csv: Path,
     pods_csvs: tuple[Path, ...],
-    policies: str,
-    seeds: str,
+    policies: list[PolicySpec],
+    seeds: list[int],
     inflation: float,
     arrivals_dir: Path | None,
     out_dir: Path,
@@ -307,8 +344,8 @@ def simulate(
     plot: bool,
 ) -> None:
     """Replay GPU traces through the placement engine by the FGD paper's method."""
-    specs = parse_policies(policies)
-    seed_list = parse_seeds(seeds)
+    specs, seed_list = policies, seeds
+    _prepare_out(out_dir)
     try:
         nodes = load_nodes(nodes_csv)
         pods_by_file = {p: load_pods(p) for p in pods_csvs}
@@ -335,7 +372,6 @@ def simulate(
                     return
             for spec in specs:
                 work.append(Job(nodes_csv, pods_csv, fixture, spec.name, seed, inflation))
-    out_dir.mkdir(parents=True, exist_ok=True)
     log.info(
         "simulating %d runs (%d workloads × %d policies × %d seeds) with %d jobs",
         len(work),
@@ -350,6 +386,20 @@ def simulate(
     _summary(results, paper)
     if plot:
         click.echo(f"wrote {_plot(out_dir, results)}")
+
+
+def _prepare_out(out_dir: Path) -> None:
+    """Make ``--out`` now, so a folder that cannot be written fails before the replays, not
+    after them."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".kubegpu-write-probe"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot write to {out_dir}: {exc.strerror or exc}", param_hint="'--out'"
+        ) from None
 
 
 def _run_all(work: Sequence[Job], jobs: int) -> list[JobResult]:

@@ -41,12 +41,17 @@ def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str
         raise TraceError(path, 0, "", f"cannot open: {exc.strerror}") from None
     with handle:
         reader = csv.DictReader(handle)
-        header = reader.fieldnames or []
-        for column in required:
-            if column not in header:
-                raise TraceError(path, 1, column, f"missing column (header: {','.join(header)})")
-        for row in reader:
-            yield reader.line_num, row
+        try:
+            header = reader.fieldnames or []
+            for column in required:
+                if column not in header:
+                    raise TraceError(
+                        path, 1, column, f"missing column (header: {','.join(header)})"
+                    )
+            for row in reader:
+                yield reader.line_num, row
+        except UnicodeDecodeError:
+            raise TraceError(path, reader.line_num + 1, "", "not UTF-8 text") from None
 
 
 def _int(path: Path, line: int, row: dict[str, str], column: str, minimum: int = 0) -> int:

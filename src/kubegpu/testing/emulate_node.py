@@ -24,7 +24,11 @@ from typing import IO, Any
 
 import click
 
+from kubegpu.cli.types import POSITIVE_SECONDS
+from kubegpu.inventory.spec import FakeSpecError, resolve_fake_spec
+from kubegpu.kubelet.socketdir import SocketDirError, check_socket_dir
 from kubegpu.testing.kubelet import (
+    KUBELET_SOCKET_NAME,
     Allocation,
     AllocationError,
     DeviceState,
@@ -240,7 +244,7 @@ def _sigterm_as_keyboard_interrupt() -> Iterator[None]:
 @click.option(
     "--timeout",
     "timeout_s",
-    type=float,
+    type=POSITIVE_SECONDS,
     default=30.0,
     show_default=True,
     help="Seconds to wait for the plugin to register.",
@@ -278,6 +282,20 @@ def emulate_node(
 ) -> None:
     """Run a kubelet emulator and a real fake-GPU device plugin process, and show what happens."""
     log_level = str(ctx.find_root().params.get("log_level") or "info")
+    try:  # here, not as the plugin's exit status after it started
+        resolve_fake_spec(fake_gpus)
+    except FakeSpecError as error:
+        raise click.BadParameter(str(error), param_hint="'--fake-gpus'") from None
+    if kubelet_dir is not None:
+        try:
+            check_socket_dir(kubelet_dir, [KUBELET_SOCKET_NAME, "kubegpu-nvidia.com_gpu.sock"])
+        except SocketDirError as error:
+            raise click.BadParameter(str(error), param_hint="'--kubelet-dir'") from None
+    if pod_resources_socket is not None:
+        try:
+            check_socket_dir(pod_resources_socket.parent, [pod_resources_socket.name])
+        except SocketDirError as error:
+            raise click.BadParameter(str(error), param_hint="'--pod-resources-socket'") from None
     # One temporary root for everything we create: the kubelet dir (unless given) and the fake
     # backend's control socket, kept out of the kubelet dir because kubelets own the sockets there.
     session = Path(tempfile.mkdtemp(prefix="kubegpu-node-"))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
+import shutil
 import signal
 import tempfile
 from pathlib import Path
@@ -17,6 +19,7 @@ import click
 
 from kubegpu.testing.apiserver.objects import make_node
 from kubegpu.testing.apiserver.server import FakeApiServer
+from kubegpu.tls import TlsFileError, server_context
 
 
 def _is_loopback(host: str) -> bool:
@@ -30,7 +33,13 @@ def _is_loopback(host: str) -> bool:
 
 @click.command("fake-apiserver")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8080, show_default=True, type=int, help="0 picks a free port.")
+@click.option(
+    "--port",
+    default=8080,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="0 picks a free port.",
+)
 @click.option(
     "--seed-nodes",
     default=0,
@@ -50,10 +59,20 @@ def _is_loopback(host: str) -> bool:
     "kubeconfig_path",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Where to write the kubeconfig [default: a temp file].",
+    help="Where to write the kubeconfig [default: a temporary folder, removed at exit].",
 )
-@click.option("--tls-cert-file", type=click.Path(exists=True, dir_okay=False), default=None)
-@click.option("--tls-key-file", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option(
+    "--tls-cert-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Serve HTTPS with this PEM certificate; needs --tls-key-file.",
+)
+@click.option(
+    "--tls-key-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="The unencrypted PEM private key of --tls-cert-file.",
+)
 @click.option(
     "--allow-insecure-remote",
     is_flag=True,
@@ -77,6 +96,13 @@ def fake_apiserver(
             f"refusing plain HTTP on {host}: use a loopback address, TLS, or "
             "--allow-insecure-remote"
         )
+    if tls_cert_file and tls_key_file:
+        try:  # before listening: a bad file is the user's, named, not an ssl traceback
+            server_context(Path(tls_cert_file), Path(tls_key_file), options=TLS_OPTIONS)
+        except TlsFileError as exc:
+            raise click.UsageError(str(exc)) from None
+    if kubeconfig_path is not None:
+        _check_writable(kubeconfig_path)
     server = FakeApiServer(host, port, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file)
     extended = {"nvidia.com/gpu": str(gpus_per_node)} if gpus_per_node else None
     for i in range(seed_nodes):
@@ -84,18 +110,51 @@ def fake_apiserver(
     asyncio.run(_serve(server, kubeconfig_path))
 
 
+TLS_OPTIONS = ("--tls-cert-file", "--tls-key-file", "")
+
+
+def _check_writable(path: Path) -> None:
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot make folder {folder}: {exc.strerror or exc}", param_hint="'--kubeconfig'"
+        ) from None
+    if path.is_dir() or not os.access(folder, os.W_OK):
+        raise click.BadParameter(f"cannot write {path}", param_hint="'--kubeconfig'")
+
+
 async def _serve(server: FakeApiServer, kubeconfig_path: Path | None) -> None:
-    await server.start()
+    try:
+        await server.start()
+    except OSError as exc:
+        raise click.UsageError(
+            f"cannot listen on {server.host}:{server.port}: {exc.strerror or exc}"
+        ) from None
+    # Written by us into a folder of our own: removed at exit, so runs leave nothing behind.
+    own_folder = None
     if kubeconfig_path is None:
-        kubeconfig_path = Path(tempfile.mkdtemp(prefix="kubegpu-fake-")) / "kubeconfig"
-    path = server.write_kubeconfig(kubeconfig_path)
-    click.echo(f"fake API server listening on {server.url}")
-    click.echo(f"kubeconfig written to {path}")
-    click.echo(f"export KUBECONFIG={path}", nl=True)
+        own_folder = Path(tempfile.mkdtemp(prefix="kubegpu-fake-"))
+        kubeconfig_path = own_folder / "kubeconfig"
+    try:
+        await _announce_and_wait(server, kubeconfig_path)
+    finally:
+        if own_folder is not None:
+            shutil.rmtree(own_folder, ignore_errors=True)
+
+
+async def _announce_and_wait(server: FakeApiServer, kubeconfig_path: Path) -> None:
+    # Handlers first: a SIGTERM sent as soon as the kubeconfig is announced must still stop
+    # the server cleanly and remove what it wrote.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    path = server.write_kubeconfig(kubeconfig_path)
+    click.echo(f"fake API server listening on {server.url}")
+    click.echo(f"kubeconfig written to {path}")
+    click.echo(f"export KUBECONFIG={path}", nl=True)
     try:
         await stop.wait()
     finally:

@@ -1,0 +1,406 @@
+"""Every ``kubegpu`` subcommand, run as a real process with a corpus of bad inputs.
+
+Each case must end with a non-zero exit, no Python traceback, a message that names the option
+or file at fault, no process left behind in its process group and nothing left in its temporary
+directory. The subcommands come from the click group itself, so a new subcommand without
+entries here fails the test instead of going unchecked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from kubegpu.cli.main import cli
+
+# About 90 processes, four at a time: well under a minute on two idle cores, more on a busy
+# machine; the module-scoped run is charged to the first test that uses it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+CASE_TIMEOUT_S = 60
+# A folder name that makes a unix socket path longer than the kernel's 108-byte sun_path.
+LONG_DIR = "d" * 120
+
+
+@dataclass(frozen=True)
+class Case:
+    command: str  # split on spaces; "{files}": the corpus's files, "{busy}": a taken port
+    names: str  # the output must contain this: the option or file at fault
+    # 2, a usage error, unless the command documents otherwise for this case.
+    code: int = 2
+
+    @property
+    def args(self) -> list[str]:
+        return self.command.split()
+
+
+SIM = "simulate --nodes {files}/nodes.csv --pods {files}/pods.csv"
+FAKE = "--backend fake --fake-gpus 4xT4"
+API = "--kubeconfig {files}/kubeconfig.yaml"
+EXT = "extender --leader-lease none"
+KEY = "--tls-key-file {files}/server.key"
+
+# subcommand -> (command line, what the message must name[, exit code if not 2])
+CORPUS: dict[str, list[tuple[str, str] | tuple[str, str, int]]] = {
+    "device-plugin": [
+        ("device-plugin --config {files}/latin1.yaml", "latin1.yaml"),
+        ("device-plugin --config {files}/agent-typo.yaml", "'flags'"),
+        (f"device-plugin {FAKE} --kubelet-dir {{files}}/a-file", "--kubelet-dir"),
+        (f"device-plugin {FAKE} --kubelet-dir {{files}}/a-file/below", "--kubelet-dir"),
+        (f"device-plugin {FAKE} --kubelet-dir {{files}}/{LONG_DIR}", "--kubelet-dir"),
+        ("device-plugin --backend fake --fake-gpus nosuch", "nosuch"),
+        (f"device-plugin {FAKE} --health-listen nohost", "nohost"),
+        (f"device-plugin {FAKE} --kubeconfig {{files}}/no-clusters.yaml", "no-clusters.yaml"),
+        (
+            f"device-plugin {FAKE} --kubelet-dir {{files}}/kd "
+            "--device-list-strategy cdi-annotations --cdi-dir {files}/a-file",
+            "--cdi-dir",
+        ),
+    ],
+    "emulate-node": [
+        ("emulate-node --fake-gpus 4xT4 --kubelet-dir {files}/a-file", "--kubelet-dir"),
+        ("emulate-node --fake-gpus 4xT4 --kubelet-dir {files}/a-file/below", "--kubelet-dir"),
+        (f"emulate-node --fake-gpus 4xT4 --kubelet-dir {{files}}/{LONG_DIR}", "--kubelet-dir"),
+        ("emulate-node --fake-gpus 4xT4 --timeout 0", "--timeout"),
+        ("emulate-node --fake-gpus 4xT4 --timeout nan", "--timeout"),
+        ("emulate-node --fake-gpus 4xT4 --allocate -1", "--allocate"),
+        (
+            f"emulate-node --fake-gpus 4xT4 --once --pod-resources-socket {{files}}/{LONG_DIR}/p",
+            "--pod-resources-socket",
+        ),
+        (
+            "emulate-node --fake-gpus 4xT4 --once --pod-resources-socket {files}/a-file/p.sock",
+            "--pod-resources-socket",
+        ),
+        ("emulate-node --fake-gpus nosuch --once", "nosuch"),
+    ],
+    "simulate": [
+        (f"{SIM} --out {{files}}/o1 --inflation -1", "--inflation"),
+        (f"{SIM} --out {{files}}/o2 --inflation 0", "--inflation"),
+        (f"{SIM} --out {{files}}/o3 --inflation nan", "--inflation"),
+        (f"{SIM} --out {{files}}/a-file", "--out"),
+        (f"{SIM} --out {{files}}/a-file/below", "--out"),
+        (f"{SIM} --out {{files}}/o4 --paper {{files}}/missing.csv", "missing.csv"),
+        (f"{SIM} --out {{files}}/o5 --paper {{files}}/latin1.csv", "latin1.csv"),
+        (f"{SIM} --out {{files}}/o6 --seeds 1-5000000", "--seeds"),
+        (f"{SIM} --out {{files}}/o7 --seeds 51-42", "reversed"),
+        (f"{SIM} --out {{files}}/o8 --seeds x", "--seeds"),
+        (f"{SIM} --out {{files}}/o9 --policy nosuch", "--policy"),
+        (
+            "simulate --nodes {files}/latin1.csv --pods {files}/pods.csv --out {files}/o10",
+            "latin1.csv",
+        ),
+        (
+            "simulate --nodes {files}/nodes.csv --pods {files}/latin1.csv --out {files}/o11",
+            "latin1.csv",
+        ),
+        (f"{SIM} --out {{files}}/o12 --arrivals {{files}}/a-file", "--arrivals"),
+    ],
+    "labels": [
+        (f"labels {FAKE} --sink node --once", "kubeconfig"),
+        (f"labels {FAKE} --interval -1", "--interval"),
+        (f"labels {FAKE} --poll 0", "--poll"),
+        (f"labels {FAKE} --poll nan", "--poll"),
+        (f"labels {FAKE} --config {{files}}/latin1.yaml --once", "latin1.yaml"),
+        (f"labels {FAKE} --sink nfd --nfd-file {{files}}/a-file/below --once", "a-file/below"),
+        ("labels --backend fake --fake-gpus nosuch --once", "nosuch"),
+    ],
+    "exporter": [
+        (f"exporter {FAKE} --pod-directory api", "kubeconfig"),
+        (f"exporter {FAKE} --interval 0", "--interval"),
+        (f"exporter {FAKE} --interval -1", "--interval"),
+        (f"exporter {FAKE} --read-timeout 0", "--read-timeout"),
+        (f"exporter {FAKE} --listen 127.0.0.1:99999", "--listen"),
+        (f"exporter {FAKE} --config {{files}}/latin1.yaml", "latin1.yaml"),
+        ("exporter --backend fake --fake-gpus nosuch", "nosuch"),
+        (f"exporter {FAKE} --listen 127.0.0.1:{{busy}}", "--listen"),
+    ],
+    "fake-apiserver": [
+        ("fake-apiserver --port 99999", "--port"),
+        ("fake-apiserver --port -1", "--port"),
+        ("fake-apiserver --port {busy}", "cannot listen on"),
+        ("fake-apiserver --port 0 --kubeconfig {files}/a-file/kc", "--kubeconfig"),
+        (
+            "fake-apiserver --port 0 --tls-cert-file {files}/missing.crt "
+            "--tls-key-file {files}/server.key",
+            "missing.crt",
+        ),
+        (
+            "fake-apiserver --port 0 --tls-cert-file {files}/garbage.pem "
+            "--tls-key-file {files}/server.key",
+            "garbage.pem",
+        ),
+        (
+            "fake-apiserver --port 0 --tls-cert-file {files}/server.crt "
+            "--tls-key-file {files}/other.key",
+            "other.key",
+        ),
+    ],
+    "discover": [
+        ("discover --backend fake --fake-gpus nosuch", "nosuch"),
+        ("discover --backend fake --fake-gpus {files}/latin1.yaml", "latin1.yaml"),
+    ],
+    "fake-gpu": [
+        # Documented: a socket that is not there means no backend runs (1), not bad usage.
+        ("fake-gpu --control {files}/missing.sock status", "missing.sock", 1),
+        ("fake-gpu --control {files}/a-file xid --gpu 0", "--xid"),
+        ("fake-gpu --control {files}/a-file xid --gpu 0 --xid -1", "--xid"),
+        ("fake-gpu --control {files}/a-file status", "a-file"),
+    ],
+    "inspect": [
+        ("inspect", "kubeconfig"),
+        ("inspect --kubeconfig {files}/no-clusters.yaml", "no-clusters.yaml"),
+        ("inspect --kubeconfig {files}/latin1.yaml", "latin1.yaml"),
+        (f"inspect {API} --context nosuch", "nosuch"),
+        ("inspect --request-timeout 0", "--request-timeout"),
+    ],
+    "extender": [
+        (EXT, "kubeconfig"),
+        (f"{EXT} --kubeconfig {{files}}/no-clusters.yaml", "no-clusters.yaml"),
+        (f"{EXT} --kubeconfig {{files}}/latin1.yaml", "latin1.yaml"),
+        (f"extender {API}", "leader-lease"),
+        (
+            f"{EXT} {API} --tls-cert-file {{files}}/missing.crt {KEY}",
+            "missing.crt",
+        ),
+        (
+            f"{EXT} {API} --tls-cert-file {{files}}/garbage.pem {KEY}",
+            "garbage.pem",
+        ),
+        (
+            f"{EXT} {API} --tls-cert-file {{files}}/server.crt --tls-key-file {{files}}/other.key",
+            "other.key",
+        ),
+        (
+            f"{EXT} {API} --tls-cert-file {{files}}/server.crt --tls-key-file {{files}}/server.key "
+            "--client-ca-file {files}/garbage.pem",
+            "garbage.pem",
+        ),
+        ("extender --config {files}/latin1.yaml", "latin1.yaml"),
+        ("extender --config {files}/extender-typo.yaml", "'policy'"),
+        (f"{EXT} --bind-attempts 0", "--bind-attempts"),
+        (f"{EXT} --workload-refresh-seconds 0", "--workload-refresh-seconds"),
+        (f"{EXT} --max-body-bytes -1", "--max-body-bytes"),
+        (f"{EXT} {API} --workload-file {{files}}/latin1.yaml", "latin1.yaml"),
+        (f"{EXT} {API} --policy nosuch", "nosuch"),
+        (f"{EXT} {API} --port {{busy}}", "cannot listen there"),
+    ],
+    "demo": [
+        ("demo --summary-json {files}/missing/summary.json", "--summary-json"),
+        ("demo --pid-file {files}/missing/pids", "--pid-file"),
+        ("demo --policy nosuch", "--policy"),
+        ("demo --trace {files}/latin1.csv", "latin1.csv"),
+        ("demo --timeout 0", "--timeout"),
+        ("demo --work-dir {files}/a-file", "--work-dir"),
+        (f"demo --work-dir {{files}}/{LONG_DIR}", "--work-dir"),
+    ],
+}
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _self_signed(key: ec.EllipticCurvePrivateKey) -> bytes:
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "corpus")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("corpus")
+    (root / "a-file").write_text("not a folder\n")
+    (root / LONG_DIR).mkdir()
+    (root / "latin1.yaml").write_bytes("version: v1 # caf\xe9\n".encode("latin-1"))
+    (root / "latin1.csv").write_bytes("sn,cpu_milli\ncaf\xe9,1\n".encode("latin-1"))
+    (root / "garbage.pem").write_text("-----BEGIN CERTIFICATE-----\nnot base64\n")
+    (root / "agent-typo.yaml").write_text("version: v1\nflagz: {}\n")
+    (root / "extender-typo.yaml").write_text(
+        "apiVersion: kubegpu.io/v1alpha1\nkind: ExtenderConfig\nsettings:\n  polcy: binpack\n"
+    )
+    (root / "nodes.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\n")
+    (root / "pods.csv").write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,1,500\n"
+    )
+    (root / "no-clusters.yaml").write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "contexts: [{name: c, context: {cluster: x, user: u}}]\nusers: [{name: u, user: {}}]\n"
+    )
+    (root / "kubeconfig.yaml").write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: x, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "contexts: [{name: c, context: {cluster: x, user: u}}]\nusers: [{name: u, user: {}}]\n"
+    )
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    (root / "server.key").write_bytes(_key_pem(server_key))
+    (root / "server.crt").write_bytes(_self_signed(server_key))
+    (root / "other.key").write_bytes(_key_pem(ec.generate_private_key(ec.SECP256R1())))
+    return root
+
+
+@dataclass(frozen=True)
+class Outcome:
+    case: Case
+    returncode: int | None
+    output: str
+    leftover_processes: bool
+    leftover_temp: list[str]
+
+
+def _environment(home: Path, temp: Path) -> dict[str, str]:
+    # No kubeconfig anywhere, not in a cluster, no proxy, and a temporary directory of its own
+    # so that anything a command leaves there is seen.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("KUBEGPU_", "KUBERNETES_"))
+        and k not in ("KUBECONFIG", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+    }
+    return {**env, "HOME": str(home), "TMPDIR": str(temp), "NO_PROXY": "*", "COLUMNS": "200"}
+
+
+# Not KUBEGPU_*: no command reads it, and the demo passes its whole environment on.
+MARKER = "CORPUS_TEST_CASE"
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Processes that inherited ``MARKER=marker``: the case's own and every descendant, also
+    those that started a session of their own (the demo's children do) or were reparented."""
+    needle = f"{MARKER}={marker}".encode()
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue  # gone, or not ours to read
+        if needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def run_case(item: Case, files: Path, scratch: Path, busy: int) -> Outcome:
+    home, temp = scratch / "home", scratch / "tmp"
+    home.mkdir(parents=True)
+    temp.mkdir()
+    args = [a.replace("{files}", str(files)).replace("{busy}", str(busy)) for a in item.args]
+    marker = uuid.uuid4().hex
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kubegpu", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={**_environment(home, temp), MARKER: marker},
+        cwd=scratch,
+        start_new_session=True,
+        text=True,
+        errors="replace",
+    )
+    try:
+        output, _ = process.communicate(timeout=CASE_TIMEOUT_S)
+        returncode: int | None = process.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        returncode = None
+    deadline = time.monotonic() + 5
+    while (left := marked_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return Outcome(item, returncode, output, bool(left), sorted(p.name for p in temp.iterdir()))
+
+
+def subcommands() -> list[str]:
+    import click
+
+    return cli.list_commands(click.Context(cli))
+
+
+def test_the_corpus_covers_every_subcommand() -> None:
+    missing = [name for name in subcommands() if not CORPUS.get(name)]
+    assert not missing, f"subcommands without bad-input cases in CORPUS: {missing}"
+    assert not set(CORPUS) - set(subcommands()), "CORPUS names a subcommand that is gone"
+
+
+@pytest.fixture(scope="module")
+def outcomes(files: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Outcome]]:
+    cases = [Case(*c) for name in subcommands() for c in CORPUS.get(name, [])]
+    scratch = tmp_path_factory.mktemp("runs")
+    # "{busy}": a loopback port something already listens on.
+    with socket.socket() as taken, ThreadPoolExecutor(max_workers=4) as pool:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        results = list(
+            pool.map(
+                lambda ic: run_case(ic[1], files, scratch / str(ic[0]), busy), enumerate(cases)
+            )
+        )
+    yield results
+
+
+def test_every_bad_input_fails_cleanly_naming_the_culprit(outcomes: list[Outcome]) -> None:
+    problems: list[str] = []
+    for o in outcomes:
+        wrong = []
+        if o.returncode is None:
+            wrong.append(f"still running after {CASE_TIMEOUT_S} s")
+        elif o.returncode == 0:
+            wrong.append("exit 0")
+        if "Traceback" in o.output:
+            wrong.append("traceback")
+        if o.case.names not in o.output:
+            wrong.append(f"does not name {o.case.names!r}")
+        if o.leftover_processes:
+            wrong.append("left processes behind")
+        if o.leftover_temp:
+            wrong.append(f"left {o.leftover_temp} in its temporary directory")
+        if wrong:
+            tail = "\n      ".join(o.output.strip().splitlines()[-4:])
+            problems.append(f"kubegpu {o.case.command}: {', '.join(wrong)}\n      {tail}")
+    assert not problems, f"{len(problems)} of {len(outcomes)} cases:\n" + "\n".join(problems)
+
+
+def test_usage_errors_exit_2(outcomes: list[Outcome]) -> None:
+    # The corpus is the user's mistakes, not failures of the system: usage errors, exit 2.
+    wrong = [
+        f"kubegpu {o.case.command}: exit {o.returncode}, not {o.case.code}"
+        for o in outcomes
+        if o.returncode != o.case.code
+    ]
+    assert not wrong, "\n".join(wrong)
