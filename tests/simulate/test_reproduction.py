@@ -23,7 +23,7 @@ def run(openb: Path, workload: str, policy: str, seed: int) -> list[float | None
     fixture = openb / "arrivals" / f"openb_pod_list_{workload}_seed{seed}.txt.gz"
     arrivals = load_fixture(fixture, pods, nodes)
     spec = get_policy(policy)
-    workload_ = target_workload(spec, [p.request for p in pods])
+    workload_ = target_workload(spec, pods)
     return discretise(replay(nodes, arrivals, spec, workload_, seed))
 
 

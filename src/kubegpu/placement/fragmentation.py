@@ -26,6 +26,22 @@ _Q1_LACK_BOTH, _Q2_LACK_GPU, _Q3_SATISFIED, _Q4_LACK_CPU, _XL, _XR, _NO_ACCESS =
 _FRAGMENT_CATEGORIES = (_Q1_LACK_BOTH, _Q2_LACK_GPU, _Q4_LACK_CPU, _XL, _XR, _NO_ACCESS)
 
 
+# A pod class as FGD counts it: (CPU milli, per-card milli, card count, model spec string).
+ClassKey = tuple[int, int, int, str]
+
+
+def spec_models(spec: str) -> frozenset[str]:
+    """The models a ``|``-separated spec allows (empty: any model)."""
+    return frozenset(m for m in spec.split("|") if m)
+
+
+def class_key(pod: PodRequest, gpu_spec: str | None = None) -> ClassKey:
+    """``pod``'s class; its models spelt ``gpu_spec`` (as written in a trace) when given,
+    else in one canonical spelling (sorted, ``|``-joined)."""
+    spec = "|".join(sorted(pod.gpu_models)) if gpu_spec is None else gpu_spec
+    return (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, spec)
+
+
 @dataclass(frozen=True)
 class TypicalPod:
     """One class of the target workload and its probability ``weight``."""
@@ -50,19 +66,35 @@ class TypicalWorkload:
         """Most popular pod classes covering ``popularity_percent`` of ``pods``.
 
         Classes are (CPU, per-card milli, card count, models); memory is ignored, as in the
-        paper. Ties in popularity are ordered by the class tuple, descending, so the result
-        does not depend on input order.
+        paper. A pod's models are keyed in one canonical spelling (sorted, ``|``-joined), so
+        pods allowing the same set of models are one class; :meth:`from_classes` keys them
+        by the spelling a trace uses instead, as FGD does.
         """
-        counts: Counter[tuple[int, int, int, str]] = Counter(
-            (p.cpu_milli, p.gpu_milli, p.gpu_count, "|".join(sorted(p.gpu_models))) for p in pods
-        )
+        return cls.from_classes((class_key(p) for p in pods), popularity_percent)
+
+    @classmethod
+    def from_classes(
+        cls,
+        keys: Iterable[ClassKey],
+        popularity_percent: float = 95.0,
+    ) -> TypicalWorkload:
+        """Most popular classes covering ``popularity_percent`` of the pods, given one key per
+        pod: (CPU, per-card milli, card count, model spec string).
+
+        FGD's simulator keys a pod's model constraint by its ``gpu_spec`` annotation exactly as
+        written (spec §6): ``A|B|B`` and ``A|B`` are two classes with their own counts, though
+        both allow the same models (:attr:`TypicalPod.gpu_models` is the set either way).
+        Ties in popularity are ordered by the key, descending, so the result does not depend
+        on input order.
+        """
+        counts: Counter[ClassKey] = Counter(keys)
         if not counts:
             return cls(())
         total = float(sum(counts.values()))
         ordered = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
         expected = popularity_percent * total / 100.0
         cumulative = 0.0
-        kept: list[tuple[tuple[int, int, int, str], float]] = []
+        kept: list[tuple[ClassKey, float]] = []
         for key, count in ordered:
             if cumulative >= expected:
                 break
@@ -73,8 +105,8 @@ class TypicalWorkload:
             kept = [(key, share / (cumulative / total)) for key, share in kept]
         return cls(
             tuple(
-                TypicalPod(cpu, milli, number, frozenset(m for m in models.split("|") if m), w)
-                for (cpu, milli, number, models), w in kept
+                TypicalPod(cpu, milli, number, spec_models(spec), w)
+                for (cpu, milli, number, spec), w in kept
             )
         )
 

@@ -76,7 +76,7 @@ def run_job(job: Job) -> JobResult:
     else:
         arrivals = generate_arrivals(pods, nodes, job.seed, job.inflation)
     spec = get_policy(job.policy)
-    workload = target_workload(spec, [p.request for p in pods])
+    workload = target_workload(spec, pods)
     result = replay(nodes, arrivals, spec, workload, job.seed)
     columns = discretise(result)
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
