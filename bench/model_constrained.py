@@ -52,7 +52,6 @@ REPORT_SEEDS = tuple(range(47, 52))
 CANDIDATES = (
     WasteWeights(85.0, 0.75, 40.0),
     WasteWeights(80.0, 0.75, 40.0),
-    WasteWeights(90.0, 0.75, 40.0),
     WasteWeights(85.0, 0.5, 40.0),
 )
 

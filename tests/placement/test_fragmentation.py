@@ -108,8 +108,16 @@ def test_vectorised_fragment_equals_the_loop_bit_for_bit_on_many_constrained_cla
         )
     )
     memo = FragmentationMemo(workload)
+    states = []
     for _ in range(500):
-        free = tuple(sorted(rnd.choice([0, 1, 60, 230, 500, 999, 1000]) for _ in range(8)))
+        cards = rnd.choice([1, 2, 4, 8])
+        free = tuple(sorted(rnd.choice([0, 1, 60, 230, 500, 999, 1000]) for _ in range(cards)))
         cpu = rnd.choice([0, 1500, 6000, 40000])
         model = rnd.choice(["T4", "G2", "P100", "V100M16", "A10"])
+        states.append((cpu, free, model))
         assert memo.fragment(cpu, free, model) == node_fragment_milli(cpu, free, model, workload)
+    # The batched pass (states of different card counts in one array) gives the same bits.
+    batched = FragmentationMemo(workload)
+    batched.prefetch(states)
+    for cpu, free, model in states:
+        assert batched._cache[(cpu, free, model)] == node_fragment_milli(cpu, free, model, workload)

@@ -525,10 +525,38 @@ class PlacementEngine:
         out = table[ids]
         missing = out < 0
         if missing.any():
-            for sid in np.unique(ids[missing]).tolist():
+            sids = np.unique(ids[missing]).tolist()
+            self._prefetch_states(pod, [self._state_keys[sid] for sid in sids])
+            for sid in sids:
                 table[sid] = self._state_score(self._state_keys[sid], pod)
             out = table[ids]
         return out.astype(np.int64)
+
+    def _prefetch_states(self, pod: PodRequest, keys: list[_StateKey]) -> None:
+        """Batch-compute the fragments :meth:`_state_score` will look up for ``keys``
+        (single-model states; a node mixing models is computed when looked up)."""
+        assert self.memo is not None
+        memo = self._whole_card_memo if pod.gpu_count and not pod.is_gpu_share else self.memo
+        assert memo is not None
+        wanted: list[tuple[int, tuple[int, ...], str]] = []
+        for cpu, free, model in keys:
+            if not isinstance(model, str):
+                continue
+            wanted.append((cpu, free, model))
+            cpu_after = cpu - pod.cpu_milli
+            if not pod.gpu_count:
+                wanted.append((cpu_after, free, model))
+            elif not pod.is_gpu_share:
+                wanted.append((cpu_after, whole_card_sorted_after(free, pod.gpu_count), model))
+            else:
+                previous = -1
+                for pos, value in enumerate(free):
+                    if value < pod.gpu_milli or value == previous:
+                        continue
+                    previous = value
+                    after = _replace_sorted(free, pos, value - pod.gpu_milli)
+                    wanted.append((cpu_after, after, model))
+        memo.prefetch(wanted)
 
     def _fgd_row(self, i: int, pod: PodRequest) -> tuple[int, tuple[int, ...]]:
         """FGD score of row ``i`` and the card columns it would use (first best card)."""
@@ -591,7 +619,9 @@ class PlacementEngine:
         out = table[ids]
         missing = np.isnan(out)
         if missing.any():
-            for sid in np.unique(ids[missing]).tolist():
+            sids = np.unique(ids[missing]).tolist()
+            self._prefetch_states(pod, [self._state_keys[sid] for sid in sids])
+            for sid in sids:
                 table[sid] = self._cpu_pod_growth(self._state_keys[sid], pod)
             out = table[ids]
         return out

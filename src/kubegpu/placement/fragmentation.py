@@ -253,7 +253,8 @@ class FragmentationMemo:
         self._cache: dict[tuple[int, tuple[int, ...], str | tuple[str, ...]], float] = {}
         # Numpy's fixed cost per call beats the loop only with many classes (constrained
         # traces: hundreds; openb's unconstrained ones: 30-90).
-        self._classes = _ClassArrays(workload) if len(workload.pods) >= VECTOR_CLASSES else None
+        self._arrays = _ClassArrays(workload)
+        self._classes = self._arrays if len(workload.pods) >= VECTOR_CLASSES else None
 
     def fragment(
         self, cpu_free_milli: int, sorted_free: tuple[int, ...], model: str | tuple[str, ...]
@@ -273,6 +274,24 @@ class FragmentationMemo:
                 value = node_fragment_milli(cpu_free_milli, sorted_free, model, self.workload)
             self._cache[key] = value
         return value
+
+    def prefetch(self, keys: Iterable[tuple[int, tuple[int, ...], str]]) -> None:
+        """Compute the missing ones of these (free CPU, sorted free milli, model) states in
+        one numpy pass (the same values :meth:`fragment` would compute one by one): a pod's
+        new states come in dozens, and one pass costs about what one state does."""
+        missing = list(dict.fromkeys(k for k in keys if k not in self._cache))
+        if len(missing) * max(len(self.workload.pods), 1) < PREFETCH_MIN_CELLS:
+            return
+        for start in range(0, len(missing), PREFETCH_CHUNK):
+            chunk = missing[start : start + PREFETCH_CHUNK]
+            for key, value in zip(chunk, self._arrays.fragments(chunk), strict=True):
+                self._cache[key] = value
+
+
+# Below this many (state × class) cells a batch is not worth numpy's fixed cost; states per
+# pass are capped to bound the (state × class × card) temporaries.
+PREFETCH_MIN_CELLS = 64
+PREFETCH_CHUNK = 256
 
 
 class _ClassArrays:
@@ -327,6 +346,46 @@ class _ClassArrays:
         for v in sums.tolist():
             out += v
         return out
+
+    def fragments(self, keys: Sequence[tuple[int, tuple[int, ...], str]]) -> list[float]:
+        """:meth:`fragment` of many states at once (rows: states, columns: classes), with
+        the same running sums, so the same bits."""
+        if not self.weight.size:
+            return [0.0] * len(keys)
+        width = max((len(free) for _, free, _ in keys), default=0)
+        # Missing card slots hold a value no class's milli exceeds: never "too small".
+        free = np.full((len(keys), max(width, 1)), np.iinfo(np.int64).max, dtype=np.int64)
+        cards = np.zeros(len(keys), dtype=np.int64)
+        for r, (_, values, _) in enumerate(keys):
+            free[r, : len(values)] = values
+            cards[r] = len(values)
+        real = np.where(free == np.iinfo(np.int64).max, 0, free)
+        total = real.sum(axis=1).astype(np.float64)[:, None]
+        small = free[:, None, :] < self.milli[None, :, None]  # (state, class, card)
+        below = small.sum(axis=2)
+        too_small = (real[:, None, :] * small).sum(axis=2).astype(np.float64)
+        cards_fit = cards[:, None] - below >= self.count[None, :]
+        cpu = np.array([k[0] for k in keys], dtype=np.int64)[:, None]
+        cpu_fits = cpu >= self.cpu[None, :]
+        no_access = np.stack([self.no_access(k[2]) for k in keys])
+        category = np.where(
+            cards_fit,
+            np.where(cpu_fits, _Q2_LACK_GPU, _Q4_LACK_CPU),
+            np.where(cpu_fits, _Q2_LACK_GPU, _Q1_LACK_BOTH),
+        )
+        category = np.where(no_access, _NO_ACCESS, category)
+        category = np.where(self.cpu_only[None, :], np.where(cpu_fits, _XL, _XR), category)
+        fits = cards_fit & cpu_fits & ~no_access & ~self.cpu_only[None, :]
+        value = self.weight[None, :] * np.where(fits, too_small, total)
+        # Per state and category a running sum over classes; then the categories in order.
+        picked = np.where(
+            category[:, None, :] == _CATEGORY_COLUMN[None, :, :], value[:, None, :], 0.0
+        )
+        sums = np.cumsum(picked, axis=2)[:, :, -1]
+        out = np.zeros(len(keys), dtype=np.float64)
+        for c in range(sums.shape[1]):
+            out = out + sums[:, c]
+        return [float(v) for v in out]
 
 
 def sigmoid_score(fragment_before: float, fragment_after: float) -> int:

@@ -277,6 +277,11 @@ class ModelWaste:
 
     def stranded(self, entry: IntArray, gpu_free: FloatArray, cpu_free: FloatArray) -> FloatArray:
         """Per node, free milli-GPU its free CPU cannot carry at its model's ratio."""
+        if len(self.potentials) == 1:  # one ratio for all: no per-node gather
+            rho: FloatArray | float = float(self.rho[0])
+            if np.isnan(rho):
+                return np.zeros_like(gpu_free, dtype=np.float64)
+            return np.maximum(0.0, gpu_free - np.maximum(cpu_free, 0) / rho)
         rho = self.rho[entry]
         carried = np.maximum(cpu_free, 0) / np.where(np.isnan(rho), 1.0, rho)
         return np.where(np.isnan(rho), 0.0, np.maximum(0.0, gpu_free - carried))
@@ -303,7 +308,9 @@ class ModelWaste:
         """Per node, the cost bucket of a pod that leaves no card gap: its stranded growth
         (weighted) plus the pressure on the model of the cards it takes."""
         growth = self.stranded_growth(entry, gpu_free, cpu_free, gpu_taken, cpu_taken)
-        cost = self.weights.cpu_weight * growth + self.pressure[entry] * gpu_taken
+        cost = self.weights.cpu_weight * growth
+        if len(self.potentials) > 1:  # pressure is 0 with one pooled entry
+            cost = cost + self.pressure[entry] * gpu_taken
         return np.floor(np.round(cost, 6) / self.weights.bucket_milli)
 
     def share_buckets(
@@ -317,9 +324,13 @@ class ModelWaste:
     ) -> FloatArray:
         """Per (node, card), the cost bucket of a share on that card (+inf where it does not
         fit): the card's gap growth, its node's weighted stranded growth, the pressure."""
-        gap = self.gap_growth(share_milli)[entry[:, None], card_free + 1]
         stranded = self.stranded_growth(entry, gpu_free, cpu_free, share_milli, cpu_taken)
-        other = self.weights.cpu_weight * stranded + self.pressure[entry] * share_milli
+        other = self.weights.cpu_weight * stranded
+        if len(self.potentials) == 1:  # one table, no pressure: a plain lookup
+            gap = self.gap_growth(share_milli)[0][card_free + 1]
+        else:
+            gap = self.gap_growth(share_milli)[entry[:, None], card_free + 1]
+            other = other + self.pressure[entry] * share_milli
         bucket: FloatArray = np.floor(
             (gap + np.round(other, 6)[:, None]) / self.weights.bucket_milli
         )
