@@ -637,8 +637,8 @@ EXTENDER_NOTES: dict[str, str] = {
     "tls-key-file": "PEM private key of tls-cert-file.",
     "max-body-bytes": "Largest request body accepted; a bigger one is answered 413.",
     "workload-refresh-seconds": (
-        "How often the target workload of fgd/kubegpu is re-derived from the cluster's GPU "
-        "pods (not used with workload-file)."
+        "How often the target workload of fgd/kubegpu is re-derived from the cluster's pods, "
+        "CPU-only ones included (not used with workload-file)."
     ),
     "bind-attempts": (
         "How many times bind decides again when the pod changed meanwhile (409) before it "
