@@ -39,6 +39,7 @@ from kubegpu.placement.waste import ModelWaste, WasteWeights
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
+FloatArray32 = npt.NDArray[np.float32]
 
 # Normalisers of the paper's DotProd and BestFit: the largest node spec in the openb cluster
 # (128 cores, 8 cards), fixed rather than per-cluster so scores do not shift as nodes join.
@@ -180,6 +181,7 @@ class PlacementEngine:
         self.state_id = np.zeros(n, dtype=np.int64)
         self._score_tables: dict[_PodKey, npt.NDArray[np.int16]] = {}
         self._delta_tables: dict[_PodKey, npt.NDArray[np.float64]] = {}
+        self._bucket_tables: dict[tuple[str, int, int, int, frozenset[str]], FloatArray32] = {}
         for i in range(n):
             self._refresh_row(i)
 
@@ -687,10 +689,12 @@ class PlacementEngine:
         """:meth:`_kubegpu_keys` as functions of the rows, most significant first."""
         if pod.is_gpu_share:
             return [
-                lambda rows: self._share_choice(pod, rows)[0],
+                lambda rows: self._per_state("share", pod, rows, self._share_bucket),
                 lambda rows: self._neg_fgd(pod, rows),
             ]
-        stranded = functools.partial(self._stranded_bucket, pod)
+        stranded = functools.partial(
+            self._per_state, "stranded", pod, compute=self._stranded_bucket
+        )
         if pod.gpu_count:
             return [stranded, lambda rows: self._neg_fgd(pod, rows)]
         return [
@@ -700,6 +704,39 @@ class PlacementEngine:
             ),
             lambda rows: self.gpu_free_total[rows].astype(np.float64),
         ]
+
+    def _share_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
+        return self._share_choice(pod, rows)[0]
+
+    def _per_state(
+        self,
+        stage: str,
+        pod: PodRequest,
+        rows: IntArray,
+        compute: Callable[[PodRequest, IntArray], FloatArray],
+    ) -> FloatArray:
+        """``compute(pod, rows)``, remembered per node state and pod class: a row's cost
+        bucket depends only on its state (free CPU, free milli per card, model), so each is
+        computed once, on one row of each state not seen yet, as FGD's score is."""
+        if pod.gpu_memory_mib is not None:  # card memory is not part of the state
+            return compute(pod, rows)
+        key = (stage, pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
+        table = self._bucket_tables.get(key)
+        needed = len(self._state_keys)
+        if table is None or table.size < needed:
+            grown = np.full(max(needed * 2, 1024), np.nan, dtype=np.float32)
+            if table is not None:
+                grown[: table.size] = table
+            table = grown
+            self._bucket_tables[key] = table
+        ids = self.state_id[rows]
+        out = table[ids]
+        missing = np.isnan(out)
+        if missing.any():
+            sids, first = np.unique(ids[missing], return_index=True)
+            table[sids] = compute(pod, rows[missing][first])
+            out = table[ids]
+        return out.astype(np.float64)
 
     def _neg_fgd(self, pod: PodRequest, rows: IntArray) -> FloatArray:
         return -self._fgd(pod, rows).astype(np.float64)

@@ -312,6 +312,8 @@ class _ClassArrays:
         self.cpu_only = self.milli == 0
         self._models = [t.gpu_models for t in pods]
         self._no_access: dict[str, npt.NDArray[np.bool_]] = {}
+        self._kind_rows: dict[str, int] = {}
+        self.kind = np.zeros((0, len(pods)), dtype=np.int64)
 
     def no_access(self, model: str) -> npt.NDArray[np.bool_]:
         found = self._no_access.get(model)
@@ -352,31 +354,24 @@ class _ClassArrays:
         the same running sums, so the same bits."""
         if not self.weight.size:
             return [0.0] * len(keys)
-        width = max((len(free) for _, free, _ in keys), default=0)
-        # Missing card slots hold a value no class's milli exceeds: never "too small".
-        free = np.full((len(keys), max(width, 1)), np.iinfo(np.int64).max, dtype=np.int64)
-        cards = np.zeros(len(keys), dtype=np.int64)
-        for r, (_, values, _) in enumerate(keys):
-            free[r, : len(values)] = values
-            cards[r] = len(values)
-        real = np.where(free == np.iinfo(np.int64).max, 0, free)
+        width = max(max((len(free) for _, free, _ in keys), default=0), 1)
+        # Missing card slots hold 1001, more than any class's milli: never "too small".
+        free = np.array(
+            [values + (_PAD,) * (width - len(values)) for _, values, _ in keys], dtype=np.int64
+        )
+        real = np.where(free == _PAD, 0, free)
         total = real.sum(axis=1).astype(np.float64)[:, None]
         small = free[:, None, :] < self.milli[None, :, None]  # (state, class, card)
-        below = small.sum(axis=2)
-        too_small = (real[:, None, :] * small).sum(axis=2).astype(np.float64)
-        cards_fit = cards[:, None] - below >= self.count[None, :]
+        too_small = np.einsum("sck,sk->sc", small, real).astype(np.float64)
+        cards = np.array([len(values) for _, values, _ in keys], dtype=np.int64)
+        cards_fit = (cards[:, None] - small.sum(axis=2)) >= self.count[None, :]
         cpu = np.array([k[0] for k in keys], dtype=np.int64)[:, None]
         cpu_fits = cpu >= self.cpu[None, :]
-        no_access = np.stack([self.no_access(k[2]) for k in keys])
-        category = np.where(
-            cards_fit,
-            np.where(cpu_fits, _Q2_LACK_GPU, _Q4_LACK_CPU),
-            np.where(cpu_fits, _Q2_LACK_GPU, _Q1_LACK_BOTH),
-        )
-        category = np.where(no_access, _NO_ACCESS, category)
-        category = np.where(self.cpu_only[None, :], np.where(cpu_fits, _XL, _XR), category)
-        fits = cards_fit & cpu_fits & ~no_access & ~self.cpu_only[None, :]
-        value = self.weight[None, :] * np.where(fits, too_small, total)
+        # One code per (state, class) from the four facts; tables give category and "fits".
+        rows = [self.model_row(k[2]) for k in keys]  # may grow self.kind: before reading it
+        code = cards_fit + 2 * cpu_fits + self.kind[rows]
+        category = _CODE_CATEGORY[code]
+        value = self.weight[None, :] * np.where(_CODE_FITS[code], too_small, total)
         # Per state and category a running sum over classes; then the categories in order.
         picked = np.where(
             category[:, None, :] == _CATEGORY_COLUMN[None, :, :], value[:, None, :], 0.0
@@ -386,6 +381,41 @@ class _ClassArrays:
         for c in range(sums.shape[1]):
             out = out + sums[:, c]
         return [float(v) for v in out]
+
+    def model_row(self, model: str) -> int:
+        """Row of ``model`` in :attr:`kind`: per class 4 (no access), 8 (CPU only) or 0."""
+        row = self._kind_rows.get(model)
+        if row is None:
+            row = len(self._kind_rows)
+            self._kind_rows[model] = row
+            kind = np.where(self.no_access(model), 4, 0) + np.where(self.cpu_only, 8, 0)
+            self.kind = np.vstack([self.kind, kind[None, :]])
+        return row
+
+
+_PAD = MILLI_PER_GPU + 1
+
+
+def _code_tables() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """Category and "fits" (only its too-small cards are fragment) per code = cards fit (1)
+    + CPU fits (2) + no access (4) + CPU-only class (8), as the loop decides them."""
+    category = np.zeros(16, dtype=np.int64)
+    fits = np.zeros(16, dtype=bool)
+    for code in range(16):
+        cards_fit, cpu_fits, no_access, cpu_only = (bool(code & bit) for bit in (1, 2, 4, 8))
+        if cpu_only:
+            category[code] = _XL if cpu_fits else _XR
+        elif no_access:
+            category[code] = _NO_ACCESS
+        elif cards_fit:
+            category[code] = _Q2_LACK_GPU if cpu_fits else _Q4_LACK_CPU
+            fits[code] = cpu_fits
+        else:
+            category[code] = _Q2_LACK_GPU if cpu_fits else _Q1_LACK_BOTH
+    return category, fits
+
+
+_CODE_CATEGORY, _CODE_FITS = _code_tables()
 
 
 def sigmoid_score(fragment_before: float, fragment_after: float) -> int:
