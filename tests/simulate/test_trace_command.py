@@ -194,3 +194,13 @@ def test_arrival_fixtures_round_trip_and_drive_simulate(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert (out / "allocation.csv").is_file()
+
+
+def test_cli_names_the_seeds_option_when_a_seed_is_bad(tmp_path: Path) -> None:
+    nodes_csv, pods_csv = write_trace(tmp_path)
+    result = kubegpu(
+        "trace", "arrivals", "--nodes", str(nodes_csv), "--pods", str(pods_csv),
+        "--seeds", "42-x", "--out", str(tmp_path / "a"),
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "Invalid value for --seeds: not a seed or range: '42-x'" in result.stderr

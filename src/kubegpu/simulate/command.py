@@ -107,9 +107,11 @@ def parse_seeds(text: str) -> list[int]:
             else:
                 seeds.add(int(part))
         except ValueError:
-            raise click.BadParameter(f"not a seed or range: {part!r}") from None
+            raise click.BadParameter(
+                f"not a seed or range: {part!r}", param_hint="--seeds"
+            ) from None
     if not seeds:
-        raise click.BadParameter("no seeds")
+        raise click.BadParameter("no seeds", param_hint="--seeds")
     return sorted(seeds)
 
 
