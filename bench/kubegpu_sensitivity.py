@@ -55,9 +55,7 @@ def column_100(job: tuple[Path, str, int, WasteWeights]) -> float:
     traces, workload, seed, weights = job
     nodes, pods, arrivals = _inputs(traces, workload, seed)
     spec = get_policy("kubegpu")
-    result = replay(
-        nodes, arrivals, spec, target_workload(spec, [p.request for p in pods]), seed, weights
-    )
+    result = replay(nodes, arrivals, spec, target_workload(spec, pods), seed, weights)
     value = discretise(result)[100]
     assert value is not None
     return value
@@ -68,7 +66,7 @@ def idle_breakdown(traces: Path, workload: str, seed: int, policy: str) -> dict[
     nodes, pods, arrivals = _inputs(traces, workload, seed)
     spec = get_policy(policy)
     engine: PlacementEngine = ranked_engine(
-        nodes, arrivals, spec, target_workload(spec, [p.request for p in pods]), seed
+        nodes, arrivals, spec, target_workload(spec, pods), seed
     )
     capacity = capacity_milli(nodes)
     arrived = 0

@@ -108,18 +108,24 @@ def summarise(traces: Path, out: Path) -> str:
     lines.append("")
     lines.append(f"Deterministic paper policies: {exact}/{total} rows equal the published row.")
     walls: dict[str, list[float]] = defaultdict(list)
+    cpus: dict[str, list[float]] = defaultdict(list)
     rss: list[float] = []
     with (out / "runs.csv").open(newline="") as handle:
         for row in csv.DictReader(handle):
             walls[row["sc_policy"]].append(float(row["wall_s"]))
+            if row.get("cpu_s"):  # runs.csv before the column existed has none
+                cpus[row["sc_policy"]].append(float(row["cpu_s"]))
             rss.append(float(row["max_rss_mib"]))
     lines.append("")
-    lines.append("| policy | runs | mean wall s/run | max wall s/run |")
-    lines.append("|---|---|---|---|")
+    lines.append("| policy | runs | mean wall s/run | max wall s/run | mean CPU s/run |")
+    lines.append("|---|---|---|---|---|")
     for label in LABELS:
         if walls.get(label):
-            w = walls[label]
-            lines.append(f"| {label} | {len(w)} | {statistics.fmean(w):.2f} | {max(w):.2f} |")
+            w, c = walls[label], cpus.get(label)
+            cpu = f"{statistics.fmean(c):.2f}" if c else "–"
+            lines.append(
+                f"| {label} | {len(w)} | {statistics.fmean(w):.2f} | {max(w):.2f} | {cpu} |"
+            )
     lines.append("")
     lines.append(f"Largest worker peak RSS: {max(rss):.0f} MiB.")
     return "\n".join(lines)

@@ -83,3 +83,41 @@ def test_fgd_score_is_truncated_sigmoid_of_the_fragment_decrease(
 ) -> None:
     assert sigmoid_score(before, after) == expected
     assert expected == int(100 / (1 + math.exp(-(before - after) / 1000)))
+
+
+def test_vectorised_fragment_equals_the_loop_bit_for_bit_on_many_constrained_classes() -> None:
+    # Enough classes for the numpy path (VECTOR_CLASSES), with model sets, CPU-only and
+    # multi-card classes; equality, not approx: FGD's truncated score can flip on a last bit.
+    import random
+
+    from kubegpu.placement.fragmentation import VECTOR_CLASSES, FragmentationMemo
+
+    rnd = random.Random(14)
+    specs = ["", "", "T4", "G2|T4", "P100|V100M16|V100M16", "G3"]
+    classes = []
+    for i in range(VECTOR_CLASSES + 40):
+        count = rnd.choice([0, 1, 1, 1, 2, 8])
+        milli = 0 if count == 0 else (rnd.choice([50, 230, 500, 1000]) if count == 1 else 1000)
+        models = frozenset(m for m in rnd.choice(specs).split("|") if m) if count else frozenset()
+        classes.append(TypicalPod(rnd.choice([1000, 4000, 12000]) + i, milli, count, models, 0.0))
+    weights = [rnd.random() for _ in classes]
+    workload = TypicalWorkload(
+        tuple(
+            TypicalPod(t.cpu_milli, t.gpu_milli, t.gpu_count, t.gpu_models, w / sum(weights))
+            for t, w in zip(classes, weights, strict=True)
+        )
+    )
+    memo = FragmentationMemo(workload)
+    states = []
+    for _ in range(500):
+        cards = rnd.choice([1, 2, 4, 8])
+        free = tuple(sorted(rnd.choice([0, 1, 60, 230, 500, 999, 1000]) for _ in range(cards)))
+        cpu = rnd.choice([0, 1500, 6000, 40000])
+        model = rnd.choice(["T4", "G2", "P100", "V100M16", "A10"])
+        states.append((cpu, free, model))
+        assert memo.fragment(cpu, free, model) == node_fragment_milli(cpu, free, model, workload)
+    # The batched pass (states of different card counts in one array) gives the same bits.
+    batched = FragmentationMemo(workload)
+    batched.prefetch(states)
+    for cpu, free, model in states:
+        assert batched._cache[(cpu, free, model)] == node_fragment_milli(cpu, free, model, workload)

@@ -101,3 +101,22 @@ def test_order_scores_equal_the_former_loop_on_keys_with_ties_and_nan(seed: int)
 def test_order_scores_give_equal_keys_equal_scores_and_the_best_100() -> None:
     keys = [np.array([2.0, 1.0, 1.0, 3.0]), np.array([0.0, 5.0, 5.0, 0.0])]
     assert order_scores(keys).tolist() == [34, 100, 100, 0]  # 100 - 2·100 div 3
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_kubegpu_choice_is_the_first_node_of_the_full_sort_on_random_clusters(seed: int) -> None:
+    # The simulator computes later keys only on the nodes tied on earlier ones; it must pick
+    # the node a full lexicographic sort of all keys puts first (the extender's score 100).
+    rng = random.Random(100 + seed)
+    engine = PlacementEngine(random_cluster(rng, 150), "kubegpu", random_workload(rng))
+    checked = 0
+    for _ in range(40):
+        pod = random_pod(rng)
+        rows = engine.feasible_rows(pod)
+        if rows.size >= 2:
+            keys = engine._kubegpu_keys(pod, rows)
+            first = int(np.lexsort(tuple(reversed(keys)))[0])
+            assert engine._kubegpu_best(pod, rows) == first
+            checked += 1
+        engine.place(pod)
+    assert checked >= 10

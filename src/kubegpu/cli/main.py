@@ -30,6 +30,7 @@ def register(name: str, target: str) -> None:
 register("device-plugin", "kubegpu.kubelet.cli:device_plugin")
 register("emulate-node", "kubegpu.testing.emulate_node:emulate_node")
 register("simulate", "kubegpu.simulate.command:simulate")
+register("trace", "kubegpu.simulate.trace_command:trace")
 register("labels", "kubegpu.labels.cli:labels_command")
 register("exporter", "kubegpu.exporter.cli:exporter_command")
 register("fake-apiserver", "kubegpu.testing.apiserver.cli:fake_apiserver")

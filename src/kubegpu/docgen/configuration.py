@@ -651,8 +651,8 @@ EXTENDER_NOTES: dict[str, str] = {
     "tls-cert-file": "PEM certificate (chain) to serve HTTPS with; needs tls-key-file.",
     "tls-key-file": "PEM private key of tls-cert-file.",
     "workload-refresh-seconds": (
-        "How often the target workload of fgd/kubegpu is re-derived from the cluster's GPU "
-        "pods (not used with workload-file)."
+        "How often the target workload of fgd/kubegpu is re-derived from the cluster's pods, "
+        "CPU-only ones included (not used with workload-file)."
     ),
     "bind-attempts": (
         "How many times bind decides again when the pod changed meanwhile (409) before it "

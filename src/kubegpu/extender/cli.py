@@ -147,7 +147,8 @@ _path = click.Path(path_type=Path, dir_okay=False)
     "--workload-file",
     type=_path,
     default=None,
-    help="Target workload for fgd/kubegpu (default: the GPU pods in the cluster).",
+    help="Target workload for fgd/kubegpu (default: every pod in the cluster, CPU-only "
+    "ones included, as the simulator does).",
 )
 @click.option(
     "--workload-refresh-seconds",

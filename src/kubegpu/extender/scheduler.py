@@ -32,9 +32,10 @@ from kubegpu.extender.reasons import (
 )
 from kubegpu.kube.view import ClusterView
 from kubegpu.placement.engine import PlacementEngine, RowShapeChanged
-from kubegpu.placement.fragmentation import TypicalWorkload
+from kubegpu.placement.fragmentation import ClassKey, TypicalWorkload, class_key
 from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
 from kubegpu.placement.policies import get_policy
+from kubegpu.placement.target import target_workload
 from kubegpu.sharing.accounting import NodeInfo, PodUsage, node_state
 from kubegpu.sharing.annotations import (
     AllocationDecision,
@@ -125,19 +126,19 @@ class GpuScheduler:
         return self.engine_policy.name in ("fgd", "kubegpu")
 
     def current_workload(self) -> TypicalWorkload:
-        """The configured distribution, else the GPU pods now in the cluster (FGD's "target
-        workload"); an empty workload makes every node equally unfragmented."""
+        """The configured distribution, else every pod in the cluster, CPU-only ones included,
+        by the definition the simulator uses too (``kubegpu.placement.target``); an empty
+        workload makes every node equally unfragmented."""
         if self.configured_workload is not None:
             return self.configured_workload
-        requests: list[PodRequest] = []
+        classes: list[ClassKey] = []
         for pod in self.view.pod_json.values():
             try:
                 request = gpu_request(pod, self.view.names)
             except RequestError:
                 continue
-            if request.kind is not RequestKind.NONE:
-                requests.append(request.to_placement())
-        return TypicalWorkload.from_pods(requests)
+            classes.append(class_key(request.to_placement()))
+        return target_workload(self.engine_policy, classes)
 
     def engine(self) -> PlacementEngine:
         """The engine, brought up to date with the view."""

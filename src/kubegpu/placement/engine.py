@@ -19,8 +19,9 @@ card, and their fragmentation state names every card's model (see ``_row_key``).
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,9 +35,11 @@ from kubegpu.placement.fragmentation import (
 )
 from kubegpu.placement.model import MILLI_PER_GPU, Fit, GpuState, NodeState, Placement, PodRequest
 from kubegpu.placement.policies import GpuChoice, NodeScore, PolicySpec, get_policy
-from kubegpu.placement.waste import WastePotential, WasteWeights
+from kubegpu.placement.waste import ModelWaste, WasteWeights
 
 IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+FloatArray32 = npt.NDArray[np.float32]
 
 # Normalisers of the paper's DotProd and BestFit: the largest node spec in the openb cluster
 # (128 cores, 8 cards), fixed rather than per-cluster so scores do not shift as nodes join.
@@ -151,8 +154,9 @@ class PlacementEngine:
             else self.memo
         )
         # Ours orders nodes first by the waste a placement dooms (``kubegpu.placement.waste``).
+        # ... per card model, since pods limited to models fill only their models' cards.
         self._waste = (
-            WastePotential.from_workload(workload, waste_weights or WasteWeights())
+            ModelWaste.build(workload, self._capacity_by_model(), waste_weights or WasteWeights())
             if workload is not None
             and (
                 self.policy.node_score is NodeScore.KUBEGPU
@@ -160,15 +164,35 @@ class PlacementEngine:
             )
             else None
         )
+        # Each row's entry in the per-model waste (nodes mixing models: the pooled one).
+        self._waste_entry: IntArray = (
+            np.array(
+                [
+                    self._waste.index("" if mixed else model)
+                    for model, mixed in zip(self.models, self.mixed, strict=True)
+                ],
+                dtype=np.int64,
+            )
+            if self._waste is not None
+            else _NO_ROWS
+        )
         self._state_ids: dict[_StateKey, int] = {}
         self._state_keys: list[_StateKey] = []
         self.state_id = np.zeros(n, dtype=np.int64)
         self._score_tables: dict[_PodKey, npt.NDArray[np.int16]] = {}
         self._delta_tables: dict[_PodKey, npt.NDArray[np.float64]] = {}
+        self._bucket_tables: dict[tuple[str, int, int, int, frozenset[str]], FloatArray32] = {}
         for i in range(n):
             self._refresh_row(i)
 
     # ----------------------------------------------------------------- bookkeeping
+    def _capacity_by_model(self) -> dict[str, int]:
+        """Milli-GPU of cards per model, over the whole cluster."""
+        cards: Counter[str] = Counter()
+        for models in self.card_models:
+            cards.update(models)
+        return {model: count * MILLI_PER_GPU for model, count in cards.items()}
+
     def _refresh_row(self, i: int) -> None:
         free = self.card_free[i, : self.gpu_count[i]]
         self.gpu_free_total[i] = int(free.sum())
@@ -503,10 +527,38 @@ class PlacementEngine:
         out = table[ids]
         missing = out < 0
         if missing.any():
-            for sid in np.unique(ids[missing]).tolist():
+            sids = np.unique(ids[missing]).tolist()
+            self._prefetch_states(pod, [self._state_keys[sid] for sid in sids])
+            for sid in sids:
                 table[sid] = self._state_score(self._state_keys[sid], pod)
             out = table[ids]
         return out.astype(np.int64)
+
+    def _prefetch_states(self, pod: PodRequest, keys: list[_StateKey]) -> None:
+        """Batch-compute the fragments :meth:`_state_score` will look up for ``keys``
+        (single-model states; a node mixing models is computed when looked up)."""
+        assert self.memo is not None
+        memo = self._whole_card_memo if pod.gpu_count and not pod.is_gpu_share else self.memo
+        assert memo is not None
+        wanted: list[tuple[int, tuple[int, ...], str]] = []
+        for cpu, free, model in keys:
+            if not isinstance(model, str):
+                continue
+            wanted.append((cpu, free, model))
+            cpu_after = cpu - pod.cpu_milli
+            if not pod.gpu_count:
+                wanted.append((cpu_after, free, model))
+            elif not pod.is_gpu_share:
+                wanted.append((cpu_after, whole_card_sorted_after(free, pod.gpu_count), model))
+            else:
+                previous = -1
+                for pos, value in enumerate(free):
+                    if value < pod.gpu_milli or value == previous:
+                        continue
+                    previous = value
+                    after = _replace_sorted(free, pos, value - pod.gpu_milli)
+                    wanted.append((cpu_after, after, model))
+        memo.prefetch(wanted)
 
     def _fgd_row(self, i: int, pod: PodRequest) -> tuple[int, tuple[int, ...]]:
         """FGD score of row ``i`` and the card columns it would use (first best card)."""
@@ -569,7 +621,9 @@ class PlacementEngine:
         out = table[ids]
         missing = np.isnan(out)
         if missing.any():
-            for sid in np.unique(ids[missing]).tolist():
+            sids = np.unique(ids[missing]).tolist()
+            self._prefetch_states(pod, [self._state_keys[sid] for sid in sids])
+            for sid in sids:
                 table[sid] = self._cpu_pod_growth(self._state_keys[sid], pod)
             out = table[ids]
         return out
@@ -578,6 +632,7 @@ class PlacementEngine:
         """Per row, the cost bucket of a pod taking no share (it leaves no card gap)."""
         assert self._waste is not None
         return self._waste.stranded_buckets(
+            self._waste_entry[rows],
             self.gpu_free_total[rows].astype(np.float64),
             self.cpu_free[rows].astype(np.float64),
             pod.total_gpu_milli,
@@ -594,6 +649,7 @@ class PlacementEngine:
         assert self._waste is not None
         free = self.card_free[rows]
         bucket = self._waste.share_buckets(
+            self._waste_entry[rows],
             free,
             self.gpu_free_total[rows].astype(np.float64),
             self.cpu_free[rows].astype(np.float64),
@@ -627,22 +683,75 @@ class PlacementEngine:
         :data:`GROWTH_BUCKET_MILLI` buckets, then the node with the least free GPU: CPU spent
         where the cards are already allocated strands nothing.
         """
+        return [key(rows) for key in self._kubegpu_key_stages(pod)]
+
+    def _kubegpu_key_stages(self, pod: PodRequest) -> list[Callable[[IntArray], FloatArray]]:
+        """:meth:`_kubegpu_keys` as functions of the rows, most significant first."""
         if pod.is_gpu_share:
-            bucket, _ = self._share_choice(pod, rows)
-            return [bucket, -self._fgd(pod, rows).astype(np.float64)]
-        stranded = self._stranded_bucket(pod, rows)
+            return [
+                lambda rows: self._per_state("share", pod, rows, self._share_bucket),
+                lambda rows: self._neg_fgd(pod, rows),
+            ]
+        stranded = functools.partial(
+            self._per_state, "stranded", pod, compute=self._stranded_bucket
+        )
         if pod.gpu_count:
-            return [stranded, -self._fgd(pod, rows).astype(np.float64)]
-        growth = self._fragment_growth(pod, rows)
+            return [stranded, lambda rows: self._neg_fgd(pod, rows)]
         return [
             stranded,
-            np.floor(np.round(growth, 6) / GROWTH_BUCKET_MILLI),
-            self.gpu_free_total[rows].astype(np.float64),
+            lambda rows: np.floor(
+                np.round(self._fragment_growth(pod, rows), 6) / GROWTH_BUCKET_MILLI
+            ),
+            lambda rows: self.gpu_free_total[rows].astype(np.float64),
         ]
 
-    def _kubegpu_order(self, pod: PodRequest, rows: IntArray) -> IntArray:
-        """Positions of ``rows``, best first (equal keys keep rank order: lexsort is stable)."""
-        return np.lexsort(tuple(reversed(self._kubegpu_keys(pod, rows))))
+    def _share_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
+        return self._share_choice(pod, rows)[0]
+
+    def _per_state(
+        self,
+        stage: str,
+        pod: PodRequest,
+        rows: IntArray,
+        compute: Callable[[PodRequest, IntArray], FloatArray],
+    ) -> FloatArray:
+        """``compute(pod, rows)``, remembered per node state and pod class: a row's cost
+        bucket depends only on its state (free CPU, free milli per card, model), so each is
+        computed once, on one row of each state not seen yet, as FGD's score is."""
+        if pod.gpu_memory_mib is not None:  # card memory is not part of the state
+            return compute(pod, rows)
+        key = (stage, pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
+        table = self._bucket_tables.get(key)
+        needed = len(self._state_keys)
+        if table is None or table.size < needed:
+            grown = np.full(max(needed * 2, 1024), np.nan, dtype=np.float32)
+            if table is not None:
+                grown[: table.size] = table
+            table = grown
+            self._bucket_tables[key] = table
+        ids = self.state_id[rows]
+        out = table[ids]
+        missing = np.isnan(out)
+        if missing.any():
+            sids, first = np.unique(ids[missing], return_index=True)
+            table[sids] = compute(pod, rows[missing][first])
+            out = table[ids]
+        return out.astype(np.float64)
+
+    def _neg_fgd(self, pod: PodRequest, rows: IntArray) -> FloatArray:
+        return -self._fgd(pod, rows).astype(np.float64)
+
+    def _kubegpu_best(self, pod: PodRequest, rows: IntArray) -> int:
+        """Position in ``rows`` of the first node of our order, each later key computed only
+        on the nodes tied on the earlier ones (the same node as sorting by all keys, since
+        rows are in rank order; FGD's score, the costly key, then runs on a few nodes)."""
+        positions = np.arange(rows.size)
+        for key in self._kubegpu_key_stages(pod):
+            if positions.size == 1:
+                break
+            values = key(rows[positions])
+            positions = positions[values == values.min()]
+        return int(positions[0])
 
     def _kubegpu(self, pod: PodRequest, rows: IntArray) -> IntArray:
         # Live scores for the extender: the order above mapped onto 100 … 0 (equal keys, equal
@@ -751,7 +860,7 @@ class PlacementEngine:
         if rows.size == 0:
             return None
         if self.policy.node_score is NodeScore.KUBEGPU:
-            best = int(self._kubegpu_order(pod, rows)[0])
+            best = self._kubegpu_best(pod, rows)
             i = int(rows[best])
             return i, self.pick_columns(i, pod), 100
         scores = self.scores(pod, rows)

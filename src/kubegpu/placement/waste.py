@@ -29,16 +29,17 @@ Pure and numpy-only, like the rest of the placement core.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from kubegpu.placement.fragmentation import TypicalWorkload
+from kubegpu.placement.fragmentation import TypicalPod, TypicalWorkload
 from kubegpu.placement.model import MILLI_PER_GPU
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)
@@ -174,4 +175,163 @@ class WastePotential:
         # from moving a cost across a bucket boundary.
         weighted = np.round(self.weights.cpu_weight * stranded, 6)
         bucket: FloatArray = np.floor((gap + weighted[:, None]) / self.weights.bucket_milli)
+        return bucket
+
+
+def _allowed_share(models: frozenset[str], capacity: Mapping[str, int]) -> dict[str, float]:
+    """Where a class's demand goes if it spreads over its allowed models by their capacity:
+    model -> fraction (empty when none of its models is in the cluster)."""
+    allowed = {m: c for m, c in capacity.items() if c > 0 and (not models or m in models)}
+    total = sum(allowed.values())
+    return {m: c / total for m, c in allowed.items()} if total else {}
+
+
+@dataclass(frozen=True)
+class ModelWaste:
+    """The waste potential per card model, for a cluster whose pods may be limited to models.
+
+    A card of model ``m`` is filled by the pods that may use ``m``, so its gap table, common
+    share sizes and CPU-per-GPU ratio come from the target workload seen from ``m``: every
+    class weighted by the part of its demand that would land on ``m`` if it spread over its
+    allowed models by their capacity (an unconstrained class: ``m``'s share of all cards; a
+    class limited to ``m``: all of it).
+
+    ``pressure[m]``: the share of ``m``'s capacity that pods *limited* to models (so with
+    fewer places to go) will need once the cluster's demand reaches its capacity, capped
+    at 1. Each milli-GPU a pod takes on ``m`` costs that much expected doomed waste, so pods
+    with a choice leave the models constrained pods need to them. All of it is derived from
+    the workload and the cluster; a workload without model limits gives one pooled entry,
+    pressure 0 (exactly the single-model potential).
+    """
+
+    models: tuple[str, ...]  # index -> model; index len(models) is the pooled entry
+    potentials: tuple[WastePotential, ...]  # per index, pooled last
+    pressure: FloatArray  # per index, pooled (0) last
+    rho: FloatArray  # CPU milli per milli-GPU per index; NaN: nothing counts as stranded
+    weights: WasteWeights
+    _gap_tables: dict[int, FloatArray] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    @classmethod
+    def build(
+        cls,
+        workload: TypicalWorkload,
+        capacity_by_model: Mapping[str, int],
+        weights: WasteWeights = WasteWeights(),
+    ) -> ModelWaste:
+        pooled = WastePotential.from_workload(workload, weights)
+        constrained = any(t.gpu_count and t.gpu_models for t in workload.pods)
+        models = tuple(sorted(m for m, c in capacity_by_model.items() if c > 0))
+        if not constrained or not models:
+            return cls._of((), (pooled,), [0.0], weights)
+        spread = [_allowed_share(t.gpu_models, capacity_by_model) for t in workload.pods]
+        potentials: list[WastePotential] = []
+        for m in models:
+            seen = tuple(
+                TypicalPod(t.cpu_milli, t.gpu_milli, t.gpu_count, t.gpu_models, t.weight * s[m])
+                for t, s in zip(workload.pods, spread, strict=True)
+                if s.get(m, 0.0) > 0.0 or not t.gpu_count
+            )
+            potentials.append(WastePotential.from_workload(TypicalWorkload(seen), weights))
+        demand = sum(t.weight * t.gpu_count * t.gpu_milli for t in workload.pods)
+        capacity = sum(capacity_by_model[m] for m in models)
+        pressure: list[float] = []
+        for m in models:
+            limited = sum(
+                t.weight * t.gpu_count * t.gpu_milli * s.get(m, 0.0)
+                for t, s in zip(workload.pods, spread, strict=True)
+                if t.gpu_count and t.gpu_models
+            )
+            need = limited / demand * capacity if demand > 0 else 0.0
+            pressure.append(min(1.0, need / capacity_by_model[m]))
+        return cls._of(models, (*potentials, pooled), [*pressure, 0.0], weights)
+
+    @classmethod
+    def _of(
+        cls,
+        models: tuple[str, ...],
+        potentials: tuple[WastePotential, ...],
+        pressure: list[float],
+        weights: WasteWeights,
+    ) -> ModelWaste:
+        rho = np.array(
+            [np.nan if p.cpu_per_gpu_milli is None else p.cpu_per_gpu_milli for p in potentials]
+        )
+        return cls(models, potentials, np.array(pressure, dtype=np.float64), rho, weights)
+
+    def index(self, model: str) -> int:
+        """The entry for cards of ``model`` (the pooled one for unknown or mixed models)."""
+        try:
+            return self.models.index(model)
+        except ValueError:
+            return len(self.models)
+
+    def gap_growth(self, share_milli: int) -> FloatArray:
+        """Per entry (rows) and free milli + 1 (columns, −1 … 1000), a share's gap growth."""
+        table = self._gap_tables.get(share_milli)
+        if table is None:
+            table = np.stack([p.gap_growth_by_free(share_milli) for p in self.potentials])
+            self._gap_tables[share_milli] = table
+        return table
+
+    def stranded(self, entry: IntArray, gpu_free: FloatArray, cpu_free: FloatArray) -> FloatArray:
+        """Per node, free milli-GPU its free CPU cannot carry at its model's ratio."""
+        if len(self.potentials) == 1:  # one ratio for all: no per-node gather
+            rho: FloatArray | float = float(self.rho[0])
+            if np.isnan(rho):
+                return np.zeros_like(gpu_free, dtype=np.float64)
+            return np.maximum(0.0, gpu_free - np.maximum(cpu_free, 0) / rho)
+        rho = self.rho[entry]
+        carried = np.maximum(cpu_free, 0) / np.where(np.isnan(rho), 1.0, rho)
+        return np.where(np.isnan(rho), 0.0, np.maximum(0.0, gpu_free - carried))
+
+    def stranded_growth(
+        self,
+        entry: IntArray,
+        gpu_free: FloatArray,
+        cpu_free: FloatArray,
+        gpu_taken: int,
+        cpu_taken: int,
+    ) -> FloatArray:
+        after = self.stranded(entry, gpu_free - gpu_taken, cpu_free - cpu_taken)
+        return after - self.stranded(entry, gpu_free, cpu_free)
+
+    def stranded_buckets(
+        self,
+        entry: IntArray,
+        gpu_free: FloatArray,
+        cpu_free: FloatArray,
+        gpu_taken: int,
+        cpu_taken: int,
+    ) -> FloatArray:
+        """Per node, the cost bucket of a pod that leaves no card gap: its stranded growth
+        (weighted) plus the pressure on the model of the cards it takes."""
+        growth = self.stranded_growth(entry, gpu_free, cpu_free, gpu_taken, cpu_taken)
+        cost = self.weights.cpu_weight * growth
+        if len(self.potentials) > 1:  # pressure is 0 with one pooled entry
+            cost = cost + self.pressure[entry] * gpu_taken
+        return np.floor(np.round(cost, 6) / self.weights.bucket_milli)
+
+    def share_buckets(
+        self,
+        entry: IntArray,
+        card_free: npt.NDArray[np.int64],
+        gpu_free: FloatArray,
+        cpu_free: FloatArray,
+        share_milli: int,
+        cpu_taken: int,
+    ) -> FloatArray:
+        """Per (node, card), the cost bucket of a share on that card (+inf where it does not
+        fit): the card's gap growth, its node's weighted stranded growth, the pressure."""
+        stranded = self.stranded_growth(entry, gpu_free, cpu_free, share_milli, cpu_taken)
+        other = self.weights.cpu_weight * stranded
+        if len(self.potentials) == 1:  # one table, no pressure: a plain lookup
+            gap = self.gap_growth(share_milli)[0][card_free + 1]
+        else:
+            gap = self.gap_growth(share_milli)[entry[:, None], card_free + 1]
+            other = other + self.pressure[entry] * share_milli
+        bucket: FloatArray = np.floor(
+            (gap + np.round(other, 6)[:, None]) / self.weights.bucket_milli
+        )
         return bucket

@@ -97,3 +97,15 @@ def generate_arrivals(
     ranks = rng.permutation(len(nodes))
     by_name = sorted(n.name for n in nodes)
     return Arrivals(tuple(order), {name: int(r) for name, r in zip(by_name, ranks, strict=True)})
+
+
+def write_fixture(path: Path, arrivals: Arrivals) -> None:
+    """Write ``arrivals`` in the fixture format :func:`load_fixture` reads (gzip text)."""
+    width = max(4, len(str(max(arrivals.node_ranks.values(), default=0))))
+    lines = [f"P,{pod.name}" for pod in arrivals.pods]
+    lines += [
+        f"N,{rank:0{width}d}-{name}"
+        for name, rank in sorted(arrivals.node_ranks.items(), key=lambda kv: kv[1])
+    ]
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")

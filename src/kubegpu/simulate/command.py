@@ -53,6 +53,7 @@ class JobResult:
     total_gpus: int
     failed_pods: int
     wall_s: float
+    cpu_s: float  # this process's CPU time for the run: steadier than wall on a busy machine
     max_rss_mib: float
 
 
@@ -69,6 +70,7 @@ def _pods(path: Path) -> list[TracePod]:
 def run_job(job: Job) -> JobResult:
     """One replay; reads (and caches per process) the traces it needs."""
     started = time.perf_counter()
+    cpu_started = time.process_time()
     nodes = _nodes(job.nodes)
     pods = _pods(job.pods)
     arrivals: Arrivals
@@ -77,7 +79,7 @@ def run_job(job: Job) -> JobResult:
     else:
         arrivals = generate_arrivals(pods, nodes, job.seed, job.inflation)
     spec = get_policy(job.policy)
-    workload = target_workload(spec, [p.request for p in pods])
+    workload = target_workload(spec, pods)
     result = replay(nodes, arrivals, spec, workload, job.seed)
     columns = discretise(result)
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -87,6 +89,7 @@ def run_job(job: Job) -> JobResult:
         result.total_gpus,
         result.failed_pods,
         time.perf_counter() - started,
+        time.process_time() - cpu_started,
         rss_mib,
     )
 
@@ -107,14 +110,20 @@ def parse_seeds(text: str) -> list[int]:
         try:
             first, last = (int(low), int(high)) if sep else (int(part), int(part))
         except ValueError:
-            raise click.BadParameter(f"not a seed or range: {part!r}") from None
+            raise click.BadParameter(
+                f"not a seed or range: {part!r}", param_hint="--seeds"
+            ) from None
         if last < first:
-            raise click.BadParameter(f"range {part!r} is reversed; did you mean {last}-{first}?")
+            raise click.BadParameter(
+                f"range {part!r} is reversed; did you mean {last}-{first}?", param_hint="--seeds"
+            )
         if last - first + 1 + len(seeds) > MAX_SEEDS:
-            raise click.BadParameter(f"{text!r} is more than {MAX_SEEDS} seeds")
+            raise click.BadParameter(
+                f"{text!r} is more than {MAX_SEEDS} seeds", param_hint="--seeds"
+            )
         seeds.update(range(first, last + 1))
     if not seeds:
-        raise click.BadParameter("no seeds")
+        raise click.BadParameter("no seeds", param_hint="--seeds")
     return sorted(seeds)
 
 
@@ -176,7 +185,9 @@ def _write_allocation(out: Path, results: Sequence[JobResult], inflation: float)
     runs = out / "runs.csv"
     with runs.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["workload", "sc_policy", "seed", "failed_pods", "wall_s", "max_rss_mib"])
+        writer.writerow(
+            ["workload", "sc_policy", "seed", "failed_pods", "wall_s", "cpu_s", "max_rss_mib"]
+        )
         for r in results:
             writer.writerow(
                 [
@@ -185,6 +196,7 @@ def _write_allocation(out: Path, results: Sequence[JobResult], inflation: float)
                     r.job.seed,
                     r.failed_pods,
                     f"{r.wall_s:.2f}",
+                    f"{r.cpu_s:.2f}",
                     f"{r.max_rss_mib:.1f}",
                 ]
             )

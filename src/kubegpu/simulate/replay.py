@@ -14,11 +14,13 @@ import numpy as np
 import numpy.typing as npt
 
 from kubegpu.placement.engine import PlacementEngine
-from kubegpu.placement.fragmentation import TypicalWorkload
+from kubegpu.placement.fragmentation import ClassKey, TypicalWorkload, class_key
 from kubegpu.placement.model import MILLI_PER_GPU, NodeState, PodRequest
-from kubegpu.placement.policies import NodeScore, PolicySpec
+from kubegpu.placement.policies import POLICIES, PolicySpec
+from kubegpu.placement.target import target_workload as workload_for
 from kubegpu.placement.waste import WasteWeights
 from kubegpu.simulate.arrivals import Arrivals
+from kubegpu.simulate.traces import TracePod
 
 COLUMNS = tuple(range(131))  # arrived workload 0 … 130 % of cluster GPU capacity
 
@@ -97,21 +99,24 @@ def discretise(result: ReplayResult) -> list[float | None]:
     return columns
 
 
-def typical_workload(pods: Sequence[PodRequest]) -> TypicalWorkload:
-    """FGD's target workload: the original trace's most popular pod classes (spec §6)."""
-    return TypicalWorkload.from_pods(pods)
+def typical_workload(pods: Sequence[PodRequest | TracePod]) -> TypicalWorkload:
+    """FGD's target workload: the original trace's most popular pod classes (spec §6), a
+    trace pod's models keyed by its ``gpu_spec`` as written (a bare request: by its set)."""
+    return target_workload(POLICIES["fgd"], pods)
 
 
-def target_workload(policy: PolicySpec, pods: Sequence[PodRequest]) -> TypicalWorkload:
-    """The workload a policy measures fragmentation against.
+def class_keys(pods: Sequence[PodRequest | TracePod]) -> list[ClassKey]:
+    """One class key per pod, a trace pod's models spelt as in the trace."""
+    return [
+        class_key(p.request, p.gpu_spec) if isinstance(p, TracePod) else class_key(p) for p in pods
+    ]
 
-    FGD keeps the classes covering 95 % of pods; ours gets all of them (arrivals are drawn from
-    the whole trace) and itself cuts them back to FGD's 95 % for whole-card pods only (see
-    ``PlacementEngine._kubegpu_keys``).
-    """
-    if policy.node_score is NodeScore.KUBEGPU:
-        return TypicalWorkload.from_pods(pods, popularity_percent=100.0)
-    return typical_workload(pods)
+
+def target_workload(policy: PolicySpec, pods: Sequence[PodRequest | TracePod]) -> TypicalWorkload:
+    """The workload ``policy`` measures fragmentation against: every pod of the original
+    trace (CPU-only ones too), by the one definition the extender uses as well
+    (:func:`kubegpu.placement.target.target_workload`)."""
+    return workload_for(policy, class_keys(pods))
 
 
 def capacity_milli(nodes: Sequence[NodeState]) -> int:

@@ -28,10 +28,12 @@ class TraceError(Exception):
 
 @dataclass(frozen=True)
 class TracePod:
-    """One pod row: its name and request."""
+    """One pod row: its name, request and model constraint as written (``gpu_spec``: FGD
+    keys its pod classes by this string, while the request holds the set of models)."""
 
     name: str
     request: PodRequest
+    gpu_spec: str = ""
 
 
 def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
@@ -123,7 +125,8 @@ def load_pods(path: Path) -> list[TracePod]:
         milli = _int(path, line, row, "gpu_milli", minimum=-(10**9))
         spec = (row.get("gpu_spec") or "").strip()
         if count == 0:
-            milli, models = 0, frozenset[str]()
+            # The paper's converter writes the model annotation for GPU pods only.
+            milli, models, spec = 0, frozenset[str](), ""
         else:
             milli = min(milli, MILLI_PER_GPU)
             if milli <= 0:
@@ -132,7 +135,7 @@ def load_pods(path: Path) -> list[TracePod]:
                 raise TraceError(path, line, "gpu_milli", "multi-GPU pods must ask for 1000")
             models = frozenset(m for m in spec.split("|") if m)
         request = PodRequest(cpu, memory, count, milli, gpu_models=models, name=name)
-        pods.append(TracePod(name, request))
+        pods.append(TracePod(name, request, spec))
     if not pods:
         raise TraceError(path, 1, "", "no pods")
     return pods
