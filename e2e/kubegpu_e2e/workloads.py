@@ -166,20 +166,28 @@ def pod_resources(socket: Path) -> list[ContainerDevices]:
 
 def card_totals(cluster: Cluster, namespaces: list[str]) -> dict[str, list[int]]:
     """Memory and compute per card, summed over running app containers from what each
-    container's own environment says, for the containers PodResources says hold a slot."""
+    container's own environment says, for the containers PodResources says hold a slot.
+    Terminating pods count while their containers still answer: their share is still in use."""
     holders = {
         (e.namespace, e.pod, e.container)
         for e in pod_resources(cluster.pod_resources_socket)
         if e.resource == SHARED and e.namespace in namespaces
     }
+    pods = {
+        (namespace, p["metadata"]["name"]): p
+        for namespace in namespaces
+        for p in cluster.get("pods", "-n", namespace)["items"]
+    }
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for namespace, pod_name, container_name in holders:
-        if cluster.get("pod", "-n", namespace, pod_name)["status"].get("phase") != "Running":
-            continue
-        spec = cluster.get("pod", "-n", namespace, pod_name)["spec"]
-        if container_name not in {c["name"] for c in spec["containers"]}:
+        obj = pods.get((namespace, pod_name))
+        if obj is None or obj["status"].get("phase") != "Running":
+            continue  # gone, or not started: nothing of its share is in use
+        if container_name not in {c["name"] for c in obj["spec"]["containers"]}:
             continue  # init containers have finished: their share is no longer in use
         env = container_env(cluster, namespace, pod_name, container_name)
+        if not env:
+            continue  # deleted since the listing
         card = env["KUBEGPU_GPU_UUID"]
         totals[card][0] += int(env["KUBEGPU_GPU_MEMORY_LIMIT_MIB"])
         totals[card][1] += int(env["KUBEGPU_GPU_COMPUTE_MILLI"])

@@ -197,6 +197,31 @@ def test_pods_are_expected_in_bind_order_not_creation_order() -> None:
     assert [p.name for p in pending_share_pods(pods, UUID0)] == ["tie", "young", "old"]
 
 
+def test_the_binding_write_orders_pods_over_the_decision_time() -> None:
+    # Found on the real kube-scheduler, which binds in parallel: "late" was decided 3 µs after
+    # "early" but its Binding landed first (lower resourceVersion), and the kubelet admitted it
+    # first. Ordering by decision time gave each the other's share.
+    early = pod(
+        "early",
+        "2026-01-01T00:00:00Z",
+        UUID0,
+        [("main", False)],
+        decided="2026-01-02T10:00:00.000001Z",
+    )
+    late = pod(
+        "late",
+        "2026-01-01T00:00:00Z",
+        UUID0,
+        [("main", False)],
+        decided="2026-01-02T10:00:00.000004Z",
+    )
+    early["metadata"]["resourceVersion"] = "1042"  # type: ignore[index]
+    late["metadata"]["resourceVersion"] = "1039"  # type: ignore[index]
+    pods = [read_node_pod(p, "n1", NAMES) for p in (early, late)]
+    assert [p.name for p in pending_share_pods(pods, UUID0)] == ["late", "early"]
+    assert [c.pod.name for c in share_candidates(pods, UUID0, {})] == ["late", "early"]
+
+
 def test_podresources_names_the_pod_being_admitted_and_the_ones_already_admitted() -> None:
     first = pod("first", "2026-01-01T00:00:00Z", UUID1, [("main", False)])
     multi = pod("multi", "2026-01-01T00:01:00Z", UUID0, [("a", False), ("b", False)])

@@ -92,7 +92,7 @@ class _Shares:
         self.notes.setdefault(uid, []).append(text)
         self.changed.add(uid)
 
-    def admission(self, key: _Key) -> tuple[tuple[int, str, str, str], int]:
+    def admission(self, key: _Key) -> tuple[tuple[int, int, str, str, str], int]:
         pod = self.by_uid[key[0]]
         names = [n for n, _ in pod.slot_containers]
         return pod.order, names.index(key[1])

@@ -198,6 +198,9 @@ def _typed(item: object, key: str, kind: type) -> Any:
 
 
 # --------------------------------------------------------------------------- reading pods
+_NO_VERSION = 2**63  # sorts after every real resourceVersion
+
+
 @dataclass(frozen=True)
 class NodePod:
     """One pod on this node as the sharing coordinator needs it."""
@@ -252,18 +255,21 @@ class NodePod:
         return next(((n, s) for n, s in self.slot_containers if n not in done), None)
 
     @property
-    def order(self) -> tuple[int, str, str, str]:
+    def order(self) -> tuple[int, int, str, str, str]:
         """The order the kubelet admits pods in, as far as the API shows it.
 
         A pod already part-way through admission first: the kubelet admits all containers of
         one pod before the next pod. Then bind order: the kubelet admits pods in the order its
         watch delivers them, which is the order they were bound (it sorts by creation time only
-        pods that reach it in one batch, e.g. after a restart). The extender records its
-        decision right before it posts the Binding, with microseconds; the PodScheduled
-        condition the API server sets at binding has whole seconds only. Creation time breaks
-        ties (and orders pods decided within the same microsecond, as a batch would be)."""
+        pods that reach it in one batch, e.g. after a restart). The Binding is the last write
+        to a pod before the kubelet admits it, so its resourceVersion gives that order, as the
+        kubelet's own watch sees it. The extender's decision time does not: kube-scheduler
+        binds in parallel, so a pod decided later can be bound first (seen on the real
+        kube-scheduler). Where resourceVersions are not integers (the API calls them opaque),
+        the decision time (microseconds) decides, then creation time."""
         decided = self.decision.decided_at if self.decision is not None else ""
-        return (0 if self.allocated() else 1, decided, self.created, self.uid)
+        version = int(self.resource_version) if self.resource_version.isdigit() else _NO_VERSION
+        return (0 if self.allocated() else 1, version, decided, self.created, self.uid)
 
     def with_records(self, decision: AllocationDecision | None, ledger: Ledger | None) -> NodePod:
         """This pod with rewritten annotations (the tokens follow the new decision)."""
