@@ -113,6 +113,38 @@ CORPUS: dict[str, list[tuple[str, str] | tuple[str, str, int]]] = {
         ),
         (f"{SIM} --out {{files}}/o12 --arrivals {{files}}/a-file", "--arrivals"),
     ],
+    "trace": [
+        (
+            "trace constrain --nodes {files}/nodes.csv --pods {files}/pods.csv "
+            "--fraction 0 --seed 1 --out {files}/t1.csv",
+            "--fraction",
+        ),
+        (
+            "trace constrain --nodes {files}/nodes.csv --pods {files}/pods.csv "
+            "--fraction nan --seed 1 --out {files}/t2.csv",
+            "--fraction",
+        ),
+        (
+            "trace constrain --nodes {files}/latin1.csv --pods {files}/pods.csv "
+            "--fraction 0.2 --seed 1 --out {files}/t3.csv",
+            "latin1.csv",
+        ),
+        (
+            "trace constrain --nodes {files}/nodes.csv --pods {files}/pods.csv "
+            "--fraction 0.2 --seed 1 --out {files}/a-file/below.csv",
+            "--out",
+        ),
+        (
+            "trace arrivals --nodes {files}/nodes.csv --pods {files}/pods.csv "
+            "--seeds 51-42 --out {files}/t4",
+            "reversed",
+        ),
+        (
+            "trace arrivals --nodes {files}/nodes.csv --pods {files}/pods.csv "
+            "--inflation -1 --out {files}/t5",
+            "--inflation",
+        ),
+    ],
     "labels": [
         (f"labels {FAKE} --sink node --once", "kubeconfig"),
         (f"labels {FAKE} --interval -1", "--interval"),

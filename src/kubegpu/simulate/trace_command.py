@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from kubegpu.cli.types import FiniteFloatRange
 from kubegpu.simulate.arrivals import generate_arrivals, write_fixture
 from kubegpu.simulate.command import parse_seeds
 from kubegpu.simulate.constrain import choose_constraints
@@ -45,7 +46,7 @@ def trace() -> None:
 @click.option(
     "--fraction",
     required=True,
-    type=click.FloatRange(0.0, 1.0, min_open=True),
+    type=FiniteFloatRange(0.0, 1.0, min_open=True),
     help="Share of the unconstrained GPU pods to limit to GPU models, in (0, 1].",
 )
 @click.option("--seed", required=True, type=click.IntRange(min=0), help="RNG seed (>= 0).")
@@ -71,6 +72,13 @@ def constrain(
         return
     if out_csv.resolve() == pods_csv.resolve():
         raise click.BadParameter("must differ from --pods", param_hint="--out")
+    try:
+        out_csv.parent.mkdir(parents=True, exist_ok=True)
+        out_csv.open("a").close()
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot write {out_csv}: {exc.strerror}", param_hint="--out"
+        ) from None
     with pods_csv.open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
         header = list(reader.fieldnames or [])
@@ -81,7 +89,6 @@ def constrain(
         spec = specs.get(row["name"].strip())
         if spec is not None:
             row["gpu_spec"] = spec
-    out_csv.parent.mkdir(parents=True, exist_ok=True)
     with out_csv.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=header, lineterminator="\n")
         writer.writeheader()
@@ -98,7 +105,7 @@ def constrain(
     "--inflation",
     default=1.3,
     show_default=True,
-    type=click.FloatRange(0.0, min_open=True),
+    type=FiniteFloatRange(0.0, min_open=True),
     help="Arrived GPU demand as a multiple of capacity.",
 )
 @click.option(
@@ -126,7 +133,12 @@ def arrivals(
         click.echo(f"error: {exc}", err=True)
         ctx.exit(2)
         return
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot create {out_dir}: {exc.strerror}", param_hint="--out"
+        ) from None
     for seed in seed_list:
         path = out_dir / f"{pods_csv.stem}_seed{seed}.txt.gz"
         write_fixture(path, generate_arrivals(pods, nodes, seed, inflation))
