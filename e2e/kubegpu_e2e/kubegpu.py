@@ -113,15 +113,17 @@ class KubegpuRoles:
         return process
 
     def wait_advertised(self) -> None:
-        """Until the Node shows the agent's resources. A shared pod that kube-scheduler turns
-        away before then waits five minutes (docs/e2e.md, item 4), so scenarios start after."""
+        """Until the Node shows the agent's resources: 8 GPUs in capacity (cards holding
+        shares leave allocatable) and all 256 share slots allocatable. A shared pod that
+        kube-scheduler turns away before then waits five minutes (docs/e2e.md, item 4), so
+        scenarios start after."""
         slots = str(8 * 32)
 
         def advertised() -> bool:
-            allocatable = self.cluster.get("node", NODE_NAME)["status"]["allocatable"]
+            status = self.cluster.get("node", NODE_NAME)["status"]
             return bool(
-                allocatable.get("nvidia.com/gpu") == "8"
-                and allocatable.get("kubegpu.io/gpu-shared") == slots
+                status["capacity"].get("nvidia.com/gpu") == "8"
+                and status["allocatable"].get("kubegpu.io/gpu-shared") == slots
             )
 
         self.cluster.wait_for("the Node to advertise 8 GPUs and 256 slots", advertised, 60)
