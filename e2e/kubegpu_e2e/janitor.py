@@ -55,6 +55,20 @@ def _cgroup_pids(name: str) -> list[int]:
     return sorted(pids)
 
 
+def remaining() -> list[str]:
+    """What a run could leave behind and still does after the sweep."""
+    left = [f"process {pid}" for pid in pids_mentioning("/tmp/" + RUN_PREFIX)]
+    left += [f"mount {m}" for m in mounts_under(Path("/tmp")) if RUN_PREFIX in m]
+    left += [f"folder {d}" for d in Path("/tmp").glob(RUN_PREFIX + "*")]
+    for hierarchy in _cgroup_hierarchies():
+        left += [f"cgroup {c}" for c in hierarchy.rglob(RUN_PREFIX + "*")]
+    return left
+
+
 if __name__ == "__main__":
     for line in sweep():
         print(f"e2e janitor: {line}", file=sys.stderr)
+    left = remaining()
+    for line in left:
+        print(f"e2e janitor: LEFT BEHIND: {line}", file=sys.stderr)
+    sys.exit(1 if left else 0)

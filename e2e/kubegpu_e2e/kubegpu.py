@@ -72,9 +72,11 @@ class KubegpuRoles:
             )
 
     # -------------------------------------------------------------- processes
-    def _start(self, name: str, argv: list[str]) -> HostProcess:
+    def _start(self, name: str, argv: list[str], kubeconfig: Path | None = None) -> HostProcess:
         env = dict(self.cluster.env)
         env.pop("KUBECONFIG", None)
+        if kubeconfig is not None:
+            env["KUBECONFIG"] = str(kubeconfig)
         process = HostProcess(name, argv, self.cluster.logs / f"{name}.log", env=env).start()
         self.processes[name] = process
         return process
@@ -109,6 +111,22 @@ class KubegpuRoles:
             "node agent /readyz (registered with the kubelet)",
         )
         return process
+
+    def wait_advertised(self) -> None:
+        """Until the Node shows the agent's resources: 8 GPUs in capacity (cards holding
+        shares leave allocatable) and all 256 share slots allocatable. A shared pod that
+        kube-scheduler turns away before then waits five minutes (docs/e2e.md, item 4), so
+        scenarios start after."""
+        slots = str(8 * 32)
+
+        def advertised() -> bool:
+            status = self.cluster.get("node", NODE_NAME)["status"]
+            return bool(
+                status["capacity"].get("nvidia.com/gpu") == "8"
+                and status["allocatable"].get("kubegpu.io/gpu-shared") == slots
+            )
+
+        self.cluster.wait_for("the Node to advertise 8 GPUs and 256 slots", advertised, 60)
 
     def stop_agent(self) -> None:
         self.processes["kubegpu-node-agent"].stop(grace=15)
@@ -186,15 +204,17 @@ class KubegpuRoles:
                 f"--fake-gpus={FAKE_GPUS}",
                 "--sink=node",
                 f"--node-name={NODE_NAME}",
-                f"--kubeconfig={self.kubeconfigs['kubegpu-node-agent']}",
                 f"--config={DEPLOY / 'base' / 'node-agent-config.yaml'}",
                 "--poll=2",
             ],
+            # The labeller has no --kubeconfig: in a pod it uses the service account's token.
+            kubeconfig=self.kubeconfigs["kubegpu-node-agent"],
         )
 
     def start(self) -> None:
         self.apply_rbac()
         self.start_agent()
+        self.wait_advertised()
         self.start_extender()
         self.start_scheduler()
         self.start_labeller()

@@ -95,5 +95,8 @@ def test_a_share_that_fits_no_card_waits_with_the_extenders_reason(
     described = cluster.kubectl("describe", "pod", "-n", namespace, "too-big").stdout
     assert "FailedScheduling" in described
     # The extender's own words (per node) reach the pod through the real kube-scheduler.
-    assert "MiB" in reason or "memory" in reason, reason
-    assert "MiB" in described or "memory" in described
+    words = (
+        f"largest card has {CARD_MEMORY_MIB} MiB in total, pod needs {CARD_MEMORY_MIB + 1024} MiB"
+    )
+    assert words in reason, reason
+    assert words in " ".join(described.split()), described

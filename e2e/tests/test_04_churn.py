@@ -88,6 +88,7 @@ def test_churn_with_kubelet_and_agent_restarts(
 
     cluster.stop_kubelet()
     cluster.start_kubelet()
+    roles.wait_advertised()
     cluster.kubectl("delete", "pods", "-n", namespace, "-l", "wave=0", "--wait=false")
     create(cluster, *_wave(namespace, 2))
     _settle(cluster, namespace)
@@ -95,6 +96,7 @@ def test_churn_with_kubelet_and_agent_restarts(
 
     roles.stop_agent()
     roles.start_agent()
+    roles.wait_advertised()
     cluster.kubectl("delete", "pods", "-n", namespace, "-l", "wave=1", "--wait=false")
     create(cluster, *_wave(namespace, 3))
     _settle(cluster, namespace)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from kubegpu_e2e.cluster import Cluster
 from kubegpu_e2e.kubegpu import DEPLOY, KubegpuRoles
 
@@ -76,11 +77,19 @@ def test_there_are_overlays_to_check() -> None:
 def test_overlay_is_accepted_by_the_real_api_server(
     cluster: Cluster, roles: KubegpuRoles, monitoring_kinds: None, overlay: Path
 ) -> None:
+    # An example for an admin's own namespaces (deploy/examples/quota: team-a) needs them to
+    # exist, as on the admin's cluster.
+    rendered = yaml.safe_load_all(cluster.kubectl("kustomize", str(overlay)).stdout)
+    documents = [d for d in rendered if d]
+    own = {d["metadata"]["name"] for d in documents if d["kind"] == "Namespace"}
+    for namespace in {d["metadata"].get("namespace") for d in documents} - own - {None}:
+        if cluster.kubectl("get", "namespace", namespace, check=False).returncode != 0:
+            cluster.kubectl("create", "namespace", namespace)
     result = cluster.kubectl(
         "apply",
         "--dry-run=server",
         "--server-side",
-        "--field-manager=kubegpu-e2e",
+        "--force-conflicts",  # ownership of fields set by the RBAC apply is not validity
         "-k",
         str(overlay),
         check=False,
