@@ -23,6 +23,7 @@ import functools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -606,17 +607,23 @@ class PlacementEngine:
         before = self.memo.fragment(cpu, free, model)
         return self.memo.fragment(cpu - pod.cpu_milli, free, model) - before
 
-    def _fragment_growth(self, pod: PodRequest, rows: IntArray) -> npt.NDArray[np.float64]:
-        """Fragment growth of a CPU-only ``pod`` on each of ``rows`` (cached per state)."""
-        key: _PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
-        table = self._delta_tables.get(key)
+    def _state_table(self, tables: dict[Any, Any], key: Any, dtype: Any) -> Any:
+        """The cache of one pod shape's value per node state, NaN where not computed yet,
+        grown (doubling) to hold every state seen so far."""
+        table = tables.get(key)
         needed = len(self._state_keys)
         if table is None or table.size < needed:
-            grown = np.full(max(needed * 2, 1024), np.nan, dtype=np.float64)
+            grown = np.full(max(needed * 2, 1024), np.nan, dtype=dtype)
             if table is not None:
                 grown[: table.size] = table
             table = grown
-            self._delta_tables[key] = table
+            tables[key] = table
+        return table
+
+    def _fragment_growth(self, pod: PodRequest, rows: IntArray) -> npt.NDArray[np.float64]:
+        """Fragment growth of a CPU-only ``pod`` on each of ``rows`` (cached per state)."""
+        key: _PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
+        table: npt.NDArray[np.float64] = self._state_table(self._delta_tables, key, np.float64)
         ids = self.state_id[rows]
         out = table[ids]
         missing = np.isnan(out)
@@ -721,14 +728,7 @@ class PlacementEngine:
         if pod.gpu_memory_mib is not None:  # card memory is not part of the state
             return compute(pod, rows)
         key = (stage, pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
-        table = self._bucket_tables.get(key)
-        needed = len(self._state_keys)
-        if table is None or table.size < needed:
-            grown = np.full(max(needed * 2, 1024), np.nan, dtype=np.float32)
-            if table is not None:
-                grown[: table.size] = table
-            table = grown
-            self._bucket_tables[key] = table
+        table: FloatArray32 = self._state_table(self._bucket_tables, key, np.float32)
         ids = self.state_id[rows]
         out = table[ids]
         missing = np.isnan(out)
