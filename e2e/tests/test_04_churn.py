@@ -94,6 +94,13 @@ def test_churn_with_kubelet_and_agent_restarts(
     _settle(cluster, namespace)
     _no_overcommit(cluster, namespace)
 
+    # The kubelet fails, for good, a pod it admits while a device plugin it needs is away
+    # (UnexpectedAdmissionError: upstream behaviour for every device plugin, seen here once
+    # when a pod the scheduler retried was bound during the restart). So the agent restarts
+    # with only running pods on the node: the refused pods of wave 2 are deleted first.
+    for p in cluster.get("pods", "-n", namespace, "-l", "wave=2")["items"]:
+        if not p["spec"].get("nodeName"):
+            cluster.kubectl("delete", "pod", "-n", namespace, p["metadata"]["name"], "--wait=false")
     roles.stop_agent()
     roles.start_agent()
     roles.wait_advertised()
@@ -107,6 +114,6 @@ def test_churn_with_kubelet_and_agent_restarts(
         for p in cluster.get("pods", "-n", namespace)["items"]
         if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
     ]
-    # Waves 2 and 3 ask for more compute than 8 cards have: the cards must be well used, or
-    # the pods Pending "with a reason" are refusals of room that exists.
-    assert len(running) >= 60, f"only {len(running)} of 100 pods running"
+    # Wave 3 and what is left of wave 2 ask for more compute than 8 cards have: the cards must
+    # be well used, or the pods Pending "with a reason" are refusals of room that exists.
+    assert len(running) >= 60, f"only {len(running)} pods running"

@@ -53,31 +53,37 @@ def test_kubectl_gpu_inspect_agrees_with_pod_resources(
     wait_running(cluster, namespace, "share-a", "share-b", "whole")
     env = {**cluster.env, "PATH": tool_path(cluster), "KUBECONFIG": str(cluster.admin)}
     env.pop("KUBEGPU_E2E_BIN", None)
-    result = subprocess.run(
-        [
-            str(cluster.bin_dir / "kubectl"),
-            "gpu",
-            "inspect",
-            "-o",
-            "json",
-            "-n",
-            namespace,
-            f"--exporter-url-template=http://127.0.0.1:{roles.exporter_port}/metrics",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
-    (node,) = [n for n in report["nodes"] if n["name"] == NODE_NAME]
-    inspected = {
-        card["uuid"]: {p["name"] for p in card["pods"] if p["namespace"] == namespace}
-        for card in node["cards"]
-    }
-    inspected = {uuid: pods for uuid, pods in inspected.items() if pods}
-    assert inspected == _kubelet_view(cluster, namespace)
+
+    def inspected() -> dict[str, set[str]]:
+        result = subprocess.run(
+            [
+                str(cluster.bin_dir / "kubectl"),
+                "gpu",
+                "inspect",
+                "-o",
+                "json",
+                "-n",
+                namespace,
+                f"--exporter-url-template=http://127.0.0.1:{roles.exporter_port}/metrics",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        report = json.loads(result.stdout)
+        (node,) = [n for n in report["nodes"] if n["name"] == NODE_NAME]
+        cards = {
+            card["uuid"]: {p["name"] for p in card["pods"] if p["namespace"] == namespace}
+            for card in node["cards"]
+        }
+        return {uuid: pods for uuid, pods in cards.items() if pods}
+
+    # A whole-GPU pod without a decision is placed from the exporter's PodResources reading,
+    # which refreshes every 10 s: the two views agree within a few refreshes.
+    kubelet = _kubelet_view(cluster, namespace)
+    cluster.wait_for("inspect to agree with PodResources", lambda: inspected() == kubelet, 60)
 
     table = subprocess.run(
         [str(cluster.bin_dir / "kubectl"), "gpu", "inspect", "-n", namespace, "--no-usage"],
