@@ -97,10 +97,17 @@ def test_churn_with_kubelet_and_agent_restarts(
     # The kubelet fails, for good, a pod it admits while a device plugin it needs is away
     # (UnexpectedAdmissionError: upstream behaviour for every device plugin, seen here once
     # when a pod the scheduler retried was bound during the restart). So the agent restarts
-    # with only running pods on the node: the refused pods of wave 2 are deleted first.
-    for p in cluster.get("pods", "-n", namespace, "-l", "wave=2")["items"]:
-        if not p["spec"].get("nodeName"):
-            cluster.kubectl("delete", "pod", "-n", namespace, p["metadata"]["name"], "--wait=false")
+    # with only running pods on the node: the refused pods are deleted first.
+    def unbound() -> list[str]:
+        return [
+            p["metadata"]["name"]
+            for p in cluster.get("pods", "-n", namespace)["items"]
+            if not p["spec"].get("nodeName")
+        ]
+
+    cluster.kubectl("delete", "pod", "-n", namespace, *unbound(), "--wait=true", "--timeout=120s")
+    cluster.wait_for("no unbound pod left", lambda: not unbound(), timeout=120)
+    _settle(cluster, namespace)  # and every bound one running: no admission in flight
     roles.stop_agent()
     roles.start_agent()
     roles.wait_advertised()
