@@ -105,7 +105,9 @@ def test_churn_with_kubelet_and_agent_restarts(
             if not p["spec"].get("nodeName")
         ]
 
-    cluster.kubectl("delete", "pod", "-n", namespace, *unbound(), "--wait=true", "--timeout=120s")
+    refused = unbound()
+    if refused:
+        cluster.kubectl("delete", "pod", "-n", namespace, *refused, "--wait=true", "--timeout=120s")
     cluster.wait_for("no unbound pod left", lambda: not unbound(), timeout=120)
     _settle(cluster, namespace)  # and every bound one running: no admission in flight
     roles.stop_agent()
