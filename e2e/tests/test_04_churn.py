@@ -118,11 +118,16 @@ def test_churn_with_kubelet_and_agent_restarts(
     _settle(cluster, namespace)
     _no_overcommit(cluster, namespace)
 
-    running = [
-        p
-        for p in cluster.get("pods", "-n", namespace)["items"]
-        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-    ]
+    def running() -> int:
+        return sum(
+            1
+            for p in cluster.get("pods", "-n", namespace)["items"]
+            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        )
+
     # Wave 3 and what is left of wave 2 ask for more compute than 8 cards have: the cards must
-    # be well used, or the pods Pending "with a reason" are refusals of room that exists.
-    assert len(running) >= 60, f"only {len(running)} pods running"
+    # end well used, or the pods Pending "with a reason" are refusals of room that exists. A
+    # pod refused while wave 1 was still terminating may wait for kube-scheduler's five-minute
+    # retry of unschedulable pods (docs/e2e.md, item 4): allow for it.
+    cluster.wait_for("at least 60 churn pods running", lambda: running() >= 60, 360, 5)
+    _no_overcommit(cluster, namespace)
