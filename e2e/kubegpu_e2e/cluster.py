@@ -41,9 +41,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+def http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
     with urllib.request.urlopen(url, timeout=2, context=context) as response:
         return bool(response.status == 200)
+
+
+def component_healthz(port: int) -> bool:
+    """/healthz of a control-plane component on its secure port (self-signed certificate)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return http_ok(f"https://127.0.0.1:{port}/healthz", context)
 
 
 def write_kubeconfig(
@@ -269,7 +277,7 @@ class Cluster:
                 "--log-level=warn",
             ],
         )
-        process.wait_until(lambda: _http_ok(f"{client}/health"), 60, "etcd health")
+        process.wait_until(lambda: http_ok(f"{client}/health"), 60, "etcd health")
 
     def _tls_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(self.ca.cert))
@@ -308,7 +316,7 @@ class Cluster:
         process = self._process("kube-apiserver", argv)
         context = self._tls_context()
         process.wait_until(
-            lambda: _http_ok(f"{self.server}/readyz", context), 180, "API server /readyz"
+            lambda: http_ok(f"{self.server}/readyz", context), 180, "API server /readyz"
         )
 
     def _component_auth(self, kubeconfig: Path) -> list[str]:
@@ -317,12 +325,6 @@ class Cluster:
             f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}",
         ]
-
-    def _secure_healthz(self, port: int) -> bool:
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE  # self-signed serving cert of the component
-        return _http_ok(f"https://127.0.0.1:{port}/healthz", context)
 
     def _start_controller_manager(self) -> None:
         port = self.ports["controller-manager"]
@@ -342,7 +344,7 @@ class Cluster:
                 "--v=1",
             ],
         )
-        process.wait_until(lambda: self._secure_healthz(port), 120, "controller-manager /healthz")
+        process.wait_until(lambda: component_healthz(port), 120, "controller-manager /healthz")
 
     def _start_default_scheduler(self) -> None:
         port = self.ports["scheduler"]
@@ -357,7 +359,7 @@ class Cluster:
                 "--v=1",
             ],
         )
-        process.wait_until(lambda: self._secure_healthz(port), 120, "kube-scheduler /healthz")
+        process.wait_until(lambda: component_healthz(port), 120, "kube-scheduler /healthz")
 
     def _start_containerd(self) -> None:
         cni_conf = self.run_dir / "cni"
@@ -486,7 +488,7 @@ state = "{d / "state"}"
             ],
         )
         healthz = f"http://127.0.0.1:{self.ports['kubelet-healthz']}/healthz"
-        process.wait_until(lambda: _http_ok(healthz), 120, "kubelet /healthz")
+        process.wait_until(lambda: http_ok(healthz), 120, "kubelet /healthz")
         process.wait_until(self._node_ready, 120, f"Node {NODE_NAME} Ready")
         self._give_node_its_address()
 
@@ -542,7 +544,7 @@ state = "{d / "state"}"
         for _ in range(20):
             pids = [
                 pid
-                for pid in pids_mentioning(str(self.run_dir)) + self._cgroup_pids()
+                for pid in pids_mentioning(str(self.run_dir)) + cgroup_pids(self.run_dir.name)
                 if pid not in control_plane
             ]
             if not pids:
@@ -553,43 +555,44 @@ state = "{d / "state"}"
         for name in ("kube-apiserver", "etcd"):
             if name in self.processes:
                 self.processes[name].stop(grace=10)
-        leftovers += self._unmount_all()
-        leftovers += self._remove_cgroups()
+        leftovers += unmount_all(self.run_dir)
+        leftovers += remove_cgroups(self.run_dir.name)
         leftovers += remove_created_host_paths(self.run_dir)
         shutil.rmtree(self.run_dir, ignore_errors=True)
         if self.run_dir.exists():
             leftovers.append(f"could not remove {self.run_dir}")
         return leftovers
 
-    def _cgroup_pids(self) -> list[int]:
-        pids: set[int] = set()
-        for hierarchy in _cgroup_hierarchies():
-            root = hierarchy / self.cgroup_root.lstrip("/")
-            if not root.exists():
-                continue
+
+def cgroup_pids(run_name: str) -> list[int]:
+    """Every process in a cgroup of the run (named after its folder), in any hierarchy."""
+    pids: set[int] = set()
+    for hierarchy in _cgroup_hierarchies():
+        for root in hierarchy.rglob(run_name):
             for procs in root.rglob("cgroup.procs"):
                 with contextlib.suppress(OSError):
                     pids.update(int(p) for p in procs.read_text().split())
-        return sorted(pids)
+    return sorted(pids)
 
-    def _unmount_all(self) -> list[str]:
-        done = []
-        for _ in range(5):
-            points = mounts_under(self.run_dir)
-            if not points:
-                break
-            for point in points:
-                if subprocess.run(["umount", point], capture_output=True).returncode != 0:
-                    subprocess.run(["umount", "-l", point], capture_output=True)
-                done.append(f"unmounted {point}")
-        return done
 
-    def _remove_cgroups(self) -> list[str]:
-        removed = []
-        for hierarchy in _cgroup_hierarchies():
-            root = hierarchy / self.cgroup_root.lstrip("/")
-            if not root.exists():
-                continue
+def unmount_all(run_dir: Path) -> list[str]:
+    done = []
+    for _ in range(5):
+        points = mounts_under(run_dir)
+        if not points:
+            break
+        for point in points:
+            if subprocess.run(["umount", point], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", point], capture_output=True)
+            done.append(f"unmounted {point}")
+    return done
+
+
+def remove_cgroups(run_name: str) -> list[str]:
+    """Remove the run's cgroups, deepest first; name those that would not go."""
+    left = []
+    for hierarchy in _cgroup_hierarchies():
+        for root in hierarchy.rglob(run_name):
             for directory in sorted(
                 (p for p in root.rglob("*") if p.is_dir()),
                 key=lambda p: len(p.parts),
@@ -600,8 +603,8 @@ state = "{d / "state"}"
             with contextlib.suppress(OSError):
                 root.rmdir()
             if root.exists():
-                removed.append(f"cgroup {root} still there")
-        return removed
+                left.append(f"cgroup {root} still there")
+    return left
 
 
 def remove_created_host_paths(run_dir: Path) -> list[str]:

@@ -8,7 +8,14 @@ import sys
 import time
 from pathlib import Path
 
-from kubegpu_e2e.cluster import _cgroup_hierarchies, mounts_under, remove_created_host_paths
+from kubegpu_e2e.cluster import (
+    _cgroup_hierarchies,
+    cgroup_pids,
+    mounts_under,
+    remove_cgroups,
+    remove_created_host_paths,
+    unmount_all,
+)
 from kubegpu_e2e.processes import kill_all, pids_mentioning
 
 RUN_PREFIX = "kgpu-e2e-"
@@ -18,41 +25,18 @@ def sweep() -> list[str]:
     found: list[str] = []
     for run_dir in sorted(Path("/tmp").glob(RUN_PREFIX + "*")):
         for _ in range(20):
-            pids = pids_mentioning(str(run_dir)) + _cgroup_pids(run_dir.name)
+            pids = pids_mentioning(str(run_dir)) + cgroup_pids(run_dir.name)
             if not pids:
                 break
             found.append(f"{run_dir}: killed {len(pids)} processes")
             kill_all(pids)
             time.sleep(0.25)
-        for point in mounts_under(run_dir):
-            import subprocess
-
-            if subprocess.run(["umount", point], capture_output=True).returncode != 0:
-                subprocess.run(["umount", "-l", point], capture_output=True)
-            found.append(f"unmounted {point}")
-        for hierarchy in _cgroup_hierarchies():
-            for root in hierarchy.rglob(run_dir.name):
-                for directory in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-                    if directory.is_dir():
-                        directory.rmdir()
-                root.rmdir()
-                found.append(f"removed cgroup {root}")
+        found += unmount_all(run_dir)
+        found += remove_cgroups(run_dir.name)
         found += remove_created_host_paths(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
         found.append(f"removed {run_dir}")
     return found
-
-
-def _cgroup_pids(name: str) -> list[int]:
-    pids: set[int] = set()
-    for hierarchy in _cgroup_hierarchies():
-        for root in hierarchy.rglob(name):
-            for procs in root.rglob("cgroup.procs"):
-                try:
-                    pids.update(int(p) for p in procs.read_text().split())
-                except OSError:
-                    continue
-    return sorted(pids)
 
 
 def remaining() -> list[str]:

@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import os
 import socket
-import ssl
 import sys
 from pathlib import Path
 
 import yaml
 
-from kubegpu_e2e.cluster import NODE_NAME, Cluster, free_port, write_kubeconfig
+from kubegpu_e2e.cluster import (
+    NODE_NAME,
+    Cluster,
+    component_healthz,
+    free_port,
+    http_ok,
+    write_kubeconfig,
+)
 from kubegpu_e2e.processes import HostProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,7 +112,7 @@ class KubegpuRoles:
             ],
         )
         process.wait_until(
-            lambda: _plain_ok(f"http://127.0.0.1:{self.agent_health_port}/readyz"),
+            lambda: http_ok(f"http://127.0.0.1:{self.agent_health_port}/readyz"),
             60,
             "node agent /readyz (registered with the kubelet)",
         )
@@ -147,7 +153,7 @@ class KubegpuRoles:
             ],
         )
         process.wait_until(
-            lambda: _plain_ok(f"http://127.0.0.1:{self.extender_metrics_port}/healthz"),
+            lambda: http_ok(f"http://127.0.0.1:{self.extender_metrics_port}/healthz"),
             60,
             "extender /healthz",
         )
@@ -175,11 +181,8 @@ class KubegpuRoles:
                 "--v=2",
             ],
         )
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
         process.wait_until(
-            lambda: _plain_ok(f"https://127.0.0.1:{self.scheduler_port}/healthz", context),
+            lambda: component_healthz(self.scheduler_port),
             120,
             "kubegpu-scheduler /healthz",
         )
@@ -222,13 +225,6 @@ class KubegpuRoles:
     def stop(self) -> None:
         for process in reversed(list(self.processes.values())):
             process.stop(grace=10)
-
-
-def _plain_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=2, context=context) as response:
-        return bool(response.status == 200)
 
 
 def tool_path(cluster: Cluster) -> str:
