@@ -129,5 +129,26 @@ def test_churn_with_kubelet_and_agent_restarts(
     # end well used, or the pods Pending "with a reason" are refusals of room that exists. A
     # pod refused while wave 1 was still terminating may wait for kube-scheduler's five-minute
     # retry of unschedulable pods (docs/e2e.md, item 4): allow for it.
-    cluster.wait_for("at least 60 churn pods running", lambda: running() >= 60, 360, 5)
+    try:
+        cluster.wait_for("at least 60 churn pods running", lambda: running() >= 60, 360, 5)
+    except AssertionError as timeout:
+        raise AssertionError(f"{timeout}\n{_not_running(cluster, namespace)}") from None
     _no_overcommit(cluster, namespace)
+
+
+def _not_running(cluster: Cluster, namespace: str) -> str:
+    """What each pod not running says about itself: the scheduler's last word and when."""
+    lines = []
+    for p in cluster.get("pods", "-n", namespace)["items"]:
+        status = p["status"]
+        if status.get("phase") == "Running" and not p["metadata"].get("deletionTimestamp"):
+            continue
+        scheduled = next(
+            (c for c in status.get("conditions", []) if c["type"] == "PodScheduled"), {}
+        )
+        lines.append(
+            f"{p['metadata']['name']}: {status.get('phase')} node={p['spec'].get('nodeName')} "
+            f"deleting={bool(p['metadata'].get('deletionTimestamp'))} "
+            f"scheduled@{scheduled.get('lastTransitionTime')}: {scheduled.get('message')}"
+        )
+    return "\n".join(lines)
