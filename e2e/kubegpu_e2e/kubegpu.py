@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -26,6 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 FAKE_GPUS = "8xA100-80GB-NVLink"
 NAMESPACE = "kubegpu"
+# The kubelet's nodeStatusUpdateFrequency (its default; the suite does not set it).
+NODE_STATUS_PERIOD_S = 10
 # Objects of the overlay that grant or hold identity. The workloads (DaemonSet, Deployment)
 # are not applied: their image is not in this cluster, and pulling it would leave loopback.
 _IDENTITY_KINDS = {
@@ -132,7 +135,20 @@ class KubegpuRoles:
                 and status["allocatable"].get("kubegpu.io/gpu-shared") == slots
             )
 
-        self.cluster.wait_for("the Node to advertise 8 GPUs and 256 slots", advertised, 60)
+        # The kubelet posts allocatable on its next status sync (every 10 s), so right after a
+        # restart the Node may still show the figures from before it, and drop to no slots a
+        # few seconds later, when the scheduler would refuse with "Insufficient". Advertised
+        # means: seen, and still seen a whole sync period later.
+        deadline = time.monotonic() + 90
+        while True:
+            self.cluster.wait_for("the Node to advertise 8 GPUs and 256 slots", advertised, 60)
+            held_until = time.monotonic() + NODE_STATUS_PERIOD_S + 2
+            while time.monotonic() < held_until and advertised():
+                time.sleep(0.5)
+            if time.monotonic() >= held_until:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError("the Node's GPUs and slots keep coming and going")
 
     def stop_agent(self) -> None:
         self.processes["kubegpu-node-agent"].stop(grace=15)
