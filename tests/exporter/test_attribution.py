@@ -6,11 +6,11 @@ import pytest
 
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.metrics import (
+    SHARE_SLOT_INFIX,
     ContainerGpu,
     DeviceAssignment,
     GpuMetrics,
     PodGpuShare,
-    SHARE_SLOT_INFIX,
     PodKey,
     ProcessGpuMemory,
     allocation_by_gpu,

@@ -127,9 +127,7 @@ def test_a_share_slot_without_the_extenders_decision_is_a_share_mismatch(node: N
     assert registry.get_sample_value(name, pod_labels(node, INFER_A, 1)) == 0
     assert registry.get_sample_value(name, pod_labels(node, INFER_B, 1)) is None
     node.shares.current[JOB] = [PodGpuShare(node.uuids[3], memory_bytes=GIB, compute_ratio=0.1)]
-    assert registry_for(node, refreshed(node)).get_sample_value(
-        name, pod_labels(node, JOB, 3)
-    ) == 0
+    assert registry_for(node, refreshed(node)).get_sample_value(name, pod_labels(node, JOB, 3)) == 0
 
 
 def test_no_share_mismatch_is_reported_when_the_shares_are_unknown(node: Node) -> None:

@@ -72,9 +72,9 @@ async def test_the_extender_serves_the_pending_gpu_pods_it_watched() -> None:
         async with (
             running_extender(server, metrics_host="127.0.0.1", metrics_port=0) as ext,
             http_session() as http,
+            http.get(f"{ext.metrics_url}/metrics") as r,
         ):
-            async with http.get(f"{ext.metrics_url}/metrics") as r:
-                text = await r.text()
+            text = await r.text()
     samples = {
         s.labels["kind"]: s.value
         for family in text_string_to_metric_families(text)

@@ -28,9 +28,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kubegpu.extender.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_INFLIGHT_BODY_BYTES
-from kubegpu.extender.pending import PendingGpuPods
 from kubegpu.extender.intake import BODY_KEY, BodyBudget, BodyIntake
 from kubegpu.extender.leader import LeaderGate
+from kubegpu.extender.pending import PendingGpuPods
 from kubegpu.extender.scheduler import GpuScheduler, Unschedulable, reason_category
 from kubegpu.extender.wire import (
     ExtenderArgs,
