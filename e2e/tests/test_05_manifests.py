@@ -19,7 +19,8 @@ OVERLAYS = sorted(
 # The Prometheus operator's kinds, so the monitoring overlay has something to be checked
 # against. Only the kinds are real here: their schemas are not (the operator's CRDs are not in
 # any registry this suite may reach), so the fields of ServiceMonitor/PodMonitor are checked by
-# tests/deploy instead.
+# tests/deploy instead (and the PrometheusRule's rules by promtool: tests/deploy and
+# test_08_monitoring).
 _MONITORING_CRDS = """
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
@@ -50,6 +51,19 @@ spec:
       served: true
       storage: true
       schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: prometheusrules.monitoring.coreos.com}
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {kind: PrometheusRule, plural: prometheusrules, singular: prometheusrule}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
 """
 
 
@@ -57,12 +71,12 @@ spec:
 def monitoring_kinds(cluster: Cluster) -> None:
     cluster.kubectl("apply", "-f", "-", input=_MONITORING_CRDS)
     cluster.wait_for(
-        "the ServiceMonitor kind to be served",
+        "the monitoring kinds to be served",
         lambda: (
-            cluster.kubectl("api-resources", "--api-group=monitoring.coreos.com").stdout.count(
-                "Monitor"
+            {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+            <= set(
+                cluster.kubectl("api-resources", "--api-group=monitoring.coreos.com").stdout.split()
             )
-            == 2
         ),
         timeout=60,
     )

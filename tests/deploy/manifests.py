@@ -23,7 +23,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 # Rendered, but not checked against the Kubernetes schemas: their kinds are CRDs.
-SCHEMALESS = frozenset({"overlays/monitoring"})
+SCHEMALESS = frozenset({"monitoring", "overlays/monitoring"})
 # What an admin applies; the base and the examples are rendered and validated too.
 INSTALL_OVERLAYS = ("overlays/second-scheduler", "overlays/default-scheduler")
 

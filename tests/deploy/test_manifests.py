@@ -61,6 +61,7 @@ def test_every_kustomization_is_known() -> None:
         "base",
         "examples/nfd-labels",
         "examples/quota",
+        "monitoring",
         "overlays/default-scheduler",
         "overlays/monitoring",
         "overlays/second-scheduler",
@@ -100,9 +101,13 @@ def test_strict_validation_refuses_a_field_kubernetes_does_not_know() -> None:
         kubernetes_validate.validate(agent, SCHEMA_VERSION, strict=True)
 
 
-def test_the_monitoring_overlay_holds_a_podmonitor_and_a_servicemonitor() -> None:
+def test_the_monitoring_overlay_holds_monitors_and_the_rules() -> None:
     kinds = sorted((o["kind"], o["metadata"]["name"]) for o in render("overlays/monitoring"))
-    assert kinds == [("PodMonitor", "kubegpu-node-agent"), ("ServiceMonitor", "kubegpu-extender")]
+    assert kinds == [
+        ("PodMonitor", "kubegpu-node-agent"),
+        ("PrometheusRule", "kubegpu"),
+        ("ServiceMonitor", "kubegpu-extender"),
+    ]
 
 
 def test_the_podmonitor_scrapes_the_exporter_port_of_the_node_agent() -> None:

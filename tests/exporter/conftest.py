@@ -4,11 +4,13 @@ kubelet pod log directory and PodResources assignments, all built in ``tmp_path`
 The scenario (every expected value in the tests is computed from these inputs):
 
 * GPU 0 is held whole by ``ml/trainer`` (container ``main``), one process of 6 GiB;
-* GPU 1 is shared by ``web/infer-a`` and ``web/infer-b`` (one replica each, 4 GiB share each);
+* GPU 1 is shared by ``web/infer-a`` (a kubegpu share slot) and ``web/infer-b`` (a
+  time-slicing replica), each with a 4 GiB share;
   infer-a uses 3 GiB (one process), infer-b uses 5 GiB over two processes — over its share;
   a host process (not in any pod) uses 512 MiB;
 * GPU 2 is idle;
-* GPU 3 has one replica held by ``batch/job`` with no share annotation (its grant is unknown).
+* GPU 3 has one share slot held by ``batch/job`` with no share annotation (its grant is
+  unknown, and the kubelet and the extender disagree about it: a share mismatch).
 """
 
 from __future__ import annotations
@@ -134,9 +136,9 @@ def node(tmp_path: Path) -> Node:
     pod_resources = StaticPodResources(
         [
             DeviceAssignment(TRAINER, "main", resource, uuids[0]),
-            DeviceAssignment(INFER_A, "server", resource, f"{uuids[1]}::0"),
+            DeviceAssignment(INFER_A, "server", resource, f"{uuids[1]}::slot-0"),
             DeviceAssignment(INFER_B, "server", resource, f"{uuids[1]}::1"),
-            DeviceAssignment(JOB, "worker", resource, f"{uuids[3]}::2"),
+            DeviceAssignment(JOB, "worker", resource, f"{uuids[3]}::slot-2"),
             DeviceAssignment(JOB, "worker", "example.com/other", "not-a-gpu"),
         ]
     )

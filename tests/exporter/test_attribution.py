@@ -6,6 +6,7 @@ import pytest
 
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.metrics import (
+    SHARE_SLOT_INFIX,
     ContainerGpu,
     DeviceAssignment,
     GpuMetrics,
@@ -16,7 +17,9 @@ from kubegpu.core.metrics import (
     attribute_processes,
     containers_by_gpu,
     device_uuid,
+    share_mismatches,
 )
+from kubegpu.kubelet.resources import REPLICA_SEPARATOR, SLOT_MARK
 
 A, B = GpuUuid("GPU-aaaa"), GpuUuid("GPU-bbbb")
 P, Q, R = PodKey("ns", "p"), PodKey("ns", "q"), PodKey("ns", "r")
@@ -46,6 +49,59 @@ def test_replicas_of_one_gpu_in_one_container_count_as_slots() -> None:
         ContainerGpu(P, "c", A, slots=2, exclusive=False),
         ContainerGpu(P, "c", B, slots=1, exclusive=True),
     )
+
+
+def test_share_slots_are_told_from_replicas_by_the_device_plugins_slot_form() -> None:
+    assert REPLICA_SEPARATOR + SLOT_MARK == SHARE_SLOT_INFIX
+    r = "kubegpu.io/gpu-shared"
+    holders = containers_by_gpu(
+        [
+            DeviceAssignment(P, "c", r, "GPU-aaaa::slot-0"),
+            DeviceAssignment(P, "c", r, "GPU-aaaa::slot-7"),
+            DeviceAssignment(Q, "c", r, "GPU-aaaa::3"),
+            DeviceAssignment(R, "c", r, "GPU-bbbb"),
+        ],
+        [A, B],
+    )
+    assert [(h.pod, h.slots, h.share_slots) for h in holders] == [
+        (P, 2, True),
+        (Q, 1, False),
+        (R, 1, False),
+    ]
+
+
+def slot(pod: PodKey, uuid: GpuUuid, container: str = "c") -> ContainerGpu:
+    return ContainerGpu(pod, container, uuid, 1, False, share_slots=True)
+
+
+@pytest.mark.parametrize(
+    ("holders", "shares", "expected"),
+    [
+        pytest.param([slot(P, A)], {P: [PodGpuShare(A, 4000, 0.25)]}, {(P, A): False}, id="agree"),
+        pytest.param([slot(P, A)], {}, {(P, A): True}, id="slot-without-decision"),
+        pytest.param(
+            [slot(P, A)], {P: [PodGpuShare(B, 4000, 0.25)]}, {(P, A): True}, id="decided-other"
+        ),
+        pytest.param(
+            [slot(P, A), slot(P, A, "d")],
+            {P: [PodGpuShare(A, 4000, 0.25)]},
+            {(P, A): False},
+            id="two-containers-one-entry",
+        ),
+        pytest.param(
+            [ContainerGpu(P, "c", A, 1, False), ContainerGpu(Q, "c", B, 1, True)],
+            {},
+            {},
+            id="replicas-and-whole-gpus-carry-no-decision-to-compare",
+        ),
+    ],
+)
+def test_share_mismatch_per_pod_and_gpu(
+    holders: list[ContainerGpu],
+    shares: dict[PodKey, list[PodGpuShare]],
+    expected: dict[tuple[PodKey, GpuUuid], bool],
+) -> None:
+    assert share_mismatches(holders, shares) == expected
 
 
 @pytest.mark.parametrize(

@@ -118,6 +118,31 @@ def test_each_container_is_reported_with_the_gpus_it_holds(node: Node) -> None:
     assert sorted(s.labels["pod"] for s in holders) == ["infer-a", "infer-b"]
 
 
+def test_a_share_slot_without_the_extenders_decision_is_a_share_mismatch(node: Node) -> None:
+    registry = scraped(node)
+    name = "kubegpu_pod_gpu_share_mismatch"
+    # batch/job holds a slot of GPU 3 and no share; web/infer-a's slot matches its share;
+    # web/infer-b holds a time-slicing replica, which carries no decision to compare.
+    assert registry.get_sample_value(name, pod_labels(node, JOB, 3)) == 1
+    assert registry.get_sample_value(name, pod_labels(node, INFER_A, 1)) == 0
+    assert registry.get_sample_value(name, pod_labels(node, INFER_B, 1)) is None
+    node.shares.current[JOB] = [PodGpuShare(node.uuids[3], memory_bytes=GIB, compute_ratio=0.1)]
+    assert registry_for(node, refreshed(node)).get_sample_value(name, pod_labels(node, JOB, 3)) == 0
+
+
+def test_no_share_mismatch_is_reported_when_the_shares_are_unknown(node: Node) -> None:
+    # Without a share lookup every slot would look undecided: nothing is said instead.
+    registry = registry_for(node, refreshed(node, shares=None))
+    family = next(f for f in registry.collect() if f.name == "kubegpu_pod_gpu_share_mismatch")
+    assert family.samples == []
+
+
+def refreshed(node: Node, **kwargs: object) -> Refresher:
+    refresher = node.refresher(**kwargs)
+    assert refresher.refresh_once()
+    return refresher
+
+
 def test_allocation_counts_whole_gpus_fully_and_shared_gpus_by_share(node: Node) -> None:
     registry = scraped(node)
     mem, compute = "kubegpu_gpu_allocated_memory_bytes", "kubegpu_gpu_allocated_compute_ratio"

@@ -14,7 +14,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 from kubegpu.core.health import HealthEvent, HealthEventKind
+from kubegpu.extender.pending import PendingGpuPods
 from kubegpu.extender.server import ExtenderMetrics
+from kubegpu.sharing.resources import ResourceNames
 from tests.exporter.conftest import Node
 from tests.exporter.test_collector import registry_for
 
@@ -72,6 +74,7 @@ def extender_families() -> list[Metric]:
     metrics.conflicts.inc()
     metrics.bad_requests.labels("bind").inc()
     metrics.refused.labels("busy").inc()
+    registry.register(PendingGpuPods(list, ResourceNames(), lambda: True))  # as ExtenderApp does
     return [family for family in registry.collect() if family.name.startswith("kubegpu_")]
 
 

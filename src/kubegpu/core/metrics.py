@@ -90,6 +90,14 @@ class ContainerGpu:
     uuid: GpuUuid
     slots: int
     exclusive: bool  # the device ID was the GPU itself, not a replica of it
+    # The device IDs were kubegpu share slots (``<uuid>::slot-<n>``), which the kubelet hands
+    # out only for a share the extender decided; time-slicing replicas carry no decision.
+    share_slots: bool = False
+
+
+# The device plugin's share-slot form (kubegpu.kubelet.resources: SLOT_MARK after "::"),
+# repeated here because the core imports no edge; a test keeps the two equal.
+SHARE_SLOT_INFIX = "::slot-"
 
 
 def device_uuid(device_id: str, known: Iterable[GpuUuid]) -> GpuUuid | None:
@@ -107,17 +115,22 @@ def containers_by_gpu(
     """Group PodResources entries by (container, physical GPU). The kubelet lists one entry per
     device ID, so a container with several replicas of one GPU shows up several times."""
     known_set = frozenset(known)
-    slots: dict[tuple[PodKey, str, GpuUuid], list[bool]] = {}
+    ids: dict[tuple[PodKey, str, GpuUuid], list[str]] = {}
     for a in assignments:
         uuid = device_uuid(a.device_id, known_set)
         if uuid is None:
             continue
-        slots.setdefault((a.pod, a.container, uuid), []).append(a.device_id == uuid)
+        ids.setdefault((a.pod, a.container, uuid), []).append(a.device_id)
     return tuple(
         ContainerGpu(
-            pod=pod, container=container, uuid=uuid, slots=len(kinds), exclusive=all(kinds)
+            pod=pod,
+            container=container,
+            uuid=uuid,
+            slots=len(given),
+            exclusive=all(i == uuid for i in given),
+            share_slots=all(i.startswith(uuid + SHARE_SLOT_INFIX) for i in given),
         )
-        for (pod, container, uuid), kinds in sorted(slots.items())
+        for (pod, container, uuid), given in sorted(ids.items())
     )
 
 
@@ -173,6 +186,26 @@ def allocation_by_gpu(
                 memory = compute = None
         result[uuid] = GpuAllocation(uuid=uuid, memory_bytes=memory, compute_ratio=compute)
     return result
+
+
+def share_mismatches(
+    holders: Iterable[ContainerGpu], shares: Mapping[PodKey, Sequence[PodGpuShare]]
+) -> dict[tuple[PodKey, GpuUuid], bool]:
+    """Per (pod, GPU) where the kubelet gave the pod share slots: ``True`` when the extender's
+    decision (the pod's shares) names no share of that GPU for it.
+
+    The kubelet and the extender then disagree about where the pod runs: its share is not
+    counted on the card it really uses, so that card can be over-committed unseen. Only
+    meaningful when the shares could be read at all (an empty mapping would flag every pod).
+    """
+    result: dict[tuple[PodKey, GpuUuid], bool] = {}
+    for h in holders:
+        if not h.share_slots:
+            continue
+        decided = any(s.uuid == h.uuid for s in shares.get(h.pod, ()))
+        key = (h.pod, h.uuid)
+        result[key] = result.get(key, False) or not decided
+    return dict(sorted(result.items()))
 
 
 @dataclass(frozen=True)

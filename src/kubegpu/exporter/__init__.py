@@ -31,6 +31,7 @@ kubegpu_pod_gpu_allocated{container}            gauge   device IDs of the GPU he
 kubegpu_pod_gpu_memory_used_bytes               gauge   the pod's processes' memory
 kubegpu_pod_gpu_memory_share_bytes              gauge   the pod's memory share
 kubegpu_pod_gpu_over_share                      gauge   1 when used > share, else 0
+kubegpu_pod_gpu_share_mismatch                  gauge   1 when slots held lack a decision
 kubegpu_exporter_snapshot_age_seconds           gauge   age of the served snapshot
 kubegpu_exporter_last_refresh_timestamp_seconds gauge   when the last refresh completed
 kubegpu_exporter_refresh_duration_seconds       gauge   how long it took

@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kubegpu.core.gpu import GpuDevice, GpuUuid
-from kubegpu.core.metrics import HealthTally, PodKey
+from kubegpu.core.metrics import HealthTally, PodKey, share_mismatches
 from kubegpu.exporter.refresher import ExporterSnapshot
 
 GPU_LABELS = ["node", "gpu", "uuid", "model"]
@@ -262,6 +262,17 @@ class GpuCollector(Collector):
                 if s.uuid in gpus and s.memory_bytes is not None:
                     share.add_metric(pod_labels(pod, s.uuid), s.memory_bytes)
         yield share
+
+        mismatch = GaugeMetricFamily(
+            "kubegpu_pod_gpu_share_mismatch",
+            "1 when the kubelet gave the pod share slots of this GPU but the extender's "
+            "decision names no share of it for the pod, else 0 (only pods holding share slots).",
+            labels=POD_LABELS,
+        )
+        if snapshot.holders is not None and snapshot.shares_known:
+            for (pod, uuid), differs in share_mismatches(snapshot.holders, snapshot.shares).items():
+                mismatch.add_metric(pod_labels(pod, uuid), 1.0 if differs else 0.0)
+        yield mismatch
 
 
 def _gpu_labels(node: str, gpu: GpuDevice) -> list[str]:

@@ -54,6 +54,9 @@ class ExporterSnapshot:
     allocation: dict[GpuUuid, GpuAllocation]
     attribution: ProcessAttribution
     shares: dict[PodKey, tuple[PodGpuShare, ...]] = field(default_factory=dict)
+    # False when no share lookup is configured or reading it failed: ``shares`` is then empty
+    # for want of knowing, and comparing it with the kubelet's view would be meaningless.
+    shares_known: bool = False
 
 
 def _describe(exc: Exception) -> str:
@@ -174,7 +177,7 @@ class Refresher:
         self._pending = None
         known = [gpu.uuid for gpu in inventory.gpus]
         holders = self._read_holders(known)
-        shares = self._read_shares()
+        shares, shares_known = self._read_shares()
         pod_of_pid, resolvable = self._read_pids(readings)
         memory_total = {gpu.uuid: gpu.memory_total_mib * 1024 * 1024 for gpu in inventory.gpus}
         snapshot = ExporterSnapshot(
@@ -191,6 +194,7 @@ class Refresher:
                 readings, pod_of_pid, shares, pods_resolvable=resolvable
             ),
             shares=shares,
+            shares_known=shares_known,
         )
         self._latest = snapshot
         return True
@@ -211,13 +215,15 @@ class Refresher:
         self.pod_resources_ok = True
         return containers_by_gpu(assignments, known)
 
-    def _read_shares(self) -> dict[PodKey, tuple[PodGpuShare, ...]]:
+    def _read_shares(self) -> tuple[dict[PodKey, tuple[PodGpuShare, ...]], bool]:
+        """The pods' shares, and whether they are known (a lookup is configured and answered)."""
         try:
-            return {pod: tuple(s) for pod, s in self._shares.shares().items()}
+            shares = {pod: tuple(s) for pod, s in self._shares.shares().items()}
         except Exception:
             self._fail("shares")
             log.exception("node %s: reading pod shares failed", self.node)
-            return {}
+            return {}, False
+        return shares, not isinstance(self._shares, NoShares)
 
     def _read_pids(self, readings: tuple[GpuMetrics, ...]) -> tuple[dict[int, PodKey], bool]:
         """PID -> pod for the GPU processes, and whether pods could be resolved at all."""

@@ -30,6 +30,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from kubegpu.extender.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_INFLIGHT_BODY_BYTES
 from kubegpu.extender.intake import BODY_KEY, BodyBudget, BodyIntake
 from kubegpu.extender.leader import LeaderGate
+from kubegpu.extender.pending import PendingGpuPods
 from kubegpu.extender.scheduler import GpuScheduler, Unschedulable, reason_category
 from kubegpu.extender.wire import (
     ExtenderArgs,
@@ -186,6 +187,11 @@ class ExtenderApp:
         self.view = scheduler.view
         self.client = client
         self.metrics = ExtenderMetrics(registry or CollectorRegistry())
+        self.metrics.registry.register(
+            PendingGpuPods(
+                lambda: list(self.view.pod_json.values()), self.view.names, self.view.synced.is_set
+            )
+        )
         self.max_body_bytes = max_body_bytes
         self.intake = BodyIntake(
             max_body_bytes=max_body_bytes,
