@@ -15,8 +15,8 @@ import yaml
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.resources.core_v1 import Event, Node, Pod
 
-from kubegpu.kubelet.shares import ALLOCATED_ANNOTATION, decode_ledger
 from kubegpu.sharing.annotations import INVENTORY_ANNOTATION, decode_inventory
+from kubegpu.sharing.ledger import ALLOCATED_ANNOTATION, decode_ledger
 from kubegpu.sharing.podstate import read_decision
 from tests.demo.conftest import DemoProcess, alive_kubegpu_processes, sockets_under
 

@@ -24,13 +24,6 @@ from lightkube.resources.core_v1 import Pod
 
 from kubegpu.core.gpu import GpuDevice
 from kubegpu.inventory.spec import resolve_fake_spec
-from kubegpu.kubelet.shares import (
-    ALLOCATED_ANNOTATION,
-    DRIFT_ANNOTATION,
-    MISMATCH_ANNOTATION,
-    Ledger,
-    decode_ledger,
-)
 from kubegpu.sharing.accounting import over_capacity
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
@@ -42,6 +35,8 @@ from kubegpu.sharing.annotations import (
     decode_inventory,
     encode_allocation,
 )
+from kubegpu.sharing.findings import DRIFT_ANNOTATION, MISMATCH_ANNOTATION
+from kubegpu.sharing.ledger import ALLOCATED_ANNOTATION, Ledger, decode_ledger
 from kubegpu.sharing.podstate import read_pod
 from kubegpu.sharing.resources import ResourceNames
 from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node

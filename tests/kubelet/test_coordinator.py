@@ -16,7 +16,6 @@ from kubegpu.kubelet.cluster import DeviceHolding, LightkubeNodeApi
 from kubegpu.kubelet.coordinator import SharingCoordinator
 from kubegpu.kubelet.plugin import HealthBoard
 from kubegpu.kubelet.resources import AllocationRefused, build_plans, slot_id
-from kubegpu.kubelet.shares import ALLOCATED_ANNOTATION, DRIFT_ANNOTATION, decode_ledger
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
     AllocationDecision,
@@ -25,6 +24,8 @@ from kubegpu.sharing.annotations import (
     decode_allocation,
     encode_allocation,
 )
+from kubegpu.sharing.findings import DRIFT_ANNOTATION
+from kubegpu.sharing.ledger import ALLOCATED_ANNOTATION, decode_ledger
 from kubegpu.testing.apiserver import FakeApiServer, make_node
 from kubegpu.testing.apiserver.errors import StatusError
 

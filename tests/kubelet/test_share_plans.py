@@ -14,14 +14,8 @@ from kubegpu.kubelet.plugin import _device_message
 from kubegpu.kubelet.records import follow_share_holdings, follow_whole_holdings
 from kubegpu.kubelet.resources import PlanError, build_plans, card_of, slot_id
 from kubegpu.kubelet.shares import (
-    GrantedContainer,
-    Ledger,
-    LedgerError,
     MpsPaths,
     NodePod,
-    Trade,
-    decode_ledger,
-    encode_ledger,
     pending_share_pods,
     preferred_whole_cards,
     read_node_pod,
@@ -36,6 +30,14 @@ from kubegpu.sharing.annotations import (
     ContainerAllocation,
     decode_allocation,
     encode_allocation,
+)
+from kubegpu.sharing.ledger import (
+    GrantedContainer,
+    Ledger,
+    LedgerError,
+    Trade,
+    decode_ledger,
+    encode_ledger,
 )
 from kubegpu.sharing.resources import ResourceNames
 

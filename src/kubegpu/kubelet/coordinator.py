@@ -62,15 +62,9 @@ from kubegpu.kubelet.resources import (
     card_of,
 )
 from kubegpu.kubelet.shares import (
-    ALLOCATED_ANNOTATION,
-    DRIFT_ANNOTATION,
-    MISMATCH_ANNOTATION,
-    GrantedContainer,
-    Ledger,
     MpsPaths,
     NodePod,
     describe_pending,
-    encode_ledger,
     pending_share_pods,
     preferred_whole_cards,
     read_node_pod,
@@ -79,11 +73,10 @@ from kubegpu.kubelet.shares import (
     share_env,
     whole_decision_cards,
 )
-from kubegpu.sharing.annotations import (
-    ALLOCATION_ANNOTATION,
-    CardShare,
-    encode_allocation,
-)
+from kubegpu.sharing.annotations import CardShare
+from kubegpu.sharing.claim import annotation_patch, grant, reconcile
+from kubegpu.sharing.findings import findings
+from kubegpu.sharing.ledger import GrantedContainer
 from kubegpu.sharing.resources import ResourceNames
 
 log = logging.getLogger(__name__)
@@ -424,12 +417,12 @@ class SharingCoordinator:
                 share.memory_mib,
                 _now_rfc3339(self.clock),
             )
-            ledger = (pod.ledger or Ledger(self.node)).with_container(granted)
+            claim = grant(pod.claim, granted, self.node)
             try:
                 await self.api.patch_pod_annotations(
                     pod.namespace,
                     pod.name,
-                    {ALLOCATED_ANNOTATION: encode_ledger(ledger)},
+                    annotation_patch(pod.claim, claim),
                     pod.resource_version,
                 )
             except ConflictError:
@@ -441,7 +434,7 @@ class SharingCoordinator:
                     f"node {self.node}: cannot record the allocation of card {card} on pod "
                     f"{pod.key}: {err}",
                 ) from err
-            self.pods = [replace(p, ledger=ledger) if p.uid == pod.uid else p for p in self.pods]
+            self.pods = [replace(p, claim=claim) if p.uid == pod.uid else p for p in self.pods]
             self._update_blocked()
             log.info(
                 "node %s: pod %s container %s gets card %s (share slot %s, %d MiB, %d milli%s)",
@@ -454,20 +447,19 @@ class SharingCoordinator:
                 share.compute_milli,
                 ", PodResources shows the kubelet admitting it" if chosen.admitting else "",
             )
-            return self._answer(plan, slot, card, share.memory_mib, share.compute_milli)
+            return self._answer(plan, slot, share)
         raise AllocationRefused(
             "ABORTED",
             f"node {self.node}: share slot {slot}: pods kept changing while recording the "
             "allocation; the kubelet will fail this pod's admission",
         )
 
-    def _answer(
-        self, plan: ResourcePlan, slot: str, card: str, memory_mib: int, compute_milli: int
-    ) -> ContainerAllocation:
+    def _answer(self, plan: ResourcePlan, slot: str, share: CardShare) -> ContainerAllocation:
+        """The container's answer: the slot's devices, told ``share`` (the decided share,
+        exactly what was just recorded as granted)."""
         base = plan.allocate(self.config, [slot])
-        share = CardShare(card, plan.lookup(slot).gpu.index, compute_milli, memory_mib)
         enforcement = self.config.sharing.gpu_share.enforcement
-        envs = {**base.envs, **share_env(card, share, enforcement, self.mps)}
+        envs = {**base.envs, **share_env(share.uuid, share, enforcement, self.mps)}
         mounts = list(base.mounts)
         if enforcement == "mps" and self.mps is not None:
             # Read-write: MPS clients open the daemon's pipes for writing.
@@ -581,18 +573,19 @@ class SharingCoordinator:
         now = _now_rfc3339(self.clock)
         for repair in repairs:
             pod = repair.pod
-            patch: dict[str, str | None] = {}
-            if repair.ledger is not None:
-                patch[ALLOCATED_ANNOTATION] = encode_ledger(repair.ledger)
-            if repair.decision is not None:
-                patch[ALLOCATION_ANNOTATION] = encode_allocation(repair.decision)
-            if repair.notes:
-                patch[DRIFT_ANNOTATION] = f"{now} " + "; ".join(repair.notes)
-            if repair.mismatches:
-                patch[MISMATCH_ANNOTATION] = f"{now} " + "; ".join(repair.mismatches)
+            repaired = reconcile(
+                pod.claim,
+                decision=repair.decision,
+                ledger=repair.ledger,
+                drift=findings(now, repair.notes),
+                mismatch=findings(now, repair.mismatches),
+            )
             try:
                 await self.api.patch_pod_annotations(
-                    pod.namespace, pod.name, patch, pod.resource_version
+                    pod.namespace,
+                    pod.name,
+                    annotation_patch(pod.claim, repaired),
+                    pod.resource_version,
                 )
             except ConflictError:
                 log.info("node %s: pod %s changed during reconcile; next round", self.node, pod.key)

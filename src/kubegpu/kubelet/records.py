@@ -33,8 +33,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from kubegpu.kubelet.resources import card_of
-from kubegpu.kubelet.shares import GrantedContainer, Ledger, NodePod, Trade, shared_decision
+from kubegpu.kubelet.shares import NodePod, shared_decision
 from kubegpu.sharing.annotations import AllocationDecision, CardShare, ContainerAllocation
+from kubegpu.sharing.ledger import GrantedContainer, Ledger, Trade
 
 # (namespace, pod name, container) -> device ids the kubelet gave that container.
 Holdings = Mapping[tuple[str, str, str], Sequence[str]]

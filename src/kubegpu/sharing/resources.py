@@ -335,53 +335,50 @@ def gpu_request(pod: Mapping[str, Any], names: ResourceNames | None = None) -> G
     """What ``pod`` (Kubernetes JSON) asks for; raises :class:`RequestError` with an actionable
     message for requests that cannot be served."""
     names = names or ResourceNames()
-    key = pod_key(pod)
-    totals = pod_totals(pod, names)
-    total = _Amounts(
-        totals.cpu_milli,
-        totals.memory_mib,
-        totals.whole_gpus,
-        totals.compute_milli,
-        totals.gpu_memory_mib,
-        totals.share_slots,
-    )
-    shares = list(totals.containers)
-    models = _models(pod, key)
+    return request_from_totals(pod, pod_totals(pod, names), names)
 
-    shared = total.compute > 0 or total.gpu_memory > 0 or total.slots > 0
-    if total.whole > 0 and shared:
+
+def request_from_totals(
+    pod: Mapping[str, Any], totals: PodTotals, names: ResourceNames
+) -> GpuRequest:
+    """The servable request behind ``totals`` (``pod`` gives its key and model list); raises
+    :class:`RequestError` with an actionable message for requests that cannot be served."""
+    key = pod_key(pod)
+    models = _models(pod, key)
+    shared = totals.compute_milli > 0 or totals.gpu_memory_mib > 0 or totals.share_slots > 0
+    if totals.whole_gpus > 0 and shared:
         raise RequestError(
             f"pod {key} asks for whole GPUs ({names.whole_gpu}) and a GPU share "
             f"({names.gpu_memory}/{names.gpu_compute}/{names.share_slot}) at once; "
             "use one or the other"
         )
-    if total.whole > 0:
+    if totals.whole_gpus > 0:
         return GpuRequest(
             RequestKind.WHOLE,
-            whole_gpus=total.whole,
+            whole_gpus=totals.whole_gpus,
             gpu_models=models,
-            containers=tuple(shares),
-            cpu_milli=total.cpu_milli,
-            memory_mib=total.memory_mib,
+            containers=totals.containers,
+            cpu_milli=totals.cpu_milli,
+            memory_mib=totals.memory_mib,
             name=key,
         )
     if not shared:
-        return GpuRequest(RequestKind.NONE, total.cpu_milli, total.memory_mib, name=key)
-    for share in shares:
+        return GpuRequest(RequestKind.NONE, totals.cpu_milli, totals.memory_mib, name=key)
+    for share in totals.containers:
         _check_share(share, names, key)
-    if total.compute >= MILLI_PER_GPU:
+    if totals.compute_milli >= MILLI_PER_GPU:
         raise RequestError(
-            f"pod {key} asks for {total.compute} milli-GPU of shared compute; a share must fit "
-            f"on one card (at most {MILLI_PER_GPU - 1}); ask for {names.whole_gpu} instead"
+            f"pod {key} asks for {totals.compute_milli} milli-GPU of shared compute; a share must "
+            f"fit on one card (at most {MILLI_PER_GPU - 1}); ask for {names.whole_gpu} instead"
         )
     return GpuRequest(
         RequestKind.SHARED,
-        compute_milli=total.compute,
-        gpu_memory_mib=total.gpu_memory,
+        compute_milli=totals.compute_milli,
+        gpu_memory_mib=totals.gpu_memory_mib,
         gpu_models=models,
-        containers=tuple(shares),
-        cpu_milli=total.cpu_milli,
-        memory_mib=total.memory_mib,
+        containers=totals.containers,
+        cpu_milli=totals.cpu_milli,
+        memory_mib=totals.memory_mib,
         name=key,
     )
 
