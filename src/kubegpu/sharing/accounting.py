@@ -19,6 +19,10 @@ from kubegpu.placement.model import MILLI_PER_GPU, GpuState, NodeState
 from kubegpu.sharing.annotations import CardShare, NodeGpuInventory
 
 
+class ReservationHeld(Exception):
+    """A pod already has a reservation: another bind of it has not settled."""
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     """A node as the extender sees it. ``inventory`` is ``None`` when the node agent has not
