@@ -102,13 +102,21 @@ class PodClaim:
     ledger: Ledger | None = None
     drift: Findings | None = None
     mismatch: Findings | None = None
-    problems: tuple[str, ...] = ()
+    decision_problem: str = ""  # the allocation annotation does not parse
+    elsewhere: str = ""  # the node a dropped decision named (the pod is bound to another)
+    ledger_problem: str = ""  # the ledger annotation does not parse
     init_containers: frozenset[str] = frozenset()  # sidecars included
     sidecars: frozenset[str] = frozenset()  # init containers with restartPolicy: Always
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """Everything worth a log line, in one wording per problem."""
+        elsewhere = decided_elsewhere(self.key, self.elsewhere, self.node) if self.elsewhere else ""
+        return tuple(p for p in (self.decision_problem, elsewhere, self.ledger_problem) if p)
 
     @property
     def problem(self) -> str:
@@ -154,24 +162,22 @@ def read_claim(pod: Mapping[str, Any], names: ResourceNames | None = None) -> Po
     status = _mapping(pod.get("status"))
     annotations = _mapping(meta.get("annotations"))
     key = pod_key(pod)
-    problems: list[str] = []
 
     recorded = ALLOCATION_ANNOTATION in annotations
-    decision, problem = read_decision(pod)
-    if problem:
-        problems.append(problem)
+    decision, decision_problem = read_decision(pod)
     node = spec.get("nodeName")
     node = node if isinstance(node, str) else ""
+    elsewhere = ""
     if decision is not None and node and decision.node != node:
-        problems.append(decided_elsewhere(key, decision.node, node))
-        decision = None
+        elsewhere, decision = decision.node, None
 
     ledger: Ledger | None = None
+    ledger_problem = ""
     if ALLOCATED_ANNOTATION in annotations:
         try:
             ledger = decode_ledger(annotations[ALLOCATED_ANNOTATION])
         except LedgerError as exc:
-            problems.append(f"pod {key}: {exc}; treated as nothing allocated")
+            ledger_problem = f"pod {key}: {exc}; treated as nothing allocated"
 
     totals: PodTotals | None = None
     request: GpuRequest | None = None
@@ -200,7 +206,9 @@ def read_claim(pod: Mapping[str, Any], names: ResourceNames | None = None) -> Po
         ledger=ledger,
         drift=decode_findings(annotations.get(DRIFT_ANNOTATION)),
         mismatch=decode_findings(annotations.get(MISMATCH_ANNOTATION)),
-        problems=tuple(problems),
+        decision_problem=decision_problem,
+        elsewhere=elsewhere,
+        ledger_problem=ledger_problem,
         init_containers=frozenset(str(c.get("name")) for c in init),
         sidecars=frozenset(str(c.get("name")) for c in init if c.get("restartPolicy") == "Always"),
     )
