@@ -152,7 +152,7 @@ def _audit_cards(pods: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> dic
             key = f"{decision.node}/{card.uuid}"
             assert key in capacity
             held[key][0] += card.compute_milli
-            held[key][1] += card.memory_mib
+            held[key][1] += card.gpu_memory_mib
     for key, (compute, memory) in held.items():
         assert compute <= 1000, key
         assert memory <= capacity[key], key

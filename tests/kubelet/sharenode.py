@@ -322,10 +322,10 @@ class SharedNode:
                 int(env["KUBEGPU_GPU_MEMORY_LIMIT_MIB"]),
                 int(env["KUBEGPU_GPU_COMPUTE_MILLI"]),
             )
-            assert (entry.uuid, entry.memory_mib, entry.compute_milli) == told, (pod, container)
+            assert (entry.uuid, entry.gpu_memory_mib, entry.compute_milli) == told, (pod, container)
             assert entry.slot == allocation.device_ids[0]
             (card,) = decided[container]
-            assert (card.uuid, card.memory_mib, card.compute_milli) == told, (pod, container)
+            assert (card.uuid, card.gpu_memory_mib, card.compute_milli) == told, (pod, container)
 
     def container_kind(self, pod: str, container: str) -> ContainerKind:
         """What ``container`` is in ``pod``'s spec, as the kubelet knows it (read from the
@@ -403,7 +403,7 @@ def card_totals(node: SharedNode, pods: Sequence[str]) -> dict[str, tuple[int, i
                 continue
             slot = totals.setdefault(c.uuid, [0, 0])
             slot[0] += c.compute_milli
-            slot[1] += c.memory_mib
+            slot[1] += c.gpu_memory_mib
     return {k: (v[0], v[1]) for k, v in totals.items()}
 
 

@@ -327,7 +327,7 @@ def test_a_rebuilt_shared_decision_counts_init_and_sidecars_as_the_extender_does
     decision = shared_decision(p, tokens)
     # Card 0: app + sidecar = 400/4000 (the setup step there is just the sidecar: 100/1000).
     # Card 1: only the init step, 500/9000 (the sidecar on card 0 adds nothing to card 1).
-    assert {c.uuid: (c.compute_milli, c.memory_mib) for c in decision.cards} == {
+    assert {c.uuid: (c.compute_milli, c.gpu_memory_mib) for c in decision.cards} == {
         UUID0: (400, 4000),
         UUID1: (500, 9000),
     }
@@ -379,9 +379,9 @@ def test_an_exchange_relabels_records_so_each_card_keeps_its_total() -> None:
         repair = by[name]
         assert repair.decision is not None and repair.ledger is not None
         (total,) = repair.decision.cards
-        assert (total.uuid, total.compute_milli, total.memory_mib) == (card, *size)
+        assert (total.uuid, total.compute_milli, total.gpu_memory_mib) == (card, *size)
         (entry,) = repair.ledger.containers
-        assert (entry.uuid, entry.slot, entry.compute_milli, entry.memory_mib) == (
+        assert (entry.uuid, entry.slot, entry.compute_milli, entry.gpu_memory_mib) == (
             card,
             slot,
             *size,

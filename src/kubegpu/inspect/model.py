@@ -555,10 +555,10 @@ def _read_pod(
                 PendingState.BINDING if not bound_to else PendingState.STARTING,
                 decision.node,
                 0 if decision.shared else len(decision.cards),
-                sum(c.memory_mib for c in decision.cards) if decision.shared else 0,
+                sum(c.gpu_memory_mib for c in decision.cards) if decision.shared else 0,
                 sum(c.compute_milli for c in decision.cards) if decision.shared else 0,
                 tuple(
-                    PendingCard(c.uuid, c.index, c.memory_mib, c.compute_milli)
+                    PendingCard(c.uuid, c.index, c.gpu_memory_mib, c.compute_milli)
                     for c in decision.cards
                 ),
             )
@@ -661,7 +661,7 @@ def _node_view(
                     facts.name,
                     facts.phase,
                     facts.decision.shared,
-                    card.memory_mib,
+                    card.gpu_memory_mib,
                     card.compute_milli,
                     facts.bound,
                     node_usage.pod_memory_used_mib.get(pod_key3) if node_usage else None,
@@ -682,7 +682,7 @@ def _node_view(
                     reason,
                     0 if facts.decision.shared else len(unknown),
                     sum(c.compute_milli for c in unknown),
-                    sum(c.memory_mib for c in unknown),
+                    sum(c.gpu_memory_mib for c in unknown),
                 )
             )
             if inventory is not None:

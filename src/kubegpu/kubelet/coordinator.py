@@ -405,7 +405,7 @@ class SharingCoordinator:
                     "FAILED_PRECONDITION",
                     f"node {self.node}: share slot {slot} is on card {card}, but the kubelet is "
                     f"admitting pod {pod.key}, whose container {container} has its share on "
-                    f"card {share.uuid} ({share.memory_mib} MiB, {share.compute_milli} milli); "
+                    f"card {share.uuid} ({share.gpu_memory_mib} MiB, {share.compute_milli} milli); "
                     f"refusing rather than over-committing card {card} (no free share slot "
                     f"left on card {share.uuid}? raise sharing.gpuShare.slotsPerCard)",
                 )
@@ -414,7 +414,7 @@ class SharingCoordinator:
                 card,
                 slot,
                 share.compute_milli,
-                share.memory_mib,
+                share.gpu_memory_mib,
                 _now_rfc3339(self.clock),
             )
             claim = grant(pod.claim, granted, self.node)
@@ -443,7 +443,7 @@ class SharingCoordinator:
                 container,
                 card,
                 slot,
-                share.memory_mib,
+                share.gpu_memory_mib,
                 share.compute_milli,
                 ", PodResources shows the kubelet admitting it" if chosen.admitting else "",
             )

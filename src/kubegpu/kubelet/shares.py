@@ -181,7 +181,7 @@ def node_pod(claim: PodClaim, node: str) -> NodePod:
         for c in ordered:
             if c.share_slots:
                 share = split.get(c.name) or CardShare(
-                    card.uuid, card.index, c.compute_milli, c.memory_mib
+                    card.uuid, card.index, c.compute_milli, c.gpu_memory_mib
                 )
                 slots.append((c.name, share))
     return NodePod(claim, tuple(slots), "; ".join(problems))
@@ -297,7 +297,7 @@ def shared_decision(pod: NodePod, tokens: Mapping[str, CardShare]) -> Allocation
 
 
 def _on_card(cards: Sequence[CardShare], uuid: str) -> tuple[int, int]:
-    return next(((s.compute_milli, s.memory_mib) for s in cards if s.uuid == uuid), (0, 0))
+    return next(((s.compute_milli, s.gpu_memory_mib) for s in cards if s.uuid == uuid), (0, 0))
 
 
 def _plus(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
@@ -364,14 +364,14 @@ def share_env(
     """What a sharing container is told about its share (and held to, with MPS)."""
     env = {
         ENV_UUID: uuid,
-        ENV_MEMORY_LIMIT: str(share.memory_mib),
+        ENV_MEMORY_LIMIT: str(share.gpu_memory_mib),
         ENV_COMPUTE: str(share.compute_milli),
         ENV_ENFORCEMENT: enforcement,
     }
     if enforcement == "mps" and mps is not None:
         env[ENV_MPS_PIPE] = mps.pipe_dir
         env[ENV_MPS_LOG] = mps.log_dir
-        env[ENV_MPS_MEMORY] = f"{uuid}={share.memory_mib}M"
+        env[ENV_MPS_MEMORY] = f"{uuid}={share.gpu_memory_mib}M"
         # MPS takes whole percents; round up so a 5-milli share still gets 1 %.
         env[ENV_MPS_THREADS] = str(max(1, min(100, math.ceil(share.compute_milli / 10))))
     return env

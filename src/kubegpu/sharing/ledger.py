@@ -36,7 +36,7 @@ class GrantedContainer:
     uuid: str
     slot: str
     compute_milli: int
-    memory_mib: int
+    gpu_memory_mib: int
     allocated_at: str
     verified: bool = False
     source: str = "allocate"
@@ -79,7 +79,7 @@ def _granted_doc(c: GrantedContainer) -> dict[str, Any]:
         "uuid": c.uuid,
         "slot": c.slot,
         "computeMilli": c.compute_milli,
-        "memoryMiB": c.memory_mib,
+        "memoryMiB": c.gpu_memory_mib,
         "allocatedAt": c.allocated_at,
         "verified": c.verified,
         "source": c.source,
@@ -93,7 +93,7 @@ def _granted_doc(c: GrantedContainer) -> dict[str, Any]:
                 "uuid": t.token.uuid,
                 "index": t.token.index,
                 "computeMilli": t.token.compute_milli,
-                "memoryMiB": t.token.memory_mib,
+                "memoryMiB": t.token.gpu_memory_mib,
             },
             # One level only: a traded grant's own trade is history nobody needs.
             "grant": None if t.grant is None else _granted_doc(replace(t.grant, trade=None)),
@@ -154,7 +154,7 @@ def _granted(item: object, *, nested: bool) -> GrantedContainer:
         uuid=_typed(item, "uuid", str),
         slot=_typed(item, "slot", str),
         compute_milli=_typed(item, "computeMilli", int),
-        memory_mib=_typed(item, "memoryMiB", int),
+        gpu_memory_mib=_typed(item, "memoryMiB", int),
         allocated_at=_typed(item, "allocatedAt", str),
         verified=_typed(item, "verified", bool),
         source=_typed(item, "source", str),

@@ -66,14 +66,14 @@ def usage_of(claim: PodClaim, names: ResourceNames) -> PodReading:
             claim.key,
             decision.node,
             totals.cpu_milli,
-            totals.memory_mib,
+            totals.host_memory_mib,
             decision.cards,
             bound=False,
         )
         return PodReading(usage, decision, problem)
     if decision is not None:
         usage = PodUsage(
-            claim.uid, claim.key, node, totals.cpu_milli, totals.memory_mib, decision.cards
+            claim.uid, claim.key, node, totals.cpu_milli, totals.host_memory_mib, decision.cards
         )
         return PodReading(usage, decision, problem)
     if totals.whole_gpus and not problem:
@@ -89,7 +89,7 @@ def usage_of(claim: PodClaim, names: ResourceNames) -> PodReading:
         claim.key,
         node,
         totals.cpu_milli,
-        totals.memory_mib,
+        totals.host_memory_mib,
         undecided_whole_gpus=totals.whole_gpus,
     )
     return PodReading(usage, None, problem)
