@@ -45,9 +45,6 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx2
-from lightkube import ApiError
-
 from kubegpu.config.model import AgentConfig
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.kubelet.cluster import ConflictError, DeviceHolding, NodeApi, PodResourcesApi
@@ -77,6 +74,7 @@ from kubegpu.sharing.annotations import CardShare
 from kubegpu.sharing.claim import annotation_patch, grant, reconcile
 from kubegpu.sharing.findings import findings
 from kubegpu.sharing.ledger import GrantedContainer
+from kubegpu.sharing.podstore import PodStoreError
 from kubegpu.sharing.resources import ResourceNames
 
 log = logging.getLogger(__name__)
@@ -724,8 +722,13 @@ def _newer(a: NodePod, b: NodePod, *, unknown: bool) -> bool:
 
 
 def _status_code(err: Exception) -> int | None:
-    if isinstance(err, ApiError):
-        return err.status.code
-    if isinstance(err, httpx2.HTTPStatusError):
-        return err.response.status_code
+    """The HTTP status an API error carries, without importing a client library here: ours
+    (:class:`~kubegpu.sharing.podstore.PodStoreError`), else the ``status.code`` (lightkube)
+    or ``response.status_code`` (httpx) of the error the :class:`NodeApi` in use raised."""
+    if isinstance(err, PodStoreError):
+        return err.code
+    for holder, field in (("status", "code"), ("response", "status_code")):
+        code = getattr(getattr(err, holder, None), field, None)
+        if isinstance(code, int):
+            return code
     return None
