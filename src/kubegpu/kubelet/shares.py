@@ -13,8 +13,8 @@ We make the choice deterministic instead of guessing (docs/sharing.md, "Node age
 * afterwards the kubelet's PodResources API (which does know pod ↔ device) is the truth the
   ledger is reconciled against.
 
-Pure: pod JSON and our values in, values out. The annotation codecs live here because the
-agent is their only writer.
+Pods are read through :func:`kubegpu.sharing.claim.read_claim` (the protocol's one reader; its
+codecs live in :mod:`kubegpu.sharing`). Pure: pod JSON and our values in, values out.
 """
 
 from __future__ import annotations
