@@ -15,8 +15,8 @@ import yaml
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.resources.core_v1 import Event, Node, Pod
 
-from kubegpu.kubelet.shares import ALLOCATED_ANNOTATION, decode_ledger
 from kubegpu.sharing.annotations import INVENTORY_ANNOTATION, decode_inventory
+from kubegpu.sharing.ledger import ALLOCATED_ANNOTATION, decode_ledger
 from kubegpu.sharing.podstate import read_decision
 from tests.demo.conftest import DemoProcess, alive_kubegpu_processes, sockets_under
 
@@ -152,7 +152,7 @@ def _audit_cards(pods: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> dic
             key = f"{decision.node}/{card.uuid}"
             assert key in capacity
             held[key][0] += card.compute_milli
-            held[key][1] += card.memory_mib
+            held[key][1] += card.gpu_memory_mib
     for key, (compute, memory) in held.items():
         assert compute <= 1000, key
         assert memory <= capacity[key], key

@@ -37,7 +37,7 @@ RESOURCE = GpuShare().resource_name
 
 
 def shared_annotation(uuid: str, index: int, memory_mib: int, milli: int) -> str:
-    card = CardShare(uuid=uuid, index=index, compute_milli=milli, memory_mib=memory_mib)
+    card = CardShare(uuid=uuid, index=index, compute_milli=milli, gpu_memory_mib=memory_mib)
     return encode_allocation(
         AllocationDecision(
             node="gpu-a",

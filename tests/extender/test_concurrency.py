@@ -89,7 +89,7 @@ def audit(server: FakeApiServer) -> tuple[dict[str, int], list[str]]:
         for card in decision.cards:
             assert capacity[card.uuid][0] == decision.node
             milli[card.uuid] += card.compute_milli
-            memory[card.uuid] += card.memory_mib
+            memory[card.uuid] += card.gpu_memory_mib
     for uuid, used in milli.items():
         if used > 1000:
             problems.append(f"{uuid}: {used} milli")

@@ -34,7 +34,7 @@ CONFIGS = ["kubegpu-scheduler.yaml", "default-scheduler.yaml"]
 def served_post_paths() -> set[str]:
     # Routes only: nothing is served or called, so no API client is needed.
     view = ClusterView(cast(Any, None))
-    app = ExtenderApp(GpuScheduler(view), client=cast(Any, None))
+    app = ExtenderApp(GpuScheduler(view), pods=cast(Any, None))
     application: web.Application = app.application()
     return {
         route.resource.canonical

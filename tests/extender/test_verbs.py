@@ -120,9 +120,9 @@ async def test_bind_records_the_decision_then_binds_the_pod() -> None:
     whole = decode_allocation(train["metadata"]["annotations"][ALLOCATION_ANNOTATION])
     share = decode_allocation(infer["metadata"]["annotations"][ALLOCATION_ANNOTATION])
     assert not whole.shared and len(whole.cards) == 2
-    assert all(c.compute_milli == 1000 and c.memory_mib == 81920 for c in whole.cards)
+    assert all(c.compute_milli == 1000 and c.gpu_memory_mib == 81920 for c in whole.cards)
     assert share.shared and share.cards[0].compute_milli == 300
-    assert share.cards[0].memory_mib == 10240
+    assert share.cards[0].gpu_memory_mib == 10240
     assert share.cards[0].uuid not in whole.gpu_uuids  # never on a card given away whole
     assert [c.name for c in share.containers] == ["main"]
     assert share.node == whole.node == "node-a"

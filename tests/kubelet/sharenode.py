@@ -24,13 +24,6 @@ from lightkube.resources.core_v1 import Pod
 
 from kubegpu.core.gpu import GpuDevice
 from kubegpu.inventory.spec import resolve_fake_spec
-from kubegpu.kubelet.shares import (
-    ALLOCATED_ANNOTATION,
-    DRIFT_ANNOTATION,
-    MISMATCH_ANNOTATION,
-    Ledger,
-    decode_ledger,
-)
 from kubegpu.sharing.accounting import over_capacity
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
@@ -42,6 +35,8 @@ from kubegpu.sharing.annotations import (
     decode_inventory,
     encode_allocation,
 )
+from kubegpu.sharing.findings import DRIFT_ANNOTATION, MISMATCH_ANNOTATION
+from kubegpu.sharing.ledger import ALLOCATED_ANNOTATION, Ledger, decode_ledger
 from kubegpu.sharing.podstate import read_pod
 from kubegpu.sharing.resources import ResourceNames
 from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node
@@ -327,10 +322,10 @@ class SharedNode:
                 int(env["KUBEGPU_GPU_MEMORY_LIMIT_MIB"]),
                 int(env["KUBEGPU_GPU_COMPUTE_MILLI"]),
             )
-            assert (entry.uuid, entry.memory_mib, entry.compute_milli) == told, (pod, container)
+            assert (entry.uuid, entry.gpu_memory_mib, entry.compute_milli) == told, (pod, container)
             assert entry.slot == allocation.device_ids[0]
             (card,) = decided[container]
-            assert (card.uuid, card.memory_mib, card.compute_milli) == told, (pod, container)
+            assert (card.uuid, card.gpu_memory_mib, card.compute_milli) == told, (pod, container)
 
     def container_kind(self, pod: str, container: str) -> ContainerKind:
         """What ``container`` is in ``pod``'s spec, as the kubelet knows it (read from the
@@ -408,7 +403,7 @@ def card_totals(node: SharedNode, pods: Sequence[str]) -> dict[str, tuple[int, i
                 continue
             slot = totals.setdefault(c.uuid, [0, 0])
             slot[0] += c.compute_milli
-            slot[1] += c.memory_mib
+            slot[1] += c.gpu_memory_mib
     return {k: (v[0], v[1]) for k, v in totals.items()}
 
 

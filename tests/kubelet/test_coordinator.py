@@ -16,7 +16,6 @@ from kubegpu.kubelet.cluster import DeviceHolding, LightkubeNodeApi
 from kubegpu.kubelet.coordinator import SharingCoordinator
 from kubegpu.kubelet.plugin import HealthBoard
 from kubegpu.kubelet.resources import AllocationRefused, build_plans, slot_id
-from kubegpu.kubelet.shares import ALLOCATED_ANNOTATION, DRIFT_ANNOTATION, decode_ledger
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
     AllocationDecision,
@@ -25,6 +24,8 @@ from kubegpu.sharing.annotations import (
     decode_allocation,
     encode_allocation,
 )
+from kubegpu.sharing.findings import DRIFT_ANNOTATION
+from kubegpu.sharing.ledger import ALLOCATED_ANNOTATION, decode_ledger
 from kubegpu.testing.apiserver import FakeApiServer, make_node
 from kubegpu.testing.apiserver.errors import StatusError
 
@@ -130,7 +131,7 @@ async def test_a_container_the_agent_never_recorded_is_learnt_from_podresources_
         "podresources",
         True,
     )
-    assert (entry.compute_milli, entry.memory_mib) == (200, 2000)
+    assert (entry.compute_milli, entry.gpu_memory_mib) == (200, 2000)
     assert "had no record of it; recorded" in pod_annotations(server, "p")[DRIFT_ANNOTATION]
     assert coordinator.drift_count == 1
     # The card now holds a share: its whole-GPU id is withdrawn.
@@ -252,10 +253,10 @@ async def test_an_exchange_cut_short_between_its_two_writes_is_finished_next_rou
     await coordinator.reconcile()
     c_ledger = decode_ledger(pod_annotations(server, "c")[ALLOCATED_ANNOTATION])
     (entry,) = c_ledger.containers
-    assert (entry.uuid, entry.memory_mib, entry.verified) == (CARDS[0], 8000, True)
+    assert (entry.uuid, entry.gpu_memory_mib, entry.verified) == (CARDS[0], 8000, True)
     assert entry.trade is not None and entry.trade.pod == "default/a"
     c_decision = decode_allocation(pod_annotations(server, "c")[ALLOCATION_ANNOTATION])
-    assert [(x.uuid, x.memory_mib) for x in c_decision.cards] == [(CARDS[0], 8000)]
+    assert [(x.uuid, x.gpu_memory_mib) for x in c_decision.cards] == [(CARDS[0], 8000)]
     # a still says what it said: card 0 handed out. A restarted agent (a new coordinator, the
     # same API and kubelet) finishes the exchange from c's trade note.
     assert decode_allocation(pod_annotations(server, "a")[ALLOCATION_ANNOTATION]).gpu_uuids == (
@@ -267,7 +268,7 @@ async def test_an_exchange_cut_short_between_its_two_writes_is_finished_next_rou
     again.set_plans(coordinator.plans)
     assert await again.reconcile() == 1
     a_decision = decode_allocation(pod_annotations(server, "a")[ALLOCATION_ANNOTATION])
-    assert [(x.uuid, x.compute_milli, x.memory_mib) for x in a_decision.cards] == [
+    assert [(x.uuid, x.compute_milli, x.gpu_memory_mib) for x in a_decision.cards] == [
         (CARDS[1], 300, 3000)
     ]
     assert decode_ledger(pod_annotations(server, "a")[ALLOCATED_ANNOTATION]).containers == ()

@@ -211,7 +211,7 @@ def test_a_multi_container_pod_admitted_out_of_order_is_recorded_across_its_card
     node.assert_records_match("p", {"x": got_x, "y": got_y})
     node.assert_records_match("q", {"main": got_q})
     # p now holds shares of two cards, and its decision says so, card by card.
-    decided = {c.uuid: (c.compute_milli, c.memory_mib) for c in node.decision("p").cards}
+    decided = {c.uuid: (c.compute_milli, c.gpu_memory_mib) for c in node.decision("p").cards}
     assert decided == {uuid_of(node, 3): (400, 4000), uuid_of(node, 2): (300, 3000)}
     node.wait_until(lambda: published_models(node) != [], "inventory published")
     assert node.over_capacity() == []

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from kubegpu.kubelet.shares import ALLOCATED_ANNOTATION, decode_ledger
 from kubegpu.sharing.annotations import INVENTORY_ANNOTATION
+from kubegpu.sharing.ledger import ALLOCATED_ANNOTATION, decode_ledger
 from kubegpu.testing.apiserver.server import RequestRecord
 from tests.deploy.manifests import DEPLOY
 from tests.deploy.rbac import allowed, rbac_rules

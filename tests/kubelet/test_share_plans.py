@@ -14,14 +14,8 @@ from kubegpu.kubelet.plugin import _device_message
 from kubegpu.kubelet.records import follow_share_holdings, follow_whole_holdings
 from kubegpu.kubelet.resources import PlanError, build_plans, card_of, slot_id
 from kubegpu.kubelet.shares import (
-    GrantedContainer,
-    Ledger,
-    LedgerError,
     MpsPaths,
     NodePod,
-    Trade,
-    decode_ledger,
-    encode_ledger,
     pending_share_pods,
     preferred_whole_cards,
     read_node_pod,
@@ -36,6 +30,14 @@ from kubegpu.sharing.annotations import (
     ContainerAllocation,
     decode_allocation,
     encode_allocation,
+)
+from kubegpu.sharing.ledger import (
+    GrantedContainer,
+    Ledger,
+    LedgerError,
+    Trade,
+    decode_ledger,
+    encode_ledger,
 )
 from kubegpu.sharing.resources import ResourceNames
 
@@ -325,7 +327,7 @@ def test_a_rebuilt_shared_decision_counts_init_and_sidecars_as_the_extender_does
     decision = shared_decision(p, tokens)
     # Card 0: app + sidecar = 400/4000 (the setup step there is just the sidecar: 100/1000).
     # Card 1: only the init step, 500/9000 (the sidecar on card 0 adds nothing to card 1).
-    assert {c.uuid: (c.compute_milli, c.memory_mib) for c in decision.cards} == {
+    assert {c.uuid: (c.compute_milli, c.gpu_memory_mib) for c in decision.cards} == {
         UUID0: (400, 4000),
         UUID1: (500, 9000),
     }
@@ -377,9 +379,9 @@ def test_an_exchange_relabels_records_so_each_card_keeps_its_total() -> None:
         repair = by[name]
         assert repair.decision is not None and repair.ledger is not None
         (total,) = repair.decision.cards
-        assert (total.uuid, total.compute_milli, total.memory_mib) == (card, *size)
+        assert (total.uuid, total.compute_milli, total.gpu_memory_mib) == (card, *size)
         (entry,) = repair.ledger.containers
-        assert (entry.uuid, entry.slot, entry.compute_milli, entry.memory_mib) == (
+        assert (entry.uuid, entry.slot, entry.compute_milli, entry.gpu_memory_mib) == (
             card,
             slot,
             *size,

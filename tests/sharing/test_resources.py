@@ -75,7 +75,7 @@ def test_refuses_what_is_not_a_quantity(text: object) -> None:
 def test_a_pod_without_gpu_resources_is_passed_through() -> None:
     request = gpu_request(pod([container("c", {"cpu": "250m", "memory": "1Gi"})]))
     assert request.kind is RequestKind.NONE
-    assert (request.cpu_milli, request.memory_mib) == (250, 1024)
+    assert (request.cpu_milli, request.host_memory_mib) == (250, 1024)
 
 
 def test_effective_request_is_max_of_init_peak_and_app_sum() -> None:
@@ -105,7 +105,7 @@ def test_sidecars_add_to_the_app_sum_and_to_later_init_steps() -> None:
         )
     )
     # app 1 + sidecar 2 = 3; init step "later" = 2 + sidecar 2 = 4; plus overhead.
-    assert (request.cpu_milli, request.memory_mib) == (4100, 64)
+    assert (request.cpu_milli, request.host_memory_mib) == (4100, 64)
 
 
 def test_shared_request_sums_containers_on_one_card_and_keeps_the_split() -> None:
@@ -114,7 +114,7 @@ def test_shared_request_sums_containers_on_one_card_and_keeps_the_split() -> Non
     assert (request.gpu_memory_mib, request.compute_milli) == (6144, 300)
     placement = request.to_placement()
     assert (placement.gpu_count, placement.gpu_milli, placement.gpu_memory_mib) == (1, 300, 6144)
-    assert [(c.name, c.memory_mib, c.compute_milli) for c in request.containers] == [
+    assert [(c.name, c.gpu_memory_mib, c.compute_milli) for c in request.containers] == [
         ("a", 4096, 200),
         ("b", 2048, 100),
     ]

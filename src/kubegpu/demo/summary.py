@@ -238,7 +238,7 @@ def summarize(
                 continue
             card["pods"].append(key)
             card["used_compute_milli"] += share.compute_milli
-            card["used_memory_mib"] += share.memory_mib
+            card["used_memory_mib"] += share.gpu_memory_mib
             card["whole"] = card["whole"] or not decision.shared
     uses = tuple(
         CardUse(

@@ -191,7 +191,7 @@ def allocation_annotation_shares(annotations: Mapping[str, str]) -> list[PodGpuS
     return [
         PodGpuShare(
             uuid=GpuUuid(card.uuid),
-            memory_bytes=card.memory_mib * 1024 * 1024,
+            memory_bytes=card.gpu_memory_mib * 1024 * 1024,
             compute_ratio=card.compute_milli / 1000,
         )
         for card in decision.cards

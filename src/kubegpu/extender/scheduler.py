@@ -354,10 +354,10 @@ class GpuScheduler:
                 ContainerAllocation(
                     c.name,
                     c.init,
-                    (CardShare(gpu.uuid, gpu.index, c.compute_milli, c.memory_mib),),
+                    (CardShare(gpu.uuid, gpu.index, c.compute_milli, c.gpu_memory_mib),),
                 )
                 for c in request.containers
-                if c.compute_milli or c.memory_mib
+                if c.compute_milli or c.gpu_memory_mib
             )
         else:
             cards = tuple(
@@ -372,7 +372,13 @@ class GpuScheduler:
         uid = pod_uid(pod)
         self.view.reserve(
             PodUsage(
-                uid, pod_key(pod), node, request.cpu_milli, request.memory_mib, cards, bound=False
+                uid,
+                pod_key(pod),
+                node,
+                request.cpu_milli,
+                request.host_memory_mib,
+                cards,
+                bound=False,
             )
         )
         # Apply the reservation to the engine now, so the next decision in this loop step sees it.

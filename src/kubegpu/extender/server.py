@@ -1,11 +1,14 @@
 """The extender's HTTP face: kube-scheduler's filter / prioritize / bind verbs, probes, metrics.
 
 Handlers are thin: parse (:mod:`kubegpu.extender.wire`), ask the :class:`GpuScheduler`, render.
-Bind is the one verb with I/O: decide and reserve (synchronously, so concurrent binds see each
-other), record the decision on the pod with its resourceVersion as precondition, then POST the
-Binding; a 409 re-reads the pod and decides again, any failure releases the reservation, and a
-failed Binding clears the recorded decision unless the pod turns out bound after all (a lost
-reply). Only the pod being bound is locked, never a node.
+Bind is the one verb with I/O, in kube-scheduler's own steps, one method each: *reserve*
+(decide and hold the cards, synchronously, so concurrent binds see each other), *write the
+decision* on the pod with its resourceVersion as precondition (pre-bind; a 409 re-reads the pod
+and decides again), *bind* (POST the Binding), and *unreserve* when that fails: the recorded
+decision is cleared unless the pod turns out bound after all (a lost reply). The pod is read
+once per attempt, through :func:`kubegpu.sharing.claim.read_claim`, and the API server is
+reached through the :class:`~kubegpu.sharing.podstore.PodStore` port. Only the pod being bound
+is locked, never a node.
 """
 
 from __future__ import annotations
@@ -19,11 +22,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import httpx2 as httpx
-import lightkube
 import msgspec
 from aiohttp import web
-from lightkube import ApiError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -42,17 +42,12 @@ from kubegpu.extender.wire import (
     parse_binding_args,
     parse_extender_body,
 )
-from kubegpu.kube import pods as kpods
-from kubegpu.kube.view import ReservationHeld
-from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION
-from kubegpu.sharing.podstate import pod_uid, read_decision
-from kubegpu.sharing.resources import (
-    GpuRequest,
-    RequestError,
-    RequestKind,
-    gpu_request,
-    pod_key,
-)
+from kubegpu.sharing.accounting import ReservationHeld
+from kubegpu.sharing.annotations import AllocationDecision
+from kubegpu.sharing.claim import PodClaim, annotation_patch, decide, read_claim, release
+from kubegpu.sharing.podstate import pod_uid
+from kubegpu.sharing.podstore import PodConflict, PodGone, PodStore, PodStoreError
+from kubegpu.sharing.resources import GpuRequest, RequestError, RequestKind, pod_key
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +77,16 @@ async def _no_crash(
     except Exception as exc:
         log.exception("%s %s failed", request.method, request.path)
         return _reply({"Error": f"internal error: {exc}"}, status=500)
+
+
+class _Refused(Exception):
+    """A bind step's refusal: ``result`` labels the binds metric, ``reason`` goes back to
+    kube-scheduler."""
+
+    def __init__(self, result: str, reason: str) -> None:
+        super().__init__(reason)
+        self.result = result
+        self.reason = reason
 
 
 class PodLocks:
@@ -173,7 +178,7 @@ class ExtenderApp:
     def __init__(
         self,
         scheduler: GpuScheduler,
-        client: lightkube.AsyncClient,
+        pods: PodStore,
         *,
         registry: CollectorRegistry | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -185,7 +190,7 @@ class ExtenderApp:
         self.scheduler = scheduler
         self.leader = leader
         self.view = scheduler.view
-        self.client = client
+        self.pods = pods
         self.metrics = ExtenderMetrics(registry or CollectorRegistry())
         self.metrics.registry.register(
             PendingGpuPods(
@@ -271,17 +276,15 @@ class ExtenderApp:
             raise self._not_json(verb, exc) from None
 
     def _gpu_request(self, args: ExtenderArgs) -> GpuRequest:
-        """``gpu_request`` of the call's pod, remembered under the pod's bytes; raises
-        :class:`RequestError` as it does."""
-        if args.pod_raw is None:
-            return gpu_request(args.pod, self.view.names)
-        found = self._requests.get(args.pod_raw)
+        """The call's pod's request (its claim's), remembered under the pod's bytes; raises
+        :class:`RequestError` for one that cannot be served."""
+        found = self._requests.get(args.pod_raw) if args.pod_raw is not None else None
         if found is None:
-            try:
-                found = gpu_request(args.pod, self.view.names)
-            except RequestError as exc:
-                found = str(exc)  # a message, not the exception: re-raising one grows its traceback
-            self._requests[args.pod_raw] = found
+            claim = read_claim(args.pod, self.view.names)
+            # A message, not an exception: re-raising one grows its traceback.
+            found = claim.request if claim.request is not None else claim.refusal
+            if args.pod_raw is not None:
+                self._requests[args.pod_raw] = found
             if len(self._requests) > 64:
                 self._requests.popitem(last=False)
         if isinstance(found, str):
@@ -362,154 +365,176 @@ class ExtenderApp:
         return _reply({"Error": error})
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
-        """Bind one pod; returns "" or the reason it was not bound."""
-        key = f"{namespace}/{name}"
+        """Bind one pod; returns "" or the reason it was not bound. kube-scheduler's steps:
+        reserve the cards (in memory), write the decision on the pod (pre-bind), post the
+        Binding, and on failure unreserve. A 409 on the write decides again on fresh data."""
+        try:
+            await self._admit_bind()
+            pod = self.view.pod_json.get((namespace, name))
+            if pod is not None and pod_uid(pod) != uid:
+                pod = None  # the watch has not told of a deletion yet: ask the API server
+            for attempt in range(1, self.bind_attempts + 1):
+                if pod is None or attempt > 1:
+                    pod = await self._read_pod(namespace, name)
+                claim = read_claim(pod, self.view.names)  # the pod spec, parsed once
+                if self._settled(claim, uid, node):
+                    return ""
+                request = claim.request
+                if request is None:
+                    raise _Refused("invalid-request", claim.refusal)
+                if request.kind is RequestKind.NONE:
+                    return await self._post_binding(claim, node, recorded=False)
+                if claim.decision is not None and claim.decision.node == node:
+                    # A retried bind whose decision is already recorded: keep it.
+                    return await self._post_binding(claim, node, recorded=True)
+                decision = self._reserve(pod, request, node)
+                if not await self._write_decision(claim, decision, attempt):
+                    continue  # 409: the pod moved on; read it again and decide again
+                return await self._post_binding(claim, node, recorded=True)
+            raise _Refused(
+                "conflicts",
+                f"pod {namespace}/{name}: kept changing while binding "
+                f"({self.bind_attempts} attempts)",
+            )
+        except _Refused as refused:
+            self.metrics.binds.labels(refused.result).inc()
+            return refused.reason
+
+    async def _admit_bind(self) -> None:
+        """Binds wait for the first sync and, with leader election, for the lease."""
         if not self.view.synced.is_set():
-            self.metrics.binds.labels("not-synced").inc()
-            return "kubegpu extender has not synced yet"
+            raise _Refused("not-synced", "kubegpu extender has not synced yet")
         if self.leader is not None:
             refusal = await self.leader.refusal()
             if refusal:
-                self.metrics.binds.labels("not-leader").inc()
-                return refusal
-        pod = self.view.pod_json.get((namespace, name))
-        if pod is not None and pod_uid(pod) != uid:
-            pod = None  # the watch has not told of a deletion yet: ask the API server
-        for attempt in range(1, self.bind_attempts + 1):
-            if pod is None or attempt > 1:
-                try:
-                    pod = await kpods.get_pod(self.client, namespace, name)
-                except ApiError as exc:
-                    self.metrics.binds.labels("api-error").inc()
-                    return f"pod {key}: cannot read it: {exc.status.message}"
-                except httpx.HTTPError as exc:
-                    self.metrics.binds.labels("api-error").inc()
-                    return f"pod {key}: cannot read it: {exc}"
-                self.view.apply_pod(pod)
-            meta = pod.get("metadata") or {}
-            if meta.get("uid") != uid:
-                self.metrics.binds.labels("uid-mismatch").inc()
-                return f"pod {key}: UID is {meta.get('uid')}, scheduler asked for {uid}"
-            bound_to = (pod.get("spec") or {}).get("nodeName")
-            if bound_to:
-                if bound_to == node:
-                    self.metrics.binds.labels("already-bound").inc()
-                    return ""
-                self.metrics.binds.labels("bound-elsewhere").inc()
-                return f"pod {key} is already bound to {bound_to}"
-            try:
-                gpu = gpu_request(pod, self.view.names)
-            except RequestError as exc:
-                self.metrics.binds.labels("invalid-request").inc()
-                return str(exc)
-            if gpu.kind is RequestKind.NONE:
-                return await self._post_binding(namespace, name, uid, node, recorded=False)
-            existing, _ = read_decision(pod)
-            if existing is not None and existing.node == node:
-                # A retried bind whose decision is already recorded: keep it.
-                return await self._post_binding(namespace, name, uid, node, recorded=True)
-            try:
-                decision = self.scheduler.decide(pod, gpu, node)
-            except ReservationHeld as exc:  # not while pod_locks serialises a pod's binds
-                self.metrics.binds.labels("in-flight").inc()
-                return str(exc)
-            except Unschedulable as exc:
-                self.metrics.binds.labels("no-fit").inc()
-                self.metrics.rejections.labels(reason_category(str(exc))).inc()
-                log.info("bind of pod %s to %s refused: %s", key, node, exc)
-                return str(exc)
-            try:
-                patched = await kpods.record_decision(
-                    self.client, namespace, name, decision, meta.get("resourceVersion")
-                )
-            except ApiError as exc:
-                self.view.unreserve(uid)
-                if exc.status.code == 409:
-                    # The pod moved past the version the decision was made from.
-                    self.metrics.conflicts.inc()
-                    log.info("pod %s changed while binding (attempt %d)", key, attempt)
-                    continue
-                self.metrics.binds.labels("api-error").inc()
-                return f"pod {key}: recording the GPU decision failed: {exc.status.message}"
-            except httpx.HTTPError as exc:
-                self.view.unreserve(uid)
-                self.metrics.binds.labels("api-error").inc()
-                return f"pod {key}: recording the GPU decision failed: {exc}"
-            # The patched pod now carries the decision: it holds the cards as an observed pod.
-            self.view.apply_pod(patched)
-            self.view.unreserve(uid)
-            log.info(
-                "pod %s -> node %s cards %s (%s)",
-                key,
-                node,
-                ",".join(str(i) for i in decision.gpu_indices),
-                self.scheduler.policy,
-            )
-            return await self._post_binding(namespace, name, uid, node, recorded=True)
-        self.metrics.binds.labels("conflicts").inc()
-        return f"pod {key}: kept changing while binding ({self.bind_attempts} attempts)"
+                raise _Refused("not-leader", refusal)
 
-    async def _post_binding(
-        self, namespace: str, name: str, uid: str, node: str, *, recorded: bool
-    ) -> str:
-        key = f"{namespace}/{name}"
+    async def _read_pod(self, namespace: str, name: str) -> dict[str, Any]:
         try:
-            await kpods.bind_pod(self.client, namespace, name, uid, node)
-        except (ApiError, httpx.HTTPError) as exc:
-            why = exc.status.message if isinstance(exc, ApiError) else str(exc)
-            if recorded and await self._rollback(namespace, name, uid, node):
+            pod = await self.pods.get(namespace, name)
+        except PodStoreError as exc:
+            why = f"pod {namespace}/{name}: cannot read it: {exc.message}"
+            raise _Refused("api-error", why) from None
+        self.view.apply_pod(pod)
+        return pod
+
+    def _settled(self, claim: PodClaim, uid: str, node: str) -> bool:
+        """True when there is nothing to do (already bound to ``node``); refuses a pod that is
+        not the one kube-scheduler asked for or is bound elsewhere."""
+        if claim.uid != uid:
+            raise _Refused(
+                "uid-mismatch",
+                f"pod {claim.key}: UID is {claim.uid or None}, scheduler asked for {uid}",
+            )
+        if not claim.node:
+            return False
+        if claim.node == node:
+            self.metrics.binds.labels("already-bound").inc()
+            return True
+        raise _Refused("bound-elsewhere", f"pod {claim.key} is already bound to {claim.node}")
+
+    def _reserve(self, pod: dict[str, Any], request: GpuRequest, node: str) -> AllocationDecision:
+        """Reserve: choose the cards and hold them in the view, synchronously, so that
+        concurrent binds see each other (undone by ``view.unreserve``)."""
+        try:
+            return self.scheduler.decide(pod, request, node)
+        except ReservationHeld as exc:  # not while pod_locks serialises a pod's binds
+            raise _Refused("in-flight", str(exc)) from None
+        except Unschedulable as exc:
+            self.metrics.rejections.labels(reason_category(str(exc))).inc()
+            log.info("bind of pod %s to %s refused: %s", request.name, node, exc)
+            raise _Refused("no-fit", str(exc)) from None
+
+    async def _write_decision(
+        self, claim: PodClaim, decision: AllocationDecision, attempt: int
+    ) -> bool:
+        """Pre-bind: record ``decision`` on the pod, conditional on the resourceVersion it was
+        made from. False on a 409 (reservation released, decide again); the reservation gives
+        way to the recorded decision either way."""
+        patch = annotation_patch(claim, decide(claim, decision))
+        try:
+            patched = await self.pods.patch_annotations(
+                claim.namespace, claim.name, patch, claim.resource_version
+            )
+        except PodConflict:
+            self.view.unreserve(claim.uid)
+            self.metrics.conflicts.inc()
+            log.info("pod %s changed while binding (attempt %d)", claim.key, attempt)
+            return False
+        except PodStoreError as exc:
+            self.view.unreserve(claim.uid)
+            raise _Refused(
+                "api-error", f"pod {claim.key}: recording the GPU decision failed: {exc.message}"
+            ) from None
+        # The patched pod now carries the decision: it holds the cards as an observed pod.
+        self.view.apply_pod(patched)
+        self.view.unreserve(claim.uid)
+        log.info(
+            "pod %s -> node %s cards %s (%s)",
+            claim.key,
+            decision.node,
+            ",".join(str(i) for i in decision.gpu_indices),
+            self.scheduler.policy,
+        )
+        return True
+
+    async def _post_binding(self, claim: PodClaim, node: str, *, recorded: bool) -> str:
+        """Bind: POST the Binding; a failure unreserves the recorded decision, unless the
+        Binding turns out to have landed after all (a lost reply)."""
+        try:
+            await self.pods.bind(claim.namespace, claim.name, claim.uid, node)
+        except PodStoreError as exc:
+            if recorded and await self._unreserve(claim.namespace, claim.name, claim.uid, node):
                 # A timeout or lost reply, but the Binding did land: the pod is on the node
                 # its decision names, so the bind succeeded.
-                log.info("pod %s: binding to %s reported %s but landed", key, node, why)
+                log.info("pod %s: binding to %s reported %s but landed", claim.key, node, exc)
             else:
-                self.metrics.binds.labels("binding-failed").inc()
                 self.metrics.decisions.labels("bind", "error").inc()
-                return f"pod {key}: binding to {node} failed: {why}"
+                raise _Refused(
+                    "binding-failed", f"pod {claim.key}: binding to {node} failed: {exc.message}"
+                ) from None
         self.metrics.binds.labels("bound").inc()
         self.metrics.decisions.labels("bind", "bound").inc()
         return ""
 
-    async def _rollback(self, namespace: str, name: str, uid: str, node: str) -> bool:
-        """After a failed Binding, clear the decision recorded for it so its cards are free
-        again; True (and the decision kept) when the pod turns out bound to ``node`` after all.
+    async def _unreserve(self, namespace: str, name: str, uid: str, node: str) -> bool:
+        """Unreserve after a failed Binding: clear the decision recorded for it so its cards
+        are free again; True (and the decision kept) when the pod turns out bound to ``node``
+        after all.
 
         The pod is read first, and the clearing patch carries that read's resourceVersion: an
         error does not prove the Binding did not land (a timeout), and a pod deleted and
         created again under the same name is not ours to touch."""
-        key = f"{namespace}/{name}"
         for _ in range(self.bind_attempts):
             try:
-                pod = await kpods.get_pod(self.client, namespace, name)
-            except ApiError as exc:
-                if exc.status.code == 404:
-                    return False  # gone, and its decision with it
-                break
-            except httpx.HTTPError:
+                pod = await self.pods.get(namespace, name)
+            except PodGone:
+                return False  # gone, and its decision with it
+            except PodStoreError:
                 break
             self.view.apply_pod(pod)
-            meta = pod.get("metadata") or {}
-            if meta.get("uid") != uid:
+            claim = read_claim(pod, self.view.names)
+            if claim.uid != uid:
                 return False
-            bound_to = (pod.get("spec") or {}).get("nodeName")
-            if bound_to == node:
+            if claim.node == node:
                 return True
-            if ALLOCATION_ANNOTATION not in (meta.get("annotations") or {}):
+            if not claim.recorded:
                 return False
             try:
-                cleared = await kpods.clear_decision(
-                    self.client, namespace, name, meta.get("resourceVersion")
+                cleared = await self.pods.patch_annotations(
+                    namespace, name, annotation_patch(claim, release(claim)), claim.resource_version
                 )
-            except ApiError as exc:
-                if exc.status.code in (404, 409):
-                    continue  # changed meanwhile: look again
-                break
-            except httpx.HTTPError:
+            except (PodConflict, PodGone):
+                continue  # changed meanwhile: look again
+            except PodStoreError:
                 break
             self.view.apply_pod(cleared)
             return False
         # The pod keeps a decision it does not use: it holds those cards until it is
         # rescheduled (a new decision replaces it) or deleted. Conservative, never over.
-        log.warning("pod %s: could not clear its GPU decision after the failed binding", key)
+        log.warning(
+            "pod %s/%s: could not clear its GPU decision after the failed binding", namespace, name
+        )
         return False
 
     # ------------------------------------------------------------------ probes

@@ -22,6 +22,7 @@ from kubegpu.extender.leader import LeaderGate, default_identity
 from kubegpu.extender.scheduler import GpuScheduler
 from kubegpu.extender.server import ExtenderApp
 from kubegpu.extender.skew import parse_version, server_minor, skew_problem
+from kubegpu.kube.binding import ApiPodStore
 from kubegpu.kube.client import async_client
 from kubegpu.kube.view import Backoff, ClusterView
 
@@ -62,7 +63,7 @@ class ExtenderService:
             )
         self.app = ExtenderApp(
             self.scheduler,
-            self.client,
+            ApiPodStore(self.client),
             registry=registry,
             max_body_bytes=config.body_limit_bytes,
             max_inflight_body_bytes=config.inflight_limit_bytes,

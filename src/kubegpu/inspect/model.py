@@ -3,8 +3,9 @@
 :func:`build_report` is the whole computation, from the JSON of Nodes and Pods (what any
 Kubernetes client lists) and optional exporter usage to frozen values. Cards come from the node
 agent's inventory annotation; what a pod holds follows the rules of
-:func:`kubegpu.sharing.podstate.read_pod` (decision from ``read_decision``, requests from
-``pod_totals``), which is what the scheduler extender charges. So inspect shows what the
+the pod's claim (:func:`kubegpu.sharing.claim.read_claim`, the protocol's one reader, judged by
+the rules of :func:`kubegpu.sharing.podstate.usage_of`), which is what the scheduler extender
+charges. So inspect shows what the
 scheduler believes, and flags where that belief and the cluster disagree (*drift warnings*).
 
 Rules worth knowing:
@@ -39,13 +40,17 @@ from kubegpu.sharing.annotations import (
     GpuRecord,
     decode_inventory,
 )
-from kubegpu.sharing.podstate import TERMINAL_PHASES, read_decision
+from kubegpu.sharing.claim import (
+    TERMINAL_PHASES,
+    decided_elsewhere,
+    mentions_gpu,
+    read_claim,
+    share_without_decision,
+)
 from kubegpu.sharing.resources import (
     RequestError,
     ResourceNames,
     parse_quantity,
-    pod_key,
-    pod_totals,
 )
 
 
@@ -307,30 +312,6 @@ def _phase(pod: Mapping[str, Any]) -> str:
     return phase if isinstance(phase, str) and phase else "Pending"
 
 
-def _bound_node(pod: Mapping[str, Any]) -> str:
-    spec = pod.get("spec")
-    node = spec.get("nodeName") if isinstance(spec, Mapping) else None
-    return node if isinstance(node, str) else ""
-
-
-def _mentions_gpu(pod: Mapping[str, Any], names: ResourceNames) -> bool:
-    """Whether any container names a GPU resource (a cheap pre-check before pod_totals)."""
-    spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
-        return False
-    wanted = names.all
-    for key in ("containers", "initContainers"):
-        for container in spec.get(key) or ():
-            resources = container.get("resources") if isinstance(container, Mapping) else None
-            if not isinstance(resources, Mapping):
-                continue
-            for part in ("limits", "requests"):
-                amounts = resources.get(part)
-                if isinstance(amounts, Mapping) and any(n in amounts for n in wanted):
-                    return True
-    return False
-
-
 def _started(pod: Mapping[str, Any], phase: str) -> bool:
     """Whether the kubelet has started the pod (so its device Allocate has happened)."""
     if phase != "Pending":
@@ -512,24 +493,25 @@ def _read_pod(
     warnings: list[DriftWarning],
     pending: list[PendingPod],
 ) -> _PodFacts | None:
-    key = pod_key(pod)
-    namespace, _, name = key.partition("/")
     phase = _phase(pod)
-    if phase in TERMINAL_PHASES:
-        return None
-    decision, problem = read_decision(pod)
-    if problem:
-        warnings.append(DriftWarning(WarningKind.MALFORMED_ALLOCATION, problem, pod=key))
-    if decision is None and not _mentions_gpu(pod, names):
+    if phase in TERMINAL_PHASES or not mentions_gpu(pod, names):
         return None  # most pods of a cluster: skip the full request arithmetic
-    try:
-        totals = pod_totals(pod, names)
-    except RequestError as exc:
-        warnings.append(DriftWarning(WarningKind.UNREADABLE_POD, f"{exc}; not charged", pod=key))
+    claim = read_claim(pod, names)
+    key, namespace, name = claim.key, claim.namespace, claim.name
+    if claim.decision_problem:
+        warnings.append(
+            DriftWarning(WarningKind.MALFORMED_ALLOCATION, claim.decision_problem, pod=key)
+        )
+    totals = claim.totals
+    if totals is None:
+        warnings.append(
+            DriftWarning(WarningKind.UNREADABLE_POD, f"{claim.refusal}; not charged", pod=key)
+        )
         return None
+    decision = claim.decision
     wants_gpu = totals.whole_gpus > 0 or totals.compute_milli > 0 or totals.gpu_memory_mib > 0
-    bound_to = _bound_node(pod)
-    if not wants_gpu and decision is None:
+    bound_to = claim.node
+    if not wants_gpu and decision is None and not claim.elsewhere:
         return None
     if not bound_to and decision is None:
         pending.append(
@@ -544,23 +526,20 @@ def _read_pod(
             )
         )
         return None
-    if decision is not None and bound_to and decision.node != bound_to:
+    if claim.elsewhere:
         warnings.append(
             DriftWarning(
                 WarningKind.DECISION_NODE_MISMATCH,
-                f"pod {key}: allocation names node {decision.node} but the pod is bound to "
-                f"{bound_to}; its cards are unknown",
+                decided_elsewhere(key, claim.elsewhere, bound_to),
                 node=bound_to,
                 pod=key,
             )
         )
-        decision = None
     if bound_to and decision is None and (totals.compute_milli or totals.gpu_memory_mib):
         warnings.append(
             DriftWarning(
                 WarningKind.SHARE_WITHOUT_DECISION,
-                f"pod {key}: bound to {bound_to} with a GPU share but no allocation annotation; "
-                "the node agent refuses it and it holds no card",
+                share_without_decision(key, bound_to),
                 node=bound_to,
                 pod=key,
             )
@@ -576,10 +555,10 @@ def _read_pod(
                 PendingState.BINDING if not bound_to else PendingState.STARTING,
                 decision.node,
                 0 if decision.shared else len(decision.cards),
-                sum(c.memory_mib for c in decision.cards) if decision.shared else 0,
+                sum(c.gpu_memory_mib for c in decision.cards) if decision.shared else 0,
                 sum(c.compute_milli for c in decision.cards) if decision.shared else 0,
                 tuple(
-                    PendingCard(c.uuid, c.index, c.memory_mib, c.compute_milli)
+                    PendingCard(c.uuid, c.index, c.gpu_memory_mib, c.compute_milli)
                     for c in decision.cards
                 ),
             )
@@ -682,7 +661,7 @@ def _node_view(
                     facts.name,
                     facts.phase,
                     facts.decision.shared,
-                    card.memory_mib,
+                    card.gpu_memory_mib,
                     card.compute_milli,
                     facts.bound,
                     node_usage.pod_memory_used_mib.get(pod_key3) if node_usage else None,
@@ -703,7 +682,7 @@ def _node_view(
                     reason,
                     0 if facts.decision.shared else len(unknown),
                     sum(c.compute_milli for c in unknown),
-                    sum(c.memory_mib for c in unknown),
+                    sum(c.gpu_memory_mib for c in unknown),
                 )
             )
             if inventory is not None:

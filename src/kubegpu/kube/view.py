@@ -30,7 +30,13 @@ import lightkube
 from lightkube import ApiError
 from lightkube.resources.core_v1 import Node, Pod
 
-from kubegpu.sharing.accounting import ClusterSnapshot, NodeInfo, PodUsage, snapshot_from
+from kubegpu.sharing.accounting import (
+    ClusterSnapshot,
+    NodeInfo,
+    PodUsage,
+    ReservationHeld,
+    snapshot_from,
+)
 from kubegpu.sharing.annotations import INVENTORY_ANNOTATION, AnnotationError, decode_inventory
 from kubegpu.sharing.podstate import pod_uid, read_pod
 from kubegpu.sharing.resources import RequestError, ResourceNames, parse_quantity
@@ -50,10 +56,6 @@ class Backoff:
 
     def delay(self, attempt: int) -> float:
         return float(min(self.max_s, self.initial_s * self.factor ** max(0, attempt - 1)))
-
-
-class ReservationHeld(Exception):
-    """A pod already has a reservation: another bind of it has not settled."""
 
 
 def node_info(node: Mapping[str, Any]) -> NodeInfo:

@@ -45,9 +45,6 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx2
-from lightkube import ApiError
-
 from kubegpu.config.model import AgentConfig
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.kubelet.cluster import ConflictError, DeviceHolding, NodeApi, PodResourcesApi
@@ -62,15 +59,9 @@ from kubegpu.kubelet.resources import (
     card_of,
 )
 from kubegpu.kubelet.shares import (
-    ALLOCATED_ANNOTATION,
-    DRIFT_ANNOTATION,
-    MISMATCH_ANNOTATION,
-    GrantedContainer,
-    Ledger,
     MpsPaths,
     NodePod,
     describe_pending,
-    encode_ledger,
     pending_share_pods,
     preferred_whole_cards,
     read_node_pod,
@@ -79,11 +70,11 @@ from kubegpu.kubelet.shares import (
     share_env,
     whole_decision_cards,
 )
-from kubegpu.sharing.annotations import (
-    ALLOCATION_ANNOTATION,
-    CardShare,
-    encode_allocation,
-)
+from kubegpu.sharing.annotations import CardShare
+from kubegpu.sharing.claim import annotation_patch, grant, reconcile
+from kubegpu.sharing.findings import findings
+from kubegpu.sharing.ledger import GrantedContainer
+from kubegpu.sharing.podstore import PodStoreError
 from kubegpu.sharing.resources import ResourceNames
 
 log = logging.getLogger(__name__)
@@ -412,7 +403,7 @@ class SharingCoordinator:
                     "FAILED_PRECONDITION",
                     f"node {self.node}: share slot {slot} is on card {card}, but the kubelet is "
                     f"admitting pod {pod.key}, whose container {container} has its share on "
-                    f"card {share.uuid} ({share.memory_mib} MiB, {share.compute_milli} milli); "
+                    f"card {share.uuid} ({share.gpu_memory_mib} MiB, {share.compute_milli} milli); "
                     f"refusing rather than over-committing card {card} (no free share slot "
                     f"left on card {share.uuid}? raise sharing.gpuShare.slotsPerCard)",
                 )
@@ -421,15 +412,15 @@ class SharingCoordinator:
                 card,
                 slot,
                 share.compute_milli,
-                share.memory_mib,
+                share.gpu_memory_mib,
                 _now_rfc3339(self.clock),
             )
-            ledger = (pod.ledger or Ledger(self.node)).with_container(granted)
+            claim = grant(pod.claim, granted, self.node)
             try:
                 await self.api.patch_pod_annotations(
                     pod.namespace,
                     pod.name,
-                    {ALLOCATED_ANNOTATION: encode_ledger(ledger)},
+                    annotation_patch(pod.claim, claim),
                     pod.resource_version,
                 )
             except ConflictError:
@@ -441,7 +432,7 @@ class SharingCoordinator:
                     f"node {self.node}: cannot record the allocation of card {card} on pod "
                     f"{pod.key}: {err}",
                 ) from err
-            self.pods = [replace(p, ledger=ledger) if p.uid == pod.uid else p for p in self.pods]
+            self.pods = [replace(p, claim=claim) if p.uid == pod.uid else p for p in self.pods]
             self._update_blocked()
             log.info(
                 "node %s: pod %s container %s gets card %s (share slot %s, %d MiB, %d milli%s)",
@@ -450,24 +441,23 @@ class SharingCoordinator:
                 container,
                 card,
                 slot,
-                share.memory_mib,
+                share.gpu_memory_mib,
                 share.compute_milli,
                 ", PodResources shows the kubelet admitting it" if chosen.admitting else "",
             )
-            return self._answer(plan, slot, card, share.memory_mib, share.compute_milli)
+            return self._answer(plan, slot, share)
         raise AllocationRefused(
             "ABORTED",
             f"node {self.node}: share slot {slot}: pods kept changing while recording the "
             "allocation; the kubelet will fail this pod's admission",
         )
 
-    def _answer(
-        self, plan: ResourcePlan, slot: str, card: str, memory_mib: int, compute_milli: int
-    ) -> ContainerAllocation:
+    def _answer(self, plan: ResourcePlan, slot: str, share: CardShare) -> ContainerAllocation:
+        """The container's answer: the slot's devices, told ``share`` (the decided share,
+        exactly what was just recorded as granted)."""
         base = plan.allocate(self.config, [slot])
-        share = CardShare(card, plan.lookup(slot).gpu.index, compute_milli, memory_mib)
         enforcement = self.config.sharing.gpu_share.enforcement
-        envs = {**base.envs, **share_env(card, share, enforcement, self.mps)}
+        envs = {**base.envs, **share_env(share.uuid, share, enforcement, self.mps)}
         mounts = list(base.mounts)
         if enforcement == "mps" and self.mps is not None:
             # Read-write: MPS clients open the daemon's pipes for writing.
@@ -581,18 +571,19 @@ class SharingCoordinator:
         now = _now_rfc3339(self.clock)
         for repair in repairs:
             pod = repair.pod
-            patch: dict[str, str | None] = {}
-            if repair.ledger is not None:
-                patch[ALLOCATED_ANNOTATION] = encode_ledger(repair.ledger)
-            if repair.decision is not None:
-                patch[ALLOCATION_ANNOTATION] = encode_allocation(repair.decision)
-            if repair.notes:
-                patch[DRIFT_ANNOTATION] = f"{now} " + "; ".join(repair.notes)
-            if repair.mismatches:
-                patch[MISMATCH_ANNOTATION] = f"{now} " + "; ".join(repair.mismatches)
+            repaired = reconcile(
+                pod.claim,
+                decision=repair.decision,
+                ledger=repair.ledger,
+                drift=findings(now, repair.notes),
+                mismatch=findings(now, repair.mismatches),
+            )
             try:
                 await self.api.patch_pod_annotations(
-                    pod.namespace, pod.name, patch, pod.resource_version
+                    pod.namespace,
+                    pod.name,
+                    annotation_patch(pod.claim, repaired),
+                    pod.resource_version,
                 )
             except ConflictError:
                 log.info("node %s: pod %s changed during reconcile; next round", self.node, pod.key)
@@ -731,8 +722,13 @@ def _newer(a: NodePod, b: NodePod, *, unknown: bool) -> bool:
 
 
 def _status_code(err: Exception) -> int | None:
-    if isinstance(err, ApiError):
-        return err.status.code
-    if isinstance(err, httpx2.HTTPStatusError):
-        return err.response.status_code
+    """The HTTP status an API error carries, without importing a client library here: ours
+    (:class:`~kubegpu.sharing.podstore.PodStoreError`), else the ``status.code`` (lightkube)
+    or ``response.status_code`` (httpx) of the error the :class:`NodeApi` in use raised."""
+    if isinstance(err, PodStoreError):
+        return err.code
+    for holder, field in (("status", "code"), ("response", "status_code")):
+        code = getattr(getattr(err, holder, None), field, None)
+        if isinstance(code, int):
+            return code
     return None

@@ -33,8 +33,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from kubegpu.kubelet.resources import card_of
-from kubegpu.kubelet.shares import GrantedContainer, Ledger, NodePod, Trade, shared_decision
+from kubegpu.kubelet.shares import NodePod, shared_decision
 from kubegpu.sharing.annotations import AllocationDecision, CardShare, ContainerAllocation
+from kubegpu.sharing.ledger import GrantedContainer, Ledger, Trade
 
 # (namespace, pod name, container) -> device ids the kubelet gave that container.
 Holdings = Mapping[tuple[str, str, str], Sequence[str]]
@@ -58,7 +59,7 @@ class Repair:
 
 
 def _size(share: CardShare) -> str:
-    return f"{share.memory_mib} MiB, {share.compute_milli} milli"
+    return f"{share.gpu_memory_mib} MiB, {share.compute_milli} milli"
 
 
 class _Shares:
@@ -188,7 +189,10 @@ class _Shares:
             f"{holder.key} container {key[1]}; takes over the share decided for that one "
             f"({_size(mine)} on card {mine.uuid}); records exchanged",
         )
-        if (mine.compute_milli, mine.memory_mib) != (theirs.compute_milli, theirs.memory_mib):
+        if (mine.compute_milli, mine.gpu_memory_mib) != (
+            theirs.compute_milli,
+            theirs.gpu_memory_mib,
+        ):
             self.mismatches.setdefault(key[0], []).append(
                 f"container {key[1]} got the share decided for {owner.key} container "
                 f"{source[1]} ({_size(theirs)} on card {theirs.uuid}) instead of its own "
@@ -228,7 +232,7 @@ class _Shares:
                     card,
                     slot,
                     token.compute_milli,
-                    token.memory_mib,
+                    token.gpu_memory_mib,
                     now,
                     verified=True,
                     source="podresources",

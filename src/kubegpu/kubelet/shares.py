@@ -13,27 +13,21 @@ We make the choice deterministic instead of guessing (docs/sharing.md, "Node age
 * afterwards the kubelet's PodResources API (which does know pod ↔ device) is the truth the
   ledger is reconciled against.
 
-Pure: pod JSON and our values in, values out. The annotation codecs live here because the
-agent is their only writer.
+Pods are read through :func:`kubegpu.sharing.claim.read_claim` (the protocol's one reader; its
+codecs live in :mod:`kubegpu.sharing`). Pure: pod JSON and our values in, values out.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from kubegpu.sharing.annotations import AllocationDecision, CardShare
-from kubegpu.sharing.podstate import TERMINAL_PHASES, read_decision
-from kubegpu.sharing.resources import RequestError, ResourceNames, pod_key, pod_totals
-
-ALLOCATED_ANNOTATION = "kubegpu.io/gpu-allocated"
-DRIFT_ANNOTATION = "kubegpu.io/gpu-drift"
-# Set on a pod whose container got (or will get) a share of another size than it asked for.
-MISMATCH_ANNOTATION = "kubegpu.io/gpu-share-mismatch"
-LEDGER_VERSION = 1
+from kubegpu.sharing.claim import PodClaim, decided_for_another_node, read_claim, reconcile
+from kubegpu.sharing.ledger import Ledger
+from kubegpu.sharing.resources import ResourceNames
 
 # Environment every sharing container gets (also in docs/sharing.md).
 ENV_MEMORY_LIMIT = "KUBEGPU_GPU_MEMORY_LIMIT_MIB"
@@ -46,183 +40,64 @@ ENV_MPS_MEMORY = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 ENV_MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 
 
-class LedgerError(ValueError):
-    """A malformed ``kubegpu.io/gpu-allocated`` annotation."""
-
-
-@dataclass(frozen=True)
-class GrantedContainer:
-    """One container's card as handed out (``source`` "allocate") or as learnt from the
-    kubelet's PodResources API ("podresources"); ``verified`` once PodResources agreed (never,
-    for a regular init container: PodResources does not list those).
-    ``trade`` is set when PodResources showed that this container was handed the share decided
-    for another pod's container (see :class:`Trade`)."""
-
-    name: str
-    uuid: str
-    slot: str
-    compute_milli: int
-    memory_mib: int
-    allocated_at: str
-    verified: bool = False
-    source: str = "allocate"
-    trade: Trade | None = None
-
-
-@dataclass(frozen=True)
-class Trade:
-    """This container got the share decided for ``pod``'s ``container``, so that container
-    takes over ``token`` (the share decided for this one) and ``grant`` (what had been handed
-    out under this container's name, if anything). Written on the holder first: should the
-    agent stop before the other pod's records are rewritten, the next agent finishes the
-    exchange from here (:mod:`kubegpu.kubelet.records`)."""
-
-    pod: str  # namespace/name
-    container: str
-    token: CardShare
-    grant: GrantedContainer | None = None
-
-
-@dataclass(frozen=True)
-class Ledger:
-    node: str
-    containers: tuple[GrantedContainer, ...] = ()
-
-    def names(self) -> set[str]:
-        return {c.name for c in self.containers}
-
-    def get(self, name: str) -> GrantedContainer | None:
-        return next((c for c in self.containers if c.name == name), None)
-
-    def with_container(self, granted: GrantedContainer) -> Ledger:
-        rest = tuple(c for c in self.containers if c.name != granted.name)
-        return replace(self, containers=(*rest, granted))
-
-
-def _granted_doc(c: GrantedContainer) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "name": c.name,
-        "uuid": c.uuid,
-        "slot": c.slot,
-        "computeMilli": c.compute_milli,
-        "memoryMiB": c.memory_mib,
-        "allocatedAt": c.allocated_at,
-        "verified": c.verified,
-        "source": c.source,
-    }
-    if c.trade is not None:
-        t = c.trade
-        doc["trade"] = {
-            "pod": t.pod,
-            "container": t.container,
-            "token": {
-                "uuid": t.token.uuid,
-                "index": t.token.index,
-                "computeMilli": t.token.compute_milli,
-                "memoryMiB": t.token.memory_mib,
-            },
-            # One level only: a traded grant's own trade is history nobody needs.
-            "grant": None if t.grant is None else _granted_doc(replace(t.grant, trade=None)),
-        }
-    return doc
-
-
-def encode_ledger(ledger: Ledger) -> str:
-    doc = {
-        "v": LEDGER_VERSION,
-        "node": ledger.node,
-        "containers": [_granted_doc(c) for c in ledger.containers],
-    }
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
-
-
-def decode_ledger(text: object) -> Ledger:
-    if not isinstance(text, str) or len(text) > 64 * 1024:
-        raise LedgerError(f"{ALLOCATED_ANNOTATION} must be a string of at most 64 KiB")
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise LedgerError(f"{ALLOCATED_ANNOTATION}: not JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("v") != LEDGER_VERSION:
-        raise LedgerError(f"{ALLOCATED_ANNOTATION}: not a v{LEDGER_VERSION} object")
-    node = doc.get("node")
-    items = doc.get("containers")
-    if not isinstance(node, str) or not isinstance(items, list):
-        raise LedgerError(f"{ALLOCATED_ANNOTATION}: node and containers are required")
-    out: list[GrantedContainer] = []
-    for i, item in enumerate(items):
-        try:
-            out.append(_granted(item, nested=False))
-        except (KeyError, TypeError) as exc:
-            raise LedgerError(f"{ALLOCATED_ANNOTATION}: containers[{i}]: {exc}") from None
-    return Ledger(node, tuple(out))
-
-
-def _granted(item: object, *, nested: bool) -> GrantedContainer:
-    trade: Trade | None = None
-    raw = item.get("trade") if isinstance(item, dict) and not nested else None
-    if raw is not None:
-        token = _typed(raw, "token", dict)
-        grant = raw.get("grant") if isinstance(raw, dict) else None
-        trade = Trade(
-            pod=_typed(raw, "pod", str),
-            container=_typed(raw, "container", str),
-            token=CardShare(
-                _typed(token, "uuid", str),
-                _typed(token, "index", int),
-                _typed(token, "computeMilli", int),
-                _typed(token, "memoryMiB", int),
-            ),
-            grant=None if grant is None else _granted(grant, nested=True),
-        )
-    return GrantedContainer(
-        name=_typed(item, "name", str),
-        uuid=_typed(item, "uuid", str),
-        slot=_typed(item, "slot", str),
-        compute_milli=_typed(item, "computeMilli", int),
-        memory_mib=_typed(item, "memoryMiB", int),
-        allocated_at=_typed(item, "allocatedAt", str),
-        verified=_typed(item, "verified", bool),
-        source=_typed(item, "source", str),
-        trade=trade,
-    )
-
-
-def _typed(item: object, key: str, kind: type) -> Any:
-    if not isinstance(item, dict):
-        raise TypeError("must be an object")
-    value = item[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise TypeError(f"{key} must be {kind.__name__}")
-    return value
-
-
 # --------------------------------------------------------------------------- reading pods
 _NO_VERSION = 2**63  # sorts after every real resourceVersion
 
 
 @dataclass(frozen=True)
 class NodePod:
-    """One pod on this node as the sharing coordinator needs it."""
+    """One pod on this node as the sharing coordinator needs it: its claim, with a decision
+    only when it names this node."""
 
-    uid: str
-    namespace: str
-    name: str
-    created: str  # RFC 3339 (sorts chronologically)
-    resource_version: str
-    terminal: bool
-    decision: AllocationDecision | None
-    ledger: Ledger | None
+    claim: PodClaim
     # Containers asking for a share slot, in the kubelet's admission order (init containers,
     # then app containers, each in spec order), with what the decision gives each.
     slot_containers: tuple[tuple[str, CardShare], ...] = ()
     problem: str = ""
-    init_containers: frozenset[str] = frozenset()  # sidecars included
-    sidecars: frozenset[str] = frozenset()  # init containers with restartPolicy: Always
+
+    @property
+    def uid(self) -> str:
+        return self.claim.uid
+
+    @property
+    def namespace(self) -> str:
+        return self.claim.namespace
+
+    @property
+    def name(self) -> str:
+        return self.claim.name
+
+    @property
+    def created(self) -> str:  # RFC 3339 (sorts chronologically)
+        return self.claim.created
+
+    @property
+    def resource_version(self) -> str:
+        return self.claim.resource_version
+
+    @property
+    def terminal(self) -> bool:
+        return self.claim.terminal
+
+    @property
+    def decision(self) -> AllocationDecision | None:
+        return self.claim.decision
+
+    @property
+    def ledger(self) -> Ledger | None:
+        return self.claim.ledger
+
+    @property
+    def init_containers(self) -> frozenset[str]:  # sidecars included
+        return self.claim.init_containers
+
+    @property
+    def sidecars(self) -> frozenset[str]:  # init containers with restartPolicy: Always
+        return self.claim.sidecars
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        return self.claim.key
 
     @property
     def regular_init(self) -> frozenset[str]:
@@ -275,7 +150,8 @@ class NodePod:
         """This pod with rewritten annotations (the tokens follow the new decision)."""
         tokens = _container_tokens(decision) if decision is not None else {}
         slots = tuple((n, tokens.get(n, s)) for n, s in self.slot_containers)
-        return replace(self, decision=decision, ledger=ledger, slot_containers=slots)
+        claim = reconcile(self.claim, decision=decision, ledger=ledger)
+        return replace(self, claim=claim, slot_containers=slots)
 
 
 def _container_tokens(decision: AllocationDecision) -> dict[str, CardShare]:
@@ -283,56 +159,32 @@ def _container_tokens(decision: AllocationDecision) -> dict[str, CardShare]:
 
 
 def read_node_pod(pod: Mapping[str, Any], node: str, names: ResourceNames) -> NodePod:
-    meta = pod.get("metadata") or {}
-    status = pod.get("status") or {}
-    annotations = meta.get("annotations") or {}
-    decision, problem = read_decision(pod)
+    return node_pod(read_claim(pod, names), node)
+
+
+def node_pod(claim: PodClaim, node: str) -> NodePod:
+    """``claim`` as the agent of ``node`` sees it: a decision for another node is no decision."""
+    problems = list(claim.problems)
+    decision = claim.decision
     if decision is not None and decision.node != node:
-        problem = f"pod {pod_key(pod)}: decision names node {decision.node}, not {node}"
+        problems.append(decided_for_another_node(claim.key, decision.node, node))
+        claim = replace(claim, decision=None)
         decision = None
-    ledger: Ledger | None = None
-    if ALLOCATED_ANNOTATION in annotations:
-        try:
-            ledger = decode_ledger(annotations[ALLOCATED_ANNOTATION])
-        except LedgerError as exc:
-            problem = f"pod {pod_key(pod)}: {exc}; treated as nothing allocated"
     slots: list[tuple[str, CardShare]] = []
-    # From the spec for every pod: whole-GPU pods need them too (their regular init
-    # containers' cards are not in PodResources either).
-    spec_init = [
-        c for c in (pod.get("spec") or {}).get("initContainers") or [] if isinstance(c, dict)
-    ]
-    init = {str(c.get("name")) for c in spec_init}
-    sidecars = {str(c.get("name")) for c in spec_init if c.get("restartPolicy") == "Always"}
     if decision is not None and decision.shared:
         card = decision.cards[0]
         split = _container_tokens(decision)
-        try:
-            containers = pod_totals(pod, names).containers
-        except RequestError as exc:
-            containers = ()
-            problem = f"{exc}"
+        if claim.totals is None:
+            problems.append(claim.refusal)
+        containers = claim.totals.containers if claim.totals is not None else ()
         ordered = [c for c in containers if c.init] + [c for c in containers if not c.init]
         for c in ordered:
             if c.share_slots:
                 share = split.get(c.name) or CardShare(
-                    card.uuid, card.index, c.compute_milli, c.memory_mib
+                    card.uuid, card.index, c.compute_milli, c.gpu_memory_mib
                 )
                 slots.append((c.name, share))
-    return NodePod(
-        uid=str(meta.get("uid") or ""),
-        namespace=str(meta.get("namespace") or "default"),
-        name=str(meta.get("name") or ""),
-        created=str(meta.get("creationTimestamp") or ""),
-        resource_version=str(meta.get("resourceVersion") or ""),
-        terminal=status.get("phase") in TERMINAL_PHASES,
-        decision=decision,
-        ledger=ledger,
-        slot_containers=tuple(slots),
-        problem=problem,
-        init_containers=frozenset(init),
-        sidecars=frozenset(sidecars),
-    )
+    return NodePod(claim, tuple(slots), "; ".join(problems))
 
 
 def pending_share_pods(pods: Iterable[NodePod], card: str | None = None) -> list[NodePod]:
@@ -445,7 +297,7 @@ def shared_decision(pod: NodePod, tokens: Mapping[str, CardShare]) -> Allocation
 
 
 def _on_card(cards: Sequence[CardShare], uuid: str) -> tuple[int, int]:
-    return next(((s.compute_milli, s.memory_mib) for s in cards if s.uuid == uuid), (0, 0))
+    return next(((s.compute_milli, s.gpu_memory_mib) for s in cards if s.uuid == uuid), (0, 0))
 
 
 def _plus(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
@@ -512,14 +364,14 @@ def share_env(
     """What a sharing container is told about its share (and held to, with MPS)."""
     env = {
         ENV_UUID: uuid,
-        ENV_MEMORY_LIMIT: str(share.memory_mib),
+        ENV_MEMORY_LIMIT: str(share.gpu_memory_mib),
         ENV_COMPUTE: str(share.compute_milli),
         ENV_ENFORCEMENT: enforcement,
     }
     if enforcement == "mps" and mps is not None:
         env[ENV_MPS_PIPE] = mps.pipe_dir
         env[ENV_MPS_LOG] = mps.log_dir
-        env[ENV_MPS_MEMORY] = f"{uuid}={share.memory_mib}M"
+        env[ENV_MPS_MEMORY] = f"{uuid}={share.gpu_memory_mib}M"
         # MPS takes whole percents; round up so a 5-milli share still gets 1 %.
         env[ENV_MPS_THREADS] = str(max(1, min(100, math.ceil(share.compute_milli / 10))))
     return env

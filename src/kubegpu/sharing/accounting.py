@@ -19,6 +19,10 @@ from kubegpu.placement.model import MILLI_PER_GPU, GpuState, NodeState
 from kubegpu.sharing.annotations import CardShare, NodeGpuInventory
 
 
+class ReservationHeld(Exception):
+    """A pod already has a reservation: another bind of it has not settled."""
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     """A node as the extender sees it. ``inventory`` is ``None`` when the node agent has not
@@ -41,7 +45,7 @@ class PodUsage:
     key: str  # namespace/name, for logs and reasons
     node: str
     cpu_milli: int
-    memory_mib: int
+    host_memory_mib: int
     cards: tuple[CardShare, ...] = ()
     undecided_whole_gpus: int = 0
     bound: bool = True  # False: decided and recorded, binding not yet seen
@@ -86,7 +90,7 @@ def card_usage(
         for card in usage.cards:
             slot = used.setdefault(card.uuid, [0, 0])
             slot[0] += card.compute_milli
-            slot[1] += card.memory_mib
+            slot[1] += card.gpu_memory_mib
     if undecided and inventory is not None:
         for gpu in sorted(inventory.gpus, key=lambda g: -g.index):
             if undecided == 0:
@@ -106,7 +110,7 @@ def node_state(info: NodeInfo, usages: Iterable[PodUsage]) -> NodeState:
     inventory no longer has are ignored."""
     usages = list(usages)
     cpu_used = sum(u.cpu_milli for u in usages)
-    memory_used = sum(u.memory_mib for u in usages)
+    memory_used = sum(u.host_memory_mib for u in usages)
     held = card_usage(info.inventory, usages)
     gpus: list[GpuState] = []
     if info.inventory is not None:

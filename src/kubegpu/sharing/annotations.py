@@ -111,7 +111,7 @@ class CardShare:
     uuid: str
     index: int
     compute_milli: int
-    memory_mib: int
+    gpu_memory_mib: int
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def _card_doc(c: CardShare) -> dict[str, Any]:
         "uuid": c.uuid,
         "index": c.index,
         "computeMilli": c.compute_milli,
-        "memoryMiB": c.memory_mib,
+        "memoryMiB": c.gpu_memory_mib,
     }
 
 

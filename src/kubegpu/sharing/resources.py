@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
@@ -79,12 +79,12 @@ class ContainerShare:
     sidecar: bool = False
     whole_gpus: int = 0
     compute_milli: int = 0
-    memory_mib: int = 0
+    gpu_memory_mib: int = 0
     share_slots: int = 0
 
     @property
     def uses_gpu(self) -> bool:
-        return self.whole_gpus > 0 or self.compute_milli > 0 or self.memory_mib > 0
+        return self.whole_gpus > 0 or self.compute_milli > 0 or self.gpu_memory_mib > 0
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class GpuRequest:
 
     kind: RequestKind
     cpu_milli: int
-    memory_mib: int
+    host_memory_mib: int
     whole_gpus: int = 0
     compute_milli: int = 0
     gpu_memory_mib: int = 0
@@ -106,7 +106,7 @@ class GpuRequest:
         if self.kind is RequestKind.WHOLE:
             return PodRequest(
                 self.cpu_milli,
-                self.memory_mib,
+                self.host_memory_mib,
                 self.whole_gpus,
                 MILLI_PER_GPU,
                 None,
@@ -116,14 +116,14 @@ class GpuRequest:
         if self.kind is RequestKind.SHARED:
             return PodRequest(
                 self.cpu_milli,
-                self.memory_mib,
+                self.host_memory_mib,
                 1,
                 self.compute_milli,
                 self.gpu_memory_mib,
                 self.gpu_models,
                 self.name,
             )
-        return PodRequest(self.cpu_milli, self.memory_mib, name=self.name)
+        return PodRequest(self.cpu_milli, self.host_memory_mib, name=self.name)
 
 
 # --------------------------------------------------------------------------- quantities
@@ -185,33 +185,38 @@ def _ceil(value: Decimal) -> int:
 
 
 # --------------------------------------------------------------------------- pods
+_AMOUNTS = (
+    "cpu_milli",
+    "host_memory_mib",
+    "whole_gpus",
+    "compute_milli",
+    "gpu_memory_mib",
+    "share_slots",
+)
+
+
 @dataclass(frozen=True)
-class _Amounts:
+class PodTotals:
+    """Requests as kube-scheduler adds them up, unvalidated: one container's, a sum of some,
+    or (from :func:`pod_totals`) the pod's effective totals with its per-container GPU split in
+    ``containers``. Host memory and GPU memory are different resources, hence the names."""
+
     cpu_milli: int = 0
-    memory_mib: int = 0
-    whole: int = 0
-    compute: int = 0
-    gpu_memory: int = 0
-    slots: int = 0
+    host_memory_mib: int = 0
+    whole_gpus: int = 0
+    compute_milli: int = 0
+    gpu_memory_mib: int = 0
+    share_slots: int = 0
+    containers: tuple[ContainerShare, ...] = ()
 
-    def plus(self, other: _Amounts) -> _Amounts:
-        return _Amounts(*(a + b for a, b in zip(self._values(), other._values(), strict=True)))
+    def plus(self, other: PodTotals) -> PodTotals:
+        return PodTotals(*(getattr(self, f) + getattr(other, f) for f in _AMOUNTS))
 
-    def max(self, other: _Amounts) -> _Amounts:
-        return _Amounts(*(max(a, b) for a, b in zip(self._values(), other._values(), strict=True)))
-
-    def _values(self) -> tuple[int, ...]:
-        return (
-            self.cpu_milli,
-            self.memory_mib,
-            self.whole,
-            self.compute,
-            self.gpu_memory,
-            self.slots,
-        )
+    def max(self, other: PodTotals) -> PodTotals:
+        return PodTotals(*(max(getattr(self, f), getattr(other, f)) for f in _AMOUNTS))
 
 
-def _container_amounts(container: Mapping[str, Any], names: ResourceNames, where: str) -> _Amounts:
+def _container_amounts(container: Mapping[str, Any], names: ResourceNames, where: str) -> PodTotals:
     resources = container.get("resources") or {}
     if not isinstance(resources, Mapping):
         raise RequestError(f"{where}: resources must be an object")
@@ -237,13 +242,13 @@ def _container_amounts(container: Mapping[str, Any], names: ResourceNames, where
             raise RequestError(f"{where}: {name} must be a whole number, got {raw!r}")
         return value
 
-    return _Amounts(
+    return PodTotals(
         cpu_milli=_ceil(amount("cpu", False) * 1000),
-        memory_mib=_ceil(amount("memory", False) / _MIB),
-        whole=int(amount(names.whole_gpu, True)),
-        compute=int(amount(names.gpu_compute, True)),
-        gpu_memory=int(amount(names.gpu_memory, True)),
-        slots=int(amount(names.share_slot, True)),
+        host_memory_mib=_ceil(amount("memory", False) / _MIB),
+        whole_gpus=int(amount(names.whole_gpu, True)),
+        compute_milli=int(amount(names.gpu_compute, True)),
+        gpu_memory_mib=int(amount(names.gpu_memory, True)),
+        share_slots=int(amount(names.share_slot, True)),
     )
 
 
@@ -261,19 +266,6 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
 
 
-@dataclass(frozen=True)
-class PodTotals:
-    """A pod's effective per-resource totals and its per-container GPU split, unvalidated."""
-
-    cpu_milli: int
-    memory_mib: int
-    whole_gpus: int
-    compute_milli: int
-    gpu_memory_mib: int
-    share_slots: int
-    containers: tuple[ContainerShare, ...]
-
-
 def pod_totals(pod: Mapping[str, Any], names: ResourceNames | None = None) -> PodTotals:
     """Effective requests as kube-scheduler computes them; raises :class:`RequestError` only
     for JSON it cannot read (bad quantities, wrong shapes)."""
@@ -283,14 +275,14 @@ def pod_totals(pod: Mapping[str, Any], names: ResourceNames | None = None) -> Po
     if not isinstance(spec, Mapping):
         raise RequestError(f"pod {key}: no spec")
     shares: list[ContainerShare] = []
-    app = _Amounts()
+    app = PodTotals()
     for index, container in enumerate(_containers(spec, "containers")):
         cname = str(container.get("name") or f"#{index}")
         amounts = _container_amounts(container, names, f"pod {key} container {cname}")
         app = app.plus(amounts)
         shares.append(_split(cname, amounts, init=False, sidecar=False))
-    sidecars = _Amounts()
-    init_peak = _Amounts()
+    sidecars = PodTotals()
+    init_peak = PodTotals()
     for index, container in enumerate(_containers(spec, "initContainers")):
         cname = str(container.get("name") or f"init#{index}")
         amounts = _container_amounts(container, names, f"pod {key} init container {cname}")
@@ -307,27 +299,21 @@ def pod_totals(pod: Mapping[str, Any], names: ResourceNames | None = None) -> Po
     overhead = spec.get("overhead") or {}
     if isinstance(overhead, Mapping) and overhead:
         extra = _container_amounts({"resources": {"requests": overhead}}, names, f"pod {key}")
-        total = total.plus(_Amounts(cpu_milli=extra.cpu_milli, memory_mib=extra.memory_mib))
-    return PodTotals(
-        total.cpu_milli,
-        total.memory_mib,
-        total.whole,
-        total.compute,
-        total.gpu_memory,
-        total.slots,
-        tuple(shares),
-    )
+        total = total.plus(
+            PodTotals(cpu_milli=extra.cpu_milli, host_memory_mib=extra.host_memory_mib)
+        )
+    return replace(total, containers=tuple(shares))
 
 
-def _split(cname: str, amounts: _Amounts, *, init: bool, sidecar: bool) -> ContainerShare:
+def _split(cname: str, amounts: PodTotals, *, init: bool, sidecar: bool) -> ContainerShare:
     return ContainerShare(
         cname,
         init=init,
         sidecar=sidecar,
-        whole_gpus=amounts.whole,
-        compute_milli=amounts.compute,
-        memory_mib=amounts.gpu_memory,
-        share_slots=amounts.slots,
+        whole_gpus=amounts.whole_gpus,
+        compute_milli=amounts.compute_milli,
+        gpu_memory_mib=amounts.gpu_memory_mib,
+        share_slots=amounts.share_slots,
     )
 
 
@@ -335,61 +321,58 @@ def gpu_request(pod: Mapping[str, Any], names: ResourceNames | None = None) -> G
     """What ``pod`` (Kubernetes JSON) asks for; raises :class:`RequestError` with an actionable
     message for requests that cannot be served."""
     names = names or ResourceNames()
-    key = pod_key(pod)
-    totals = pod_totals(pod, names)
-    total = _Amounts(
-        totals.cpu_milli,
-        totals.memory_mib,
-        totals.whole_gpus,
-        totals.compute_milli,
-        totals.gpu_memory_mib,
-        totals.share_slots,
-    )
-    shares = list(totals.containers)
-    models = _models(pod, key)
+    return request_from_totals(pod, pod_totals(pod, names), names)
 
-    shared = total.compute > 0 or total.gpu_memory > 0 or total.slots > 0
-    if total.whole > 0 and shared:
+
+def request_from_totals(
+    pod: Mapping[str, Any], totals: PodTotals, names: ResourceNames
+) -> GpuRequest:
+    """The servable request behind ``totals`` (``pod`` gives its key and model list); raises
+    :class:`RequestError` with an actionable message for requests that cannot be served."""
+    key = pod_key(pod)
+    models = _models(pod, key)
+    shared = totals.compute_milli > 0 or totals.gpu_memory_mib > 0 or totals.share_slots > 0
+    if totals.whole_gpus > 0 and shared:
         raise RequestError(
             f"pod {key} asks for whole GPUs ({names.whole_gpu}) and a GPU share "
             f"({names.gpu_memory}/{names.gpu_compute}/{names.share_slot}) at once; "
             "use one or the other"
         )
-    if total.whole > 0:
+    if totals.whole_gpus > 0:
         return GpuRequest(
             RequestKind.WHOLE,
-            whole_gpus=total.whole,
+            whole_gpus=totals.whole_gpus,
             gpu_models=models,
-            containers=tuple(shares),
-            cpu_milli=total.cpu_milli,
-            memory_mib=total.memory_mib,
+            containers=totals.containers,
+            cpu_milli=totals.cpu_milli,
+            host_memory_mib=totals.host_memory_mib,
             name=key,
         )
     if not shared:
-        return GpuRequest(RequestKind.NONE, total.cpu_milli, total.memory_mib, name=key)
-    for share in shares:
+        return GpuRequest(RequestKind.NONE, totals.cpu_milli, totals.host_memory_mib, name=key)
+    for share in totals.containers:
         _check_share(share, names, key)
-    if total.compute >= MILLI_PER_GPU:
+    if totals.compute_milli >= MILLI_PER_GPU:
         raise RequestError(
-            f"pod {key} asks for {total.compute} milli-GPU of shared compute; a share must fit "
-            f"on one card (at most {MILLI_PER_GPU - 1}); ask for {names.whole_gpu} instead"
+            f"pod {key} asks for {totals.compute_milli} milli-GPU of shared compute; a share must "
+            f"fit on one card (at most {MILLI_PER_GPU - 1}); ask for {names.whole_gpu} instead"
         )
     return GpuRequest(
         RequestKind.SHARED,
-        compute_milli=total.compute,
-        gpu_memory_mib=total.gpu_memory,
+        compute_milli=totals.compute_milli,
+        gpu_memory_mib=totals.gpu_memory_mib,
         gpu_models=models,
-        containers=tuple(shares),
-        cpu_milli=total.cpu_milli,
-        memory_mib=total.memory_mib,
+        containers=totals.containers,
+        cpu_milli=totals.cpu_milli,
+        host_memory_mib=totals.host_memory_mib,
         name=key,
     )
 
 
 def _check_share(share: ContainerShare, names: ResourceNames, key: str) -> None:
     where = f"pod {key} container {share.name}"
-    has_share = share.compute_milli > 0 or share.memory_mib > 0
-    if has_share and not (share.compute_milli and share.memory_mib):
+    has_share = share.compute_milli > 0 or share.gpu_memory_mib > 0
+    if has_share and not (share.compute_milli and share.gpu_memory_mib):
         raise RequestError(
             f"{where}: a GPU share needs both {names.gpu_memory} (MiB) and "
             f"{names.gpu_compute} (milli-GPU)"

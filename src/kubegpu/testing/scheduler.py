@@ -146,7 +146,7 @@ def footprint(pod: Mapping[str, Any], names: ResourceNames) -> Footprint:
         return Footprint()  # the extender explains; nothing to count
     return Footprint(
         totals.cpu_milli,
-        totals.memory_mib,
+        totals.host_memory_mib,
         {names.whole_gpu: totals.whole_gpus, names.share_slot: totals.share_slots},
     )
 
