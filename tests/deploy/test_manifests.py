@@ -18,11 +18,11 @@ import pytest
 import yaml
 
 import kubegpu
+from kubegpu.cli.device_plugin import DEFAULT_KUBELET_DIR
+from kubegpu.cli.exporter import parse_listen
 from kubegpu.cli.main import SUBCOMMANDS, cli
 from kubegpu.config.load import load_config
 from kubegpu.config.model import Exporter, GpuShare, PluginFlags
-from kubegpu.exporter.cli import parse_listen
-from kubegpu.kubelet.cli import DEFAULT_KUBELET_DIR
 from kubegpu.kubelet.probes import LOOP_TIMEOUT_S
 from kubegpu.sharing.resources import ResourceNames
 from tests.deploy.manifests import (

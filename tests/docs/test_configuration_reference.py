@@ -56,7 +56,7 @@ def test_every_agent_field_has_a_type_a_default_and_a_description() -> None:
 
 
 def test_every_flag_the_device_plugin_maps_to_the_config_is_documented_on_its_field() -> None:
-    from kubegpu.kubelet.cli import _OVERRIDES
+    from kubegpu.cli.device_plugin import _OVERRIDES
 
     overrides = gen.agent_overrides()
     fields = {f.path for f in gen.agent_fields()}

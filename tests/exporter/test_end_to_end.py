@@ -14,10 +14,11 @@ from lightkube.resources.core_v1 import Namespace, Pod
 
 from kubegpu.config.model import GpuShare
 from kubegpu.exporter.pods import KubeNodePods, allocation_annotation_shares
-from kubegpu.exporter.server import ExporterSettings, start_node_exporter
+from kubegpu.exporter.server import ExporterSettings
 from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.inventory.fake_metrics import FakeMetricsSource
 from kubegpu.kubelet.resources import slot_id
+from kubegpu.roles.exporter import start_node_exporter
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
     AllocationDecision,

@@ -15,7 +15,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from kubegpu.core.gpu import GpuUuid, NodeInventory
-from kubegpu.exporter.health import HealthFeed
+from kubegpu.core.health_feed import HealthFeed
 from kubegpu.inventory.spec import resolve_fake_spec
 from kubegpu.labels.catalogue import TIMESTAMP
 from kubegpu.labels.labeller import Labeller

@@ -14,7 +14,7 @@ What is read, and from where, so the reference says only what the code does:
   silent;
 * which flag and environment variables override a field: ``kubegpu device-plugin``'s click
   parameters and the option → config path table the command itself applies
-  (``kubegpu.kubelet.cli._OVERRIDES``); environment names are the ones click would read,
+  (``kubegpu.cli.device_plugin._OVERRIDES``); environment names are the ones click would read,
   explicit ``envvar`` first, then the ``KUBEGPU_<COMMAND>_<OPTION>`` name click derives;
 * the extender: the fields of the :class:`kubegpu.extender.config.ExtenderConfig` dataclass,
   each matched to the ``kubegpu extender`` option that sets it (the settings file's keys are
@@ -502,10 +502,10 @@ class Override:
 # The subcommands documented here and where their click commands live (the same targets as
 # ``kubegpu.cli.main``'s registrations; a test holds them equal).
 COMMANDS: dict[str, str] = {
-    "device-plugin": "kubegpu.kubelet.cli:device_plugin",
+    "device-plugin": "kubegpu.cli.device_plugin:device_plugin",
     "extender": "kubegpu.extender.cli:extender_command",
-    "labels": "kubegpu.labels.cli:labels_command",
-    "exporter": "kubegpu.exporter.cli:exporter_command",
+    "labels": "kubegpu.cli.labels:labels_command",
+    "exporter": "kubegpu.cli.exporter:exporter_command",
 }
 
 
@@ -543,7 +543,7 @@ def override_of(name: str, param: click.Option) -> Override:
 
 def agent_overrides() -> dict[str, Override]:
     """Config path → what overrides it, from the command's own option → path table."""
-    from kubegpu.kubelet.cli import _OVERRIDES
+    from kubegpu.cli.device_plugin import _OVERRIDES
 
     by_name = {p.name: p for p in params("device-plugin")}
     found: dict[str, Override] = {}
@@ -809,7 +809,7 @@ def _option_table(name: str, skip: set[str] | None = None) -> list[str]:
 
 
 def _agent_part() -> list[str]:
-    from kubegpu.kubelet.cli import _OVERRIDES
+    from kubegpu.cli.device_plugin import _OVERRIDES
 
     out = [
         "## Node agent: `kubegpu device-plugin --config FILE`",

@@ -6,7 +6,7 @@ the scrape path; :mod:`~kubegpu.exporter.collector` turns the latest snapshot in
 (:func:`~kubegpu.exporter.server.start_agent_exporter` for the node agent's ``--exporter``,
 :func:`~kubegpu.exporter.server.start_node_exporter` for ``kubegpu exporter`` and any open GPU
 backend, :func:`~kubegpu.exporter.server.start_exporter` for any metrics source). A node agent
-whose exporter is off imports only :mod:`~kubegpu.exporter.http`, which serves its probes too.
+whose exporter is off imports only :mod:`~kubegpu.httpd`, which serves its probes too.
 
 Metric catalogue. GPU labels: ``node``, ``gpu`` (index), ``uuid``, ``model``; pod metrics add
 ``namespace``, ``pod`` (and ``container``). A value the driver does not report is absent.

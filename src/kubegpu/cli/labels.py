@@ -1,4 +1,4 @@
-"""``kubegpu labels``: label the node from its GPUs (composition root).
+"""``kubegpu labels``: label the node from its GPUs (the labeller's command line and root).
 
 Opens the GPU backend, watches GPU health, and runs the :class:`Labeller` against the chosen
 sink: an NFD feature file (``nfd``), the Node object through the Kubernetes API (``node``), or
@@ -61,18 +61,14 @@ def _sink(kind: str, nfd_file: Path, node_name: str) -> LabelSink:
     if kind == "nfd":
         return NfdFeatureFileSink(nfd_file)
     if kind == "node":
-        import lightkube
-
-        from kubegpu.kube.client import KubeconfigError, load_kubeconfig
+        from kubegpu.kube.client import KubeconfigError, client_from, load_kubeconfig
 
         try:  # In-cluster service account, else KUBECONFIG / ~/.kube/config.
             kube_config = load_kubeconfig()
         except KubeconfigError as exc:
             click.echo(f"kubegpu labels: --sink node needs API access: {exc}", err=True)
             sys.exit(2)
-        return NodeLabelSink(
-            lightkube.Client(kube_config, field_manager="kubegpu-labels"), node_name
-        )
+        return NodeLabelSink(client_from(kube_config, field_manager="kubegpu-labels"), node_name)
     return StdoutSink(sys.stdout)
 
 
@@ -178,11 +174,12 @@ def labels_command(
     poll: float,
 ) -> None:
     """Label this node with its GPUs' model, memory, count, driver, health and topology."""
+    from kubegpu.cli.exporter import open_gpu_backend_or_exit
+    from kubegpu.config.health import health_policy
     from kubegpu.config.load import ConfigError, load_config
-    from kubegpu.exporter.cli import open_gpu_backend_or_exit
-    from kubegpu.exporter.health import HealthFeed
-    from kubegpu.kubelet.agent import health_policy
+    from kubegpu.core.health_feed import HealthFeed
     from kubegpu.labels.labeller import Labeller
+    from kubegpu.roles.health import judge_health
 
     node = node_name or socket.gethostname()
     try:
@@ -228,7 +225,7 @@ def labels_command(
             gpu_backend.close()
         return
     health.add_listener(labeller.notify)
-    health.watch(gpu_backend, inventory, node_name=node)
+    judge_health(health, gpu_backend, inventory, node_name=node)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: labeller.stop())
     thread = threading.Thread(target=labeller.run, name="kubegpu-labeller")

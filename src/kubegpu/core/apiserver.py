@@ -1,0 +1,23 @@
+"""What the API-server ports trade in, named without the client library.
+
+The kube edge turns lightkube's objects and ``ApiError`` into these, so the edges that talk to
+the API server through a port (kubelet, labels, extender) can use the answers and react to the
+errors without importing lightkube or the kube edge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PodListing:
+    """A node's pods and the resourceVersion the list was taken at (where a watch starts)."""
+
+    pods: list[dict[str, Any]]
+    resource_version: str
+
+
+class ConflictError(Exception):
+    """The object changed since it was read (HTTP 409): read it again and redo the decision."""
