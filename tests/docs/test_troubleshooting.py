@@ -41,7 +41,7 @@ SCOPES = (
     Scope("node agent config", ("config",), ("ConfigError", "ValueError")),
     Scope(
         "node agent",
-        ("kubelet",),
+        ("kubelet", "cli/device_plugin.py", "roles/node_agent.py"),
         (
             "AllocationError",
             "AllocationRefused",
@@ -74,7 +74,7 @@ SCOPES = (
     # watched twice), which no configuration can cause.
     Scope(
         "exporter",
-        ("exporter",),
+        ("exporter", "cli/exporter.py", "roles/exporter.py"),
         ("ValueError", "BadParameter", "ExporterServerError"),
         logs=True,
     ),
