@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from kubegpu.config import load_config
-from kubegpu.exporter.pods import KubeletPodResources
 from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.kubelet.agent import AgentSettings, Event
+from kubegpu.kubelet.pod_resources import KubeletPodResources
 from kubegpu.roles.node_agent import build_agent
 from kubegpu.testing.kubelet import KubeletEmulator
 from tests.kubelet.conftest import RESOURCE, short_tempdir, wait_until

@@ -68,7 +68,10 @@ def _sink(kind: str, nfd_file: Path, node_name: str) -> LabelSink:
         except KubeconfigError as exc:
             click.echo(f"kubegpu labels: --sink node needs API access: {exc}", err=True)
             sys.exit(2)
-        return NodeLabelSink(client_from(kube_config, field_manager="kubegpu-labels"), node_name)
+        from kubegpu.kube.node_labels import LightkubeNodeLabels
+
+        client = client_from(kube_config, field_manager="kubegpu-labels")
+        return NodeLabelSink(LightkubeNodeLabels(client), node_name)
     return StdoutSink(sys.stdout)
 
 

@@ -21,3 +21,14 @@ class PodListing:
 
 class ConflictError(Exception):
     """The object changed since it was read (HTTP 409): read it again and redo the decision."""
+
+
+@dataclass(frozen=True)
+class NodePod:
+    """One pod on a node, as much of it as the exporter reads (names for its UID, and the
+    annotations its share is read from)."""
+
+    uid: str
+    namespace: str
+    name: str
+    annotations: dict[str, str]

@@ -18,8 +18,6 @@ from kubegpu.core.backend import GpuBackend
 from kubegpu.core.health_feed import HealthFeed
 from kubegpu.core.metrics import MetricsSource
 from kubegpu.exporter.pods import (
-    DEFAULT_POD_RESOURCES_SOCKET,
-    KubeletPodResources,
     KubeNodePods,
     PodDirectory,
     PodLogDirectory,
@@ -32,6 +30,7 @@ from kubegpu.exporter.server import (
     stale_after,
     start_exporter,
 )
+from kubegpu.kubelet.pod_resources import DEFAULT_POD_RESOURCES_SOCKET, KubeletPodResources
 from kubegpu.roles.health import judge_health
 
 
@@ -111,7 +110,10 @@ def pod_sources(
     if pod_directory == "api":
         if kube_client is None:
             raise ValueError("the api pod directory needs API access")
-        pods = KubeNodePods(kube_client(), node_name, parse_shares=allocation_annotation_shares)
+        from kubegpu.kube.node_pods import LightkubeNodePods
+
+        api = LightkubeNodePods(kube_client())
+        pods = KubeNodePods(api, node_name, parse_shares=allocation_annotation_shares)
         return pods, pods
     return PodLogDirectory(pod_log_dir), None
 
