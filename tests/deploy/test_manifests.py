@@ -708,7 +708,7 @@ SCHEDULER_CONFIGS = {
 def _extender_config(overlay: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The extender's resolved settings, through the real command with the container's args
     and the ConfigMap's file: everything the command does before it serves."""
-    import kubegpu.extender.cli as extender_cli
+    import kubegpu.cli.extender as extender_cli
 
     seen: list[Any] = []
 

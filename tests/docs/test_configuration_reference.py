@@ -102,7 +102,7 @@ def test_each_documented_agent_rule_refuses_its_bad_input(rule: gen.Rule, tmp_pa
 def test_each_documented_extender_rule_refuses_its_bad_input(
     rule: gen.Rule, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kubegpu.extender import cli as extender_cli
+    from kubegpu.cli import extender as extender_cli
 
     async def must_not_serve(config: object) -> None:
         raise AssertionError(f"the extender accepted {rule.bad_input!r}")

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from kubegpu.extender.cli import settings_keys
+from kubegpu.cli.extender import settings_keys
 from kubegpu.extender.config import ExtenderConfig, load_config_file
 from kubegpu.extender.scheduler import GpuScheduler
 from kubegpu.extender.server import ExtenderApp

@@ -37,7 +37,7 @@ register("fake-apiserver", "kubegpu.testing.apiserver.cli:fake_apiserver")
 register("discover", "kubegpu.inventory.cli:discover")
 register("fake-gpu", "kubegpu.inventory.cli:fake_gpu")
 register("inspect", "kubegpu.inspect.command:inspect_command")
-register("extender", "kubegpu.extender.cli:extender_command")
+register("extender", "kubegpu.cli.extender:extender_command")
 register("demo", "kubegpu.demo.command:demo_command")
 
 

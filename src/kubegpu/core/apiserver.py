@@ -8,6 +8,7 @@ errors without importing lightkube or the kube edge.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 
@@ -17,6 +18,10 @@ class PodListing:
 
     pods: list[dict[str, Any]]
     resource_version: str
+
+
+class ApiUnavailable(Exception):
+    """The API server did not answer, or refused the call; ``str()`` says what it said."""
 
 
 class ConflictError(Exception):
@@ -32,3 +37,12 @@ class NodePod:
     namespace: str
     name: str
     annotations: dict[str, str]
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """What a coordination.k8s.io Lease says of its leader ("" and None where it says nothing)."""
+
+    holder: str = ""
+    renew_time: datetime | None = None
+    duration_s: int | None = None

@@ -503,7 +503,7 @@ class Override:
 # ``kubegpu.cli.main``'s registrations; a test holds them equal).
 COMMANDS: dict[str, str] = {
     "device-plugin": "kubegpu.cli.device_plugin:device_plugin",
-    "extender": "kubegpu.extender.cli:extender_command",
+    "extender": "kubegpu.cli.extender:extender_command",
     "labels": "kubegpu.cli.labels:labels_command",
     "exporter": "kubegpu.cli.exporter:exporter_command",
 }

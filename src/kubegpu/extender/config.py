@@ -1,4 +1,7 @@
-"""The extender's settings, their validation, the TLS context and the target workload file.
+"""The extender's settings, their validation and the target workload file.
+
+Checking the files they name (TLS, kubeconfig) is the extender role's
+(:func:`kubegpu.roles.extender.check_files`): this edge does not read kubeconfigs.
 
 Settings arrive from flags, ``KUBEGPU_EXTENDER_*`` variables or a versioned YAML file (the
 CLI resolves that precedence); this module only checks the result. Plain HTTP is refused on
@@ -12,7 +15,6 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
-import ssl
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +25,10 @@ import yaml
 from kubegpu.core.names import model_key
 from kubegpu.extender.scheduler import POLICY_ALIASES
 from kubegpu.extender.skew import parse_version
-from kubegpu.kube.client import KubeconfigError, load_kubeconfig
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import PodRequest
 from kubegpu.placement.policies import POLICIES
 from kubegpu.sharing.resources import ResourceNames
-from kubegpu.tls import TlsFileError, server_context
 
 CONFIG_API_VERSION = "kubegpu.io/v1alpha1"
 CONFIG_KIND = "ExtenderConfig"
@@ -182,30 +182,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def server_ssl_context(config: ExtenderConfig) -> ssl.SSLContext | None:
-    """The listener's TLS context; :class:`ConfigError` naming the file when one is unusable."""
-    if config.tls_cert_file is None or config.tls_key_file is None:
-        return None
-    try:
-        return server_context(config.tls_cert_file, config.tls_key_file, config.client_ca_file)
-    except TlsFileError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def check_files(config: ExtenderConfig) -> None:
-    """Every file the settings name can be used: TLS files, kubeconfig, workload file.
-
-    Run before any I/O (listening, connecting to the API), so a bad file ends the process at
-    start with one line naming it, not with a traceback once serving has begun."""
-    server_ssl_context(config)
-    try:
-        load_kubeconfig(config.kubeconfig)
-    except KubeconfigError as exc:
-        raise ConfigError(str(exc)) from None
-    if config.workload_file is not None:
-        load_workload(config.workload_file)
 
 
 # The leader-lease value that says "exactly one extender runs": binds are then never gated.

@@ -20,7 +20,6 @@ from kubegpu.cli.types import seconds
 from kubegpu.extender.config import (
     ConfigError,
     ExtenderConfig,
-    check_files,
     load_config_file,
     resolve_leader_lease,
 )
@@ -287,7 +286,7 @@ def _opt_path(value: object) -> Path | None:
 
 
 async def _serve(config: ExtenderConfig) -> None:
-    from kubegpu.extender.service import ExtenderService
+    from kubegpu.roles.extender import ExtenderService, check_files
 
     # Every file first (TLS, kubeconfig, workload), before listening or connecting: a bad one
     # ends the process here with one line naming it.
