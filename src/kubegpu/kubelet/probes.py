@@ -1,6 +1,6 @@
 """The node agent's ``/healthz`` and ``/readyz``, for the kubelet's liveness and readiness probes.
 
-The HTTP side is the exporter's thread-served WSGI app (:mod:`kubegpu.httpd`); each
+The HTTP side is the thread-served WSGI app the exporter uses too (:mod:`kubegpu.httpd`); each
 request hands one check to the agent's event loop and waits a bounded time for its answer, so:
 
 * ``/healthz`` (liveness) answers 200 when the loop ran the check within ``loop_timeout_s``
