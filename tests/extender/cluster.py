@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 
-from kubegpu.extender.config import ExtenderConfig
+from kubegpu.config.extender import ExtenderConfig
 from kubegpu.kube.view import Backoff
 from kubegpu.roles.extender import ExtenderService
 from kubegpu.sharing.annotations import (

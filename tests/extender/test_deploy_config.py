@@ -17,7 +17,7 @@ import yaml
 from aiohttp import web
 
 from kubegpu.cli.extender import settings_keys
-from kubegpu.extender.config import ExtenderConfig, load_config_file
+from kubegpu.config.extender import ExtenderConfig, load_config_file
 from kubegpu.extender.scheduler import GpuScheduler
 from kubegpu.extender.server import ExtenderApp
 from kubegpu.kube.view import ClusterView

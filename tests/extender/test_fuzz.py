@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kubegpu.extender.config import ExtenderConfig
+from kubegpu.config.extender import ExtenderConfig
 from kubegpu.kube.view import Backoff
 from kubegpu.roles.extender import ExtenderService
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, INVENTORY_ANNOTATION

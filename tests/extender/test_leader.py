@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kubegpu.extender.config import ConfigError, ExtenderConfig
+from kubegpu.config.extender import ConfigError, ExtenderConfig
 from kubegpu.extender.leader import LeaderGate, holds
 from kubegpu.kube.leases import LightkubeLeases
 from kubegpu.kube.view import Backoff

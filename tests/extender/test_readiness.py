@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kubegpu.extender.config import ExtenderConfig
+from kubegpu.config.extender import ExtenderConfig
 from kubegpu.kube.view import Backoff
 from kubegpu.roles.extender import ExtenderService
 from kubegpu.testing.apiserver import FakeApiServer, Store

@@ -17,11 +17,11 @@ from types import TracebackType
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from kubegpu.extender.config import ConfigError, ExtenderConfig, load_workload
+from kubegpu.config.extender import ConfigError, ExtenderConfig, load_workload
+from kubegpu.core.version_skew import parse_version, server_minor, skew_problem
 from kubegpu.extender.leader import LeaderGate, default_identity
 from kubegpu.extender.scheduler import GpuScheduler
 from kubegpu.extender.server import ExtenderApp
-from kubegpu.extender.skew import parse_version, server_minor, skew_problem
 from kubegpu.kube.client import (
     AsyncKubeClient,
     KubeconfigError,
