@@ -53,10 +53,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kubegpu.inspect.cluster import list_cluster, make_client
 from kubegpu.inspect.command import InspectOptions, build_cluster_report, inspect_once
 from kubegpu.inspect.model import Filters, ReadCache, build_report
 from kubegpu.inspect.render import render_text, report_to_json
+from kubegpu.kube.cluster_reader import list_cluster, make_client
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
     INVENTORY_ANNOTATION,

@@ -18,11 +18,11 @@ import pytest
 import yaml
 
 import kubegpu
+from kubegpu.cli.device_plugin import DEFAULT_KUBELET_DIR
+from kubegpu.cli.exporter import parse_listen
 from kubegpu.cli.main import SUBCOMMANDS, cli
 from kubegpu.config.load import load_config
 from kubegpu.config.model import Exporter, GpuShare, PluginFlags
-from kubegpu.exporter.cli import parse_listen
-from kubegpu.kubelet.cli import DEFAULT_KUBELET_DIR
 from kubegpu.kubelet.probes import LOOP_TIMEOUT_S
 from kubegpu.sharing.resources import ResourceNames
 from tests.deploy.manifests import (
@@ -713,7 +713,7 @@ SCHEDULER_CONFIGS = {
 def _extender_config(overlay: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The extender's resolved settings, through the real command with the container's args
     and the ConfigMap's file: everything the command does before it serves."""
-    import kubegpu.extender.cli as extender_cli
+    import kubegpu.cli.extender as extender_cli
 
     seen: list[Any] = []
 

@@ -27,8 +27,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from kubegpu.cli.device_plugin import DEFAULT_KUBELET_DIR
 from kubegpu.config.model import DEFAULT_RESOURCE, GpuShare
-from kubegpu.kubelet.cli import DEFAULT_KUBELET_DIR
 from kubegpu.testing.apiserver import FakeApiServer, make_node
 from kubegpu.testing.kubelet import KubeletEmulator
 from tests.deploy.manifests import (

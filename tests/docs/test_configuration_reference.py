@@ -56,7 +56,7 @@ def test_every_agent_field_has_a_type_a_default_and_a_description() -> None:
 
 
 def test_every_flag_the_device_plugin_maps_to_the_config_is_documented_on_its_field() -> None:
-    from kubegpu.kubelet.cli import _OVERRIDES
+    from kubegpu.cli.device_plugin import _OVERRIDES
 
     overrides = gen.agent_overrides()
     fields = {f.path for f in gen.agent_fields()}
@@ -102,7 +102,7 @@ def test_each_documented_agent_rule_refuses_its_bad_input(rule: gen.Rule, tmp_pa
 def test_each_documented_extender_rule_refuses_its_bad_input(
     rule: gen.Rule, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kubegpu.extender import cli as extender_cli
+    from kubegpu.cli import extender as extender_cli
 
     async def must_not_serve(config: object) -> None:
         raise AssertionError(f"the extender accepted {rule.bad_input!r}")

@@ -41,7 +41,7 @@ SCOPES = (
     Scope("node agent config", ("config",), ("ConfigError", "ValueError")),
     Scope(
         "node agent",
-        ("kubelet",),
+        ("kubelet", "cli/device_plugin.py", "roles/node_agent.py"),
         (
             "AllocationError",
             "AllocationRefused",
@@ -63,7 +63,7 @@ SCOPES = (
     Scope("health environment", ("core/health.py",), ("ValueError",)),
     Scope("preferred allocation", ("placement/topology.py",), ("PreferenceError",)),
     Scope("MPS supervision", ("enforcement",), (), logs=True),
-    Scope("extender settings", ("extender/config.py",), ("ConfigError",)),
+    Scope("extender settings", ("config/extender.py",), ("ConfigError",)),
     Scope("TLS files", ("tls.py",), ("TlsFileError",)),
     Scope("kubeconfig", ("kube/client.py",), ("KubeconfigError",)),
     Scope("pod requests", ("sharing/resources.py",), ("RequestError", "ValueError")),
@@ -74,7 +74,7 @@ SCOPES = (
     # watched twice), which no configuration can cause.
     Scope(
         "exporter",
-        ("exporter",),
+        ("exporter", "cli/exporter.py", "roles/exporter.py"),
         ("ValueError", "BadParameter", "ExporterServerError"),
         logs=True,
     ),

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from kubegpu.core.gpu import GpuUuid, NodeInventory
+from kubegpu.core.health_feed import HealthFeed
 from kubegpu.core.metrics import DeviceAssignment, PodGpuShare, PodKey
 from kubegpu.exporter.cgroups import ProcPodResolver
-from kubegpu.exporter.health import HealthFeed
 from kubegpu.exporter.pods import PodLogDirectory, StaticPodResources, StaticShares
 from kubegpu.exporter.refresher import Refresher
 from kubegpu.inventory.fake_metrics import FakeMetricsSource

@@ -14,10 +14,12 @@ from lightkube.resources.core_v1 import Namespace, Pod
 
 from kubegpu.config.model import GpuShare
 from kubegpu.exporter.pods import KubeNodePods, allocation_annotation_shares
-from kubegpu.exporter.server import ExporterSettings, start_node_exporter
+from kubegpu.exporter.server import ExporterSettings
 from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.inventory.fake_metrics import FakeMetricsSource
+from kubegpu.kube.node_pods import LightkubeNodePods
 from kubegpu.kubelet.resources import slot_id
+from kubegpu.roles.exporter import start_node_exporter
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
     AllocationDecision,
@@ -112,7 +114,9 @@ def test_shared_gpu_pods_are_named_measured_and_flagged_over_share(
         with tempfile.TemporaryDirectory(prefix="kge-", dir="/tmp") as d:
             sock = Path(d) / "kubelet.sock"
             kubelet = serve_pod_resources(Kubelet(allocations), sock)  # type: ignore[arg-type]
-            pods = KubeNodePods(client, "gpu-a", parse_shares=allocation_annotation_shares)
+            pods = KubeNodePods(
+                LightkubeNodePods(client), "gpu-a", parse_shares=allocation_annotation_shares
+            )
             running = start_node_exporter(
                 backend,
                 ExporterSettings(node_name="gpu-a", listen_port=0, interval_s=0.2, proc=proc),

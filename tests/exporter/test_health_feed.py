@@ -10,9 +10,10 @@ import pytest
 
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.health import HealthCheckPolicy, HealthEvent, HealthEventKind
-from kubegpu.exporter.health import HealthFeed
+from kubegpu.core.health_feed import HealthFeed
 from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.inventory.health import HealthMonitor
+from kubegpu.roles.health import judge_health
 
 A, B = GpuUuid("GPU-a"), GpuUuid("GPU-b")
 POLL_S = 0.02  # one health check; the agent's default is longer, the rule is the same
@@ -34,7 +35,7 @@ def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 20.0
 
 def watching(backend: FakeGpuBackend, policy: HealthCheckPolicy | None = None) -> HealthFeed:
     feed = HealthFeed(policy=policy)
-    feed.watch(backend, backend.snapshot(), node_name="node-a", poll_timeout_s=POLL_S)
+    judge_health(feed, backend, backend.snapshot(), node_name="node-a", poll_timeout_s=POLL_S)
     # start() opened every watcher before returning: events from here on are seen.
     assert all(s["watchers"] >= 1 for s in backend.status())
     return feed

@@ -15,15 +15,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubegpu.core.health import HealthCheckPolicy
-from kubegpu.exporter.health import HealthFeed
-from kubegpu.exporter.pods import KubeletPodResources, PodLogDirectory
+from kubegpu.core.health_feed import HealthFeed
+from kubegpu.exporter.pods import PodLogDirectory
 from kubegpu.exporter.server import (
     ExporterSettings,
     RunningExporter,
     start_exporter,
-    start_node_exporter,
 )
 from kubegpu.inventory.fake import FakeGpuBackend
+from kubegpu.kubelet.pod_resources import KubeletPodResources
+from kubegpu.roles.exporter import start_node_exporter
 from kubegpu.testing.kubelet import Allocation, ContainerResponse, DeviceState
 from kubegpu.testing.podresources import serve_pod_resources
 from tests.exporter.conftest import GIB, INFER_A, INFER_B, TRAINER, UIDS, Node

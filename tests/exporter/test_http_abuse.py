@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kubegpu.exporter.http import HttpThread, text_reply
+from kubegpu.httpd import HttpThread, text_reply
 
 
 def hello(environ: dict[str, Any], start_response: Any) -> list[bytes]:

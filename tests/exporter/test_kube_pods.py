@@ -13,6 +13,7 @@ from lightkube.resources.core_v1 import Namespace, Pod
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.metrics import PodGpuShare, PodKey
 from kubegpu.exporter.pods import KubeNodePods
+from kubegpu.kube.node_pods import LightkubeNodePods
 from kubegpu.testing.apiserver import ServerThread, make_namespace, make_pod
 
 SHARE = "example.test/share"
@@ -54,7 +55,7 @@ def test_lists_only_this_nodes_pods_and_parses_their_shares(
     client: lightkube.Client, fake_api_server: ServerThread
 ) -> None:
     clock = Clock()
-    pods = KubeNodePods(client, "gpu-a", parse, clock=clock)
+    pods = KubeNodePods(LightkubeNodePods(client), "gpu-a", parse, clock=clock)
     by_uid = pods.pods_by_uid()
     assert sorted(by_uid.values()) == [PodKey("web", n) for n in "abc"]
     uid_a = client.get(Pod, "a", namespace="web").metadata.uid
@@ -72,4 +73,4 @@ def test_lists_only_this_nodes_pods_and_parses_their_shares(
 
 
 def test_without_a_parser_there_are_no_shares(client: lightkube.Client) -> None:
-    assert KubeNodePods(client, "gpu-a").shares() == {}
+    assert KubeNodePods(LightkubeNodePods(client), "gpu-a").shares() == {}

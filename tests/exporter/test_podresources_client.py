@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from kubegpu.core.metrics import DeviceAssignment, PodKey
-from kubegpu.exporter.pods import KubeletPodResources
+from kubegpu.kubelet.pod_resources import KubeletPodResources
 from kubegpu.testing.kubelet import Allocation, ContainerResponse, DeviceState
 from kubegpu.testing.podresources import TokenBucket, serve_pod_resources
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import aiohttp
 
-from kubegpu.extender.config import ExtenderConfig
-from kubegpu.extender.service import ExtenderService
+from kubegpu.config.extender import ExtenderConfig
 from kubegpu.kube.view import Backoff
+from kubegpu.roles.extender import ExtenderService
 from kubegpu.sharing.annotations import (
     INVENTORY_ANNOTATION,
     GpuRecord,

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kubegpu.extender.service import ExtenderService
+from kubegpu.roles.extender import ExtenderService
 from kubegpu.testing.apiserver import FakeApiServer
 from tests.extender.cluster import filter_args, gpu_node, http_session, running_extender, whole_pod
 

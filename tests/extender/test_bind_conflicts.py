@@ -11,8 +11,8 @@ from typing import Any
 
 import aiohttp
 
-from kubegpu.extender.service import ExtenderService
 from kubegpu.kube.view import Backoff
+from kubegpu.roles.extender import ExtenderService
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, decode_allocation
 from kubegpu.sharing.resources import GPU_MODELS_ANNOTATION
 from kubegpu.testing.apiserver import FakeApiServer, StatusError, Store

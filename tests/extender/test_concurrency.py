@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kubegpu.extender.service import ExtenderService
+from kubegpu.roles.extender import ExtenderService
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
     INVENTORY_ANNOTATION,

@@ -16,8 +16,8 @@ import pytest
 import yaml
 from aiohttp import web
 
-from kubegpu.extender.cli import settings_keys
-from kubegpu.extender.config import ExtenderConfig, load_config_file
+from kubegpu.cli.extender import settings_keys
+from kubegpu.config.extender import ExtenderConfig, load_config_file
 from kubegpu.extender.scheduler import GpuScheduler
 from kubegpu.extender.server import ExtenderApp
 from kubegpu.kube.view import ClusterView

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kubegpu.extender.config import ExtenderConfig
-from kubegpu.extender.service import ExtenderService
+from kubegpu.config.extender import ExtenderConfig
 from kubegpu.kube.view import Backoff
+from kubegpu.roles.extender import ExtenderService
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, INVENTORY_ANNOTATION
 from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node
 from tests.extender.cluster import COMPUTE, MEMORY, SLOT, WHOLE, gpu_node, whole_pod

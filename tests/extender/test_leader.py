@@ -14,10 +14,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kubegpu.extender.config import ConfigError, ExtenderConfig
+from kubegpu.config.extender import ConfigError, ExtenderConfig
 from kubegpu.extender.leader import LeaderGate, holds
-from kubegpu.extender.service import ExtenderService
+from kubegpu.kube.leases import LightkubeLeases
 from kubegpu.kube.view import Backoff
+from kubegpu.roles.extender import ExtenderService
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION
 from kubegpu.testing.apiserver import FakeApiServer
 from tests.extender.cluster import gpu_node, http_session, post, whole_pod
@@ -163,7 +164,12 @@ async def test_a_lease_its_holder_stopped_renewing_is_not_leadership() -> None:
         server.store.put("leases", lease("cp-1_0b7e4c1a", renewed))
         client = server.async_client()
         gate = LeaderGate(
-            client, LEASE, "cp-1", catch_up=catch_up, max_age_s=0.0, wall_clock=lambda: now[0]
+            LightkubeLeases(client),
+            LEASE,
+            "cp-1",
+            catch_up=catch_up,
+            max_age_s=0.0,
+            wall_clock=lambda: now[0],
         )
         try:
             assert await gate.refusal() == ""  # renewed 5 s ago, for 15 s

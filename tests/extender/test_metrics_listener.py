@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubegpu.extender import cli as extender_cli
-from kubegpu.extender.config import ExtenderConfig
+from kubegpu.cli import extender as extender_cli
+from kubegpu.config.extender import ExtenderConfig
 from kubegpu.testing.apiserver import FakeApiServer
 from tests.extender.cluster import (
     filter_args,

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
-from kubegpu.extender.config import ExtenderConfig
-from kubegpu.extender.service import ExtenderService
+from kubegpu.config.extender import ExtenderConfig
 from kubegpu.kube.view import Backoff
+from kubegpu.roles.extender import ExtenderService
 from kubegpu.testing.apiserver import FakeApiServer, Store
 from tests.extender.cluster import filter_args, gpu_node, http_session, post, shared_pod
 

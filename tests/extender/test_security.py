@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from kubegpu.extender.config import ConfigError, ExtenderConfig
+from kubegpu.config.extender import ConfigError, ExtenderConfig
 from kubegpu.testing.apiserver import FakeApiServer
 from tests.extender.cluster import filter_args, gpu_node, running_extender, shared_pod
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kubegpu.extender.skew import parse_version, server_minor, skew_problem
+from kubegpu.core.version_skew import parse_version, server_minor, skew_problem
 
 
 @pytest.mark.parametrize(

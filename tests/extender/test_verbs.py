@@ -363,7 +363,7 @@ async def test_fragmentation_policies_take_a_configured_target_workload(
 def test_a_bad_workload_file_names_the_entry() -> None:
     import tempfile
 
-    from kubegpu.extender.config import ConfigError, load_workload
+    from kubegpu.config.extender import ConfigError, load_workload
 
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as handle:
         handle.write("pods:\n  - {cpuMilli: 1000, gpuMilli: 500}\n")
@@ -373,7 +373,7 @@ def test_a_bad_workload_file_names_the_entry() -> None:
 
 
 def test_workload_file_models_compare_in_the_label_spelling(tmp_path: Path) -> None:
-    from kubegpu.extender.config import load_workload
+    from kubegpu.config.extender import load_workload
 
     path = tmp_path / "workload.yaml"
     path.write_text(

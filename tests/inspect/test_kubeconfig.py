@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubegpu.inspect.cluster import ClusterError, make_client, resolve_kubeconfig
+from kubegpu.kube.cluster_reader import ClusterError, make_client, resolve_kubeconfig
 from kubegpu.testing.kubeconfig import kubeconfig_dict, write_kubeconfig
 
 

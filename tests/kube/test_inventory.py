@@ -9,7 +9,8 @@ import pytest
 from lightkube.resources.core_v1 import Node
 
 from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
-from kubegpu.kube.inventory import inventory_records, publish_node_inventory, read_node_inventory
+from kubegpu.kube.inventory import publish_node_inventory, read_node_inventory
+from kubegpu.kubelet.cluster import inventory_records
 from kubegpu.sharing.annotations import INVENTORY_ANNOTATION, AnnotationError
 from kubegpu.testing.apiserver import ServerThread, make_node
 

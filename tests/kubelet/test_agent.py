@@ -13,8 +13,9 @@ import pytest
 
 from kubegpu.config import load_config
 from kubegpu.inventory.fake import FakeGpuBackend
-from kubegpu.kubelet.agent import Agent, AgentSettings, Backoff, Event
+from kubegpu.kubelet.agent import AgentSettings, Backoff, Event
 from kubegpu.kubelet.plugin import SocketClaim, SocketInUse
+from kubegpu.roles.node_agent import build_agent
 from kubegpu.testing.kubelet import KubeletEmulator
 from tests.kubelet.conftest import RESOURCE, short_tempdir, wait_until
 
@@ -35,7 +36,7 @@ async def test_queued_reload_and_kubelet_restart_together_still_reregister(root:
     backend = FakeGpuBackend.from_spec("4xT4")
     # The watch never fires on its own here, so only the queued events drive the agent.
     settings = AgentSettings(kubelet_dir, "unit", poll_interval_s=3600)
-    agent = Agent(settings, load_config(None), backend)
+    agent = build_agent(settings, load_config(None), backend)
     run = asyncio.create_task(agent.run())
     try:
         await asyncio.to_thread(kubelet.wait_for_registration, RESOURCE, 20)
@@ -73,7 +74,7 @@ async def test_registration_against_a_dead_kubelet_socket_backs_off_then_succeed
     settings = AgentSettings(
         kubelet_dir, "unit", poll_interval_s=0.05, backoff=Backoff(0.5, 2.0, 4.0)
     )
-    agent = Agent(settings, load_config(None), backend, sleep=recorded_sleep)
+    agent = build_agent(settings, load_config(None), backend, sleep=recorded_sleep)
     run = asyncio.create_task(agent.run())
     kubelet = KubeletEmulator(kubelet_dir)
     try:
@@ -110,7 +111,7 @@ async def test_inventory_publisher_stops_when_a_change_lands_with_the_stop(root:
     backend = FakeGpuBackend.from_spec("4xT4")
     settings = AgentSettings(root / "dp", "node-1", poll_interval_s=3600)
     config = load_config(None, {"sharing.gpuShare.inventoryIntervalS": 3600})
-    agent = Agent(settings, config, backend, api=api)  # type: ignore[arg-type]
+    agent = build_agent(settings, config, backend, api=api)  # type: ignore[arg-type]
     try:
         for _ in range(3):
             agent._start_inventory_publisher()
@@ -135,7 +136,7 @@ async def test_a_socket_lost_again_and_again_is_recreated_with_a_backoff(root: P
     settings = AgentSettings(
         kubelet_dir, "unit", poll_interval_s=0.01, backoff=Backoff(1.0, 2.0, 8.0)
     )
-    agent = Agent(settings, load_config(None), backend, clock=lambda: now[0])
+    agent = build_agent(settings, load_config(None), backend, clock=lambda: now[0])
     run = asyncio.create_task(agent.run())
     try:
         await asyncio.to_thread(kubelet.wait_for_registration, RESOURCE, 20)

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from kubegpu.config import load_config
-from kubegpu.exporter.pods import KubeletPodResources
 from kubegpu.inventory.fake import FakeGpuBackend
-from kubegpu.kubelet.agent import Agent, AgentSettings, Event
+from kubegpu.kubelet.agent import AgentSettings, Event
+from kubegpu.kubelet.pod_resources import KubeletPodResources
+from kubegpu.roles.node_agent import build_agent
 from kubegpu.testing.kubelet import KubeletEmulator
 from tests.kubelet.conftest import RESOURCE, short_tempdir, wait_until
 
@@ -74,7 +75,7 @@ async def test_reloads_onto_a_taken_port_leave_no_thread_or_channel_behind(
     config_path = root / "config.yaml"
     write_config(config_path, root, "127.0.0.1:0")
     settings = AgentSettings(kubelet_dir, "unit", config_path=config_path)
-    agent = Agent(settings, load_config(config_path), backend)
+    agent = build_agent(settings, load_config(config_path), backend)
     run = asyncio.create_task(agent.run())
     taken = socket.socket()
     try:

@@ -12,7 +12,8 @@ import pytest
 
 from kubegpu.config.model import AgentConfig
 from kubegpu.inventory.spec import resolve_fake_spec
-from kubegpu.kubelet.cluster import DeviceHolding, LightkubeNodeApi
+from kubegpu.kube.agent_api import LightkubeNodeApi
+from kubegpu.kubelet.cluster import DeviceHolding
 from kubegpu.kubelet.coordinator import SharingCoordinator
 from kubegpu.kubelet.plugin import HealthBoard
 from kubegpu.kubelet.resources import AllocationRefused, build_plans, slot_id

@@ -361,7 +361,7 @@ def test_without_api_access_the_agent_never_imports_the_api_sharing_or_exporter_
         "kubegpu.kubelet.cluster",
         "kubegpu.kubelet.coordinator",
         "kubegpu.kubelet.shares",
-        # The probes serve /healthz on kubegpu.exporter.http; nothing else of the exporter.
+        # The probes serve /healthz on kubegpu.httpd; nothing else of the exporter.
         "kubegpu.exporter.collector",
         "kubegpu.exporter.refresher",
         "kubegpu.exporter.server",

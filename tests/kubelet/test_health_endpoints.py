@@ -20,6 +20,7 @@ from kubegpu.config import load_config
 from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.kubelet.agent import Agent, AgentSettings, Backoff, Event
 from kubegpu.kubelet.probes import IdleTarget, ProbeServerError, ping_all, start_probe_server
+from kubegpu.roles.node_agent import build_agent
 from kubegpu.testing.kubelet import KubeletEmulator
 from tests.kubelet.conftest import RESOURCE, short_tempdir, wait_until
 
@@ -67,7 +68,7 @@ def make_agent(kubelet_dir: Path, config_path: Path | None = None, **settings: o
         overrides=overrides,
         **settings,  # type: ignore[arg-type]
     )
-    return Agent(agent_settings, config, FakeGpuBackend.from_spec("4xT4"))
+    return build_agent(agent_settings, config, FakeGpuBackend.from_spec("4xT4"))
 
 
 async def stop(agent: Agent, run: asyncio.Task[int]) -> None:

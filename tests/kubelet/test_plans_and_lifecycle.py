@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from kubegpu.config import load_config
+from kubegpu.config.health import health_policy
 from kubegpu.config.model import AgentConfig
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.inventory.spec import resolve_fake_spec
-from kubegpu.kubelet.agent import Backoff, health_policy, retry_with_backoff
+from kubegpu.kubelet.agent import Backoff, retry_with_backoff
 from kubegpu.kubelet.plugin import HealthBoard
 from kubegpu.kubelet.resources import AllocationError, PlanError, build_plans
 

@@ -15,8 +15,9 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from kubegpu.core.gpu import GpuUuid, NodeInventory
-from kubegpu.exporter.health import HealthFeed
+from kubegpu.core.health_feed import HealthFeed
 from kubegpu.inventory.spec import resolve_fake_spec
+from kubegpu.kube.node_labels import LightkubeNodeLabels
 from kubegpu.labels.catalogue import TIMESTAMP
 from kubegpu.labels.labeller import Labeller
 from kubegpu.labels.sinks import NfdFeatureFileSink, NodeLabelSink, parse_feature_file
@@ -54,7 +55,11 @@ def test_nvlink_label_is_removed_from_the_node_when_nvlink_is_gone(
     client: lightkube.Client,
 ) -> None:
     inventory = Inventory("2xV100-2xT4")
-    labeller = Labeller(inventory=inventory, sink=NodeLabelSink(client, "gpu-a"), clock=FakeClock())
+    labeller = Labeller(
+        inventory=inventory,
+        sink=NodeLabelSink(LightkubeNodeLabels(client), "gpu-a"),
+        clock=FakeClock(),
+    )
     assert labeller.refresh_once()
     assert labels_of(client)["kubegpu.io/gpu.nvlink"] == "true"
 
@@ -71,7 +76,11 @@ def test_nvlink_label_is_removed_from_the_node_when_nvlink_is_gone(
 
 def test_model_labels_follow_a_node_that_stops_being_mixed(client: lightkube.Client) -> None:
     inventory = Inventory("2xV100-2xT4")
-    labeller = Labeller(inventory=inventory, sink=NodeLabelSink(client, "gpu-a"), clock=FakeClock())
+    labeller = Labeller(
+        inventory=inventory,
+        sink=NodeLabelSink(LightkubeNodeLabels(client), "gpu-a"),
+        clock=FakeClock(),
+    )
     labeller.refresh_once()
     assert "nvidia.com/gpu.product" not in labels_of(client)
     t4s = tuple(g for g in inventory.current.gpus if g.product_name == "Tesla T4")
@@ -97,7 +106,7 @@ def test_an_admin_label_under_our_prefix_survives_every_refresh_of_the_node(
     health: dict[GpuUuid, bool] = {}
     labeller = Labeller(
         inventory=inventory,
-        sink=NodeLabelSink(client, "gpu-a"),
+        sink=NodeLabelSink(LightkubeNodeLabels(client), "gpu-a"),
         health=lambda: health,
         clock=clock,
         resync_s=60,
@@ -185,7 +194,7 @@ def test_a_resync_with_nothing_changed_sends_no_patch_to_the_node(
     clock = FakeClock()
     labeller = Labeller(
         inventory=Inventory("4xT4"),
-        sink=NodeLabelSink(client, "gpu-a"),
+        sink=NodeLabelSink(LightkubeNodeLabels(client), "gpu-a"),
         clock=clock,
         resync_s=60,
     )
@@ -202,18 +211,28 @@ def test_a_restart_with_nothing_changed_keeps_the_timestamp_and_writes_nothing(
     client: lightkube.Client, fake_api_server: ServerThread
 ) -> None:
     clock = FakeClock()
-    first = Labeller(inventory=Inventory("4xT4"), sink=NodeLabelSink(client, "gpu-a"), clock=clock)
+    first = Labeller(
+        inventory=Inventory("4xT4"),
+        sink=NodeLabelSink(LightkubeNodeLabels(client), "gpu-a"),
+        clock=clock,
+    )
     first.refresh_once()
     stamp = labels_of(client)[TIMESTAMP]
     patches = fake_api_server.count("patch", "nodes")
     clock.now += 3600
-    again = Labeller(inventory=Inventory("4xT4"), sink=NodeLabelSink(client, "gpu-a"), clock=clock)
+    again = Labeller(
+        inventory=Inventory("4xT4"),
+        sink=NodeLabelSink(LightkubeNodeLabels(client), "gpu-a"),
+        clock=clock,
+    )
     assert again.refresh_once(force=True)
     assert fake_api_server.count("patch", "nodes") == patches
     assert labels_of(client)[TIMESTAMP] == stamp
     # A restart onto different facts stamps the change.
     third = Labeller(
-        inventory=Inventory("2xV100-2xT4"), sink=NodeLabelSink(client, "gpu-a"), clock=clock
+        inventory=Inventory("2xV100-2xT4"),
+        sink=NodeLabelSink(LightkubeNodeLabels(client), "gpu-a"),
+        clock=clock,
     )
     third.refresh_once()
     assert labels_of(client)[TIMESTAMP] == str(int(clock.now))
@@ -225,13 +244,17 @@ def test_an_upgrade_removes_the_old_timestamp_label_and_no_timestamp_removes_our
     old = {"kubegpu.io/labels.timestamp": "1700000000"}  # written by earlier releases
     client.patch(Node, "gpu-a", {"metadata": {"labels": old}}, patch_type=PatchType.MERGE)
     Labeller(
-        inventory=Inventory("4xT4"), sink=NodeLabelSink(client, "gpu-a"), clock=FakeClock()
+        inventory=Inventory("4xT4"),
+        sink=NodeLabelSink(LightkubeNodeLabels(client), "gpu-a"),
+        clock=FakeClock(),
     ).refresh_once()
     labels = labels_of(client)
     assert "kubegpu.io/labels.timestamp" not in labels
     assert TIMESTAMP in labels
     Labeller(
-        inventory=Inventory("4xT4"), sink=NodeLabelSink(client, "gpu-a"), timestamp=False
+        inventory=Inventory("4xT4"),
+        sink=NodeLabelSink(LightkubeNodeLabels(client), "gpu-a"),
+        timestamp=False,
     ).refresh_once()
     labels = labels_of(client)
     assert TIMESTAMP not in labels

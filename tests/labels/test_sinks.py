@@ -14,6 +14,7 @@ import pytest
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
+from kubegpu.kube.node_labels import LightkubeNodeLabels
 from kubegpu.labels.sinks import (
     NfdFeatureFileSink,
     NodeLabelSink,
@@ -92,7 +93,7 @@ def node_labels(client: lightkube.Client) -> dict[str, str]:
 def test_node_sink_sets_changes_and_removes_our_labels_only(client: lightkube.Client) -> None:
     before = node_labels(client)
     assert set(FOREIGN.items()) <= set(before.items())
-    sink = NodeLabelSink(client, "gpu-a")
+    sink = NodeLabelSink(LightkubeNodeLabels(client), "gpu-a")
     sink.apply({"kubegpu.io/gpu.nvlink": "true", "nvidia.com/gpu.count": "8"})
     assert node_labels(client) == {
         **before,
@@ -106,7 +107,7 @@ def test_node_sink_sets_changes_and_removes_our_labels_only(client: lightkube.Cl
 def test_node_sink_does_not_write_when_nothing_changed(
     client: lightkube.Client, fake_api_server: ServerThread
 ) -> None:
-    sink = NodeLabelSink(client, "gpu-a")
+    sink = NodeLabelSink(LightkubeNodeLabels(client), "gpu-a")
     sink.apply({"nvidia.com/gpu.count": "8"})
     patches = fake_api_server.count("patch", "nodes")
     sink.apply({"nvidia.com/gpu.count": "8"})
@@ -137,7 +138,7 @@ class RacingClient:
 
 def test_node_sink_recomputes_after_a_conflicting_write(client: lightkube.Client) -> None:
     racing = RacingClient(client)
-    NodeLabelSink(racing, "gpu-a").apply({"nvidia.com/gpu.count": "8"})  # type: ignore[arg-type]
+    NodeLabelSink(LightkubeNodeLabels(racing), "gpu-a").apply({"nvidia.com/gpu.count": "8"})  # type: ignore[arg-type]
     assert racing.raced
     labels = node_labels(client)
     assert labels["nvidia.com/gpu.count"] == "8"
@@ -149,4 +150,6 @@ def test_node_sink_gives_up_after_repeated_conflicts(
 ) -> None:
     fake_api_server.inject_failures("nodes", "gpu-a", count=5, code=409)
     with pytest.raises(lightkube.ApiError):
-        NodeLabelSink(client, "gpu-a", max_attempts=3).apply({"nvidia.com/gpu.count": "8"})
+        NodeLabelSink(LightkubeNodeLabels(client), "gpu-a", max_attempts=3).apply(
+            {"nvidia.com/gpu.count": "8"}
+        )

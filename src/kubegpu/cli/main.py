@@ -27,17 +27,17 @@ def register(name: str, target: str) -> None:
 
 
 # One line per subcommand: name -> the click command in the feature's own package.
-register("device-plugin", "kubegpu.kubelet.cli:device_plugin")
+register("device-plugin", "kubegpu.cli.device_plugin:device_plugin")
 register("emulate-node", "kubegpu.testing.emulate_node:emulate_node")
 register("simulate", "kubegpu.simulate.command:simulate")
 register("trace", "kubegpu.simulate.trace_command:trace")
-register("labels", "kubegpu.labels.cli:labels_command")
-register("exporter", "kubegpu.exporter.cli:exporter_command")
+register("labels", "kubegpu.cli.labels:labels_command")
+register("exporter", "kubegpu.cli.exporter:exporter_command")
 register("fake-apiserver", "kubegpu.testing.apiserver.cli:fake_apiserver")
 register("discover", "kubegpu.inventory.cli:discover")
 register("fake-gpu", "kubegpu.inventory.cli:fake_gpu")
 register("inspect", "kubegpu.inspect.command:inspect_command")
-register("extender", "kubegpu.extender.cli:extender_command")
+register("extender", "kubegpu.cli.extender:extender_command")
 register("demo", "kubegpu.demo.command:demo_command")
 
 

@@ -31,14 +31,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import click
-import lightkube
 import yaml
-from lightkube.config.kubeconfig import KubeConfig
-from lightkube.resources.core_v1 import Node, NodeStatus, Pod
-from lightkube.types import PatchType
 
 from kubegpu.cli.types import POSITIVE_SECONDS
 from kubegpu.demo.processes import (
@@ -63,6 +59,7 @@ from kubegpu.demo.scenario import (
     trace_pods,
 )
 from kubegpu.demo.summary import DemoSummary, render_summary, summarize
+from kubegpu.kube import demo_api
 from kubegpu.kubelet.resources import socket_name_for
 from kubegpu.kubelet.socketdir import SocketDirError, check_socket_dir
 from kubegpu.sharing.annotations import INVENTORY_ANNOTATION
@@ -196,17 +193,12 @@ def start_api_server(run: DemoRun) -> None:
     _echo(f"  listening on {run.api_url}, kubeconfig {kubeconfig}")
 
 
-def kube_config(run: DemoRun) -> KubeConfig:
-    # From the parsed text: lightkube's from_file leaves the file handle open.
+def client_for(run: DemoRun) -> demo_api.Client:
     assert run.kubeconfig is not None
-    return KubeConfig.from_dict(yaml.safe_load(run.kubeconfig.read_text()))
+    return demo_api.sync_client(run.kubeconfig)
 
 
-def client_for(run: DemoRun) -> lightkube.Client:
-    return lightkube.Client(kube_config(run), field_manager="kubegpu-demo", trust_env=False)
-
-
-def register_nodes(run: DemoRun, client: lightkube.Client) -> None:
+def register_nodes(run: DemoRun, client: demo_api.Client) -> None:
     """Create the Node objects as kubelets do at registration: create, then report status."""
     for node in run.nodes:
         doc = make_node(
@@ -215,10 +207,7 @@ def register_nodes(run: DemoRun, client: lightkube.Client) -> None:
             memory=node.spec.memory,
             labels={DEMO_LABEL: "true", "kubegpu.io/demo-preset": node.spec.preset},
         )
-        client.create(cast(Node, Node.from_dict(doc)))
-        client.patch(
-            NodeStatus, node.spec.name, {"status": doc["status"]}, patch_type=PatchType.MERGE
-        )
+        demo_api.register_node(client, doc)
 
 
 def start_extender(run: DemoRun) -> Child:
@@ -312,7 +301,7 @@ def start_nodes(run: DemoRun) -> None:
         )
 
 
-def wait_for_nodes(run: DemoRun, client: lightkube.Client) -> None:
+def wait_for_nodes(run: DemoRun, client: demo_api.Client) -> None:
     names = run.names
     for node in run.nodes:
         assert node.agent is not None
@@ -326,8 +315,7 @@ def wait_for_nodes(run: DemoRun, client: lightkube.Client) -> None:
         )
 
         def published(name: str = node.spec.name) -> bool:
-            obj = client.get(Node, name).to_dict()
-            return INVENTORY_ANNOTATION in ((obj.get("metadata") or {}).get("annotations") or {})
+            return INVENTORY_ANNOTATION in demo_api.node_annotations(client, name)
 
         run.supervisor.wait_for(
             node.agent, published, "publishing its GPU inventory", START_TIMEOUT_S, poll_s=0.2
@@ -416,7 +404,8 @@ async def replay(
 ) -> None:
     """Run the scheduler and the kubelets, submit ``pods``, wait until they settle, hand the
     inspect table and summary to ``report``; with keep-running, go on until ``stop``."""
-    client = lightkube.AsyncClient(kube_config(run), field_manager="kubegpu-demo", trust_env=False)
+    assert run.kubeconfig is not None
+    client = demo_api.async_client(run.kubeconfig)
     scheduler = SchedulerStandIn(
         client, SchedulerSettings(run.extender_url, scheduler_name=DEFAULT_SCHEDULER_NAME)
     )
@@ -490,7 +479,7 @@ async def _wait_for_capacity(run: DemoRun, scheduler: SchedulerStandIn) -> None:
 
 async def _submit_and_wait(
     run: DemoRun,
-    client: lightkube.AsyncClient,
+    client: demo_api.AsyncClient,
     scheduler: SchedulerStandIn,
     pods: list[DemoPod],
     tasks: list[asyncio.Task[None]],
@@ -498,9 +487,9 @@ async def _submit_and_wait(
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
     from rich.progress import Progress as Bar
 
-    from kubegpu.inspect.cluster import list_cluster
     from kubegpu.inspect.command import InspectOptions, build_cluster_report
     from kubegpu.inspect.render import render_text
+    from kubegpu.kube.cluster_reader import list_cluster
 
     total = len(pods)
     started = time.monotonic()
@@ -530,10 +519,9 @@ async def _submit_and_wait(
             # Submit a few pods per tick so progress is visible and arrivals interleave.
             for pod in pods[submitted : submitted + 4]:
                 manifest = pod_manifest(pod, scheduler_name=DEFAULT_SCHEDULER_NAME, names=run.names)
-                await client.create(cast(Pod, Pod.from_dict(manifest)))
+                await demo_api.create_pod(client, manifest)
                 submitted += 1
-            listing = client.list(Pod, namespace=DEMO_NAMESPACE, labels={DEMO_LABEL: "true"})
-            current = [p.to_dict() async for p in listing]
+            current = await demo_api.list_pods(client, DEMO_NAMESPACE, {DEMO_LABEL: "true"})
             state = count(current, scheduler.outcomes)
             done = state.settled(total) and scheduler.idle()
             now = time.monotonic()

@@ -14,9 +14,9 @@ What is read, and from where, so the reference says only what the code does:
   silent;
 * which flag and environment variables override a field: ``kubegpu device-plugin``'s click
   parameters and the option → config path table the command itself applies
-  (``kubegpu.kubelet.cli._OVERRIDES``); environment names are the ones click would read,
+  (``kubegpu.cli.device_plugin._OVERRIDES``); environment names are the ones click would read,
   explicit ``envvar`` first, then the ``KUBEGPU_<COMMAND>_<OPTION>`` name click derives;
-* the extender: the fields of the :class:`kubegpu.extender.config.ExtenderConfig` dataclass,
+* the extender: the fields of the :class:`kubegpu.config.extender.ExtenderConfig` model,
   each matched to the ``kubegpu extender`` option that sets it (the settings file's keys are
   those option names);
 * rules that span fields (:data:`AGENT_RULES`, :data:`EXTENDER_RULES`) cannot be read off a
@@ -49,8 +49,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from kubegpu.cli.main import cli as root_command
+from kubegpu.config.extender import CONFIG_API_VERSION, CONFIG_KIND, ExtenderConfig
 from kubegpu.config.model import AgentConfig
-from kubegpu.extender.config import CONFIG_API_VERSION, CONFIG_KIND, ExtenderConfig
 
 DEFAULT_OUTPUT = Path("docs/configuration.md")
 REGENERATE = "python -m kubegpu.docgen.configuration --write"
@@ -502,10 +502,10 @@ class Override:
 # The subcommands documented here and where their click commands live (the same targets as
 # ``kubegpu.cli.main``'s registrations; a test holds them equal).
 COMMANDS: dict[str, str] = {
-    "device-plugin": "kubegpu.kubelet.cli:device_plugin",
-    "extender": "kubegpu.extender.cli:extender_command",
-    "labels": "kubegpu.labels.cli:labels_command",
-    "exporter": "kubegpu.exporter.cli:exporter_command",
+    "device-plugin": "kubegpu.cli.device_plugin:device_plugin",
+    "extender": "kubegpu.cli.extender:extender_command",
+    "labels": "kubegpu.cli.labels:labels_command",
+    "exporter": "kubegpu.cli.exporter:exporter_command",
 }
 
 
@@ -543,7 +543,7 @@ def override_of(name: str, param: click.Option) -> Override:
 
 def agent_overrides() -> dict[str, Override]:
     """Config path → what overrides it, from the command's own option → path table."""
-    from kubegpu.kubelet.cli import _OVERRIDES
+    from kubegpu.cli.device_plugin import _OVERRIDES
 
     by_name = {p.name: p for p in params("device-plugin")}
     found: dict[str, Override] = {}
@@ -709,16 +709,18 @@ def _click_default(param: click.Option) -> str:
 
 def _extender_fields() -> Iterator[tuple[str, str, object, object]]:
     """(dotted field, option name, type, dataclass default) for every setting."""
-    hints = typing.get_type_hints(ExtenderConfig)
-    for f in dataclasses.fields(ExtenderConfig):
-        if dataclasses.is_dataclass(hints[f.name]):
-            inner_type = typing.cast(type, hints[f.name])
+    for name, info in ExtenderConfig.model_fields.items():
+        kind = info.annotation
+        if dataclasses.is_dataclass(kind):
+            inner_type = typing.cast(type, kind)
             inner_hints = typing.get_type_hints(inner_type)
             for g in dataclasses.fields(inner_type):
-                yield f"{f.name}.{g.name}", f"{g.name}_resource", inner_hints[g.name], g.default
+                yield f"{name}.{g.name}", f"{g.name}_resource", inner_hints[g.name], g.default
         else:
-            option = _EXTENDER_OPTION_FOR_FIELD.get(f.name, f.name)
-            yield f.name, option, hints[f.name], f.default
+            option = _EXTENDER_OPTION_FOR_FIELD.get(name, name)
+            # A default_factory has no default to compare, as with a dataclass field.
+            default = dataclasses.MISSING if info.default_factory else info.default
+            yield name, option, kind, default
 
 
 def extender_settings() -> list[SettingDoc]:
@@ -809,7 +811,7 @@ def _option_table(name: str, skip: set[str] | None = None) -> list[str]:
 
 
 def _agent_part() -> list[str]:
-    from kubegpu.kubelet.cli import _OVERRIDES
+    from kubegpu.cli.device_plugin import _OVERRIDES
 
     out = [
         "## Node agent: `kubegpu device-plugin --config FILE`",

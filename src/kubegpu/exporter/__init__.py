@@ -2,11 +2,11 @@
 
 :mod:`~kubegpu.exporter.refresher` reads NVML, the kubelet's PodResources API and ``/proc`` off
 the scrape path; :mod:`~kubegpu.exporter.collector` turns the latest snapshot into samples;
-:mod:`~kubegpu.exporter.server` serves ``/metrics`` and ``/healthz`` and holds the entry points
-(:func:`~kubegpu.exporter.server.start_agent_exporter` for the node agent's ``--exporter``,
-:func:`~kubegpu.exporter.server.start_node_exporter` for ``kubegpu exporter`` and any open GPU
-backend, :func:`~kubegpu.exporter.server.start_exporter` for any metrics source). A node agent
-whose exporter is off imports only :mod:`~kubegpu.exporter.http`, which serves its probes too.
+:mod:`~kubegpu.exporter.server` serves ``/metrics`` and ``/healthz`` from the sources it is
+handed (:func:`~kubegpu.exporter.server.start_exporter`). Which sources those are is the roles'
+choice (:mod:`kubegpu.roles.exporter`: ``start_agent_exporter`` for the node agent's
+``--exporter``, ``start_node_exporter`` for ``kubegpu exporter``). A node agent whose exporter
+is off imports none of this package; its probes are served by :mod:`~kubegpu.httpd`.
 
 Metric catalogue. GPU labels: ``node``, ``gpu`` (index), ``uuid``, ``model``; pod metrics add
 ``namespace``, ``pod`` (and ``container``). A value the driver does not report is absent.
@@ -22,7 +22,7 @@ kubegpu_gpu_temperature_celsius                 gauge   core temperature
 kubegpu_gpu_power_watts                         gauge   power draw
 kubegpu_gpu_sm_clock_hertz                      gauge   SM clock
 kubegpu_gpu_ecc_errors_total{type}              counter corrected / uncorrected, volatile
-kubegpu_gpu_xid_errors_total{xid}               counter Xids seen since exporter start
+kubegpu_gpu_xid_errors_total{xid}               counter Xids seen since its process start
 kubegpu_gpu_healthy                             gauge   1 healthy, 0 critical Xid / lost
 kubegpu_gpu_allocated_memory_bytes              gauge   granted to pods (whole or shares)
 kubegpu_gpu_allocated_compute_ratio             gauge   granted compute, 1 = whole GPU

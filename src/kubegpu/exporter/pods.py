@@ -1,14 +1,17 @@
 """What the exporter needs to know about the node's pods, each behind a small protocol.
 
 * :class:`PodResourcesSource` — which container holds which device ID. The real one is the
-  kubelet's PodResources v1 ``List`` over its unix socket (:class:`KubeletPodResources`).
+  kubelet's PodResources v1 ``List`` over its unix socket
+  (:class:`kubegpu.kubelet.pod_resources.KubeletPodResources`, in the kubelet edge, which owns
+  that API's generated code).
 * :class:`PodDirectory` — pod UID to namespace/name, because cgroups name pods by UID and
   PodResources by name. The real one reads the kubelet's log directory
   ``/var/log/pods/<namespace>_<name>_<uid>`` (names and namespaces cannot contain ``_``, so
   the split is unambiguous), which needs no API-server access.
 * :class:`PodShareLookup` — the share of a GPU each pod was granted on shared GPUs. The format
   of the share annotation belongs to the sharing feature (``kubegpu.sharing.annotations``);
-  :class:`KubeNodePods` lists the node's pods through lightkube and applies
+  :class:`KubeNodePods` lists the node's pods through a :class:`NodePodsApi` (the kube edge's
+  :class:`kubegpu.kube.node_pods.LightkubeNodePods`) and applies
   :func:`allocation_annotation_shares` (it is also a :class:`PodDirectory`).
   :class:`NoShares` is the default and :class:`StaticShares` serves tests.
 """
@@ -19,14 +22,14 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
+from kubegpu.core.apiserver import NodePod
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.metrics import DeviceAssignment, PodGpuShare, PodKey
 
 log = logging.getLogger(__name__)
 
-DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 DEFAULT_POD_LOG_DIR = Path("/var/log/pods")
 
 
@@ -46,78 +49,6 @@ class PodShareLookup(Protocol):
     def shares(self) -> Mapping[PodKey, Sequence[PodGpuShare]]:
         """Shares of the node's pods that run on shared GPUs (pods without one are absent)."""
         ...
-
-
-class KubeletPodResources:
-    """PodResources v1 ``List`` over the kubelet's unix socket.
-
-    dcgm-exporter's pattern: one ``List`` per refresh with a deadline. The kubelet rate-limits
-    this API (100/s, burst 10, shared by every caller on the node), which a refresh every few
-    seconds stays far below. The kubelet re-creates its socket on restart; gRPC reconnects to
-    the path by itself.
-    """
-
-    def __init__(self, socket_path: Path = DEFAULT_POD_RESOURCES_SOCKET, timeout_s: float = 5.0):
-        from kubegpu.kubelet.api.podresources.v1 import api_pb2
-
-        self.socket_path = socket_path
-        self.timeout_s = timeout_s
-        self._pb = api_pb2
-        self._channel: Any = None
-        self._stub: Any = None
-        self._connect()
-
-    def _connect(self) -> None:
-        from kubegpu.kubelet.api.podresources.v1 import api_pb2_grpc
-        from kubegpu.kubelet.channels import unix_channel
-
-        if self._channel is not None:
-            self._channel.close()
-        self._channel = unix_channel(self.socket_path)
-        self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
-
-    def list_assignments(self) -> tuple[DeviceAssignment, ...]:
-        import grpc
-
-        request = self._pb.ListPodResourcesRequest()
-        try:
-            response = self._stub.List(request, timeout=self.timeout_s)
-        except grpc.RpcError as exc:
-            if exc.code() is not grpc.StatusCode.UNAVAILABLE:
-                raise
-            # The kubelet restarted and re-created its socket. A channel that saw the old one
-            # fail backs off exponentially (up to minutes) before reconnecting, so start a
-            # fresh one (with subchannels of its own: kubegpu.kubelet.channels) and try once
-            # more now.
-            log.info("PodResources at %s unavailable; reconnecting", self.socket_path)
-            self._connect()
-            response = self._stub.List(request, timeout=self.timeout_s)
-        return assignments_from_list_response(response)
-
-    def close(self) -> None:
-        self._channel.close()
-
-
-def assignments_from_list_response(response: Any) -> tuple[DeviceAssignment, ...]:
-    """Convert a ``ListPodResourcesResponse`` into our values. The kubelet writes one
-    ``ContainerDevices`` entry per device ID (and NUMA node), so entries are flattened, never
-    assumed to be one per resource."""
-    found: list[DeviceAssignment] = []
-    for pod in response.pod_resources:
-        key = PodKey(namespace=pod.namespace, name=pod.name)
-        for container in pod.containers:
-            for devices in container.devices:
-                for device_id in devices.device_ids:
-                    found.append(
-                        DeviceAssignment(
-                            pod=key,
-                            container=container.name,
-                            resource_name=devices.resource_name,
-                            device_id=device_id,
-                        )
-                    )
-    # The same ID can appear once per NUMA node; keep one.
-    return tuple(dict.fromkeys(found))
 
 
 class StaticPodResources:
@@ -198,6 +129,12 @@ def allocation_annotation_shares(annotations: Mapping[str, str]) -> list[PodGpuS
     ]
 
 
+class NodePodsApi(Protocol):
+    def list_node_pods(self, node_name: str) -> list[NodePod]:
+        """Every pod with ``spec.nodeName=<node_name>`` that has a uid, name and namespace."""
+        ...
+
+
 class KubeNodePods:
     """The node's pods from the API server (``spec.nodeName=<node>``), as a pod directory
     and, given the sharing feature's annotation parser, as a share lookup.
@@ -208,14 +145,14 @@ class KubeNodePods:
 
     def __init__(
         self,
-        client: Any,  # lightkube.Client
+        api: NodePodsApi,
         node_name: str,
         parse_shares: ShareParser | None = None,
         *,
         max_age_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.client = client
+        self.api = api
         self.node_name = node_name
         self.parse_shares = parse_shares
         self.max_age_s = max_age_s
@@ -226,17 +163,10 @@ class KubeNodePods:
     def _pods(self) -> list[tuple[str, PodKey, dict[str, str]]]:
         now = self.clock()
         if self._cached is None or now - self._cached_at >= self.max_age_s:
-            from lightkube.resources.core_v1 import Pod
-
-            pods = []
-            for pod in self.client.list(
-                Pod, namespace="*", fields={"spec.nodeName": self.node_name}
-            ):
-                meta = pod.metadata
-                if meta is None or not meta.uid or not meta.name or not meta.namespace:
-                    continue
-                key = PodKey(namespace=meta.namespace, name=meta.name)
-                pods.append((meta.uid.lower(), key, dict(meta.annotations or {})))
+            pods = [
+                (pod.uid.lower(), PodKey(namespace=pod.namespace, name=pod.name), pod.annotations)
+                for pod in self.api.list_node_pods(self.node_name)
+            ]
             self._cached, self._cached_at = pods, now
         return self._cached
 

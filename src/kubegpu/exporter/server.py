@@ -1,4 +1,7 @@
-"""Serving the exporter over HTTP, and the composition roots the CLI and the node agent call.
+"""Serving the exporter over HTTP: registry, refresher and server from sources it is handed.
+
+What those sources are (NVML or the fake's metrics, the kubelet's PodResources, where pod
+names come from, who judges health) is the role's choice: :mod:`kubegpu.roles.exporter`.
 
 ``/metrics`` is prometheus_client's own WSGI app over an explicit registry (never the global
 one), so content negotiation between the text format and OpenMetrics (by ``Accept``) and gzip
@@ -14,31 +17,22 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from kubegpu.core.gpu import GpuUuid, NodeInventory
+from kubegpu.core.health_feed import HealthFeed
 from kubegpu.core.metrics import MetricsSource
 from kubegpu.exporter.cgroups import ProcPodResolver
 from kubegpu.exporter.collector import GpuCollector
-from kubegpu.exporter.health import HealthFeed
-from kubegpu.exporter.http import HttpThread, StartResponse, WsgiApp, text_reply
 from kubegpu.exporter.pods import (
-    DEFAULT_POD_RESOURCES_SOCKET,
-    KubeletPodResources,
-    KubeNodePods,
     PodDirectory,
-    PodLogDirectory,
     PodResourcesSource,
     PodShareLookup,
-    allocation_annotation_shares,
 )
 from kubegpu.exporter.refresher import Refresher
-from kubegpu.inventory.backend import GpuBackend
-
-if TYPE_CHECKING:
-    from kubegpu.config.model import Exporter as ExporterConfig
+from kubegpu.httpd import HttpThread, StartResponse, WsgiApp, text_reply
 
 log = logging.getLogger(__name__)
 
@@ -166,128 +160,6 @@ def start_exporter(
         settings.read_timeout_s,
     )
     return running
-
-
-def metrics_source_for(backend: GpuBackend) -> MetricsSource:
-    """The live-metrics reader that goes with a backend: the fake's, or NVML."""
-    if backend.name == "fake":
-        from kubegpu.inventory.fake_metrics import FakeMetricsSource
-
-        return FakeMetricsSource(backend.snapshot())
-    from kubegpu.inventory.nvml_metrics import NvmlMetricsSource
-
-    return NvmlMetricsSource()
-
-
-def start_node_exporter(
-    backend: GpuBackend,
-    settings: ExporterSettings,
-    *,
-    pod_resources_socket: Path | None = DEFAULT_POD_RESOURCES_SOCKET,
-    pod_directory: PodDirectory | None = None,
-    shares: PodShareLookup | None = None,
-    metrics: MetricsSource | None = None,
-    health: HealthFeed | None = None,
-    watch_health: bool = True,
-) -> RunningExporter:
-    """The exporter for an open GPU backend, in this process: what the node agent calls.
-
-    ``watch_health`` makes ``health`` run its own health monitor on the backend (one watcher
-    per GPU; NVML delivers every event to every event set, so this steals nothing from another
-    monitor), judging with the feed's policy exactly as the agent does; without it, the
-    caller feeds verdicts and events (the agent, from its monitor). ``pod_resources_socket=None``
-    skips the kubelet.
-    Stopping the returned exporter closes what this function opened, not the backend.
-    """
-    inventory = backend.snapshot()
-    uuids = [gpu.uuid for gpu in inventory.gpus]
-    # What this function opens, closed in reverse when the exporter stops, or at once when it
-    # cannot start (a taken port): a node agent that retries on every SIGHUP must not pile up
-    # watcher threads and gRPC channels.
-    opened: list[Callable[[], None]] = []
-    try:
-        if metrics is None:
-            metrics = metrics_source_for(backend)
-            opened.append(metrics.close)
-        feed = health if health is not None else HealthFeed(uuids)
-        if watch_health:
-            opened.append(feed.close)
-            feed.watch(backend, inventory, node_name=settings.node_name)
-        client = None
-        if pod_resources_socket is not None:
-            client = KubeletPodResources(pod_resources_socket)
-            opened.append(client.close)
-        running = start_exporter(
-            settings,
-            inventory=backend.snapshot,
-            metrics=metrics,
-            pod_resources=client,
-            pod_directory=pod_directory if pod_directory is not None else PodLogDirectory(),
-            shares=shares,
-            health=feed,
-        )
-    except BaseException:
-        for close in reversed(opened):
-            close()
-        raise
-    for close in reversed(opened):
-        running.close_on_stop(close)
-    return running
-
-
-def pod_sources(
-    pod_directory: str, pod_log_dir: Path, node_name: str, kube_client: Callable[[], Any] | None
-) -> tuple[PodDirectory, PodShareLookup | None]:
-    """Where pod names (and shares) come from: ``logs`` reads the kubelet's pod log directory;
-    ``api`` lists the node's pods with ``kube_client()`` (a synchronous lightkube ``Client``,
-    called here once), which also gives each shared pod's share."""
-    if pod_directory == "api":
-        if kube_client is None:
-            raise ValueError("the api pod directory needs API access")
-        pods = KubeNodePods(kube_client(), node_name, parse_shares=allocation_annotation_shares)
-        return pods, pods
-    return PodLogDirectory(pod_log_dir), None
-
-
-def start_agent_exporter(
-    backend: GpuBackend,
-    config: ExporterConfig,
-    *,
-    node_name: str,
-    health: HealthFeed,
-    kube_client: Callable[[], Any] | None = None,
-) -> RunningExporter:
-    """The exporter inside the node agent (``exporter`` in its config): the agent's open backend,
-    and ``health`` fed by the agent's health monitor, so no watcher of its own.
-
-    Raises ``OSError`` when ``config.listen`` cannot be bound; nothing is left running then.
-    """
-    from kubegpu.config.model import parse_listen_address
-
-    host, port = parse_listen_address(config.listen)
-    directory, shares = pod_sources(
-        config.pod_directory, Path(config.pod_log_dir), node_name, kube_client
-    )
-    settings = ExporterSettings(
-        node_name=node_name,
-        listen_host=host,
-        listen_port=port,
-        interval_s=config.interval_s,
-        read_timeout_s=config.read_timeout_s,
-        stale_after_s=stale_after(config.interval_s),
-        proc=Path(config.proc),
-    )
-    return start_node_exporter(
-        backend,
-        settings,
-        pod_resources_socket=Path(config.pod_resources_socket)
-        if config.pod_resources_socket
-        else None,
-        pod_directory=directory,
-        shares=shares,
-        health=health,
-        watch_health=False,
-    )
 
 
 def stale_after(interval_s: float) -> float:

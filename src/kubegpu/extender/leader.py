@@ -25,12 +25,9 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
-import httpx2 as httpx
-import lightkube
-from lightkube import ApiError
-from lightkube.models.coordination_v1 import LeaseSpec
-from lightkube.resources.coordination_v1 import Lease
+from kubegpu.core.apiserver import ApiUnavailable, LeaseState
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +43,20 @@ def holds(holder: str, identity: str) -> bool:
     return bool(holder) and (holder == identity or holder.startswith(identity + "_"))
 
 
+class LeaseReader(Protocol):
+    """The API server's Leases (the kube edge's :class:`~kubegpu.kube.leases.LightkubeLeases`)."""
+
+    async def read_lease(self, namespace: str, name: str) -> LeaseState:
+        """Raises :class:`~kubegpu.core.apiserver.ApiUnavailable` when it cannot be read."""
+        ...
+
+
 class LeaderGate:
     """``await gate.refusal()``: "" while this extender may bind, else why it may not."""
 
     def __init__(
         self,
-        client: lightkube.AsyncClient,
+        leases: LeaseReader,
         lease: str,
         identity: str,
         *,
@@ -60,7 +65,7 @@ class LeaderGate:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        self.client = client
+        self.leases = leases
         self.namespace, _, self.name = lease.partition("/")
         self.identity = identity
         self._catch_up = catch_up
@@ -86,13 +91,10 @@ class LeaderGate:
 
     async def _check(self) -> str:
         try:
-            lease = await self.client.get(Lease, self.name, namespace=self.namespace)
-        except ApiError as exc:
-            return self._lost(f"cannot read lease {self.lease}: {exc.status.message}")
-        except httpx.HTTPError as exc:
+            spec = await self.leases.read_lease(self.namespace, self.name)
+        except ApiUnavailable as exc:
             return self._lost(f"cannot read lease {self.lease}: {exc}")
-        spec = lease.spec or LeaseSpec()
-        holder = spec.holderIdentity or ""
+        holder = spec.holder
         if not holds(holder, self.identity):
             return self._lost(
                 f"kubegpu extender {self.identity!r} is not next to the leading kube-scheduler "
@@ -104,7 +106,7 @@ class LeaderGate:
         if not self._leading:
             try:
                 await self._catch_up()
-            except (ApiError, httpx.HTTPError, OSError) as exc:
+            except (ApiUnavailable, OSError) as exc:
                 return f"kubegpu extender {self.identity!r} cannot list pods to take over: {exc}"
             self._leading = True
             log.info(
@@ -115,13 +117,13 @@ class LeaderGate:
             )
         return ""
 
-    def _stale(self, holder: str, spec: LeaseSpec) -> str:
+    def _stale(self, holder: str, spec: LeaseState) -> str:
         """Why a Lease naming us is no leadership: its holder stopped renewing it
         (``renewTime + leaseDurationSeconds`` is past), or it says nothing of when; else "".
 
         renewTime is the holder's wall clock; the holder is the kube-scheduler on this host
         (that is what holding means here), so the two clocks are one."""
-        renewed, duration = spec.renewTime, spec.leaseDurationSeconds
+        renewed, duration = spec.renew_time, spec.duration_s
         if renewed is None or duration is None:
             return (
                 f"lease {self.lease} held by {holder!r} has no renewTime or "

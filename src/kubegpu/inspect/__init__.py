@@ -10,7 +10,7 @@ Layers, inward to outward:
   :mod:`kubegpu.sharing`, never re-parsed here.
 * :mod:`~kubegpu.inspect.render` — the report as a table (rich) or as JSON that
   ``schema.json`` (shipped beside it) describes.
-* :mod:`~kubegpu.inspect.cluster` and :mod:`~kubegpu.inspect.exporters` — the edges: lightkube
+* :mod:`~kubegpu.kube.cluster_reader` and :mod:`~kubegpu.inspect.exporters` — the edges: lightkube
   list + watch with kubectl's kubeconfig resolution, and bounded concurrent ``/metrics`` fetches.
 * :mod:`~kubegpu.inspect.command` — the click command, also installed as ``kubectl-gpu``.
 """

@@ -26,15 +26,6 @@ from typing import Any, TextIO
 import click
 
 from kubegpu.cli.types import FiniteFloatRange
-from kubegpu.inspect.cluster import (
-    ClusterError,
-    ClusterState,
-    Connection,
-    KubeconfigProblem,
-    follow_cluster,
-    list_cluster,
-    make_client,
-)
 from kubegpu.inspect.exporters import (
     DEFAULT_EXPORTER_LABEL,
     DEFAULT_URL_TEMPLATE,
@@ -52,6 +43,15 @@ from kubegpu.inspect.model import (
 )
 from kubegpu.inspect.render import render_text, report_to_json
 from kubegpu.inspect.usage import UsageResult
+from kubegpu.kube.cluster_reader import (
+    ClusterError,
+    ClusterState,
+    Connection,
+    KubeconfigProblem,
+    follow_cluster,
+    list_cluster,
+    make_client,
+)
 
 log = logging.getLogger(__name__)
 

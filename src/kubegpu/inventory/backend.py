@@ -1,45 +1,9 @@
-"""The one small protocol every GPU backend implements (NVML and fake).
+"""Where the backend protocol used to live; it is a core port now (:mod:`kubegpu.core.backend`).
 
-Consumers (device plugin, labels, exporter) receive a ``GpuBackend`` from the composition
-root and never import ``pynvml`` themselves.
+Kept so that the inventory edge's own modules and older imports keep working: the protocol is
+what the kubelet, exporter and labels edges depend on, and they may not import this edge.
 """
 
-from __future__ import annotations
+from kubegpu.core.backend import GpuBackend, HealthWatcher, InventoryError
 
-from typing import Protocol
-
-from kubegpu.core.gpu import GpuUuid, NodeInventory
-from kubegpu.core.health import HealthEvent
-
-
-class InventoryError(Exception):
-    """A backend could not read the GPUs; ``hint`` says what the admin should check."""
-
-    def __init__(self, message: str, hint: str = "") -> None:
-        super().__init__(f"{message} — {hint}" if hint else message)
-        self.message = message
-        self.hint = hint
-
-
-class HealthWatcher(Protocol):
-    """Blocking source of health events for one physical GPU (one thread waits on it)."""
-
-    def wait(self, timeout_s: float) -> list[HealthEvent]:
-        """Events seen within ``timeout_s`` (empty when nothing happened)."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class GpuBackend(Protocol):
-    name: str
-
-    def snapshot(self) -> NodeInventory:
-        """Read every GPU once and freeze the result."""
-        ...
-
-    def watch_health(self, uuid: GpuUuid) -> HealthWatcher:
-        """Open a watcher for one GPU's Xid and device-lost events."""
-        ...
-
-    def close(self) -> None: ...
+__all__ = ["GpuBackend", "HealthWatcher", "InventoryError"]

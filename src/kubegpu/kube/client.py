@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import lightkube
 import yaml
 from lightkube.config.kubeconfig import SERVICE_ACCOUNT, KubeConfig
+
+# The async client as the roles name it (they may not import lightkube themselves).
+AsyncKubeClient = lightkube.AsyncClient
 
 
 class KubeconfigError(ValueError):
@@ -80,3 +84,19 @@ def sync_client(
     field_manager: str = "kubegpu",
 ) -> lightkube.Client:
     return lightkube.Client(load_kubeconfig(path), field_manager=field_manager, trust_env=trust_env)
+
+
+def client_from(config: KubeConfig, *, field_manager: str) -> lightkube.Client:
+    """A synchronous client on a config already loaded (and checked) by :func:`load_kubeconfig`:
+    roles load it at start, to exit 2 on a bad one, and make the client when they need it."""
+    return lightkube.Client(config, field_manager=field_manager)
+
+
+async def server_version(client: lightkube.AsyncClient) -> dict[str, Any]:
+    """The API server's ``/version`` document. lightkube has no call for it: its HTTP client,
+    authenticated as the caller, on the server's base URL."""
+    http = client._client._client
+    answer = await http.get("/version")
+    answer.raise_for_status()
+    doc: dict[str, Any] = answer.json()
+    return doc

@@ -10,43 +10,21 @@ resourceVersion precondition is needed because the whole value is replaced.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import lightkube
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
-from kubegpu.core.gpu import NodeInventory
 from kubegpu.sharing.annotations import (
     INVENTORY_ANNOTATION,
-    GpuRecord,
     NodeGpuInventory,
     decode_inventory,
     encode_inventory,
 )
 
 log = logging.getLogger(__name__)
-
-
-def inventory_records(
-    inventory: NodeInventory, unhealthy: Collection[str] = ()
-) -> NodeGpuInventory:
-    """The published form of the agent's inventory snapshot; ``unhealthy`` holds GPU UUIDs
-    the health monitor has marked unusable."""
-    bad = {str(u) for u in unhealthy}
-    return NodeGpuInventory(
-        tuple(
-            GpuRecord(
-                uuid=str(gpu.uuid),
-                index=gpu.index,
-                model=gpu.product_name,
-                memory_mib=gpu.memory_total_mib,
-                healthy=str(gpu.uuid) not in bad,
-            )
-            for gpu in sorted(inventory.gpus, key=lambda g: g.index)
-        )
-    )
 
 
 def _current(node: Node) -> str | None:

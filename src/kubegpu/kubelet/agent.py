@@ -10,16 +10,21 @@ queue: SIGHUP reloads the config, SIGTERM/SIGINT stop everything and remove what
 With ``flags.healthListen`` set it also serves ``/healthz`` and ``/readyz``
 (:mod:`~kubegpu.kubelet.probes`), answered from what this supervisor knows: which servers
 answer on their sockets, and which resources are registered with the kubelet running now.
-With ``exporter.enabled`` it also runs the Prometheus exporter (:mod:`kubegpu.exporter`, the
-same ``/metrics`` as ``kubegpu exporter``) on this process's GPU backend, its GPU health and
-Xid counts fed by this supervisor's health monitor: one health source, one NVML event set.
+With ``exporter.enabled`` it also runs the Prometheus exporter (the same ``/metrics`` as
+``kubegpu exporter``) on this process's GPU backend, reading GPU health and Xid counts from the
+same :class:`~kubegpu.core.health_feed.HealthFeed` as the device plugin: one health record, one
+NVML event set.
+
+The supervisor knows its collaborators only by the ports declared here and in
+:mod:`~kubegpu.kubelet.cluster` (a health judge, an exporter starter, the API server, the
+kubelet's PodResources); :mod:`kubegpu.roles.node_agent` wires the real ones, so this edge
+imports neither the inventory edge, the exporter nor lightkube.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import enum
 import logging
 import math
@@ -29,14 +34,16 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from kubegpu.config.health import health_policy
 from kubegpu.config.load import ConfigError, load_config, render_config
-from kubegpu.config.model import AgentConfig, Health, parse_listen_address
+from kubegpu.config.model import AgentConfig, parse_listen_address
+from kubegpu.config.model import Exporter as ExporterConfig
+from kubegpu.core.backend import GpuBackend
 from kubegpu.core.gpu import GpuUuid, NodeInventory
-from kubegpu.core.health import HealthCheckPolicy, HealthEvent
-from kubegpu.exporter.http import HttpThread
-from kubegpu.inventory.backend import GpuBackend
+from kubegpu.core.health_feed import HealthFeed
+from kubegpu.httpd import HttpThread
 from kubegpu.kubelet import cdi
 from kubegpu.kubelet.plugin import (
     KUBELET_SOCKET,
@@ -54,10 +61,7 @@ if TYPE_CHECKING:
     # Imported where used: API access (lightkube) and card-level sharing are optional, and a
     # node agent serving whole GPUs should not pay their memory (the RSS target in
     # docs/benchmarks.md).
-    # The exporter (prometheus_client) likewise, when exporter.enabled.
     from kubegpu.enforcement.mps import MpsDaemon
-    from kubegpu.exporter.health import HealthFeed
-    from kubegpu.exporter.server import RunningExporter
     from kubegpu.kubelet.cluster import NodeApi, PodResourcesApi
     from kubegpu.kubelet.coordinator import SharingCoordinator
 
@@ -122,38 +126,32 @@ class Event(enum.Enum):
     SOCKET_LOST = "socket-lost"
 
 
-class Monitor(Protocol):
-    def start(self) -> None: ...
-    def stop(self, timeout_s: float = 5.0) -> None: ...
+class HealthJudge(Protocol):
+    """Starts judging ``inventory``'s GPUs into ``feed`` (its policy, this node's name in log
+    lines) until ``feed.close()``: the inventory edge's health monitor, wired by the role."""
+
+    def __call__(
+        self, feed: HealthFeed, backend: GpuBackend, inventory: NodeInventory, node_name: str
+    ) -> None: ...
 
 
-HealthCallback = Callable[[GpuUuid, bool, str], None]
-EventCallback = Callable[[HealthEvent], None]
-MonitorFactory = Callable[
-    [GpuBackend, NodeInventory, HealthCheckPolicy, HealthCallback, EventCallback, str], Monitor
-]
-# Makes the synchronous lightkube Client the exporter lists the node's pods with
-# (exporter.podDirectory: api); None without API access.
-KubeClientFactory = Callable[[], Any]
+class RunningService(Protocol):
+    def stop(self) -> None: ...
+
+
+# Starts the exporter (its config, the metrics' node label, the health record it reads) on the
+# agent's backend; raises OSError when its address cannot be served. None: the role has none.
+ExporterStarter = Callable[[ExporterConfig, str, HealthFeed], RunningService]
 
 
 class ExporterServerError(Exception):
     """``exporter.listen`` cannot be served (the port is taken, or not this host's address)."""
 
 
-def default_monitor_factory(
-    backend: GpuBackend,
-    inventory: NodeInventory,
-    policy: HealthCheckPolicy,
-    on_change: HealthCallback,
-    on_event: EventCallback,
-    node_name: str,
-) -> Monitor:
-    from kubegpu.inventory.health import HealthMonitor
-
-    return HealthMonitor(
-        backend, inventory, policy, on_change, node_name=node_name, on_event=on_event
-    )
+def no_health_judge(
+    feed: HealthFeed, backend: GpuBackend, inventory: NodeInventory, node_name: str
+) -> None:
+    """For an agent wired without a monitor (tests of other parts): every GPU stays Healthy."""
 
 
 def check_api_access(config: AgentConfig, *, api: bool, node_name: str) -> None:
@@ -169,19 +167,6 @@ def check_api_access(config: AgentConfig, *, api: bool, node_name: str) -> None:
             "exporter.podDirectory: api needs API access (--kubeconfig or in-cluster) and "
             "--node-name; use logs to name pods from the kubelet's log directory"
         )
-
-
-def health_policy(health: Health, env: Mapping[str, str]) -> HealthCheckPolicy:
-    """NVIDIA's ``DP_*_HEALTHCHECKS`` environment first, then the config file's knobs on top."""
-    base = HealthCheckPolicy.from_nvidia_env(
-        env, recover_after_healthy_checks=health.recover_after_healthy_checks
-    )
-    return dataclasses.replace(
-        base,
-        disabled=base.disabled or health.disabled,
-        disabled_xids=base.disabled_xids | frozenset(health.ignored_xids),
-        enabled_xids=base.enabled_xids | frozenset(health.critical_xids),
-    )
 
 
 @dataclass(frozen=True)
@@ -205,11 +190,11 @@ class Agent:
         config: AgentConfig,
         backend: GpuBackend,
         *,
-        monitor_factory: MonitorFactory = default_monitor_factory,
+        health_judge: HealthJudge = no_health_judge,
+        start_exporter: ExporterStarter | None = None,
         sleep: Sleep = asyncio.sleep,
         api: NodeApi | None = None,
         pod_resources: PodResourcesApi | None = None,
-        kube_client: KubeClientFactory | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         check_api_access(config, api=api is not None, node_name=settings.node_name)
@@ -219,11 +204,18 @@ class Agent:
         self.config = config
         self.backend = backend
         self.node = settings.node_name or "-"
-        self._monitor_factory = monitor_factory
+        self._health_judge = health_judge
+        self._start_exporter_service = start_exporter
         self._sleep = sleep
         self._clock = clock
         self.inventory = backend.snapshot()
         self.plans: list[ResourcePlan] = build_plans(config, self.inventory)
+        # The one record of GPU health; the board below mirrors its verdicts on the loop for
+        # the ListAndWatch streams to wake on (and adds the cards blocked by sharing).
+        self.health = HealthFeed(
+            (gpu.uuid for gpu in self.inventory.gpus),
+            health_policy(config.health, settings.env),
+        )
         self.board = HealthBoard()
         self.servers: list[PluginServer] = []
         # socket path -> our claim on it, held from the first start to the final stop (kept
@@ -234,7 +226,7 @@ class Agent:
         self._losses: dict[str, tuple[int, float]] = {}
         self.registrations: dict[str, asyncio.Task[None]] = {}
         self.events: asyncio.Queue[Event] = asyncio.Queue()
-        self._monitor: Monitor | None = None
+        self._judging = False
         self._cdi_spec: Path | None = None  # the CDI spec file this agent last wrote
         self._kubelet_socket: tuple[int, int] | None = None
         self.registered_count = 0  # successful Register calls, for logs and tests
@@ -248,11 +240,7 @@ class Agent:
         self._inventory_task: asyncio.Task[None] | None = None
         self._inventory_changed: asyncio.Event | None = None
         self.inventory_publications = 0
-        self._kube_client = kube_client
-        self.exporter: RunningExporter | None = None
-        # Made when the exporter first starts and kept across its restarts (a reload that
-        # moves it), so its Xid counters count from the agent's first exporter start.
-        self._exporter_feed: HealthFeed | None = None
+        self.exporter: RunningService | None = None
 
     @property
     def kubelet_socket(self) -> Path:
@@ -275,7 +263,6 @@ class Agent:
             # Before anything another agent on this node would fight over (its MPS daemon's
             # pipes above all): while one owns the sockets, this one only answers its probes.
             if await self._claim_sockets():
-                # Before the health monitor, so the exporter counts its first events too.
                 await self._start_exporter()
                 self._start_health()
                 self._start_inventory_publisher()
@@ -578,30 +565,31 @@ class Agent:
 
     def _start_health(self) -> None:
         loop = asyncio.get_running_loop()
-        policy = health_policy(self.config.health, self.settings.env)
+        if not self._judging:
+            # Called from a judge's thread (verdicts and Xid counts alike); the board lives on
+            # the loop. Once per agent: the feed outlives a reload's restart of the judge.
+            def mirror_on_loop() -> None:
+                loop.call_soon_threadsafe(self._mirror_health)
 
-        def on_change(uuid: GpuUuid, healthy: bool, reason: str) -> None:
-            # Called from a monitor thread; the board lives on the loop.
-            loop.call_soon_threadsafe(self._apply_health, uuid, healthy, reason)
+            self.health.add_listener(mirror_on_loop)
+        self.health.policy = health_policy(self.config.health, self.settings.env)
+        self._health_judge(self.health, self.backend, self.inventory, self.node)
+        self._judging = True
 
-        self._monitor = self._monitor_factory(
-            self.backend, self.inventory, policy, on_change, self._count_health_event, self.node
-        )
-        self._monitor.start()
+    def _mirror_health(self) -> None:
+        verdicts = self.health.unhealthy()
+        changed = [u for u in self.board.unhealthy if u not in verdicts]
+        changed += [u for u in verdicts if self.board.unhealthy.get(u) != verdicts[u]]
+        for uuid in changed:
+            healthy = uuid not in verdicts
+            reason = verdicts.get(uuid, "recovered")
+            if not self.board.set(uuid, healthy, reason):
+                continue
+            if self._inventory_changed is not None:
+                self._inventory_changed.set()
+            self._log_health(uuid, healthy, reason)
 
-    def _count_health_event(self, event: HealthEvent) -> None:
-        # Called from a monitor thread with every event it reads; the feed is thread-safe.
-        feed = self._exporter_feed
-        if feed is not None:
-            feed.count(event)
-
-    def _apply_health(self, uuid: GpuUuid, healthy: bool, reason: str) -> None:
-        if not self.board.set(uuid, healthy, reason):
-            return
-        if self._exporter_feed is not None:
-            self._exporter_feed.set_healthy(uuid, healthy)
-        if self._inventory_changed is not None:
-            self._inventory_changed.set()
+    def _log_health(self, uuid: GpuUuid, healthy: bool, reason: str) -> None:
         ids = [d.device_id for p in self.plans for d in p.devices if d.gpu.uuid == uuid]
         resources = sorted(
             {p.resource_name for p in self.plans if any(g.uuid == uuid for g in p.gpus)}
@@ -618,9 +606,8 @@ class Agent:
         )
 
     async def _stop_health(self) -> None:
-        monitor, self._monitor = self._monitor, None
-        if monitor is not None:
-            await asyncio.get_running_loop().run_in_executor(None, monitor.stop)
+        # Joins the judge's threads: off the loop, which their last hand-overs may wait on.
+        await asyncio.get_running_loop().run_in_executor(None, self.health.close)
 
     # -- exporter: /metrics ------------------------------------------------------------------
 
@@ -630,25 +617,14 @@ class Agent:
         config = self.config.exporter
         if not config.enabled:
             return
-        from kubegpu.exporter.health import HealthFeed
-        from kubegpu.exporter.server import start_agent_exporter
+        starter = self._start_exporter_service
+        if starter is None:
+            # A wiring mistake of the role, not a setting the admin can fix.
+            raise RuntimeError("exporter.enabled, but this agent was wired without an exporter")
 
-        feed = self._exporter_feed
-        if feed is None:
-            feed = HealthFeed([gpu.uuid for gpu in self.inventory.gpus])
-            for uuid in self.board.unhealthy:
-                feed.set_healthy(uuid, False)
-            self._exporter_feed = feed
-
-        def start() -> RunningExporter:
-            return start_agent_exporter(
-                self.backend,
-                config,
-                # The metrics' node label: a node name is what dashboards join on.
-                node_name=self.settings.node_name or socket.gethostname(),
-                health=feed,
-                kube_client=self._kube_client,
-            )
+        def start() -> RunningService:
+            # The metrics' node label: a node name is what dashboards join on.
+            return starter(config, self.settings.node_name or socket.gethostname(), self.health)
 
         try:
             # Off the loop: it reads the backend once and opens the PodResources channel.
@@ -676,7 +652,7 @@ class Agent:
         )
 
     async def _publish_inventory(self, api: NodeApi, changed: asyncio.Event) -> None:
-        from kubegpu.kube.inventory import inventory_records
+        from kubegpu.kubelet.cluster import inventory_records
 
         # The whole document from what we see now, on start, on every health change and
         # periodically (so a Node re-created or edited by hand gets it back).
@@ -684,7 +660,7 @@ class Agent:
         while True:
             changed.clear()
             try:
-                records = inventory_records(self.inventory, self.board.unhealthy.keys())
+                records = inventory_records(self.inventory, self.health.unhealthy().keys())
                 await api.publish_inventory(records)
                 self.inventory_publications += 1
                 failures = 0

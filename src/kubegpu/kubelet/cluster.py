@@ -2,8 +2,9 @@
 
 * :class:`NodeApi` — this node's pods (field selector ``spec.nodeName``: a list with its
   resourceVersion, and a watch from one), annotation patches on them, and the node's GPU
-  inventory annotation; :class:`LightkubeNodeApi` is the real one (lightkube, async). Tests run
-  it against the fake API server over HTTP.
+  inventory annotation. A port: the real one is :class:`kubegpu.kube.agent_api.LightkubeNodeApi`
+  (lightkube, async), wired by :mod:`kubegpu.roles.node_agent`; tests run it against the fake
+  API server over HTTP.
 * :class:`PodResourcesApi` — which container holds which device id, from the kubelet's
   PodResources v1 ``List`` over its unix socket; :class:`KubeletPodResourcesApi` is the real
   one (grpc.aio). The kubelet emulator serves the same API in tests.
@@ -14,34 +15,29 @@ Wire types stop here: callers get pod JSON dicts and :class:`DeviceHolding` valu
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import lightkube
-from lightkube import ApiError
-from lightkube.resources.core_v1 import Pod
-from lightkube.types import PatchType
-
-from kubegpu.kube.inventory import publish_node_inventory_async
+from kubegpu.core.apiserver import ConflictError, PodListing
+from kubegpu.core.gpu import NodeInventory
 from kubegpu.kubelet.api.podresources.v1 import api_pb2, api_pb2_grpc
 from kubegpu.kubelet.channels import unix_aio_channel
-from kubegpu.sharing.annotations import NodeGpuInventory
+from kubegpu.sharing.annotations import GpuRecord, NodeGpuInventory
 
 log = logging.getLogger(__name__)
 
-
-class ConflictError(Exception):
-    """The pod changed since it was read (HTTP 409): read it again and redo the decision."""
-
-
-@dataclass(frozen=True)
-class PodListing:
-    """This node's pods and the resourceVersion the list was taken at (where a watch starts)."""
-
-    pods: list[dict[str, Any]]
-    resource_version: str
+__all__ = [
+    "ConflictError",
+    "DeviceHolding",
+    "KubeletPodResourcesApi",
+    "NodeApi",
+    "PodListing",
+    "PodResourcesApi",
+    "holdings_from_list",
+    "inventory_records",
+]
 
 
 class NodeApi(Protocol):
@@ -68,54 +64,24 @@ class NodeApi(Protocol):
     async def publish_inventory(self, inventory: NodeGpuInventory) -> bool: ...
 
 
-class LightkubeNodeApi:
-    def __init__(self, client: lightkube.AsyncClient, node_name: str) -> None:
-        self.client = client
-        self.node = node_name
-
-    async def list_node_pods(self) -> PodListing:
-        listing = self.client.list(Pod, namespace="*", fields={"spec.nodeName": self.node})
-        pods = [pod.to_dict() async for pod in listing]
-        return PodListing(pods, listing.resourceVersion)
-
-    async def watch_node_pods(
-        self, resource_version: str, timeout_s: int
-    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        # lightkube re-opens a stream the server ended cleanly, from the last version it saw.
-        stream = self.client.watch(
-            Pod,
-            namespace="*",
-            fields={"spec.nodeName": self.node},
-            resource_version=resource_version,
-            server_timeout=timeout_s,
-        )
-        async for event, pod in stream:
-            yield event, pod.to_dict()
-
-    async def patch_pod_annotations(
-        self,
-        namespace: str,
-        name: str,
-        annotations: Mapping[str, str | None],
-        resource_version: str | None = None,
-    ) -> None:
-        metadata: dict[str, Any] = {"annotations": dict(annotations)}
-        if resource_version:
-            metadata["resourceVersion"] = resource_version
-        try:
-            await self.client.patch(
-                Pod, name, {"metadata": metadata}, namespace=namespace, patch_type=PatchType.MERGE
+def inventory_records(
+    inventory: NodeInventory, unhealthy: Collection[str] = ()
+) -> NodeGpuInventory:
+    """The published form of the agent's inventory snapshot; ``unhealthy`` holds GPU UUIDs
+    the health monitor has marked unusable."""
+    bad = {str(u) for u in unhealthy}
+    return NodeGpuInventory(
+        tuple(
+            GpuRecord(
+                uuid=str(gpu.uuid),
+                index=gpu.index,
+                model=gpu.product_name,
+                memory_mib=gpu.memory_total_mib,
+                healthy=str(gpu.uuid) not in bad,
             )
-        except ApiError as exc:
-            if exc.status.code == 409:
-                raise ConflictError(f"pod {namespace}/{name} changed meanwhile") from exc
-            raise
-
-    async def publish_inventory(self, inventory: NodeGpuInventory) -> bool:
-        return await publish_node_inventory_async(self.client, self.node, inventory)
-
-    async def close(self) -> None:
-        await self.client.close()
+            for gpu in sorted(inventory.gpus, key=lambda g: g.index)
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -162,3 +128,4 @@ def holdings_from_list(response: api_pb2.ListPodResourcesResponse) -> list[Devic
                     DeviceHolding(pod.namespace, pod.name, container.name, resource, tuple(ids))
                 )
     return out
+

@@ -1,6 +1,6 @@
 """The node agent's ``/healthz`` and ``/readyz``, for the kubelet's liveness and readiness probes.
 
-The HTTP side is the exporter's thread-served WSGI app (:mod:`kubegpu.exporter.http`); each
+The HTTP side is the thread-served WSGI app the exporter uses too (:mod:`kubegpu.httpd`); each
 request hands one check to the agent's event loop and waits a bounded time for its answer, so:
 
 * ``/healthz`` (liveness) answers 200 when the loop ran the check within ``loop_timeout_s``
@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from kubegpu.exporter.http import HttpThread, StartResponse, WsgiApp, text_reply
+from kubegpu.httpd import HttpThread, StartResponse, WsgiApp, text_reply
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from kubegpu.kubelet.channels import unix_aio_channel
 

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from kubegpu.config.model import DEFAULT_RESOURCE, AgentConfig
 from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
 from kubegpu.core.names import LABEL_VALUE_MAX, sanitise_label_value
 
@@ -295,3 +296,32 @@ def _with_timestamp(labels: dict[str, str], now: float | None) -> dict[str, str]
 
 def _bool(value: bool) -> str:
     return "true" if value else "false"
+
+
+def sharing_from_config(config: AgentConfig) -> SharingSummary:
+    """The sharing labels from the agent config, saying whether the node's cards are shared.
+
+    GFD's ``nvidia.com/gpu.sharing-strategy`` takes GFD's values: ``mps`` when kubegpu's
+    card-level sharing (``sharing.gpuShare``) is on with ``enforcement: mps`` (pods on a card
+    run as clients of one MPS daemon, as under GFD's mps); ``time-slicing`` when it is on
+    without enforcement (CUDA time-slices the pods' contexts with no isolation, which is what
+    GFD's time-slicing means) or when NVIDIA-style ``timeSlicing`` is configured; else ``none``.
+    ``nvidia.com/gpu.replicas`` stays the time-slicing replicas of the ``nvidia.com/gpu`` entry
+    (else of the first shared resource), 1 without: gpuShare does not replicate the whole-GPU
+    resource, its slots are ``kubegpu.io/gpu-share.slots``."""
+    shared = config.sharing.time_slicing.resources
+    replicas = 1
+    strategy = "none"
+    if shared:
+        chosen = next((r for r in shared if r.name == DEFAULT_RESOURCE), shared[0])
+        strategy, replicas = "time-slicing", chosen.replicas
+    share = config.sharing.gpu_share
+    if not share.enabled:
+        return SharingSummary(strategy=strategy, replicas=replicas)
+    return SharingSummary(
+        strategy="mps" if share.enforcement == "mps" else "time-slicing",
+        replicas=replicas,
+        gpu_share=GpuShareSummary(
+            enforcement=share.enforcement, slots_per_card=share.slots_per_card
+        ),
+    )

@@ -14,8 +14,9 @@ import os
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Protocol
 
+from kubegpu.core.apiserver import ConflictError
 from kubegpu.labels.catalogue import owns_label
 
 log = logging.getLogger(__name__)
@@ -120,57 +121,57 @@ def node_label_patch(
     return dict(sorted(patch.items()))
 
 
+class NodeLabelsApi(Protocol):
+    """The Node's labels through the API server (the kube edge's
+    :class:`~kubegpu.kube.node_labels.LightkubeNodeLabels`)."""
+
+    def read_labels(self, node_name: str) -> tuple[dict[str, str], str | None]:
+        """The Node's labels and the resourceVersion they were read at."""
+        ...
+
+    def patch_labels(
+        self, node_name: str, patch: Mapping[str, str | None], resource_version: str | None
+    ) -> None:
+        """Merge ``patch`` into the labels (None removes a key) if the Node is still at
+        ``resource_version``; raises :class:`~kubegpu.core.apiserver.ConflictError` when not."""
+        ...
+
+
 class NodeLabelSink:
-    """Patches the Node's labels through lightkube with a JSON merge patch.
+    """Patches the Node's labels with a JSON merge patch.
 
     The patch carries the ``resourceVersion`` the diff was computed from, so a concurrent change
     to the Node makes the API server answer 409 and we recompute from the fresh object instead
     of removing or re-adding a label on stale information.
     """
 
-    def __init__(self, client: Any, node_name: str, *, max_attempts: int = 5) -> None:
-        # ``client`` is a ``lightkube.Client``; typed loosely so this module imports lightkube
-        # only when used.
-        self.client = client
+    def __init__(self, api: NodeLabelsApi, node_name: str, *, max_attempts: int = 5) -> None:
+        self.api = api
         self.node_name = node_name
         self.max_attempts = max_attempts
 
     def current(self) -> dict[str, str]:
-        from lightkube.resources.core_v1 import Node
-
-        metadata = self.client.get(Node, name=self.node_name).metadata
-        return dict((metadata.labels if metadata else None) or {})
+        return self.api.read_labels(self.node_name)[0]
 
     def apply(self, labels: Mapping[str, str]) -> None:
-        from lightkube.core.exceptions import ApiError
-        from lightkube.resources.core_v1 import Node
-        from lightkube.types import PatchType
-
         for attempt in range(1, self.max_attempts + 1):
-            node = self.client.get(Node, name=self.node_name)
-            metadata = node.metadata
-            current = dict((metadata.labels if metadata else None) or {})
+            current, resource_version = self.api.read_labels(self.node_name)
             patch = node_label_patch(current, labels)
             if not patch:
                 log.debug("node %s labels already current", self.node_name)
                 return
-            body = {
-                "metadata": {
-                    "labels": patch,
-                    "resourceVersion": metadata.resourceVersion if metadata else None,
-                }
-            }
             try:
-                self.client.patch(Node, self.node_name, body, patch_type=PatchType.MERGE)
-            except ApiError as exc:
-                if exc.status.code == 409 and attempt < self.max_attempts:
+                self.api.patch_labels(self.node_name, patch, resource_version)
+            except ConflictError as conflict:
+                if attempt < self.max_attempts:
                     log.info(
                         "node %s changed while labelling (attempt %d); retrying",
                         self.node_name,
                         attempt,
                     )
                     continue
-                raise
+                # Out of attempts: the API server's own answer (its status says why).
+                raise (conflict.__cause__ or conflict) from None
             removed = sorted(k for k, v in patch.items() if v is None)
             log.info(
                 "node %s: set %d labels, removed %s",

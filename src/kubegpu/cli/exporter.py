@@ -1,4 +1,5 @@
-"""``kubegpu exporter``: the exporter as its own process (composition root).
+"""``kubegpu exporter``: the exporter as its own process (command line; the wiring is in
+:mod:`kubegpu.roles.exporter`).
 
 Opens the GPU backend (NVML or fake), the metrics source that goes with it, the kubelet's
 PodResources socket and the pod log directory, starts :func:`start_exporter` and serves until
@@ -20,7 +21,7 @@ import click
 
 from kubegpu.cli.types import POSITIVE_SECONDS
 from kubegpu.config.model import parse_listen_address
-from kubegpu.inventory.backend import GpuBackend
+from kubegpu.core.backend import GpuBackend
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def open_gpu_backend_or_exit(
 ) -> GpuBackend:
     """The backend, or exit: 2 for settings that are wrong (a fake spec that does not load),
     1 when the node's GPUs cannot be read (NVML missing or failing)."""
-    from kubegpu.inventory.backend import InventoryError
+    from kubegpu.core.backend import InventoryError
 
     try:
         gpu_backend = open_backend(kind, fake_gpus, fake_control)
@@ -157,15 +158,11 @@ def exporter_command(
     read_timeout: float,
 ) -> None:
     """Serve per-GPU and per-pod GPU metrics for Prometheus on /metrics."""
+    from kubegpu.config.health import health_policy
     from kubegpu.config.load import ConfigError, load_config
-    from kubegpu.exporter.health import HealthFeed
-    from kubegpu.exporter.server import (
-        ExporterSettings,
-        pod_sources,
-        stale_after,
-        start_node_exporter,
-    )
-    from kubegpu.kubelet.agent import health_policy
+    from kubegpu.core.health_feed import HealthFeed
+    from kubegpu.exporter.server import ExporterSettings, stale_after
+    from kubegpu.roles.exporter import pod_sources, start_node_exporter
 
     host, port = listen
     node = node_name or socket.gethostname()
@@ -177,7 +174,7 @@ def exporter_command(
         sys.exit(2)
     kube_config = None
     if pod_directory == "api":
-        from kubegpu.kube.client import KubeconfigError, load_kubeconfig
+        from kubegpu.kube.client import KubeconfigError, client_from, load_kubeconfig
 
         try:  # now, not on the first scrape: the error is the user's to fix at start
             kube_config = load_kubeconfig()
@@ -188,9 +185,8 @@ def exporter_command(
     inventory = gpu_backend.snapshot()
 
     def kube_client() -> object:
-        import lightkube
-
-        return lightkube.Client(kube_config, field_manager="kubegpu-exporter")
+        assert kube_config is not None  # pod_sources calls it only for --pod-directory api
+        return client_from(kube_config, field_manager="kubegpu-exporter")
 
     directory, shares = pod_sources(pod_directory, pod_log_dir, node, kube_client)
     settings = ExporterSettings(

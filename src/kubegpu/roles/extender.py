@@ -1,32 +1,65 @@
 """The extender's composition root: client, cluster view, scheduler and HTTP server, started
-and stopped together (one owner for every task, so none is orphaned)."""
+and stopped together (one owner for every task, so none is orphaned).
+
+The extender edge (verbs, scheduler, leader gate) gets the kube edge's pieces here: the
+lightkube client, the :class:`~kubegpu.kube.view.ClusterView`, the Lease reader. The files the
+settings name (TLS, kubeconfig, workload) are checked here before anything starts.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import ssl
 from types import TracebackType
 
-import lightkube
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from kubegpu.extender.config import (
-    ConfigError,
-    ExtenderConfig,
-    load_workload,
-    server_ssl_context,
-)
+from kubegpu.config.extender import ConfigError, ExtenderConfig, load_workload
+from kubegpu.core.version_skew import parse_version, server_minor, skew_problem
 from kubegpu.extender.leader import LeaderGate, default_identity
 from kubegpu.extender.scheduler import GpuScheduler
 from kubegpu.extender.server import ExtenderApp
-from kubegpu.extender.skew import parse_version, server_minor, skew_problem
 from kubegpu.kube.binding import ApiPodStore
-from kubegpu.kube.client import async_client
+from kubegpu.kube.client import (
+    AsyncKubeClient,
+    KubeconfigError,
+    async_client,
+    load_kubeconfig,
+    server_version,
+)
+from kubegpu.kube.leases import LightkubeLeases, unavailable_as_core
 from kubegpu.kube.view import Backoff, ClusterView
+from kubegpu.tls import TlsFileError, server_context
 
 log = logging.getLogger(__name__)
+
+
+def server_ssl_context(config: ExtenderConfig) -> ssl.SSLContext | None:
+    """The listener's TLS context; :class:`ConfigError` naming the file when one is unusable."""
+    if config.tls_cert_file is None or config.tls_key_file is None:
+        return None
+    try:
+        return server_context(config.tls_cert_file, config.tls_key_file, config.client_ca_file)
+    except TlsFileError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def check_files(config: ExtenderConfig) -> None:
+    """Every file the settings name can be used: TLS files, kubeconfig, workload file.
+
+    Run before any I/O (listening, connecting to the API), so a bad file ends the process at
+    start with one line naming it, not with a traceback once serving has begun."""
+    server_ssl_context(config)
+    try:
+        load_kubeconfig(config.kubeconfig)
+    except KubeconfigError as exc:
+        raise ConfigError(str(exc)) from None
+    if config.workload_file is not None:
+        load_workload(config.workload_file)
+
 
 LINGER_S = 2.0
 
@@ -38,7 +71,7 @@ class ExtenderService:
         self,
         config: ExtenderConfig,
         *,
-        client: lightkube.AsyncClient | None = None,
+        client: AsyncKubeClient | None = None,
         backoff: Backoff | None = None,
         registry: CollectorRegistry | None = None,
     ) -> None:
@@ -56,10 +89,10 @@ class ExtenderService:
         leader = None
         if config.leader_lease:
             leader = LeaderGate(
-                self.client,
+                LightkubeLeases(self.client),
                 config.leader_lease,
                 config.leader_identity or default_identity(),
-                catch_up=self.view.resync_pods,
+                catch_up=unavailable_as_core(self.view.resync_pods),
             )
         self.app = ExtenderApp(
             self.scheduler,
@@ -146,12 +179,7 @@ class ExtenderService:
         """Refuse (ConfigError, exit 2) a kube-scheduler the skew policy does not allow with
         this API server; an API that does not answer is only a warning (the view retries)."""
         try:
-            # lightkube has no call for /version: its HTTP client, authenticated as the
-            # extender, on the server's base URL.
-            http = self.client._client._client
-            answer = await http.get("/version")
-            answer.raise_for_status()
-            server = server_minor(answer.json())
+            server = server_minor(await server_version(self.client))
         except Exception as exc:
             log.warning(
                 "cannot read the API server's version to check kube-scheduler %s against it: %s",

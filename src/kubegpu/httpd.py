@@ -1,6 +1,9 @@
 """A small WSGI app served from a daemon thread: the exporter's ``/metrics`` and ``/healthz``
 and the node agent's ``/healthz`` and ``/readyz`` both run on it.
 
+It belongs to no edge (standard library only, like :mod:`kubegpu.tls`): the exporter and the
+kubelet edge both serve HTTP, and neither may import the other.
+
 Threads, not the asyncio loop, on purpose: the node agent's liveness check must still answer
 (with 503 and why) when its event loop is stuck, and the exporter has no loop at all. The
 standard library's ``wsgiref`` is enough for a scrape every few seconds and a probe every few

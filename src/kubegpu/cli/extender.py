@@ -10,17 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import click
 
 from kubegpu.cli.types import seconds
-from kubegpu.extender.config import (
+from kubegpu.config.extender import (
     ConfigError,
     ExtenderConfig,
-    check_files,
     load_config_file,
     resolve_leader_lease,
 )
@@ -265,12 +263,13 @@ def extender_command(**options: Any) -> None:
             scheduler_version=options["scheduler_version"] or None,
         )
         config.validate()
-        config = replace(config, leader_lease=resolve_leader_lease(options["leader_lease"]))
+        lease = resolve_leader_lease(options["leader_lease"])
+        config = config.model_copy(update={"leader_lease": lease})
         config.validate()
     except (ConfigError, ValueError) as exc:
         click.echo(f"kubegpu extender: {exc}", err=True)
         raise SystemExit(2) from None
-    log.info("configuration: %s", config)
+    log.info("configuration: %r", config)
     try:
         asyncio.run(_serve(config))
     except ConfigError as exc:  # a file, a listener or a scheduler version (service.py)
@@ -287,7 +286,7 @@ def _opt_path(value: object) -> Path | None:
 
 
 async def _serve(config: ExtenderConfig) -> None:
-    from kubegpu.extender.service import ExtenderService
+    from kubegpu.roles.extender import ExtenderService, check_files
 
     # Every file first (TLS, kubeconfig, workload), before listening or connecting: a bad one
     # ends the process here with one line naming it.

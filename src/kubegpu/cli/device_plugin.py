@@ -1,7 +1,8 @@
-"""``kubegpu device-plugin``: the node agent's composition root.
+"""``kubegpu device-plugin``: the node agent's command line.
 
-Reads settings (flag > ``KUBEGPU_*`` / NVIDIA's env names > config file > defaults), opens the
-GPU backend, and runs the :class:`~kubegpu.kubelet.agent.Agent` until SIGTERM. Exit codes: 0 on
+Reads settings (flag > ``KUBEGPU_*`` / NVIDIA's env names > config file > defaults), checks
+them, and has the node agent's composition root (:mod:`kubegpu.roles.node_agent`) open the GPU
+backend and run the :class:`~kubegpu.kubelet.agent.Agent` until SIGTERM. Exit codes: 0 on
 a requested stop, 1 when the GPU backend cannot be opened or the health endpoints or the
 exporter cannot be served, 2 for an invalid config, flag combination, fake GPU spec or
 kubeconfig (usage errors exit 2 whatever ``failOnInitError`` says: that setting is about a
@@ -22,8 +23,6 @@ import click
 
 if TYPE_CHECKING:
     from kubegpu.config.model import AgentConfig
-    from kubegpu.inventory.backend import GpuBackend
-    from kubegpu.kubelet.agent import AgentSettings
 
 log = logging.getLogger(__name__)
 
@@ -51,23 +50,10 @@ _OVERRIDES: dict[str, str] = {
     "exporter_proc": "exporter.proc",
 }
 
-SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
-
-
-class KubeconfigError(Exception):
-    """``--kubeconfig`` names a file lightkube cannot use (exit 2, like any bad input)."""
-
 
 def _env(name: str, *nvidia: str) -> list[str]:
     # Our prefix first, then the name NVIDIA's plugin reads, so its manifests keep working.
     return [f"KUBEGPU_{name}", *nvidia]
-
-
-def _open_backend(kind: str, fake_gpus: str | None, fake_control: Path | None) -> GpuBackend:
-    from kubegpu.inventory.select import BACKEND_KINDS, open_backend
-
-    assert kind in BACKEND_KINDS  # click.Choice already refused anything else
-    return open_backend(kind, fake_gpus=fake_gpus, fake_control=fake_control)
 
 
 async def _idle(config: AgentConfig, node: str, reason: str) -> None:
@@ -247,17 +233,14 @@ def device_plugin(
     **flags: Any,
 ) -> None:
     """Run the kubelet device plugin (node agent) for this node's GPUs."""
+    from kubegpu.config.health import health_policy
     from kubegpu.config.load import ConfigError, load_config, render_config
-    from kubegpu.inventory.backend import InventoryError
-    from kubegpu.kubelet.agent import (
-        AgentSettings,
-        ExporterServerError,
-        check_api_access,
-        health_policy,
-    )
+    from kubegpu.core.backend import InventoryError
+    from kubegpu.kubelet.agent import AgentSettings, ExporterServerError, check_api_access
     from kubegpu.kubelet.probes import ProbeServerError
     from kubegpu.kubelet.resources import PlanError
     from kubegpu.kubelet.socketdir import SocketDirError, check_folder, check_socket_dir
+    from kubegpu.roles.node_agent import KubeconfigError, kube_config_for, open_backend, run_agent
 
     node = node_name or "-"
     overrides = {_OVERRIDES[k]: v for k, v in flags.items() if v is not None}
@@ -280,7 +263,7 @@ def device_plugin(
             sys.exit(2)
 
     try:
-        gpu_backend = _open_backend(backend, fake_gpus, fake_control)
+        gpu_backend = open_backend(backend, fake_gpus, fake_control)
     except ValueError as err:
         # Flags that do not fit together, or a bad fake spec (FakeSpecError): usage, so exit 2
         # and never idle, as `kubegpu discover` does for the same errors.
@@ -309,9 +292,9 @@ def device_plugin(
     try:
         try:
             health_policy(config.health, settings.env)  # a bad DP_*_HEALTHCHECKS token
-            kube_config = _kube_config(kubeconfig)
+            kube_config = kube_config_for(kubeconfig)
             check_api_access(config, api=kube_config is not None, node_name=node_name)
-            sys.exit(asyncio.run(_run_agent(settings, config, gpu_backend, kube_config)))
+            sys.exit(asyncio.run(run_agent(settings, config, gpu_backend, kube_config)))
         except (PlanError, ValueError) as err:
             click.echo(f"kubegpu device-plugin: invalid config: {err}", err=True)
             sys.exit(2)
@@ -334,64 +317,3 @@ def _socket_names(config: AgentConfig) -> list[str]:
     for shared in config.sharing.time_slicing.resources:
         names |= {shared.name, shared.rename or f"{shared.name}.shared"}
     return [KUBELET_SOCKET, *(socket_name_for(n) for n in names)]
-
-
-def _kube_config(kubeconfig: Path | None) -> Any:
-    """lightkube config from ``--kubeconfig``, else in-cluster, else None (no API access).
-
-    lightkube (and its HTTP stack) is imported only when there is API access to configure:
-    without it the agent serves whole GPUs and does not pay their memory."""
-    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and SERVICE_ACCOUNT_TOKEN.exists()
-    if kubeconfig is None and not in_cluster:
-        return None
-    from lightkube.config.kubeconfig import KubeConfig
-
-    if kubeconfig is None:
-        return KubeConfig.from_service_account()
-    try:
-        return KubeConfig.from_file(str(kubeconfig))
-    except Exception as exc:
-        # lightkube reports a malformed file as whatever its parsing hit first (YAMLError,
-        # KeyError, AttributeError, its own ConfigError): one message naming the file instead.
-        raise KubeconfigError(
-            f"cannot use kubeconfig {kubeconfig}: {type(exc).__name__}: {exc}"
-        ) from exc
-
-
-async def _run_agent(
-    settings: AgentSettings, config: AgentConfig, backend: GpuBackend, kube_config: Any
-) -> int:
-    from kubegpu.kubelet.agent import Agent
-
-    api = None
-    pod_resources = None
-    kube_client = None
-    if kube_config is not None and settings.node_name:
-        # The API client is made on the running loop and closed on it.
-        import lightkube
-
-        from kubegpu.kubelet.cluster import KubeletPodResourcesApi, LightkubeNodeApi
-
-        client = lightkube.AsyncClient(kube_config, field_manager="kubegpu-node-agent")
-        api = LightkubeNodeApi(client, settings.node_name)
-        socket = Path(config.sharing.gpu_share.pod_resources_socket)
-        pod_resources = KubeletPodResourcesApi(socket)
-
-        def kube_client() -> lightkube.Client:
-            # The exporter's pod directory lists pods from its refresher thread: a
-            # synchronous client of its own, not the loop's.
-            return lightkube.Client(kube_config, field_manager="kubegpu-node-agent")
-
-    try:
-        agent = Agent(
-            settings,
-            config,
-            backend,
-            api=api,
-            pod_resources=pod_resources,
-            kube_client=kube_client,
-        )
-        return await agent.run()
-    finally:
-        if api is not None:
-            await api.close()

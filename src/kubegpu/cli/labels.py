@@ -1,0 +1,166 @@
+"""``kubegpu labels``: label the node from its GPUs (the labeller's command line).
+
+Checks the options and has the labeller's composition root (:mod:`kubegpu.roles.labeller`)
+open the GPU backend, judge GPU health and run the :class:`Labeller` against the chosen sink:
+an NFD feature file (``nfd``), the Node object through the Kubernetes API (``node``), or
+stdout. ``--once`` labels once and exits. Exit codes: 0 done or stopped, 1 the GPU backend
+cannot be opened, 2 an invalid config, or the sink cannot be written with ``--once``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+import click
+
+from kubegpu.cli.types import POSITIVE_SECONDS
+from kubegpu.labels.catalogue import SharingSummary, sharing_from_config
+from kubegpu.labels.sinks import DEFAULT_NFD_FEATURE_FILE
+
+log = logging.getLogger(__name__)
+
+
+def _under_a_folder(path: Path) -> Path:
+    """The feature file's folder may be missing (NFD makes it), but not lie under a file."""
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise click.BadParameter(f"{path}: {folder} is a file, not a folder")
+    return path
+
+
+@click.command("labels")
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "nvml", "fake"]),
+    default="auto",
+    show_default=True,
+    help="Where GPUs are read from: auto and nvml use NVML (auto fails clearly without it); "
+    "fake uses --fake-gpus.",
+)
+@click.option("--fake-gpus", default=None, help="Fake node: preset name or spec file.")
+@click.option(
+    "--fake-control",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Fake backend: unix socket for injecting Xids / losing GPUs from outside.",
+)
+@click.option(
+    "--sink",
+    type=click.Choice(["nfd", "node", "stdout"]),
+    default="stdout",
+    show_default=True,
+    help="Where the labels go.",
+)
+@click.option(
+    "--nfd-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    callback=lambda _ctx, _param, value: _under_a_folder(value),
+    default=DEFAULT_NFD_FEATURE_FILE,
+    show_default=True,
+    help="Feature file for --sink nfd.",
+)
+@click.option(
+    "--node-name",
+    envvar=["KUBEGPU_NODE_NAME", "NODE_NAME"],
+    default=None,
+    help="Node to label for --sink node (default: hostname).",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    envvar=["KUBEGPU_CONFIG", "CONFIG_FILE"],
+    help="The node agent's config file: sharing labels and the health policy come from it.",
+)
+@click.option(
+    "--sharing-strategy",
+    default=None,
+    help="Reported as nvidia.com/gpu.sharing-strategy (default: from --config, else none).",
+)
+@click.option(
+    "--replicas",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Replicas per GPU, reported as nvidia.com/gpu.replicas (default: from --config, else 1).",
+)
+@click.option("--once", is_flag=True, help="Label once and exit.")
+@click.option(
+    "--no-timestamp",
+    is_flag=True,
+    help="Leave out nvidia.com/gfd.timestamp (the time the other labels last changed).",
+)
+@click.option(
+    "--interval",
+    type=POSITIVE_SECONDS,
+    default=60.0,
+    show_default=True,
+    help="Seconds between re-asserting the labels (nothing is written if they are still "
+    "there); changes are written within --poll.",
+)
+@click.option(
+    "--poll",
+    type=POSITIVE_SECONDS,
+    default=10.0,
+    show_default=True,
+    help="Seconds between inventory checks.",
+)
+def labels_command(
+    backend: str,
+    fake_gpus: str | None,
+    fake_control: Path | None,
+    sink: str,
+    nfd_file: Path,
+    node_name: str | None,
+    config_path: Path | None,
+    sharing_strategy: str | None,
+    replicas: int | None,
+    once: bool,
+    no_timestamp: bool,
+    interval: float,
+    poll: float,
+) -> None:
+    """Label this node with its GPUs' model, memory, count, driver, health and topology."""
+    from kubegpu.cli.exporter import open_gpu_backend_or_exit
+    from kubegpu.config.health import health_policy
+    from kubegpu.config.load import ConfigError, load_config
+    from kubegpu.roles.labeller import KubeconfigError, label_sink, run_labeller
+
+    node = node_name or socket.gethostname()
+    try:
+        config = load_config(config_path)
+        policy = health_policy(config.health, os.environ)
+    except (ConfigError, ValueError) as exc:
+        log.error("invalid config: %s", exc)
+        sys.exit(2)
+    sharing = sharing_from_config(config)
+    sharing = SharingSummary(
+        strategy=sharing.strategy if sharing_strategy is None else sharing_strategy,
+        replicas=sharing.replicas if replicas is None else replicas,
+        gpu_share=sharing.gpu_share,
+    )
+    try:
+        to = label_sink(sink, nfd_file, node)
+    except KubeconfigError as exc:
+        click.echo(f"kubegpu labels: --sink node needs API access: {exc}", err=True)
+        sys.exit(2)
+    gpu_backend = open_gpu_backend_or_exit(backend, fake_gpus, fake_control)
+    sys.exit(
+        run_labeller(
+            gpu_backend,
+            to,
+            sharing,
+            policy,
+            node_name=node,
+            sink_name=sink,
+            once=once,
+            timestamp=not no_timestamp,
+            interval_s=interval,
+            poll_s=poll,
+        )
+    )

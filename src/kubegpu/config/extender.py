@@ -1,0 +1,284 @@
+"""The extender's settings (a pydantic model, like the node agent's), their validation and the
+target workload file.
+
+One config system for every role: the extender's settings live in :mod:`kubegpu.config` beside
+the node agent's. They keep their own shape: flat, with the long option names as the settings
+file's keys (``kind: ExtenderConfig``), flag > ``KUBEGPU_EXTENDER_*`` > file > default resolved
+by the CLI. The model holds the result; :meth:`ExtenderConfig.validate` checks it, so an
+instance can be built first and refused with the setting named. Checking the files the
+settings name (TLS, kubeconfig) is the extender role's (:func:`kubegpu.roles.extender.
+check_files`).
+
+Settings arrive from flags, ``KUBEGPU_EXTENDER_*`` variables or a versioned YAML file (the
+CLI resolves that precedence); this module only checks the result. Plain HTTP is refused on
+any address but loopback unless explicitly allowed, because the scheduler's calls carry whole
+pod specs and the bind verb acts on the cluster. The optional metrics listener
+(``metrics-port``) is plain HTTP wherever it listens: it serves only ``/metrics``, ``/healthz``
+and ``/readyz``, reads no body and has no verb that changes anything.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from kubegpu.core.names import model_key
+from kubegpu.core.version_skew import parse_version
+from kubegpu.placement.fragmentation import TypicalWorkload
+from kubegpu.placement.model import PodRequest
+from kubegpu.placement.policies import POLICIES
+from kubegpu.sharing.resources import ResourceNames
+
+CONFIG_API_VERSION = "kubegpu.io/v1alpha1"
+CONFIG_KIND = "ExtenderConfig"
+DEFAULT_PORT = 8888
+# A node-cache-capable call (node names only) over any cluster size, with the largest pod etcd
+# stores (1.5 MiB). Not enough without node caching: full Node objects are ~15 KiB each
+# (1,213 realistic ones are 18 MiB, 5,000 are 75 MiB), hence the larger default of that mode.
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+FULL_NODES_MAX_BODY_BYTES = 128 * 1024 * 1024
+# Bytes of request bodies held at once, across requests: four full-size bodies of the cache
+# mode, or one of the full-Node mode (the body limit, whichever is larger).
+DEFAULT_MAX_INFLIGHT_BODY_BYTES = 64 * 1024 * 1024
+# The extender's names for the placement engine's policies (extender.scheduler.POLICY_ALIASES
+# maps each to the engine's; a test keeps the two lists equal).
+POLICY_NAMES = frozenset({"binpack", "spread", "fgd", "kubegpu"})
+
+
+class ConfigError(ValueError):
+    """A setting is wrong; the message names it and its value."""
+
+
+class ExtenderConfig(BaseModel):
+    # Frozen like the node agent's. Values arrive typed by the command line (the settings
+    # file's values go through its options too), so construction has nothing to refuse.
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    policy: str = "kubegpu"
+    names: ResourceNames = Field(default_factory=ResourceNames)
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    client_ca_file: Path | None = None  # set: clients must present a certificate it signed
+    allow_insecure_http: bool = False
+    # kube-scheduler's nodeCacheCapable for this extender: False, every filter carries full
+    # Node objects (~15 KiB each), so the body limits default larger (server.py).
+    node_cache_capable: bool = True
+    max_body_bytes: int | None = None  # None: the default of the node_cache_capable mode
+    max_inflight_body_bytes: int | None = None  # None: 64 MiB or max_body_bytes, if larger
+    # A connection is closed when it has not sent a whole request head this long after it
+    # opened or its last answer (idle keep-alive connections too); a body not complete this
+    # long after its head is answered 408.
+    request_head_timeout_s: float = 30.0
+    request_body_timeout_s: float = 30.0
+    kubeconfig: Path | None = None
+    workload_file: Path | None = None
+    workload_refresh_s: float = 300.0
+    bind_attempts: int = 5
+    # "namespace/name" of the Lease held by the kube-scheduler that calls this extender; set,
+    # bind refuses unless the holder is leader_identity (replicated schedulers, leader.py).
+    leader_lease: str | None = None
+    leader_identity: str | None = None  # None: this host's name
+    # A second, plain-HTTP listener for /metrics, /healthz and /readyz only (never the verbs),
+    # so Prometheus and the kubelet's probes can reach them while the verbs stay on loopback
+    # or behind client certificates. None: off.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    # The calling kube-scheduler's version (its image tag); set, start refuses a version the
+    # skew policy does not allow against the API server's (skew.py). None: not checked.
+    scheduler_version: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None
+
+    @property
+    def body_limit_bytes(self) -> int:
+        if self.max_body_bytes is not None:
+            return self.max_body_bytes
+        return DEFAULT_MAX_BODY_BYTES if self.node_cache_capable else FULL_NODES_MAX_BODY_BYTES
+
+    @property
+    def inflight_limit_bytes(self) -> int:
+        if self.max_inflight_body_bytes is not None:
+            return self.max_inflight_body_bytes
+        return max(DEFAULT_MAX_INFLIGHT_BODY_BYTES, self.body_limit_bytes)
+
+    # Not pydantic's (deprecated) ``validate``: the extender's own check of settings built from
+    # flags, environment and file together, raising ConfigError naming the setting.
+    def validate(self) -> None:  # type: ignore[override]
+        policies = set(POLICY_NAMES) | set(POLICIES)
+        if self.policy.lower() not in policies:
+            raise ConfigError(f"policy {self.policy!r} unknown; choose one of {sorted(policies)}")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port {self.port} out of range")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigError("tls-cert-file and tls-key-file go together")
+        if self.client_ca_file is not None and not self.tls:
+            raise ConfigError("client-ca-file needs tls-cert-file and tls-key-file")
+        if not self.tls and not self.allow_insecure_http and not is_loopback(self.host):
+            raise ConfigError(
+                f"refusing plain HTTP on {self.host}: configure tls-cert-file/tls-key-file or "
+                "pass --allow-insecure-http"
+            )
+        if self.body_limit_bytes < 1024:
+            raise ConfigError(f"max-body-bytes {self.max_body_bytes} is too small")
+        if self.inflight_limit_bytes < self.body_limit_bytes:
+            raise ConfigError(
+                f"max-inflight-body-bytes {self.inflight_limit_bytes} is smaller than "
+                f"max-body-bytes {self.body_limit_bytes}: no full-size request could be served"
+            )
+        for key, seconds in (
+            ("request-head-timeout-seconds", self.request_head_timeout_s),
+            ("request-body-timeout-seconds", self.request_body_timeout_s),
+        ):
+            if not 0 < seconds <= 3600:  # also refuses NaN
+                raise ConfigError(f"{key} {seconds} must be more than 0 and at most 3600")
+        if self.bind_attempts < 1:
+            raise ConfigError("bind-attempts must be at least 1")
+        self._validate_metrics_listener()
+        if self.scheduler_version is not None:
+            try:
+                parse_version(self.scheduler_version)
+            except ValueError as exc:
+                raise ConfigError(f"scheduler-version {exc}") from None
+        if self.leader_lease:
+            namespace, _, name = self.leader_lease.partition("/")
+            if not namespace or not name or "/" in name:
+                raise ConfigError(
+                    f"leader-lease {self.leader_lease!r} must be namespace/name, e.g. "
+                    "kube-system/kube-scheduler"
+                )
+
+    def _validate_metrics_listener(self) -> None:
+        if self.metrics_port is None:
+            return
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics-port {self.metrics_port} out of range (0-65535)")
+        if not is_ip_or_localhost(self.metrics_host):
+            raise ConfigError(
+                f"metrics-host {self.metrics_host!r} is not an IP address (e.g. 0.0.0.0, ::, "
+                "127.0.0.1)"
+            )
+        hosts = {self.host, self.metrics_host}
+        if self.metrics_port == self.port != 0 and (len(hosts) == 1 or hosts & _WILDCARD_HOSTS):
+            raise ConfigError(
+                f"metrics-port {self.metrics_port} is also port on {self.host}: the verbs and "
+                "the metrics listener need a port each"
+            )
+
+
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
+def is_ip_or_localhost(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# The leader-lease value that says "exactly one extender runs": binds are then never gated.
+SINGLE_INSTANCE = "none"
+
+
+def resolve_leader_lease(value: str | None) -> str | None:
+    """``namespace/name`` stays; ``none`` is None (no gate); unset is an error.
+
+    There is no silent default: an extender without a lease binds whenever asked, so two of
+    them (a second control-plane node, a rolling update, a copied config) each hand out the
+    same cards. Running unguarded has to be said out loud."""
+    if value is None or not value.strip():
+        raise ConfigError(
+            "leader-lease is not set: give the namespace/name of the Lease that the "
+            "kube-scheduler calling this extender elects its leader with (kube-system/"
+            "kube-scheduler for the default scheduler), or 'none' if exactly one extender "
+            "can ever run"
+        )
+    if value.strip().lower() == SINGLE_INSTANCE:
+        return None
+    return value.strip()
+
+
+def load_config_file(path: Path, known: Collection[str]) -> dict[str, Any]:
+    """A versioned YAML file as option defaults (keys are the long flag names, ``known``).
+
+    An unknown key is an error naming the nearest known one: silently ignored, ``polcy:`` or
+    ``leader-leese:`` would run with the default, and the latter would bind with no leader
+    guard at all."""
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte offset {exc.start})") from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: must be a mapping")
+    if doc.get("apiVersion") != CONFIG_API_VERSION or doc.get("kind") != CONFIG_KIND:
+        raise ConfigError(
+            f"{path}: apiVersion/kind must be {CONFIG_API_VERSION}/{CONFIG_KIND}, got "
+            f"{doc.get('apiVersion')!r}/{doc.get('kind')!r}"
+        )
+    settings = doc.get("settings") or {}
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{path}: settings must be a mapping")
+    keys = sorted(k.replace("_", "-") for k in known)
+    for key in settings:
+        if str(key).replace("_", "-") not in keys:
+            close = difflib.get_close_matches(str(key).replace("_", "-"), keys, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(keys)}"
+            raise ConfigError(f"{path}: settings: unknown key {key!r} ({hint})")
+    return {str(k).replace("-", "_"): v for k, v in settings.items()}
+
+
+def load_workload(path: Path) -> TypicalWorkload:
+    """A target workload for FGD/kubegpu: YAML ``pods: [{cpuMilli, gpuMilli, gpuCount,
+    weight, models?}]`` (``gpuMilli`` per card; whole cards are 1000)."""
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"workload file {path}: not UTF-8 text (byte offset {exc.start})"
+        ) from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"workload file {path}: cannot read ({exc})") from None
+    pods = doc.get("pods") if isinstance(doc, dict) else None
+    if not isinstance(pods, list) or not pods:
+        raise ConfigError(f"workload file {path}: needs a non-empty 'pods' list")
+    weighted: list[tuple[PodRequest, float]] = []
+    for i, item in enumerate(pods):
+        try:
+            request = PodRequest(
+                int(item["cpuMilli"]),
+                0,
+                int(item.get("gpuCount", 1 if int(item.get("gpuMilli", 0)) else 0)),
+                int(item.get("gpuMilli", 0)),
+                None,
+                frozenset(model_key(str(m)) for m in item.get("models") or ()),
+            )
+            weight = float(item["weight"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"workload file {path}: pods[{i}]: {exc}") from None
+        if weight <= 0:
+            raise ConfigError(f"workload file {path}: pods[{i}]: weight must be > 0")
+        weighted.append((request, weight))
+    return TypicalWorkload.from_weights(weighted)

@@ -1,0 +1,46 @@
+"""The one small protocol every GPU backend implements (NVML and fake): a port of the core.
+
+Consumers (device plugin, labels, exporter) receive a ``GpuBackend`` from their role's
+composition root (:mod:`kubegpu.roles`) and never import ``pynvml`` or the inventory edge
+themselves; the protocol lives in the core so that no edge has to import another to name it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from kubegpu.core.gpu import GpuUuid, NodeInventory
+from kubegpu.core.health import HealthEvent
+
+
+class InventoryError(Exception):
+    """A backend could not read the GPUs; ``hint`` says what the admin should check."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(f"{message} — {hint}" if hint else message)
+        self.message = message
+        self.hint = hint
+
+
+class HealthWatcher(Protocol):
+    """Blocking source of health events for one physical GPU (one thread waits on it)."""
+
+    def wait(self, timeout_s: float) -> list[HealthEvent]:
+        """Events seen within ``timeout_s`` (empty when nothing happened)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class GpuBackend(Protocol):
+    name: str
+
+    def snapshot(self) -> NodeInventory:
+        """Read every GPU once and freeze the result."""
+        ...
+
+    def watch_health(self, uuid: GpuUuid) -> HealthWatcher:
+        """Open a watcher for one GPU's Xid and device-lost events."""
+        ...
+
+    def close(self) -> None: ...
