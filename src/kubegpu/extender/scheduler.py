@@ -14,7 +14,7 @@ import logging
 import operator
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -413,8 +413,3 @@ def _split_whole(
             position += c.whole_gpus
         out.append(ContainerAllocation(c.name, c.init, taken))
     return tuple(out)
-
-
-def all_reasons(outcome: FilterOutcome) -> Iterable[str]:
-    yield from outcome.failed.values()
-    yield from outcome.unresolvable.values()
