@@ -2,8 +2,10 @@
 
 The kubelet asks the device plugin (``GetPreferredAllocation``) which ``size`` devices, out of
 the free ones and including some it already picked, it should hand to a container. This module
-answers from the node inventory alone, without I/O, so the device plugin, the extender and the
-simulator can all call the same function and tests can check it against a brute force.
+answers from the node inventory alone, without I/O, so the device plugin's handler stays thin
+and tests can check the answer against a brute force. (The extender and the simulator choose
+cards with :mod:`kubegpu.placement.engine` instead: they place shares and whole cards by
+policy, not by links.)
 
 Two cases, as in NVIDIA's plugin:
 
