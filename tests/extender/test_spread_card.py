@@ -17,7 +17,9 @@ from tests.extender.cluster import gpu_node, http_session, post, running_extende
 async def bind(http: Any, url: str, server: FakeApiServer, name: str, node: str) -> None:
     uid = server.store.get("pods", "default", name)["metadata"]["uid"]
     _, body = await post(
-        http, f"{url}/bind", {"PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": node}
+        http,
+        f"{url}/bind",
+        {"PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": node},
     )
     assert body == {"Error": ""}
 
