@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import re
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -277,16 +276,17 @@ class NamelessXidBackend:
 
     def watch_health(self, uuid: GpuUuid) -> HealthWatcher:
         pending = [HealthEvent(HealthEventKind.XID, None, xid=48)]
+        closed = threading.Event()
 
         class Watcher:
             def wait(self, timeout_s: float) -> list[HealthEvent]:
                 if pending:
                     return [pending.pop()]
-                time.sleep(timeout_s)
+                closed.wait(timeout_s)  # NVML's blocking wait, cut short by close
                 return []
 
             def close(self) -> None:
-                pass
+                closed.set()
 
         return Watcher()
 
@@ -299,19 +299,20 @@ def test_an_event_naming_no_gpu_is_passed_on_once_per_watcher_as_its_gpu() -> No
     events: list[HealthEvent] = []
     lock = threading.Lock()
 
+    all_four = threading.Event()
+
     def on_event(event: HealthEvent) -> None:
         with lock:
             events.append(event)
+            if len(events) >= 4:
+                all_four.set()
 
     monitor = HealthMonitor(
         backend, backend.inventory, HealthCheckPolicy(), Recorder(), poll_timeout_s=0.02,
         on_event=on_event,
     )  # fmt: skip
     with monitor:
-        deadline = time.monotonic() + WAIT_S
-        while len(events) < 4:
-            assert time.monotonic() < deadline, events
-            time.sleep(0.01)
+        assert all_four.wait(WAIT_S), events
     assert sorted((e.uuid, e.xid) for e in events) == sorted(
         (gpu.uuid, 48) for gpu in backend.inventory.gpus
     )

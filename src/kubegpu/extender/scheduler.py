@@ -14,7 +14,7 @@ import logging
 import operator
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -33,7 +33,7 @@ from kubegpu.extender.reasons import (
 from kubegpu.kube.view import ClusterView
 from kubegpu.placement.engine import PlacementEngine, RowShapeChanged
 from kubegpu.placement.fragmentation import ClassKey, TypicalWorkload, class_key
-from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
+from kubegpu.placement.model import MILLI_PER_GPU
 from kubegpu.placement.policies import get_policy
 from kubegpu.placement.target import target_workload
 from kubegpu.sharing.accounting import NodeInfo, PodUsage, node_state
@@ -53,9 +53,9 @@ from kubegpu.sharing.resources import (
 
 log = logging.getLogger(__name__)
 
-# Extender policy name -> engine policy. "spread" scores with BestFit turned upside down and
-# takes the emptiest card (the engine has no spread policy of its own).
-POLICY_ALIASES = {"binpack": "bestfit", "spread": "bestfit", "fgd": "fgd", "kubegpu": "kubegpu"}
+# Extender policy name -> engine policy ("spread": BestFit's score upside down and the emptiest
+# card, ``kubegpu.placement.policies.SPREAD``).
+POLICY_ALIASES = {"binpack": "bestfit", "spread": "spread", "fgd": "fgd", "kubegpu": "kubegpu"}
 MAX_EXTENDER_PRIORITY = 10
 
 
@@ -105,7 +105,6 @@ class GpuScheduler:
         self.view = view
         self.policy = policy.strip().lower()
         self.engine_policy = get_policy(POLICY_ALIASES.get(self.policy, self.policy))
-        self.spread = self.policy == "spread"
         self.configured_workload = workload
         self.workload_refresh_s = workload_refresh_s
         self.clock = clock
@@ -323,8 +322,6 @@ class GpuScheduler:
         ordered = rows[wanted][by_row]
         scores = np.empty(wanted.size, dtype=np.int64)
         scores[by_row] = engine.scores(pod, ordered)
-        if self.spread:
-            scores = 100 - scores
         scaled = (scores * MAX_EXTENDER_PRIORITY + 50) // 100
         return wanted, rows[wanted], scaled
 
@@ -343,7 +340,7 @@ class GpuScheduler:
         fit = engine.explain(node, placement)
         if not fit.fits:
             raise Unschedulable(fit.reason)
-        indices = self._pick(engine, node, placement)
+        indices = engine.pick_gpus(node, placement)
         by_index = {g.index: g for g in info.inventory.gpus}
         if request.kind is RequestKind.SHARED:
             gpu = by_index[indices[0]]
@@ -385,26 +382,6 @@ class GpuScheduler:
         self.engine()
         return decision
 
-    def _pick(self, engine: PlacementEngine, node: str, pod: PodRequest) -> tuple[int, ...]:
-        if not (self.spread and pod.is_gpu_share):
-            return engine.pick_gpus(node, pod)
-        # Spread: the card with the most free compute (then memory, then lowest index) that fits
-        # and is of a model the pod allows.
-        state = engine.node_state(node)
-        best = None
-        for gpu in state.gpus:
-            memory = gpu.free_memory_mib or 0
-            if gpu.free_milli < pod.gpu_milli or memory < (pod.gpu_memory_mib or 0):
-                continue
-            if not pod.allows_model(gpu.model or state.gpu_model):
-                continue
-            key = (-gpu.free_milli, -memory, gpu.index)
-            if best is None or key < best:
-                best = key
-        if best is None:
-            raise Unschedulable(engine.explain(node, pod).reason or f"{node}: no card fits")
-        return (best[2],)
-
 
 def _pick(names: Sequence[str], positions: npt.NDArray[np.int64]) -> tuple[str, ...]:
     """``tuple(names[k] for k in positions)`` without a Python-level loop (thousands of
@@ -442,8 +419,3 @@ def _split_whole(
             position += c.whole_gpus
         out.append(ContainerAllocation(c.name, c.init, taken))
     return tuple(out)
-
-
-def all_reasons(outcome: FilterOutcome) -> Iterable[str]:
-    yield from outcome.failed.values()
-    yield from outcome.unresolvable.values()

@@ -105,10 +105,6 @@ class HealthMonitor:
         with self._lock:
             return {uuid: state.healthy for uuid, state in self._states.items()}
 
-    def is_healthy(self, uuid: GpuUuid) -> bool:
-        with self._lock:
-            return self._states[uuid].healthy
-
     def start(self) -> None:
         if self._started:
             raise RuntimeError("HealthMonitor.start() called twice")

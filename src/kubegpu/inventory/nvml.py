@@ -20,7 +20,14 @@ from typing import Any
 
 from kubegpu.core.gpu import GpuDevice, GpuLink, GpuUuid, NodeInventory, PcieLink
 from kubegpu.core.health import HealthEvent, HealthEventKind
-from kubegpu.inventory.backend import InventoryError
+from kubegpu.inventory import nvml_session
+from kubegpu.inventory.nvml_session import (
+    _LOST_ERRORS,
+    _UNSUPPORTED_ERRORS,
+    _code,
+    _error_name,
+    translate_nvml_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,89 +41,6 @@ _TOPOLOGY_LEVELS: dict[str, PcieLink] = {
     "NVML_TOPOLOGY_NODE": PcieLink.NODE,
     "NVML_TOPOLOGY_SYSTEM": PcieLink.SYS,
 }
-
-# Error codes meaning "this GPU or driver cannot answer that question": the field becomes None.
-_UNSUPPORTED_ERRORS = (
-    "NVML_ERROR_NOT_SUPPORTED",
-    "NVML_ERROR_FUNCTION_NOT_FOUND",
-    "NVML_ERROR_NOT_FOUND",
-    "NVML_ERROR_NO_DATA",
-    "NVML_ERROR_INVALID_ARGUMENT",
-)
-# Error codes meaning the GPU stopped answering (fell off the bus, or the driver lost it).
-_LOST_ERRORS = ("NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_UNKNOWN")
-
-# (message, hint) per NVML error code name; the hint is what an admin should look at.
-_ERROR_HINTS: dict[str, tuple[str, str]] = {
-    "NVML_ERROR_LIBRARY_NOT_FOUND": (
-        "NVML library not found",
-        "is the NVIDIA driver installed and the driver libraries mounted into this container? "
-        "(libnvidia-ml.so.1; with the NVIDIA container toolkit set "
-        "NVIDIA_DRIVER_CAPABILITIES=utility or use the nvidia runtime class)",
-    ),
-    "NVML_ERROR_DRIVER_NOT_LOADED": (
-        "NVIDIA driver not loaded",
-        "is the nvidia kernel module loaded (lsmod | grep nvidia) and /dev/nvidiactl present? "
-        "check dmesg for driver load errors",
-    ),
-    "NVML_ERROR_NO_PERMISSION": (
-        "no permission to query the GPU",
-        "run the agent privileged or give it the /dev/nvidia* device nodes",
-    ),
-    "NVML_ERROR_GPU_IS_LOST": (
-        "GPU is lost",
-        "it stopped answering (Xid 79, fallen off the bus?); check dmesg; the GPU needs a reset "
-        "or the node a reboot",
-    ),
-    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": (
-        "NVML library and kernel driver versions differ",
-        "the driver was upgraded without a reboot, or the container mounts libraries from "
-        "another driver version; reboot or remount the host's driver libraries",
-    ),
-    "NVML_ERROR_RESET_REQUIRED": (
-        "GPU requires a reset",
-        "reset it with nvidia-smi -r -i <index> when idle, or reboot the node",
-    ),
-    "NVML_ERROR_CORRUPTED_INFOROM": (
-        "GPU infoROM is corrupted",
-        "the GPU needs service; check nvidia-smi -q and dmesg",
-    ),
-    "NVML_ERROR_INSUFFICIENT_POWER": (
-        "GPU has insufficient power",
-        "check that its power cables are connected",
-    ),
-    "NVML_ERROR_IRQ_ISSUE": ("NVIDIA driver interrupt problem", "check dmesg for NVRM errors"),
-    "NVML_ERROR_UNINITIALIZED": (
-        "NVML is not initialised",
-        "a bug in kubegpu: the backend was used after close()",
-    ),
-    "NVML_ERROR_UNKNOWN": (
-        "NVML reported an unknown error",
-        "often a GPU that fell off the bus or a driver problem; check dmesg for Xid messages",
-    ),
-}
-
-
-def _code(nvml: Any, name: str) -> int | None:
-    value = getattr(nvml, name, None)
-    return value if isinstance(value, int) else None
-
-
-def _error_name(nvml: Any, exc: BaseException) -> str | None:
-    value = getattr(exc, "value", None)
-    for name in _ERROR_HINTS.keys() | set(_UNSUPPORTED_ERRORS) | {"NVML_ERROR_TIMEOUT"}:
-        if value is not None and value == _code(nvml, name):
-            return name
-    return None
-
-
-def translate_nvml_error(nvml: Any, exc: BaseException, doing: str) -> InventoryError:
-    """An :class:`InventoryError` saying what failed and what to check."""
-    name = _error_name(nvml, exc)
-    if name in _ERROR_HINTS:
-        message, hint = _ERROR_HINTS[name]
-        return InventoryError(f"{message} while {doing}", hint)
-    return InventoryError(f"NVML error while {doing}: {exc}", "check nvidia-smi and dmesg")
 
 
 def _text(value: object) -> str:
@@ -158,20 +82,8 @@ class NvmlBackend:
         with self._lock:
             if self._initialised:
                 return
-            if self._nvml is None:
-                try:
-                    import pynvml
-                except ImportError as exc:
-                    raise InventoryError(
-                        "the NVML Python bindings are not installed",
-                        "install nvidia-ml-py (pip install nvidia-ml-py)",
-                    ) from exc
-                self._nvml = pynvml
-            nvml = self._nvml
-            try:
-                nvml.nvmlInit()
-            except nvml.NVMLError as exc:
-                raise translate_nvml_error(nvml, exc, "initialising NVML") from exc
+            # One process-wide NVML session, shared with the metrics source.
+            self._nvml = nvml_session.acquire(self._nvml)
             self._initialised = True
 
     def close(self) -> None:
@@ -180,8 +92,7 @@ class NvmlBackend:
             if not self._initialised:
                 return
             self._initialised = False
-            with contextlib.suppress(self._nvml.NVMLError):
-                self._nvml.nvmlShutdown()
+            nvml_session.release(self._nvml)
 
     def _ready(self) -> Any:
         self.init()

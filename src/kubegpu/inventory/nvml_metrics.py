@@ -1,4 +1,4 @@
-"""Live GPU metrics read from NVML: the only place outside the NVML backend that calls pynvml.
+"""Live GPU metrics read from NVML: the only place besides the NVML backend that calls pynvml.
 
 One :meth:`NvmlMetricsSource.read_metrics` reads every GPU once and freezes the result. A query
 the GPU or driver does not support (``NVML_ERROR_NOT_SUPPORTED``), or that we may not make
@@ -10,7 +10,6 @@ background refresher).
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from typing import Any, TypeVar
 
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.metrics import GpuMetrics, ProcessGpuMemory
-from kubegpu.inventory.backend import InventoryError
+from kubegpu.inventory import nvml_session
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +38,10 @@ class NvmlMetricsSource:
         self._injected = nvml
 
     def _init(self) -> Any:
+        """The NVML module, held (called with ``_lock`` held)."""
         if self._nvml is None:
-            try:
-                module: Any = self._injected or importlib.import_module("pynvml")
-                module.nvmlInit()
-            except Exception as exc:  # pynvml raises NVMLError subclasses or OSError
-                raise InventoryError(
-                    f"cannot initialise NVML: {exc}",
-                    hint="is the NVIDIA driver loaded and libnvidia-ml.so.1 visible "
-                    "(container toolkit, NVIDIA_VISIBLE_DEVICES)?",
-                ) from exc
-            self._nvml = module
+            # One process-wide NVML session, shared with the inventory backend.
+            self._nvml = nvml_session.acquire(self._injected)
         return self._nvml
 
     def _optional(self, uuid: str, what: str, call: Callable[[], _T]) -> _T | None:
@@ -150,8 +142,5 @@ class NvmlMetricsSource:
     def close(self) -> None:
         with self._lock:
             if self._nvml is not None:
-                try:
-                    self._nvml.nvmlShutdown()
-                except self._nvml.NVMLError as exc:
-                    log.debug("nvmlShutdown failed: %s", exc)
+                nvml_session.release(self._nvml)
                 self._nvml = None

@@ -98,10 +98,6 @@ class NodeState:
     affinity_counts: Mapping[str, int] = field(default_factory=dict, hash=False, compare=False)
 
     @property
-    def gpu_free_milli_total(self) -> int:
-        return sum(g.free_milli for g in self.gpus)
-
-    @property
     def card_models(self) -> tuple[str, ...]:
         """Each card's model, in device-index order."""
         return tuple(g.model or self.gpu_model for g in sorted(self.gpus, key=lambda g: g.index))

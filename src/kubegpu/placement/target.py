@@ -25,7 +25,7 @@ def target_workload(policy: PolicySpec, classes: Iterable[ClassKey]) -> TypicalW
     FGD: the classes covering :data:`FGD_POPULARITY_PERCENT` of the pods, a model constraint
     keyed as spelt (the paper's simulator does so; live pods come with one spelling). Ours:
     every class, models as sets (it cuts to FGD's popular classes itself where it needs to,
-    ``PlacementEngine._kubegpu_keys``). Other policies ignore the workload.
+    ``kubegpu.placement.policies.kubegpu.KubegpuScorer.keys``). Other policies ignore the workload.
     """
     keys = list(classes)
     if policy.node_score is NodeScore.KUBEGPU:

@@ -2,8 +2,10 @@
 
 The kubelet asks the device plugin (``GetPreferredAllocation``) which ``size`` devices, out of
 the free ones and including some it already picked, it should hand to a container. This module
-answers from the node inventory alone, without I/O, so the device plugin, the extender and the
-simulator can all call the same function and tests can check it against a brute force.
+answers from the node inventory alone, without I/O, so the device plugin's handler stays thin
+and tests can check the answer against a brute force. (The extender and the simulator choose
+cards with :mod:`kubegpu.placement.engine` instead: they place shares and whole cards by
+policy, not by links.)
 
 Two cases, as in NVIDIA's plugin:
 
@@ -18,7 +20,7 @@ Two cases, as in NVIDIA's plugin:
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -74,15 +76,6 @@ def score_matrix(inventory: NodeInventory) -> tuple[tuple[int, ...], ...]:
             )
         )
     return tuple(rows)
-
-
-def set_score(inventory: NodeInventory, uuids: Iterable[GpuUuid]) -> int:
-    """Total pairwise score of a set of GPUs (used by callers and tests to compare answers)."""
-    chosen = [inventory.by_uuid(u) for u in uuids]
-    return sum(
-        pair_score(inventory.link(a.uuid, b.uuid), a.numa_node, b.numa_node)
-        for a, b in combinations(chosen, 2)
-    )
 
 
 def best_gpu_set(
@@ -242,12 +235,3 @@ def pick_replicas(
         in_use[gpu] += 1
         picked_here[gpu] += 1
     return tuple(chosen)
-
-
-def replica_counts(ids: Iterable[str], replicas: Mapping[str, ReplicaId]) -> dict[GpuUuid, int]:
-    """How many of ``ids`` sit on each GPU (for logs and tests)."""
-    counts: dict[GpuUuid, int] = {}
-    for i in ids:
-        g = replicas[i].gpu
-        counts[g] = counts.get(g, 0) + 1
-    return counts

@@ -20,7 +20,7 @@ FGD's measure sees neither well:
 
 A placement's cost is the growth of both, in milli-GPU: ``Δgap_waste + cpu_weight · Δstranded``.
 The engine orders nodes by that cost in ``bucket_milli`` buckets, then by FGD's own score,
-then by rank (see ``PlacementEngine._kubegpu_keys``). The three constants of
+then by rank (see ``kubegpu.placement.policies.kubegpu.KubegpuScorer.keys``). The three constants of
 :class:`WasteWeights` were measured, not derived: see docs/benchmarks.md, "07-Kubegpu", and
 ``bench/kubegpu_sensitivity.py``.
 

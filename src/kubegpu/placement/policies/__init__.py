@@ -1,8 +1,11 @@
 """Scheduling policies as data: a name, the paper's label, how node and cards are chosen.
 
 The six paper policies are the ones of Weng et al. (ATC'23) as their simulator implements them
-(``shared/specs/fgd-methodology.md`` §6); ``kubegpu`` is ours. The engine dispatches on
-:attr:`PolicySpec.node_score` and :attr:`PolicySpec.gpu_choice`; nothing else differs.
+(``shared/specs/fgd-methodology.md`` §6); ``kubegpu`` is ours; ``spread`` is the extender's
+opposite of bin packing. The engine dispatches on :attr:`PolicySpec.node_score` and
+:attr:`PolicySpec.gpu_choice`; nothing else differs. The scorers themselves live in this
+package's modules (:mod:`.simple`, :mod:`.fgd`, :mod:`.kubegpu`) and the card choice in
+:mod:`.cards`; this module imports no numpy, so the table is cheap to import.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ class NodeScore(enum.Enum):
     BEST_FIT = "best-fit"  # least (CPU, GPU) left after placement, min-max normalised
     FGD = "fgd"  # least growth of expected fragmentation
     KUBEGPU = "kubegpu"  # least doomed waste (card gaps, CPU-stranded GPU), then FGD, first fit
+    SPREAD = "spread"  # BestFit's score turned upside down: the emptiest node
 
 
 class GpuChoice(enum.Enum):
@@ -26,6 +30,7 @@ class GpuChoice(enum.Enum):
     BEST_FIT = "best-fit"  # the fitting card with the least free milli (lowest index on ties)
     FRAGMENTATION = "fragmentation"  # the card whose use adds the least fragmentation
     WASTE = "waste"  # the card whose use dooms the least waste, then the tightest
+    SPREAD = "spread"  # the fitting card with the most free milli, then memory (lowest index)
 
 
 @dataclass(frozen=True)
@@ -51,14 +56,18 @@ POLICIES: dict[str, PolicySpec] = {
     )
 }
 
+# Not in POLICIES, which is what the simulator's ``--policy all`` and the grid run (the paper's
+# six and ours); the extender's ``spread`` and ``kubegpu simulate --policy spread`` find it.
+SPREAD = PolicySpec("spread", "Spread", NodeScore.SPREAD, GpuChoice.SPREAD)
+
 DEFAULT_POLICY = "kubegpu"
 
 
 def get_policy(name: str) -> PolicySpec:
     """Look a policy up by CLI name or paper label, case-insensitively."""
     wanted = name.strip().lower()
-    for spec in POLICIES.values():
-        if wanted in (spec.name, spec.label.lower(), spec.label.split("-", 1)[1].lower()):
+    for spec in (*POLICIES.values(), SPREAD):
+        if wanted in (spec.name, spec.label.lower(), spec.label.split("-", 1)[-1].lower()):
             return spec
-    known = ", ".join(POLICIES)
+    known = ", ".join([*POLICIES, SPREAD.name])
     raise KeyError(f"unknown policy {name!r}; known: {known}")

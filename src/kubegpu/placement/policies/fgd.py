@@ -1,0 +1,215 @@
+"""FGD (Weng et al., ATC'23): score a node by how little its fragmentation grows, and give a
+share the card whose use grows it least.
+
+A node's FGD score depends only on its fragmentation state (free CPU, free milli per card,
+model) and the pod's class, so :class:`FgdScorer` keeps, per pod class, a table from the
+state's id (:attr:`ClusterState.state_id`) to its score, computed once per state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from kubegpu.placement.feasibility import eligible_cards
+from kubegpu.placement.fragmentation import (
+    FragmentationMemo,
+    sigmoid_score,
+    whole_card_sorted_after,
+)
+from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
+from kubegpu.placement.policies.cards import lowest_full_cards
+from kubegpu.placement.state import ClusterState, IntArray, StateKey
+
+# A pod's class as the per-state tables key it.
+PodKey = tuple[int, int, int, frozenset[str]]
+
+
+class FgdScorer:
+    """FGD's node score and card choice over ``state``.
+
+    ``memo`` measures fragmentation against the target workload; ``whole_card_memo`` is the
+    one whole-card pods are scored against (the same for FGD; our policy passes FGD's popular
+    classes only, see :mod:`.kubegpu`).
+    """
+
+    def __init__(
+        self,
+        state: ClusterState,
+        memo: FragmentationMemo,
+        whole_card_memo: FragmentationMemo | None = None,
+    ) -> None:
+        self.state = state
+        self.memo = memo
+        self.whole_card_memo = memo if whole_card_memo is None else whole_card_memo
+        self._score_tables: dict[PodKey, npt.NDArray[np.int16]] = {}
+
+    def state_score(self, key: StateKey, pod: PodRequest) -> int:
+        """FGD score of a node in state ``key`` for ``pod`` (best card for a share)."""
+        cpu, free, model = key
+        cpu_after = cpu - pod.cpu_milli
+        if not pod.is_gpu_share:
+            memo = self.whole_card_memo if pod.gpu_count else self.memo
+            after = (
+                mixed_whole_after(free, model, pod)
+                if isinstance(model, tuple)
+                else whole_card_sorted_after(free, pod.gpu_count)
+            )
+            before_whole = memo.fragment(cpu, free, model)
+            return sigmoid_score(before_whole, memo.fragment(cpu_after, after, model))
+        before = self.memo.fragment(cpu, free, model)
+        best = -1
+        if isinstance(model, tuple):
+            for _, after in mixed_share_options(free, model, pod):
+                best = max(best, sigmoid_score(before, self.memo.fragment(cpu_after, after, model)))
+            return best
+        previous = -1
+        for pos, value in enumerate(free):
+            if value < pod.gpu_milli or value == previous:
+                continue
+            previous = value
+            after = replace_sorted(free, pos, value - pod.gpu_milli)
+            best = max(best, sigmoid_score(before, self.memo.fragment(cpu_after, after, model)))
+        return best
+
+    def scores(self, pod: PodRequest, rows: IntArray) -> IntArray:
+        """FGD's integer score of each of ``rows`` (all feasible)."""
+        state = self.state
+        if pod.gpu_memory_mib is not None:
+            # Card memory makes card eligibility row-specific: no shared cache.
+            return np.array([self.row_choice(int(i), pod)[0] for i in rows], dtype=np.int64)
+        key: PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
+        table = self._score_tables.get(key)
+        needed = len(state.state_keys)
+        if table is None or table.size < needed:
+            grown = np.full(max(needed * 2, 1024), -1, dtype=np.int16)
+            if table is not None:
+                grown[: table.size] = table
+            table = grown
+            self._score_tables[key] = table
+        ids = state.state_id[rows]
+        out = table[ids]
+        missing = out < 0
+        if missing.any():
+            sids = np.unique(ids[missing]).tolist()
+            self.prefetch_states(pod, [state.state_keys[sid] for sid in sids])
+            for sid in sids:
+                table[sid] = self.state_score(state.state_keys[sid], pod)
+            out = table[ids]
+        return out.astype(np.int64)
+
+    def prefetch_states(self, pod: PodRequest, keys: list[StateKey]) -> None:
+        """Batch-compute the fragments :meth:`state_score` will look up for ``keys``
+        (single-model states; a node mixing models is computed when looked up)."""
+        memo = self.whole_card_memo if pod.gpu_count and not pod.is_gpu_share else self.memo
+        wanted: list[tuple[int, tuple[int, ...], str]] = []
+        for cpu, free, model in keys:
+            if not isinstance(model, str):
+                continue
+            wanted.append((cpu, free, model))
+            cpu_after = cpu - pod.cpu_milli
+            if not pod.gpu_count:
+                wanted.append((cpu_after, free, model))
+            elif not pod.is_gpu_share:
+                wanted.append((cpu_after, whole_card_sorted_after(free, pod.gpu_count), model))
+            else:
+                previous = -1
+                for pos, value in enumerate(free):
+                    if value < pod.gpu_milli or value == previous:
+                        continue
+                    previous = value
+                    after = replace_sorted(free, pos, value - pod.gpu_milli)
+                    wanted.append((cpu_after, after, model))
+        memo.prefetch(wanted)
+
+    def row_choice(self, i: int, pod: PodRequest) -> tuple[int, tuple[int, ...]]:
+        """FGD score of row ``i`` and the card columns it would use (first best card)."""
+        state = self.state
+        if not pod.is_gpu_share:
+            return self.state_score(state.row_key(i), pod), lowest_full_cards(state, i, pod)
+        count = int(state.gpu_count[i])
+        free_cols = state.card_free[i, :count].tolist()
+        cpu = int(state.cpu_free[i])
+        eligible = eligible_cards(state, np.array([i]), pod)[0]
+        best_score, best_col = -1, -1
+        if state.mixed[i]:
+            models = state.card_models[i]
+            before = self.memo.fragment(cpu, tuple(free_cols), models)
+            for col, after in mixed_share_options(tuple(free_cols), models, pod, eligible):
+                after_fragment = self.memo.fragment(cpu - pod.cpu_milli, after, models)
+                score = sigmoid_score(before, after_fragment)
+                if score > best_score:  # options come in column order: lowest index on ties
+                    best_score, best_col = score, col
+            return best_score, (best_col,)
+        sorted_free = tuple(sorted(free_cols))
+        model = state.models[i]
+        before = self.memo.fragment(cpu, sorted_free, model)
+        by_value: dict[int, int] = {}
+        for col in range(count):
+            if not eligible[col]:
+                continue
+            value = free_cols[col]
+            known = by_value.get(value)
+            if known is None:
+                pos = sorted_free.index(value)
+                after = replace_sorted(sorted_free, pos, value - pod.gpu_milli)
+                known = sigmoid_score(before, self.memo.fragment(cpu - pod.cpu_milli, after, model))
+                by_value[value] = known
+            score = known
+            if score > best_score:  # strictly greater: the lowest index wins ties
+                best_score, best_col = score, col
+        return best_score, (best_col,)
+
+
+def mixed_share_options(
+    free: tuple[int, ...],
+    models: tuple[str, ...],
+    pod: PodRequest,
+    eligible: Sequence[bool] | npt.NDArray[np.bool_] | None = None,
+) -> list[tuple[int, tuple[int, ...]]]:
+    """On a node mixing models (``free`` and ``models`` in card order): (column, free milli
+    after) for each card the share may take, the first of each (free milli, model) only, since
+    equal cards leave equal states. ``eligible`` (per column) overrides the compute and model
+    test when card memory matters too."""
+    out: list[tuple[int, tuple[int, ...]]] = []
+    seen: set[tuple[int, str]] = set()
+    for col, (value, model) in enumerate(zip(free, models, strict=True)):
+        usable = (
+            value >= pod.gpu_milli and pod.allows_model(model)
+            if eligible is None
+            else eligible[col]
+        )
+        if not usable or (value, model) in seen:
+            continue
+        seen.add((value, model))
+        after = list(free)
+        after[col] = value - pod.gpu_milli
+        out.append((col, tuple(after)))
+    return out
+
+
+def mixed_whole_after(
+    free: tuple[int, ...], models: tuple[str, ...], pod: PodRequest
+) -> tuple[int, ...]:
+    """On a node mixing models: free milli per card after ``pod`` takes its whole cards, the
+    lowest-index fully free ones of an allowed model (as :func:`.cards.lowest_full_cards`)."""
+    after = list(free)
+    left = pod.gpu_count
+    for col, (value, model) in enumerate(zip(free, models, strict=True)):
+        if left and value == MILLI_PER_GPU and pod.allows_model(model):
+            after[col] = 0
+            left -= 1
+    return tuple(after)
+
+
+def replace_sorted(values: tuple[int, ...], pos: int, new: int) -> tuple[int, ...]:
+    """``values`` (sorted) with the element at ``pos`` lowered to ``new``, still sorted."""
+    out = list(values)
+    del out[pos]
+    lo = 0
+    while lo < len(out) and out[lo] < new:
+        lo += 1
+    out.insert(lo, new)
+    return tuple(out)

@@ -1,0 +1,240 @@
+"""Ours: least doomed waste first, then FGD's score, then first fit (the fixed node rank).
+
+The waste a placement dooms is :mod:`kubegpu.placement.waste`'s; FGD's score is
+:class:`~kubegpu.placement.policies.fgd.FgdScorer`'s. Every key is cached per node state and
+pod class, as FGD's score is, so a replay computes each once.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kubegpu.placement.feasibility import eligible_cards
+from kubegpu.placement.fragmentation import FragmentationMemo
+from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
+from kubegpu.placement.policies.fgd import FgdScorer, PodKey
+from kubegpu.placement.state import ClusterState, FloatArray, FloatArray32, IntArray, StateKey
+from kubegpu.placement.waste import ModelWaste
+
+# Our policy breaks ties of CPU-only pods by fragmentation growth in buckets of this many
+# milli-GPU (see KubegpuScorer.keys for why not the exact value).
+GROWTH_BUCKET_MILLI = 300.0
+# ... and whole-card pods against the classes covering this share of the target workload.
+POPULAR_PERCENT = 95.0
+
+
+class KubegpuScorer:
+    """Our node order and card choice over ``state``.
+
+    ``fgd`` scores shares against the whole target workload and whole-card pods against its
+    :data:`POPULAR_PERCENT` classes; ``waste`` is the per-model waste the workload dooms.
+    """
+
+    def __init__(self, state: ClusterState, fgd: FgdScorer, waste: ModelWaste) -> None:
+        self.state = state
+        self.fgd = fgd
+        self.waste = waste
+        # Each row's entry in the per-model waste (nodes mixing models: the pooled one).
+        self.waste_entry: IntArray = np.array(
+            [
+                waste.index("" if mixed else model)
+                for model, mixed in zip(state.models, state.mixed, strict=True)
+            ],
+            dtype=np.int64,
+        )
+        self._delta_tables: dict[PodKey, FloatArray] = {}
+        self._bucket_tables: dict[tuple[str, int, int, int, frozenset[str]], FloatArray32] = {}
+
+    @property
+    def memo(self) -> FragmentationMemo:
+        return self.fgd.memo
+
+    def best(self, pod: PodRequest, rows: IntArray) -> int:
+        """Position in ``rows`` of the first node of our order, each later key computed only
+        on the nodes tied on the earlier ones (the same node as sorting by all keys, since
+        rows are in rank order; FGD's score, the costly key, then runs on a few nodes)."""
+        positions = np.arange(rows.size)
+        for key in self.key_stages(pod):
+            if positions.size == 1:
+                break
+            values = key(rows[positions])
+            positions = positions[values == values.min()]
+        return int(positions[0])
+
+    def scores(self, pod: PodRequest, rows: IntArray) -> IntArray:
+        # Live scores for the extender: the order above mapped onto 100 … 0 (equal keys, equal
+        # scores), so the best node scores 100 and the scheduler's own tie-break stays sane.
+        if rows.size == 1:
+            return np.full(1, 100, dtype=np.int64)
+        return order_scores(self.keys(pod, rows))
+
+    def keys(self, pod: PodRequest, rows: IntArray) -> list[FloatArray]:
+        """Sort keys of ``rows`` for our policy, most significant first; rank breaks the rest.
+
+        First, the waste the placement dooms (``kubegpu.placement.waste``), in cost
+        buckets: for a share, the growth of its best card's unfillable gap plus the node's
+        CPU-stranded GPU; for whole cards and CPU-only pods, the stranded GPU alone (a whole
+        card leaves no gap). Measured on the openb grid, this is what beats FGD: most of what
+        FGD leaves idle on a full cluster is card slivers no common share fits and cards on
+        nodes out of CPU.
+
+        Then FGD's integer score (negated): shares scored against the *whole* target workload,
+        whole-card pods against FGD's classes covering :data:`POPULAR_PERCENT` of it (the rare
+        multi-card classes the whole workload adds cost multi-GPU traces). Its coarse,
+        truncated score lets the fixed rank decide near-ties, i.e. first fit, which
+        consolidates load; exact values scatter it (~1 pp worse on openb's default trace).
+
+        CPU-only pods: after the stranded GPU, fragmentation growth in
+        :data:`GROWTH_BUCKET_MILLI` buckets, then the node with the least free GPU: CPU spent
+        where the cards are already allocated strands nothing.
+        """
+        return [key(rows) for key in self.key_stages(pod)]
+
+    def key_stages(self, pod: PodRequest) -> list[Callable[[IntArray], FloatArray]]:
+        """:meth:`keys` as functions of the rows, most significant first."""
+        if pod.is_gpu_share:
+            return [
+                lambda rows: self._per_state("share", pod, rows, self._share_bucket),
+                lambda rows: self._neg_fgd(pod, rows),
+            ]
+        stranded = functools.partial(
+            self._per_state, "stranded", pod, compute=self._stranded_bucket
+        )
+        if pod.gpu_count:
+            return [stranded, lambda rows: self._neg_fgd(pod, rows)]
+        return [
+            stranded,
+            lambda rows: np.floor(
+                np.round(self._fragment_growth(pod, rows), 6) / GROWTH_BUCKET_MILLI
+            ),
+            lambda rows: self.state.gpu_free_total[rows].astype(np.float64),
+        ]
+
+    def card(self, i: int, pod: PodRequest) -> int:
+        """Column of row ``i``'s card for a share (see :meth:`share_choice`)."""
+        return int(self.share_choice(pod, np.array([i]))[1][0])
+
+    def share_choice(self, pod: PodRequest, rows: IntArray) -> tuple[FloatArray, IntArray]:
+        """For a GPU share on each of ``rows``: the cost bucket of its best card and that
+        card's column. A card's cost is the growth of its unfillable gap plus the node's
+        CPU-stranded GPU (weighted); the best card has the least bucket, then the least free
+        milli (best fit), then the lowest index."""
+        state = self.state
+        free = state.card_free[rows]
+        bucket = self.waste.share_buckets(
+            self.waste_entry[rows],
+            free,
+            state.gpu_free_total[rows].astype(np.float64),
+            state.cpu_free[rows].astype(np.float64),
+            pod.gpu_milli,
+            pod.cpu_milli,
+        )
+        if pod.gpu_memory_mib is not None or pod.gpu_models:
+            bucket = np.where(eligible_cards(state, rows, pod), bucket, np.inf)
+        # Lexicographic (bucket, free milli) in one number: free milli is below the stride
+        # (cards that do not fit have an infinite bucket whatever their free milli).
+        cols = (bucket * (2 * MILLI_PER_GPU + 2) + free).argmin(axis=1)
+        return bucket[np.arange(rows.size), cols], cols.astype(np.int64)
+
+    # ----------------------------------------------------------------- the keys
+    def _neg_fgd(self, pod: PodRequest, rows: IntArray) -> FloatArray:
+        return -self.fgd.scores(pod, rows).astype(np.float64)
+
+    def _share_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
+        return self.share_choice(pod, rows)[0]
+
+    def _stranded_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
+        """Per row, the cost bucket of a pod taking no share (it leaves no card gap)."""
+        state = self.state
+        return self.waste.stranded_buckets(
+            self.waste_entry[rows],
+            state.gpu_free_total[rows].astype(np.float64),
+            state.cpu_free[rows].astype(np.float64),
+            pod.total_gpu_milli,
+            pod.cpu_milli,
+        )
+
+    def _cpu_pod_growth(self, key: StateKey, pod: PodRequest) -> float:
+        """Fragment growth F(n') − F(n) on state ``key`` when a CPU-only ``pod`` lands."""
+        cpu, free, model = key
+        before = self.memo.fragment(cpu, free, model)
+        return self.memo.fragment(cpu - pod.cpu_milli, free, model) - before
+
+    def _state_table(self, tables: dict[Any, Any], key: Any, dtype: Any) -> Any:
+        """The cache of one pod shape's value per node state, NaN where not computed yet,
+        grown (doubling) to hold every state seen so far."""
+        table = tables.get(key)
+        needed = len(self.state.state_keys)
+        if table is None or table.size < needed:
+            grown = np.full(max(needed * 2, 1024), np.nan, dtype=dtype)
+            if table is not None:
+                grown[: table.size] = table
+            table = grown
+            tables[key] = table
+        return table
+
+    def _fragment_growth(self, pod: PodRequest, rows: IntArray) -> FloatArray:
+        """Fragment growth of a CPU-only ``pod`` on each of ``rows`` (cached per state)."""
+        state = self.state
+        key: PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
+        table: FloatArray = self._state_table(self._delta_tables, key, np.float64)
+        ids = state.state_id[rows]
+        out = table[ids]
+        missing = np.isnan(out)
+        if missing.any():
+            sids = np.unique(ids[missing]).tolist()
+            self.fgd.prefetch_states(pod, [state.state_keys[sid] for sid in sids])
+            for sid in sids:
+                table[sid] = self._cpu_pod_growth(state.state_keys[sid], pod)
+            out = table[ids]
+        return out
+
+    def _per_state(
+        self,
+        stage: str,
+        pod: PodRequest,
+        rows: IntArray,
+        compute: Callable[[PodRequest, IntArray], FloatArray],
+    ) -> FloatArray:
+        """``compute(pod, rows)``, remembered per node state and pod class: a row's cost
+        bucket depends only on its state (free CPU, free milli per card, model), so each is
+        computed once, on one row of each state not seen yet, as FGD's score is."""
+        if pod.gpu_memory_mib is not None:  # card memory is not part of the state
+            return compute(pod, rows)
+        key = (stage, pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
+        table: FloatArray32 = self._state_table(self._bucket_tables, key, np.float32)
+        ids = self.state.state_id[rows]
+        out = table[ids]
+        missing = np.isnan(out)
+        if missing.any():
+            sids, first = np.unique(ids[missing], return_index=True)
+            table[sids] = compute(pod, rows[missing][first])
+            out = table[ids]
+        return out.astype(np.float64)
+
+
+def order_scores(keys: Sequence[npt.NDArray[np.float64]]) -> IntArray:
+    """Scores 100 … 0 from sort keys (most significant first, equal-length, at least two
+    elements): each element scores ``100 - p·100 div (n−1)``, where ``p`` is the position in
+    the stable lexicographic order of the first element with the same keys, so equal keys
+    score equally and the best scores 100.
+
+    Vectorised (a Python loop over the order cost ~5 ms at 5,000 nodes); a test holds it equal
+    to that loop. NaN never equals NaN here, as with Python floats.
+    """
+    n = keys[0].size
+    order = np.lexsort(tuple(reversed(keys)))
+    starts = np.zeros(n, dtype=bool)
+    starts[0] = True
+    for key in keys:
+        ordered = key[order]
+        starts[1:] |= ordered[1:] != ordered[:-1]
+    position = np.maximum.accumulate(np.where(starts, np.arange(n, dtype=np.int64), 0))
+    out = np.empty(n, dtype=np.int64)
+    out[order] = 100 - position * 100 // (n - 1)
+    return out
