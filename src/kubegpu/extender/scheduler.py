@@ -1,11 +1,12 @@
 """The extender's decisions: filter, prioritize and card choice over the placement engine.
 
 :class:`GpuScheduler` keeps one :class:`~kubegpu.placement.engine.PlacementEngine` in step with
-the :class:`~kubegpu.kube.view.ClusterView`: rows of nodes whose usage changed are rewritten
-before each call, and the engine is rebuilt when the node set, a node's inventory or the
-target workload changes (the engine has no add/remove-node operation). Everything here is
-synchronous: a decision and its reservation happen in one step of the event loop, so two binds
-can never both take the last room on a card, and no lock (node-wide or other) is needed.
+the cluster view (:class:`~kubegpu.extender.view.ClusterState`): rows of nodes whose usage
+changed are rewritten before each call, and the engine is rebuilt when the node set, a node's
+inventory or the target workload changes (the engine has no add/remove-node operation).
+Everything here is synchronous: a decision and its reservation happen in one step of the event
+loop, so two binds can never both take the last room on a card, and no lock (node-wide or
+other) is needed.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from kubegpu.extender.reasons import (
     rows_of,
     structural,
 )
-from kubegpu.kube.view import ClusterView
+from kubegpu.extender.view import ClusterState
 from kubegpu.placement.engine import PlacementEngine, RowShapeChanged
 from kubegpu.placement.fragmentation import ClassKey, TypicalWorkload, class_key
 from kubegpu.placement.model import MILLI_PER_GPU
@@ -95,7 +96,7 @@ class GpuScheduler:
 
     def __init__(
         self,
-        view: ClusterView,
+        view: ClusterState,
         policy: str = "kubegpu",
         *,
         workload: TypicalWorkload | None = None,

@@ -128,4 +128,3 @@ def holdings_from_list(response: api_pb2.ListPodResourcesResponse) -> list[Devic
                     DeviceHolding(pod.namespace, pod.name, container.name, resource, tuple(ids))
                 )
     return out
-
