@@ -247,6 +247,7 @@ def test_values_without_a_kustomize_counterpart_land_where_they_should(
             "extender.policy=binpack",
             "scheduler.kubeSchedulerImage.tag=v1.33.5",
             "nodeAgent.nodeSelector.pool=a100",
+            "nodeAgent.runtimeClassName=nvidia",
             "criticalPodsQuota.enabled=false",
         ],
     )
@@ -266,6 +267,7 @@ def test_values_without_a_kustomize_counterpart_land_where_they_should(
     assert containers["kube-scheduler"]["image"] == "registry.k8s.io/kube-scheduler:v1.33.5"
     env = {e["name"]: e.get("value") for e in containers["extender"]["env"]}
     assert env["KUBEGPU_EXTENDER_SCHEDULER_VERSION"] == "v1.33.5"
+    assert workloads["gpu-node-agent"]["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
     assert workloads["gpu-node-agent"]["spec"]["template"]["spec"]["nodeSelector"] == {
         "pool": "a100"
     }
