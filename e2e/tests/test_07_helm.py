@@ -315,8 +315,8 @@ NAMESPACE = "kubegpu-helm-e2e"
 INSTALL_VALUES = [
     f"namePrefix={PREFIX}",
     f"namespace.name={NAMESPACE}",
-    "nodeAgent.nodeSelector.kubegpu\\.io/e2e-no-such-node=true",
-    "scheduler.nodeSelector.kubegpu\\.io/e2e-no-such-node=true",
+    "nodeAgent.nodeSelector.kubegpu\\.io/e2e-no-such-node=yes",
+    "scheduler.nodeSelector.kubegpu\\.io/e2e-no-such-node=yes",
 ]
 # Every kind the chart can create, for the search for leftovers.
 KINDS = (
