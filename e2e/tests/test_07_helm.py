@@ -9,8 +9,8 @@ metadata.labels before comparing, and the pod spec's containers, volumes and vol
 compared in name order, since kustomize's strategic merge patch (deploy/components/nfd-labels)
 puts the items it patches first and Kubernetes gives these lists' order no meaning (env and
 args, whose order does matter, are compared as they are). Nothing else is touched, ConfigMap
-names with their content hash included. The render, lint and schema tests need no cluster; the last scenario installs,
-upgrades and uninstalls a release against the real API server."""
+names with their content hash included. The render, lint and schema tests need no cluster;
+the last scenario installs, upgrades and uninstalls a release against the real API server."""
 
 from __future__ import annotations
 
@@ -410,12 +410,13 @@ def test_helm_install_upgrade_uninstall_against_the_real_api_server(
     extender = f"system:serviceaccount:{NAMESPACE}:{PREFIX}-extender"
     agent = f"system:serviceaccount:{NAMESPACE}:{PREFIX}-node-agent"
     for who, verb, resource, allowed in (
-        (extender, "create", "pods/binding", "yes"),
+        (extender, "create", "pods --subresource=binding", "yes"),
         (extender, "delete", "pods", "no"),
         (agent, "patch", "nodes", "yes"),
         (agent, "delete", "nodes", "no"),
     ):
-        answer = cluster.kubectl("auth", "can-i", verb, resource, f"--as={who}", check=False)
+        argv = ["auth", "can-i", verb, *resource.split(), f"--as={who}"]
+        answer = cluster.kubectl(*argv, check=False)
         assert answer.stdout.strip() == allowed, (who, verb, resource, answer.stdout)
 
     def extender_policy() -> str:
