@@ -240,6 +240,7 @@ async def serve_dra_driver(
     sockets: SocketPaths,
     stop: asyncio.Event,
     unhealthy: Callable[[], Mapping[str, str]] | None = None,
+    started: asyncio.Event | None = None,
 ) -> None:
     """Run the DRA driver of one node until ``stop`` is set: publish the node's ResourceSlices,
     serve the kubelet, then de-register and remove both sockets.
@@ -247,6 +248,7 @@ async def serve_dra_driver(
     The entry point the ``kubegpu dra-driver`` role will call (CLI wiring is not done yet).
     A kubelet refusal (``NotifyRegistrationStatus(false)``) sets ``stop``: registration is not
     retried by the kubelet until the socket is re-created, so the supervisor should restart us.
+    ``started`` is set once the slices are published and both sockets answer.
     """
     preparer = ClaimPreparer(settings, inventory, claims)
     publisher = ResourceSlicePublisher(settings.node_name, settings.driver, slices)
@@ -257,4 +259,6 @@ async def serve_dra_driver(
             stop.set()
 
     async with DraPluginServer(preparer, sockets, on_status=on_status):
+        if started is not None:
+            started.set()
         await stop.wait()
