@@ -266,3 +266,15 @@ def test_socket_paths_default_to_the_kubelet_directories() -> None:
     paths = SocketPaths.for_driver("gpu.kubegpu.io")
     assert paths.registration == Path("/var/lib/kubelet/plugins_registry/gpu.kubegpu.io-reg.sock")
     assert paths.dra == Path("/var/lib/kubelet/plugins/gpu.kubegpu.io/dra.sock")
+
+
+async def test_an_unwritable_cdi_dir_fails_the_claim_not_the_call(node: Node) -> None:
+    node.settings.cdi_dir.parent.mkdir(parents=True, exist_ok=True)
+    node.settings.cdi_dir.write_text("a file where the CDI directory should be")
+    node.claims.allocate(WHOLE, AllocatedDevice("gpu", NODE, "gpu-0"))
+    async with DraPluginServer(node.preparer(), node.sockets):
+        response = await prepare(node, WHOLE)
+    error = response.claims[WHOLE.uid].error
+    assert error.startswith(f"claim {WHOLE}: ")
+    assert str(node.settings.cdi_dir) in error
+    assert node.preparer().checkpoint.claims() == {}

@@ -140,9 +140,11 @@ class DraServicer:
             entry = response.claims[claim.uid]
             try:
                 prepared = await self.preparer.prepare(claim)
-            except PrepareError as exc:
+            except (PrepareError, OSError) as exc:
+                # OSError: the CDI dir or the checkpoint cannot be written. The kubelet retries
+                # the claim; the other claims of the call are unaffected.
                 log.warning("cannot prepare claim %s: %s", claim, exc)
-                entry.error = str(exc)
+                entry.error = f"claim {claim}: {exc}" if isinstance(exc, OSError) else str(exc)
                 continue
             entry.devices.extend(self._devices(prepared))
         return response
