@@ -278,3 +278,12 @@ async def test_an_unwritable_cdi_dir_fails_the_claim_not_the_call(node: Node) ->
     assert error.startswith(f"claim {WHOLE}: ")
     assert str(node.settings.cdi_dir) in error
     assert node.preparer().checkpoint.claims() == {}
+
+
+async def test_a_first_available_subrequest_is_reported_under_its_parent_request(
+    node: Node, served: DraPluginServer
+) -> None:
+    node.claims.allocate(WHOLE, AllocatedDevice("gpu/a100", NODE, "gpu-0"))
+    response = await prepare(node, WHOLE)
+    (device,) = response.claims[WHOLE.uid].devices
+    assert list(device.request_names) == ["gpu"]

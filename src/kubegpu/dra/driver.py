@@ -85,7 +85,7 @@ class ClaimPreparer:
                 claim,
                 tuple(
                     PreparedDevice(
-                        request_names=(result.request,),
+                        request_names=(base_request(result.request),),
                         pool=result.pool,
                         device=result.device,
                         cdi_device_ids=(
@@ -165,6 +165,13 @@ def _merge(a: cdi.ClaimDevice, b: cdi.ClaimDevice) -> cdi.ClaimDevice:
         memory_bytes=_sum(a.memory_bytes, b.memory_bytes),
         compute_milli=_sum(a.compute_milli, b.compute_milli),
     )
+
+
+def base_request(request: str) -> str:
+    """``<request>/<subrequest>`` (a ``firstAvailable`` choice) → ``<request>``: containers name
+    the parent request in ``resources.claims[].request``, and the kubelet matches
+    ``request_names`` against that (upstream's kubeletplugin helper strips the same way)."""
+    return request.split("/", 1)[0]
 
 
 def _check_uid(uid: str) -> None:

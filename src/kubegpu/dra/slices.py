@@ -44,8 +44,8 @@ def slice_name(node_name: str, driver: str, index: int) -> str:
 
 
 def _semver(raw: str | None) -> str | None:
-    """A version attribute must be semver 2.0: "535.104.05" becomes "535.104.5", "12.4" stays out
-    of ``version`` unless it has three parts after padding. None when it does not parse."""
+    """A version attribute must be semver 2.0: "535.104.05" becomes "535.104.5" (no leading
+    zeros), "560.28" becomes "560.28.0". None when it is not one to three numbers."""
     if not raw:
         return None
     parts = raw.strip().split(".")
