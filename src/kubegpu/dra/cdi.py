@@ -1,0 +1,121 @@
+"""Per-claim CDI specs: what a container that uses a prepared claim gets from the runtime.
+
+One spec file per claim (``<cdi_dir>/kubegpu-dra-<claim uid>.json``) holding one CDI device per
+allocated GPU, named ``<claim uid>-<device>``, so the kubelet can hand the runtime fully qualified
+names (``<kind>=<name>``) and Unprepare can remove exactly that claim's file. The kind is our own
+(default ``<driver>/claim``) so it never clashes with nvidia-ctk's ``nvidia.com/gpu`` spec or the
+device plugin's. A share's memory and compute go into the environment under the same names the
+device plugin uses (docs/sharing.md). The spec is a property of the claim, not of a container:
+every container that uses the claim resolves the same device, so a claim is one share however
+many containers use it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubegpu.core.gpu import GpuDevice
+from kubegpu.dra.checkpoint import write_atomically
+
+CDI_VERSION = "0.6.0"
+
+# Same names as the device plugin's (kubegpu.kubelet.shares, docs/sharing.md); a test keeps
+# them equal without making this edge import that one.
+ENV_UUID = "KUBEGPU_GPU_UUID"
+ENV_MEMORY_LIMIT = "KUBEGPU_GPU_MEMORY_LIMIT_MIB"
+ENV_COMPUTE = "KUBEGPU_GPU_COMPUTE_MILLI"
+ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+ENV_SHARE_ID = "KUBEGPU_DRA_SHARE_ID"
+CONTROL_DEVICE_NODES: tuple[str, ...] = (
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+)
+
+
+@dataclass(frozen=True)
+class ClaimDevice:
+    """One allocated GPU of a claim, resolved against the inventory."""
+
+    name: str  # the device's name in the slice, e.g. "gpu-0"
+    gpu: GpuDevice
+    share_id: str | None = None
+    memory_bytes: int | None = None
+    compute_milli: int | None = None
+
+
+def default_kind(driver: str) -> str:
+    return f"{driver}/claim"
+
+
+def cdi_device_name(claim_uid: str, device: str) -> str:
+    return f"{claim_uid}-{device}"
+
+
+def qualified_name(kind: str, claim_uid: str, device: str) -> str:
+    return f"{kind}={cdi_device_name(claim_uid, device)}"
+
+
+def _host_path(dev_root: str, path: str) -> str:
+    return path if dev_root in ("", "/") else dev_root.rstrip("/") + path
+
+
+def _node(dev_root: str, path: str) -> dict[str, str]:
+    entry = {"path": path}
+    if dev_root not in ("", "/"):
+        entry["hostPath"] = _host_path(dev_root, path)
+    return entry
+
+
+def device_env(device: ClaimDevice) -> list[str]:
+    env: dict[str, str] = {ENV_VISIBLE_DEVICES: device.gpu.uuid, ENV_UUID: device.gpu.uuid}
+    if device.memory_bytes is not None:
+        env[ENV_MEMORY_LIMIT] = str(device.memory_bytes // 2**20)
+    if device.compute_milli is not None:
+        env[ENV_COMPUTE] = str(device.compute_milli)
+    if device.share_id is not None:
+        env[ENV_SHARE_ID] = device.share_id
+    return [f"{key}={value}" for key, value in env.items()]
+
+
+def claim_spec(
+    claim_uid: str, devices: Sequence[ClaimDevice], kind: str, dev_root: str = "/"
+) -> dict[str, Any]:
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": kind,
+        "devices": [
+            {
+                "name": cdi_device_name(claim_uid, d.name),
+                "containerEdits": {
+                    "deviceNodes": [_node(dev_root, d.gpu.device_node)],
+                    "env": device_env(d),
+                },
+            }
+            for d in devices
+        ],
+        "containerEdits": {"deviceNodes": [_node(dev_root, p) for p in CONTROL_DEVICE_NODES]},
+    }
+
+
+def spec_path(cdi_dir: Path, claim_uid: str) -> Path:
+    return cdi_dir / f"kubegpu-dra-{claim_uid}.json"
+
+
+def write_claim_spec(cdi_dir: Path, claim_uid: str, spec: dict[str, Any]) -> Path:
+    target = spec_path(cdi_dir, claim_uid)
+    write_atomically(target, json.dumps(spec, indent=2) + "\n", mode=0o644)
+    return target
+
+
+def remove_claim_spec(cdi_dir: Path, claim_uid: str) -> bool:
+    """True when a spec was there to remove (Unprepare of a never-prepared claim is fine)."""
+    try:
+        spec_path(cdi_dir, claim_uid).unlink()
+    except FileNotFoundError:
+        return False
+    return True

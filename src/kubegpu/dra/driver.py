@@ -1,0 +1,179 @@
+"""Preparing and unpreparing claims on this node: the logic behind the DRA gRPC handlers.
+
+Idempotent by construction: a claim already in the checkpoint is answered from it (no second
+API read, no second share); Unprepare of a claim we never prepared succeeds. Order of effects
+on Prepare: CDI spec first, then the checkpoint entry, so a crash in between leaves at worst a
+spec that the repeated Prepare overwrites. On Unprepare: spec removed first, then the entry, so
+a crash leaves an entry whose repeated Unprepare finishes the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubegpu.core.gpu import NodeInventory
+from kubegpu.dra import cdi
+from kubegpu.dra.checkpoint import Checkpoint
+from kubegpu.dra.model import (
+    ClaimAllocation,
+    ClaimRef,
+    PreparedClaim,
+    PreparedDevice,
+    device_index,
+)
+from kubegpu.dra.ports import ClaimLookupError, ResourceClaimSource
+from kubegpu.dra.slices import pool_name
+
+log = logging.getLogger(__name__)
+
+# Claim UIDs end up in file names: accept what Kubernetes generates (UUIDs), nothing path-like.
+_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")
+
+
+class PrepareError(RuntimeError):
+    """This claim cannot be prepared on this node (reported per claim, not for the call)."""
+
+
+@dataclass(frozen=True)
+class DriverSettings:
+    driver: str
+    node_name: str
+    cdi_dir: Path
+    checkpoint_path: Path
+    cdi_kind: str | None = None  # default: "<driver>/claim"
+    dev_root: str = "/"
+
+    @property
+    def kind(self) -> str:
+        return self.cdi_kind or cdi.default_kind(self.driver)
+
+
+class ClaimPreparer:
+    """Owns the checkpoint and the per-claim CDI specs of one node."""
+
+    def __init__(
+        self, settings: DriverSettings, inventory: NodeInventory, claims: ResourceClaimSource
+    ) -> None:
+        self.settings = settings
+        self.inventory = inventory
+        self.claims = claims
+        self.checkpoint = Checkpoint(settings.checkpoint_path)
+        # One prepare/unprepare at a time: the checkpoint is rewritten whole on each change.
+        self._lock = asyncio.Lock()
+
+    async def prepare(self, claim: ClaimRef) -> PreparedClaim:
+        """Raises :class:`PrepareError` with a message naming the claim and the reason."""
+        _check_uid(claim.uid)
+        async with self._lock:
+            done = self.checkpoint.get(claim.uid)
+            if done is not None:
+                log.info("claim %s already prepared, answering from the checkpoint", claim)
+                return done
+            try:
+                allocation = await self.claims.allocation(claim, self.settings.driver)
+            except ClaimLookupError as exc:
+                raise PrepareError(f"claim {claim}: {exc}") from None
+            devices = self._resolve(allocation)
+            spec = cdi.claim_spec(claim.uid, devices, self.settings.kind, self.settings.dev_root)
+            cdi.write_claim_spec(self.settings.cdi_dir, claim.uid, spec)
+            prepared = PreparedClaim(
+                claim,
+                tuple(
+                    PreparedDevice(
+                        request_names=(base_request(result.request),),
+                        pool=result.pool,
+                        device=result.device,
+                        cdi_device_ids=(
+                            cdi.qualified_name(self.settings.kind, claim.uid, result.device),
+                        ),
+                        share_id=result.share_id,
+                    )
+                    for result in allocation.devices
+                ),
+            )
+            self.checkpoint.put(prepared)
+            log.info(
+                "prepared claim %s on node %s: %s",
+                claim,
+                self.settings.node_name,
+                ", ".join(d.device for d in prepared.devices) or "no devices",
+            )
+            return prepared
+
+    async def unprepare(self, claim: ClaimRef) -> None:
+        _check_uid(claim.uid)
+        async with self._lock:
+            removed = cdi.remove_claim_spec(self.settings.cdi_dir, claim.uid)
+            known = self.checkpoint.get(claim.uid) is not None
+            self.checkpoint.remove(claim.uid)
+            if known or removed:
+                log.info("unprepared claim %s on node %s", claim, self.settings.node_name)
+
+    def prepared(self) -> Iterable[PreparedClaim]:
+        return self.checkpoint.claims().values()
+
+    def _resolve(self, allocation: ClaimAllocation) -> list[cdi.ClaimDevice]:
+        claim = allocation.claim
+        own_pool = pool_name(self.settings.node_name)
+        devices: list[cdi.ClaimDevice] = []
+        by_index = {gpu.index: gpu for gpu in self.inventory.gpus}
+        for result in allocation.devices:
+            if result.pool != own_pool:
+                raise PrepareError(
+                    f"claim {claim}: device {result.device} is in pool {result.pool!r}, "
+                    f"not this node's pool {own_pool!r}"
+                )
+            index = device_index(result.device)
+            gpu = by_index.get(index) if index is not None else None
+            if gpu is None:
+                raise PrepareError(
+                    f"claim {claim}: device {result.device!r} is not a GPU of node "
+                    f"{self.settings.node_name}"
+                )
+            devices.append(
+                cdi.ClaimDevice(
+                    name=result.device,
+                    gpu=gpu,
+                    share_id=result.share_id,
+                    memory_bytes=result.memory_bytes,
+                    compute_milli=result.compute_milli,
+                )
+            )
+        # The same card twice in one claim (two requests, two shares of it) is one CDI device
+        # whose limits are the sum: the containers of the claim share one slice of that card.
+        merged: dict[str, cdi.ClaimDevice] = {}
+        for device in devices:
+            seen = merged.get(device.name)
+            merged[device.name] = device if seen is None else _merge(seen, device)
+        return list(merged.values())
+
+
+def _sum(a: int | None, b: int | None) -> int | None:
+    return None if a is None and b is None else (a or 0) + (b or 0)
+
+
+def _merge(a: cdi.ClaimDevice, b: cdi.ClaimDevice) -> cdi.ClaimDevice:
+    return cdi.ClaimDevice(
+        name=a.name,
+        gpu=a.gpu,
+        share_id=a.share_id or b.share_id,
+        memory_bytes=_sum(a.memory_bytes, b.memory_bytes),
+        compute_milli=_sum(a.compute_milli, b.compute_milli),
+    )
+
+
+def base_request(request: str) -> str:
+    """``<request>/<subrequest>`` (a ``firstAvailable`` choice) → ``<request>``: containers name
+    the parent request in ``resources.claims[].request``, and the kubelet matches
+    ``request_names`` against that (upstream's kubeletplugin helper strips the same way)."""
+    return request.split("/", 1)[0]
+
+
+def _check_uid(uid: str) -> None:
+    if not _UID.fullmatch(uid):
+        raise PrepareError(f"claim uid {uid!r} is not a Kubernetes UID")

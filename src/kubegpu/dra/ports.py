@@ -1,0 +1,70 @@
+"""The Kubernetes API as the DRA driver needs it: two small ports, each with a fake.
+
+The real implementations use lightkube and live in :mod:`kubegpu.kube.resource_claims` and
+:mod:`kubegpu.kube.resource_slices`; the fakes here are what the unit tests and the emulated
+node drive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from kubegpu.dra.model import AllocatedDevice, ClaimAllocation, ClaimRef
+
+
+class ClaimLookupError(LookupError):
+    """The claim cannot be prepared: absent, another UID, or not allocated."""
+
+
+class ResourceClaimSource(Protocol):
+    async def allocation(self, claim: ClaimRef, driver: str) -> ClaimAllocation:
+        """The claim's allocation results for ``driver``; raises :class:`ClaimLookupError`."""
+        ...
+
+
+class ResourceSliceSink(Protocol):
+    async def current_generation(self, node_name: str, driver: str) -> int:
+        """The highest pool generation among the node's slices of ``driver``; 0 when none."""
+        ...
+
+    async def apply_slices(
+        self, node_name: str, driver: str, slices: Sequence[dict[str, Any]]
+    ) -> None:
+        """Make the node's slices of ``driver`` exactly ``slices`` (create/update, delete the
+        rest)."""
+        ...
+
+
+class FakeResourceClaimSource:
+    """Claims by UID, scriptable by the test; counts lookups so idempotency can be asserted."""
+
+    def __init__(self) -> None:
+        self.claims: dict[str, tuple[ClaimRef, tuple[AllocatedDevice, ...]]] = {}
+        self.lookups = 0
+
+    def allocate(self, claim: ClaimRef, *devices: AllocatedDevice) -> None:
+        self.claims[claim.uid] = (claim, tuple(devices))
+
+    async def allocation(self, claim: ClaimRef, driver: str) -> ClaimAllocation:
+        self.lookups += 1
+        found = self.claims.get(claim.uid)
+        if found is None or (found[0].namespace, found[0].name) != (claim.namespace, claim.name):
+            raise ClaimLookupError(f"resourceclaim {claim} not found")
+        return ClaimAllocation(claim, found[1])
+
+
+class FakeResourceSliceSink:
+    def __init__(self) -> None:
+        self.slices: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self.applies = 0
+
+    async def current_generation(self, node_name: str, driver: str) -> int:
+        slices = self.slices.get((node_name, driver), [])
+        return max((int(s["spec"]["pool"]["generation"]) for s in slices), default=0)
+
+    async def apply_slices(
+        self, node_name: str, driver: str, slices: Sequence[dict[str, Any]]
+    ) -> None:
+        self.applies += 1
+        self.slices[(node_name, driver)] = list(slices)

@@ -1,0 +1,63 @@
+"""Keeps the node's ResourceSlices equal to what the inventory and health say.
+
+The generation must grow across driver restarts (consumers trust only the highest generation of
+a pool), so the first publish starts above whatever the API server holds. A publish that would
+not change the devices is skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from kubegpu.core.gpu import NodeInventory
+from kubegpu.dra.ports import ResourceSliceSink
+from kubegpu.dra.slices import build_resource_slices
+
+log = logging.getLogger(__name__)
+
+
+class ResourceSlicePublisher:
+    def __init__(self, node_name: str, driver: str, sink: ResourceSliceSink) -> None:
+        self.node_name = node_name
+        self.driver = driver
+        self.sink = sink
+        self.generation: int | None = None
+        self._published: list[dict[str, Any]] | None = None
+
+    async def publish(
+        self, inventory: NodeInventory, unhealthy: Mapping[str, str] | None = None
+    ) -> bool:
+        """Write the slices if they differ from the last ones written; True when written."""
+        if self.generation is None:
+            self.generation = await self.sink.current_generation(self.node_name, self.driver)
+        candidate = build_resource_slices(
+            self.node_name,
+            inventory,
+            driver=self.driver,
+            generation=self.generation + 1,
+            unhealthy=unhealthy,
+        )
+        if self._published is not None and _devices(candidate) == _devices(self._published):
+            return False
+        await self.sink.apply_slices(self.node_name, self.driver, candidate)
+        self.generation += 1
+        self._published = candidate
+        log.info(
+            "published %d ResourceSlice(s) for node %s, driver %s, generation %d (%d unhealthy)",
+            len(candidate),
+            self.node_name,
+            self.driver,
+            self.generation,
+            len(unhealthy or {}),
+        )
+        return True
+
+    def forget(self) -> None:
+        """The slices were wiped (kubelet restart): the next publish writes them again."""
+        self._published = None
+
+
+def _devices(slices: list[dict[str, Any]]) -> list[Any]:
+    return [s["spec"]["devices"] for s in slices]

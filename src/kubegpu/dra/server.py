@@ -1,0 +1,266 @@
+"""The DRA kubelet plugin edge: plugin-watcher registration and the DRA gRPC services.
+
+Two sockets, both re-created on start (a stale file from a crashed instance is removed first)
+and removed on stop, since deleting the registration socket is how a plugin de-registers:
+
+* ``<plugins_registry>/<driver>-reg.sock``: ``pluginregistration.Registration``. The kubelet's
+  plugin watcher finds it, calls ``GetInfo`` (type ``DRAPlugin``, our driver name, the DRA
+  socket, the services we serve, ``v1`` first since the kubelet takes the first it knows) and
+  reports the outcome through ``NotifyRegistrationStatus``.
+* ``<plugins>/<driver>/dra.sock``: ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin``. The handlers
+  are thin: convert, call :class:`~kubegpu.dra.driver.ClaimPreparer`, convert back. A claim
+  that cannot be prepared is reported in its own ``error``; the call as a whole fails only on a
+  bug.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from grpc import aio
+
+from kubegpu.core.gpu import NodeInventory
+from kubegpu.dra.driver import ClaimPreparer, DriverSettings, PrepareError
+from kubegpu.dra.model import ClaimRef, PreparedClaim
+from kubegpu.dra.ports import ResourceClaimSource, ResourceSliceSink
+from kubegpu.dra.publisher import ResourceSlicePublisher
+from kubegpu.kubelet.api.dra.v1 import api_pb2 as dra_v1
+from kubegpu.kubelet.api.dra.v1 import api_pb2_grpc as dra_v1_grpc
+from kubegpu.kubelet.api.dra.v1beta1 import api_pb2 as dra_v1beta1
+from kubegpu.kubelet.api.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from kubegpu.kubelet.api.pluginregistration.v1 import api_pb2 as reg_pb
+from kubegpu.kubelet.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+
+log = logging.getLogger(__name__)
+
+PLUGIN_TYPE = "DRAPlugin"
+# gRPC service names as the kubelet expects them in supported_versions, preferred first.
+SUPPORTED_VERSIONS: tuple[str, ...] = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+
+DEFAULT_PLUGINS_REGISTRY = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+
+
+@dataclass(frozen=True)
+class SocketPaths:
+    registration: Path
+    dra: Path
+
+    @classmethod
+    def for_driver(
+        cls,
+        driver: str,
+        plugins_registry: Path = DEFAULT_PLUGINS_REGISTRY,
+        plugins_dir: Path = DEFAULT_PLUGINS_DIR,
+    ) -> SocketPaths:
+        return cls(plugins_registry / f"{driver}-reg.sock", plugins_dir / driver / "dra.sock")
+
+
+@dataclass(frozen=True)
+class RegistrationStatus:
+    registered: bool
+    error: str
+
+
+class RegistrationServicer(reg_grpc.RegistrationServicer):
+    def __init__(
+        self,
+        driver: str,
+        endpoint: Path,
+        on_status: Callable[[RegistrationStatus], None] | None = None,
+    ) -> None:
+        self.driver = driver
+        self.endpoint = endpoint
+        self.on_status = on_status
+        self.statuses: list[RegistrationStatus] = []
+
+    async def GetInfo(
+        self, request: reg_pb.InfoRequest, context: aio.ServicerContext[Any, Any]
+    ) -> reg_pb.PluginInfo:
+        return reg_pb.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=self.driver,
+            endpoint=str(self.endpoint),
+            supported_versions=list(SUPPORTED_VERSIONS),
+        )
+
+    async def NotifyRegistrationStatus(
+        self, request: reg_pb.RegistrationStatus, context: aio.ServicerContext[Any, Any]
+    ) -> reg_pb.RegistrationStatusResponse:
+        status = RegistrationStatus(request.plugin_registered, request.error)
+        self.statuses.append(status)
+        if status.registered:
+            log.info("kubelet registered DRA driver %s at %s", self.driver, self.endpoint)
+        else:
+            log.error("kubelet refused DRA driver %s: %s", self.driver, status.error)
+        if self.on_status is not None:
+            self.on_status(status)
+        return reg_pb.RegistrationStatusResponse()
+
+
+def _claim(message: Any) -> ClaimRef:
+    return ClaimRef(namespace=message.namespace, name=message.name, uid=message.uid)
+
+
+class DraServicer:
+    """NodePrepare/NodeUnprepare for one API version (``v1`` or ``v1beta1``: same messages,
+    ``v1beta1`` lacks ``Device.share_id``)."""
+
+    def __init__(self, preparer: ClaimPreparer, pb: ModuleType, with_share_id: bool) -> None:
+        self.preparer = preparer
+        self.pb = pb
+        self.with_share_id = with_share_id
+
+    def _devices(self, prepared: PreparedClaim) -> list[Any]:
+        devices = []
+        for d in prepared.devices:
+            fields: dict[str, Any] = {
+                "request_names": list(d.request_names),
+                "pool_name": d.pool,
+                "device_name": d.device,
+                "cdi_device_ids": list(d.cdi_device_ids),
+            }
+            if self.with_share_id and d.share_id is not None:
+                fields["share_id"] = d.share_id
+            devices.append(self.pb.Device(**fields))
+        return devices
+
+    async def NodePrepareResources(
+        self, request: Any, context: aio.ServicerContext[Any, Any]
+    ) -> Any:
+        response = self.pb.NodePrepareResourcesResponse()
+        for message in request.claims:
+            claim = _claim(message)
+            entry = response.claims[claim.uid]
+            try:
+                prepared = await self.preparer.prepare(claim)
+            except (PrepareError, OSError) as exc:
+                # OSError: the CDI dir or the checkpoint cannot be written. The kubelet retries
+                # the claim; the other claims of the call are unaffected.
+                log.warning("cannot prepare claim %s: %s", claim, exc)
+                entry.error = f"claim {claim}: {exc}" if isinstance(exc, OSError) else str(exc)
+                continue
+            entry.devices.extend(self._devices(prepared))
+        return response
+
+    async def NodeUnprepareResources(
+        self, request: Any, context: aio.ServicerContext[Any, Any]
+    ) -> Any:
+        response = self.pb.NodeUnprepareResourcesResponse()
+        for message in request.claims:
+            claim = _claim(message)
+            entry = response.claims[claim.uid]  # every claim gets an entry, even an empty one
+            try:
+                await self.preparer.unprepare(claim)
+            except (PrepareError, OSError) as exc:
+                log.warning("cannot unprepare claim %s: %s", claim, exc)
+                entry.error = str(exc)
+        return response
+
+
+class _V1Servicer(DraServicer, dra_v1_grpc.DRAPluginServicer):
+    def __init__(self, preparer: ClaimPreparer) -> None:
+        DraServicer.__init__(self, preparer, dra_v1, with_share_id=True)
+
+
+class _V1Beta1Servicer(DraServicer, dra_v1beta1_grpc.DRAPluginServicer):
+    def __init__(self, preparer: ClaimPreparer) -> None:
+        DraServicer.__init__(self, preparer, dra_v1beta1, with_share_id=False)
+
+
+def _fresh_socket(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+
+
+class DraPluginServer:
+    """Both sockets of the plugin; ``start`` serves the DRA socket before the registration one
+    so the kubelet never learns an endpoint that does not answer yet."""
+
+    def __init__(
+        self,
+        preparer: ClaimPreparer,
+        sockets: SocketPaths,
+        on_status: Callable[[RegistrationStatus], None] | None = None,
+    ) -> None:
+        self.preparer = preparer
+        self.sockets = sockets
+        self.registration = RegistrationServicer(
+            preparer.settings.driver, sockets.dra, on_status=on_status
+        )
+        self._servers: list[aio.Server] = []
+
+    async def start(self) -> None:
+        _fresh_socket(self.sockets.dra)
+        dra = aio.server()
+        dra_v1_grpc.add_DRAPluginServicer_to_server(_V1Servicer(self.preparer), dra)
+        dra_v1beta1_grpc.add_DRAPluginServicer_to_server(_V1Beta1Servicer(self.preparer), dra)
+        dra.add_insecure_port(f"unix://{self.sockets.dra}")
+        await dra.start()
+        self._servers.append(dra)
+
+        _fresh_socket(self.sockets.registration)
+        reg = aio.server()
+        reg_grpc.add_RegistrationServicer_to_server(self.registration, reg)
+        reg.add_insecure_port(f"unix://{self.sockets.registration}")
+        await reg.start()
+        self._servers.append(reg)
+        log.info(
+            "DRA driver %s serving %s, registration at %s",
+            self.preparer.settings.driver,
+            self.sockets.dra,
+            self.sockets.registration,
+        )
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        # Registration socket first: the kubelet de-registers before the endpoint goes.
+        for server in reversed(self._servers):
+            await server.stop(grace_s)
+        self._servers.clear()
+        self.sockets.registration.unlink(missing_ok=True)
+        self.sockets.dra.unlink(missing_ok=True)
+
+    async def __aenter__(self) -> DraPluginServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+async def serve_dra_driver(
+    settings: DriverSettings,
+    inventory: NodeInventory,
+    claims: ResourceClaimSource,
+    slices: ResourceSliceSink,
+    sockets: SocketPaths,
+    stop: asyncio.Event,
+    unhealthy: Callable[[], Mapping[str, str]] | None = None,
+    started: asyncio.Event | None = None,
+) -> None:
+    """Run the DRA driver of one node until ``stop`` is set: publish the node's ResourceSlices,
+    serve the kubelet, then de-register and remove both sockets.
+
+    The entry point the ``kubegpu dra-driver`` role will call (CLI wiring is not done yet).
+    A kubelet refusal (``NotifyRegistrationStatus(false)``) sets ``stop``: registration is not
+    retried by the kubelet until the socket is re-created, so the supervisor should restart us.
+    ``started`` is set once the slices are published and both sockets answer.
+    """
+    preparer = ClaimPreparer(settings, inventory, claims)
+    publisher = ResourceSlicePublisher(settings.node_name, settings.driver, slices)
+    await publisher.publish(inventory, unhealthy() if unhealthy is not None else None)
+
+    def on_status(status: RegistrationStatus) -> None:
+        if not status.registered:
+            stop.set()
+
+    async with DraPluginServer(preparer, sockets, on_status=on_status):
+        if started is not None:
+            started.set()
+        await stop.wait()

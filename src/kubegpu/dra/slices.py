@@ -1,0 +1,174 @@
+"""The ResourceSlices a node publishes, as a pure function of its GPU inventory and health.
+
+One pool per node (named after the node), one device per GPU. Every device allows multiple
+allocations (KEP-5075 consumable capacity): a request that names no capacity consumes the
+``requestPolicy.default``, which is the whole card, so plain "give me a GPU" claims stay
+exclusive; a request for ``memory``/``compute`` gets a share rounded up to the policy's step.
+The scheduler's allocator does the accounting, so no card is ever over-committed by us.
+
+Field names follow ``k8s.io/api/resource/v1`` (Kubernetes 1.35). The output is the JSON object
+the API server takes, built here so it can be checked without a cluster.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from kubegpu.core.gpu import GpuDevice, NodeInventory
+from kubegpu.dra.model import CAPACITY_COMPUTE, CAPACITY_MEMORY, device_name
+
+API_VERSION = "resource.k8s.io/v1"
+
+# The v1 API's limit per slice: 128 devices, 64 once any device carries taints. We always allow
+# taints (health can change), so chunk at 64.
+MAX_DEVICES_PER_SLICE = 64
+
+# Memory shares come in steps of 256 MiB (also the smallest share): finer steps only fragment a
+# card, and every share's memory limit stays a whole number of MiB.
+MEMORY_STEP_BYTES = 256 * 2**20
+# Compute is in cards ("1" = the whole card, "500m" = half); shares in 50 milli-card steps.
+COMPUTE_STEP_MILLI = 50
+
+UNHEALTHY_TAINT_SUFFIX = "unhealthy"
+_LABEL_VALUE_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def pool_name(node_name: str) -> str:
+    return node_name
+
+
+def slice_name(node_name: str, driver: str, index: int) -> str:
+    return f"{node_name}-{driver}-{index}"
+
+
+def _semver(raw: str | None) -> str | None:
+    """A version attribute must be semver 2.0: "535.104.05" becomes "535.104.5" (no leading
+    zeros), "560.28" becomes "560.28.0". None when it is not one to three numbers."""
+    if not raw:
+        return None
+    parts = raw.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    parts = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
+    return ".".join(parts)
+
+
+def _quantity_mib(mib: int) -> str:
+    return f"{mib}Mi"
+
+
+def _memory_policy(total_mib: int) -> dict[str, Any] | None:
+    step_mib = MEMORY_STEP_BYTES // 2**20
+    usable_mib = total_mib - total_mib % step_mib
+    if usable_mib < step_mib:
+        return None
+    # default = max = the largest step multiple that fits: a whole-card request consumes all
+    # the card can give; the remainder (< one step) is smaller than the minimum share.
+    return {
+        "default": _quantity_mib(usable_mib),
+        "validRange": {
+            "min": _quantity_mib(step_mib),
+            "max": _quantity_mib(usable_mib),
+            "step": _quantity_mib(step_mib),
+        },
+    }
+
+
+def _compute_policy() -> dict[str, Any]:
+    step = f"{COMPUTE_STEP_MILLI}m"
+    return {"default": "1", "validRange": {"min": step, "max": "1", "step": step}}
+
+
+def taint_value(reason: str) -> str:
+    """A taint value must be a label value (≤63 chars of [A-Za-z0-9_.-], alphanumeric ends)."""
+    value = _LABEL_VALUE_UNSAFE.sub("-", reason)[:63].strip("-_.")
+    return value
+
+
+def device_entry(
+    gpu: GpuDevice, driver: str, driver_version: str | None, unhealthy_reason: str | None
+) -> dict[str, Any]:
+    attributes: dict[str, dict[str, Any]] = {
+        "uuid": {"string": gpu.uuid},
+        "index": {"int": gpu.index},
+        "productName": {"string": gpu.product_name},
+        "pciBusID": {"string": gpu.pci_bus_id},
+    }
+    if gpu.compute_capability is not None:
+        major, minor = gpu.compute_capability
+        attributes["computeCapability"] = {"version": f"{major}.{minor}.0"}
+    if gpu.numa_node is not None:
+        attributes["numaNode"] = {"int": gpu.numa_node}
+    version = _semver(driver_version)
+    if version is not None:
+        attributes["driverVersion"] = {"version": version}
+
+    memory: dict[str, Any] = {"value": _quantity_mib(gpu.memory_total_mib)}
+    policy = _memory_policy(gpu.memory_total_mib)
+    if policy is not None:
+        memory["requestPolicy"] = policy
+    device: dict[str, Any] = {
+        "name": device_name(gpu.index),
+        "attributes": attributes,
+        "capacity": {
+            CAPACITY_MEMORY: memory,
+            CAPACITY_COMPUTE: {"value": "1", "requestPolicy": _compute_policy()},
+        },
+        "allowMultipleAllocations": True,
+    }
+    if unhealthy_reason is not None:
+        taint: dict[str, Any] = {
+            "key": f"{driver}/{UNHEALTHY_TAINT_SUFFIX}",
+            "effect": "NoSchedule",
+        }
+        value = taint_value(unhealthy_reason)
+        if value:
+            taint["value"] = value
+        device["taints"] = [taint]
+    return device
+
+
+def build_resource_slices(
+    node_name: str,
+    inventory: NodeInventory,
+    *,
+    driver: str,
+    generation: int,
+    unhealthy: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """The node's pool at ``generation``: every slice of it, devices in GPU index order.
+
+    ``unhealthy`` maps a GPU UUID to why it is unhealthy; those devices carry a NoSchedule taint so
+    no new claim lands on them (claims already allocated keep running).
+    """
+    if generation < 1:
+        raise ValueError(f"generation must be >= 1, got {generation}")
+    unhealthy = unhealthy or {}
+    devices = [
+        device_entry(gpu, driver, inventory.driver_version, unhealthy.get(gpu.uuid))
+        for gpu in sorted(inventory.gpus, key=lambda g: g.index)
+    ]
+    chunks = [
+        devices[i : i + MAX_DEVICES_PER_SLICE]
+        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
+    ] or [[]]
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {"name": slice_name(node_name, driver, i)},
+            "spec": {
+                "driver": driver,
+                "pool": {
+                    "name": pool_name(node_name),
+                    "generation": generation,
+                    "resourceSliceCount": len(chunks),
+                },
+                "nodeName": node_name,
+                "devices": chunk,
+            },
+        }
+        for i, chunk in enumerate(chunks)
+    ]

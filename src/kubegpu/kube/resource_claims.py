@@ -1,0 +1,86 @@
+"""ResourceClaims (``resource.k8s.io/v1``) read for the DRA driver, through lightkube.
+
+lightkube's bundled models may lag the API server, so the type is a lightkube generic resource
+and the JSON is decoded here by :func:`allocation_from_claim` (pure, table-tested): the
+``status.allocation.devices.results`` of our driver, with a share's ``shareID`` and consumed
+capacity (KEP-5075) converted to bytes and milli-cards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+import lightkube
+from lightkube.generic_resource import create_namespaced_resource
+
+from kubegpu.dra.model import (
+    CAPACITY_COMPUTE,
+    CAPACITY_MEMORY,
+    AllocatedDevice,
+    ClaimAllocation,
+    ClaimRef,
+)
+from kubegpu.dra.ports import ClaimLookupError
+from kubegpu.sharing.resources import RequestError, parse_quantity
+
+ResourceClaim = create_namespaced_resource(
+    "resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"
+)
+
+
+def _ceil(value: Decimal) -> int:
+    return math.ceil(value)
+
+
+def _consumed(claim: ClaimRef, raw: Any, name: str, scale: int) -> int | None:
+    if not isinstance(raw, Mapping) or name not in raw:
+        return None
+    try:
+        return _ceil(parse_quantity(raw[name]) * scale)
+    except RequestError as exc:
+        raise ClaimLookupError(f"resourceclaim {claim}: consumedCapacity.{name}: {exc}") from None
+
+
+def allocation_from_claim(obj: Mapping[str, Any], claim: ClaimRef, driver: str) -> ClaimAllocation:
+    """Our driver's allocated devices in ``obj``; raises :class:`ClaimLookupError` when the
+    object is another claim of the same name (UID differs) or is not allocated."""
+    uid = (obj.get("metadata") or {}).get("uid")
+    if uid != claim.uid:
+        raise ClaimLookupError(f"resourceclaim {claim}: the API server has UID {uid!r}")
+    allocation = (obj.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimLookupError(f"resourceclaim {claim} is not allocated")
+    results = ((allocation.get("devices") or {}).get("results")) or []
+    devices: list[AllocatedDevice] = []
+    for result in results:
+        if result.get("driver") != driver:
+            continue
+        consumed = result.get("consumedCapacity")
+        devices.append(
+            AllocatedDevice(
+                request=str(result.get("request", "")),
+                pool=str(result.get("pool", "")),
+                device=str(result.get("device", "")),
+                share_id=str(result["shareID"]) if result.get("shareID") else None,
+                memory_bytes=_consumed(claim, consumed, CAPACITY_MEMORY, 1),
+                compute_milli=_consumed(claim, consumed, CAPACITY_COMPUTE, 1000),
+            )
+        )
+    return ClaimAllocation(claim, tuple(devices))
+
+
+class LightkubeResourceClaimSource:
+    def __init__(self, client: lightkube.AsyncClient) -> None:
+        self.client = client
+
+    async def allocation(self, claim: ClaimRef, driver: str) -> ClaimAllocation:
+        try:
+            obj = await self.client.get(ResourceClaim, claim.name, namespace=claim.namespace)
+        except lightkube.ApiError as exc:
+            if exc.status.code == 404:
+                raise ClaimLookupError(f"resourceclaim {claim} not found") from None
+            raise
+        return allocation_from_claim(dict(obj), claim, driver)

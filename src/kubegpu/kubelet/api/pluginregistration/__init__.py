@@ -1,0 +1,1 @@
+"""Kubelet plugin registration API (proto package ``pluginregistration``)."""

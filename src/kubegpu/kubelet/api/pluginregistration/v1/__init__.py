@@ -1,0 +1,1 @@
+"""Generated modules for the pluginregistration API v1 (``api_pb2``, ``api_pb2_grpc``)."""

@@ -1,0 +1,129 @@
+"""A minimal ``resource.k8s.io/v1`` API over real HTTP on loopback, for the lightkube ports.
+
+The project's fake API server (``kubegpu.testing.apiserver``) serves a fixed table of core
+types and cannot hold ResourceClaims or ResourceSlices, so the lightkube implementations are
+tested against this: ResourceClaim get, ResourceSlice list (with the ``spec.nodeName`` and
+``spec.driver`` field selectors), create, replace (resourceVersion checked: a stale one is a
+409 Conflict, as on the real server) and delete.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import lightkube
+from aiohttp import web
+from lightkube.config.kubeconfig import KubeConfig
+
+from kubegpu.testing.kubeconfig import kubeconfig_dict
+
+PREFIX = "/apis/resource.k8s.io/v1"
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    # Exactly "application/json", as kube-apiserver sends it: lightkube turns an error into
+    # ApiError only for that content type (aiohttp's json_response adds a charset).
+    return web.Response(
+        body=json.dumps(body).encode(), status=status, headers={"Content-Type": "application/json"}
+    )
+
+
+def _status(code: int, reason: str, message: str) -> web.Response:
+    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message}
+    return _json({**body, "reason": reason, "code": code}, status=code)
+
+
+class ResourceApi:
+    def __init__(self) -> None:
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.slices: dict[str, dict[str, Any]] = {}
+        self.field_selectors: list[str] = []
+        self._versions = itertools.count(1)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get(PREFIX + "/namespaces/{ns}/resourceclaims/{name}", self._get_claim)
+        app.router.add_get(PREFIX + "/resourceslices", self._list_slices)
+        app.router.add_post(PREFIX + "/resourceslices", self._create_slice)
+        app.router.add_put(PREFIX + "/resourceslices/{name}", self._replace_slice)
+        app.router.add_delete(PREFIX + "/resourceslices/{name}", self._delete_slice)
+        return app
+
+    def _stamp(self, obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        obj.setdefault("metadata", {})["resourceVersion"] = str(next(self._versions))
+        return obj
+
+    async def _get_claim(self, request: web.Request) -> web.Response:
+        key = (request.match_info["ns"], request.match_info["name"])
+        if key not in self.claims:
+            return _status(404, "NotFound", f"resourceclaims {key[1]!r} not found")
+        return _json(self.claims[key])
+
+    async def _list_slices(self, request: web.Request) -> web.Response:
+        selector = request.query.get("fieldSelector", "")
+        self.field_selectors.append(selector)
+        wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
+        items = [
+            s
+            for s in self.slices.values()
+            if all(
+                {"spec.nodeName": s["spec"].get("nodeName"), "spec.driver": s["spec"]["driver"]}[k]
+                == v
+                for k, v in wanted.items()
+            )
+        ]
+        return _json(
+            {
+                "kind": "ResourceSliceList",
+                "apiVersion": "resource.k8s.io/v1",
+                "items": items,
+                "metadata": {"resourceVersion": "1"},
+            }
+        )
+
+    async def _create_slice(self, request: web.Request) -> web.Response:
+        obj = await request.json()
+        name = obj["metadata"]["name"]
+        if name in self.slices:
+            return _status(409, "AlreadyExists", f"resourceslices {name!r} already exists")
+        self.slices[name] = self._stamp(obj)
+        return _json(self.slices[name], status=201)
+
+    async def _replace_slice(self, request: web.Request) -> web.Response:
+        obj = await request.json()
+        name = request.match_info["name"]
+        current = self.slices.get(name)
+        if current is None:
+            return _status(404, "NotFound", f"resourceslices {name!r} not found")
+        if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            return _status(409, "Conflict", "the object has been modified")
+        self.slices[name] = self._stamp(obj)
+        return _json(self.slices[name])
+
+    async def _delete_slice(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if self.slices.pop(name, None) is None:
+            return _status(404, "NotFound", f"resourceslices {name!r} not found")
+        return _json({"kind": "Status", "apiVersion": "v1", "status": "Success"})
+
+
+@asynccontextmanager
+async def serve(api: ResourceApi) -> AsyncIterator[lightkube.AsyncClient]:
+    runner = web.AppRunner(api.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    config = KubeConfig.from_dict(kubeconfig_dict(f"http://127.0.0.1:{port}"))
+    client = lightkube.AsyncClient(config, field_manager="kubegpu-test", trust_env=False)
+    try:
+        yield client
+    finally:
+        await client.close()
+        await runner.cleanup()

@@ -1,0 +1,60 @@
+"""Our copies of the kubelet's DRA and plugin-registration protos are the official files."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from kubegpu.kubelet import protogen
+from kubegpu.kubelet.api.dra.v1 import api_pb2 as dra_v1
+from kubegpu.kubelet.api.dra.v1beta1 import api_pb2 as dra_v1beta1
+from kubegpu.kubelet.api.pluginregistration.v1 import api_pb2 as reg
+
+# sha256 of k8s.io/kubelet@v0.35.4 pkg/apis/<dir>/api.proto (the pinned Kubernetes, v1.35.4).
+KUBELET_MODULE = Path.home() / "go/pkg/mod/k8s.io/kubelet@v0.35.4/pkg/apis"
+OFFICIAL_SHA256 = {
+    "dra/v1": "b3066ad7f6abcfd0003c47b06ceb801d76997d78d6be505597478d3905b9cc57",
+    "dra/v1beta1": "7900b11793ad897d0375d67b3bbae675869b574e21dfb1bf5334cc1556138c42",
+    "pluginregistration/v1": "7a67a0000a1a167c155286834bc9ccb489f8bcdb394e006daba270189c272afa",
+}
+
+
+def ours(api: str) -> Path:
+    return protogen.SOURCE_ROOT / "kubegpu/kubelet/api" / api / "api.proto"
+
+
+@pytest.mark.parametrize("api", sorted(OFFICIAL_SHA256))
+def test_committed_proto_has_the_recorded_official_sha256(api: str) -> None:
+    assert hashlib.sha256(ours(api).read_bytes()).hexdigest() == OFFICIAL_SHA256[api]
+
+
+@pytest.mark.parametrize("api", sorted(OFFICIAL_SHA256))
+def test_recorded_sha256_is_that_of_the_module_cache_file(api: str) -> None:
+    official = KUBELET_MODULE / api / "api.proto"
+    if not official.exists():
+        pytest.skip(f"{official} not in the Go module cache (go mod download k8s.io/kubelet)")
+    assert hashlib.sha256(official.read_bytes()).hexdigest() == OFFICIAL_SHA256[api]
+    assert ours(api).read_bytes() == official.read_bytes()
+
+
+@pytest.mark.parametrize("api", sorted(OFFICIAL_SHA256))
+def test_new_protos_are_generated_by_protogen(api: str) -> None:
+    # The staleness test in tests/kubelet_api regenerates everything in PROTO_FILES.
+    assert f"kubegpu/kubelet/api/{api}/api.proto" in protogen.PROTO_FILES
+
+
+def test_wire_names_are_the_kubelets() -> None:
+    assert dra_v1.DESCRIPTOR.services_by_name["DRAPlugin"].full_name == (
+        "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+    )
+    assert dra_v1beta1.DESCRIPTOR.services_by_name["DRAPlugin"].full_name == (
+        "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"
+    )
+    assert reg.DESCRIPTOR.services_by_name["Registration"].full_name == (
+        "pluginregistration.Registration"
+    )
+    assert dra_v1.Device.DESCRIPTOR.fields_by_name["share_id"].number == 5
+    assert dra_v1.Device.DESCRIPTOR.fields_by_name["share_id"].has_presence
+    assert "share_id" not in dra_v1beta1.Device.DESCRIPTOR.fields_by_name

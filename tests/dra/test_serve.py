@@ -1,0 +1,80 @@
+"""``serve_dra_driver``: the whole node edge, as the ``kubegpu dra-driver`` role will run it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kubegpu.dra.model import AllocatedDevice, ClaimRef
+from kubegpu.dra.ports import FakeResourceSliceSink
+from kubegpu.dra.server import serve_dra_driver
+from kubegpu.kubelet.api.dra.v1 import api_pb2 as v1
+from kubegpu.kubelet.api.dra.v1 import api_pb2_grpc as v1_grpc
+from kubegpu.kubelet.api.pluginregistration.v1 import api_pb2 as reg
+from kubegpu.kubelet.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from kubegpu.kubelet.channels import unix_aio_channel
+
+from .conftest import NODE, Node
+
+CLAIM = ClaimRef("team-a", "train", "bbbbbbbb-0000-4000-8000-000000000001")
+
+
+async def test_publishes_serves_and_cleans_up_on_stop(node: Node) -> None:
+    sink = FakeResourceSliceSink()
+    stop, started = asyncio.Event(), asyncio.Event()
+    sick = node.inventory.gpus[0].uuid
+    task = asyncio.create_task(
+        serve_dra_driver(
+            node.settings,
+            node.inventory,
+            node.claims,
+            sink,
+            node.sockets,
+            stop,
+            unhealthy=lambda: {sick: "xid-79"},
+            started=started,
+        )
+    )
+    await started.wait()
+    (published,) = sink.slices[(NODE, node.settings.driver)]
+    assert "taints" in published["spec"]["devices"][0]
+
+    node.claims.allocate(CLAIM, AllocatedDevice("gpu", NODE, "gpu-1"))
+    async with unix_aio_channel(node.sockets.dra) as channel:
+        response = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+            v1.NodePrepareResourcesRequest(
+                claims=[v1.Claim(namespace=CLAIM.namespace, name=CLAIM.name, uid=CLAIM.uid)]
+            ),
+            timeout=10,
+        )
+    assert response.claims[CLAIM.uid].devices[0].device_name == "gpu-1"
+
+    stop.set()
+    await task
+    assert not node.sockets.registration.exists()
+    assert not node.sockets.dra.exists()
+
+
+async def test_a_kubelet_refusal_ends_the_driver(node: Node) -> None:
+    stop, started = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(
+        serve_dra_driver(
+            node.settings,
+            node.inventory,
+            node.claims,
+            FakeResourceSliceSink(),
+            node.sockets,
+            stop,
+            started=started,
+        )
+    )
+    await started.wait()
+    async with unix_aio_channel(node.sockets.registration) as channel:
+        stub = reg_grpc.RegistrationStub(channel)
+        await stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True))
+        assert not stop.is_set()
+        await stub.NotifyRegistrationStatus(
+            reg.RegistrationStatus(plugin_registered=False, error="plugin validation failed")
+        )
+    await task
+    assert stop.is_set()
+    assert not node.sockets.registration.exists()

@@ -1,0 +1,145 @@
+"""ResourceSlices built from the inventory: pool, devices, attributes, capacities, taints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kubegpu.core.gpu import NodeInventory
+from kubegpu.dra.model import DEFAULT_DRIVER_NAME
+from kubegpu.dra.slices import (
+    MAX_DEVICES_PER_SLICE,
+    build_resource_slices,
+    taint_value,
+)
+
+from .conftest import NODE, gpu
+
+DRIVER = DEFAULT_DRIVER_NAME
+
+
+def only_slice(inventory: NodeInventory, **kwargs: Any) -> dict[str, Any]:
+    slices = build_resource_slices(NODE, inventory, driver=DRIVER, generation=3, **kwargs)
+    assert len(slices) == 1
+    return slices[0]
+
+
+def test_one_pool_per_node_one_device_per_gpu(inventory: NodeInventory) -> None:
+    resource_slice = only_slice(inventory)
+    assert resource_slice["apiVersion"] == "resource.k8s.io/v1"
+    assert resource_slice["kind"] == "ResourceSlice"
+    spec = resource_slice["spec"]
+    assert spec["driver"] == DRIVER
+    assert spec["nodeName"] == NODE
+    assert spec["pool"] == {"name": NODE, "generation": 3, "resourceSliceCount": 1}
+    assert [d["name"] for d in spec["devices"]] == ["gpu-0", "gpu-1"]
+    # exactly one of nodeName / nodeSelector / allNodes / perDeviceNodeSelection
+    assert not {"nodeSelector", "allNodes", "perDeviceNodeSelection"} & spec.keys()
+
+
+def test_device_attributes_are_typed_values(inventory: NodeInventory) -> None:
+    device = only_slice(inventory)["spec"]["devices"][1]
+    assert device["attributes"] == {
+        "uuid": {"string": "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd"},
+        "index": {"int": 1},
+        "productName": {"string": "NVIDIA A100-SXM4-80GB"},
+        "pciBusID": {"string": "00000000:11:00.0"},
+        "computeCapability": {"version": "8.0.0"},
+        "numaNode": {"int": 1},
+        # semver: NVIDIA's zero-padded patch "05" is not valid semver, "5" is.
+        "driverVersion": {"version": "535.104.5"},
+    }
+
+
+def test_unknown_fields_are_left_out_not_faked() -> None:
+    device = only_slice(NodeInventory(gpus=(gpu(0),)))["spec"]["devices"][0]
+    assert set(device["attributes"]) == {"uuid", "index", "productName", "pciBusID"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "attribute"),
+    [
+        ("550.54.15", {"version": "550.54.15"}),
+        ("535.104.05", {"version": "535.104.5"}),
+        ("560.28", {"version": "560.28.0"}),
+        ("weird-1.2", None),
+    ],
+    ids=["semver", "zero-padded", "two-parts", "unparseable"],
+)
+def test_driver_version_attribute(raw: str, attribute: dict[str, str] | None) -> None:
+    inventory = NodeInventory(gpus=(gpu(0),), driver_version=raw)
+    attributes = only_slice(inventory)["spec"]["devices"][0]["attributes"]
+    assert attributes.get("driverVersion") == attribute
+
+
+def test_capacities_allow_shares_by_memory_and_compute_and_default_to_the_whole_card() -> None:
+    # 81559 MiB is not a multiple of the 256 MiB step: the whole-card default is the largest
+    # multiple that fits, and the leftover (< one step) is below the smallest share.
+    device = only_slice(NodeInventory(gpus=(gpu(0, memory_mib=81559),)))["spec"]["devices"][0]
+    assert device["allowMultipleAllocations"] is True
+    assert device["capacity"] == {
+        "memory": {
+            "value": "81559Mi",
+            "requestPolicy": {
+                "default": "81408Mi",
+                "validRange": {"min": "256Mi", "max": "81408Mi", "step": "256Mi"},
+            },
+        },
+        "compute": {
+            "value": "1",
+            "requestPolicy": {
+                "default": "1",
+                "validRange": {"min": "50m", "max": "1", "step": "50m"},
+            },
+        },
+    }
+
+
+def test_a_card_smaller_than_one_step_gets_no_memory_policy() -> None:
+    device = only_slice(NodeInventory(gpus=(gpu(0, memory_mib=200),)))["spec"]["devices"][0]
+    assert device["capacity"]["memory"] == {"value": "200Mi"}
+
+
+def test_unhealthy_gpu_is_tainted_no_schedule_and_healthy_ones_are_not(
+    inventory: NodeInventory,
+) -> None:
+    sick = inventory.gpus[0].uuid
+    devices = only_slice(inventory, unhealthy={sick: "Xid 79: GPU has fallen off the bus"})["spec"][
+        "devices"
+    ]
+    assert devices[0]["taints"] == [
+        {
+            "key": "gpu.kubegpu.io/unhealthy",
+            "value": "Xid-79-GPU-has-fallen-off-the-bus",
+            "effect": "NoSchedule",
+        }
+    ]
+    assert "taints" not in devices[1]
+
+
+@pytest.mark.parametrize(
+    ("reason", "value"),
+    [("xid-48", "xid-48"), ("  !!", ""), ("a" * 100, "a" * 63), ("-lost-", "lost")],
+    ids=["plain", "nothing-valid", "too-long", "trimmed-ends"],
+)
+def test_taint_value_is_a_valid_label_value(reason: str, value: str) -> None:
+    assert taint_value(reason) == value
+
+
+def test_many_gpus_are_split_into_slices_of_one_pool() -> None:
+    inventory = NodeInventory(gpus=tuple(gpu(i) for i in range(MAX_DEVICES_PER_SLICE + 1)))
+    slices = build_resource_slices(NODE, inventory, driver=DRIVER, generation=1)
+    assert [len(s["spec"]["devices"]) for s in slices] == [MAX_DEVICES_PER_SLICE, 1]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {2}
+    assert len({s["metadata"]["name"] for s in slices}) == 2
+
+
+def test_node_without_gpus_still_publishes_its_empty_pool() -> None:
+    (empty,) = build_resource_slices(NODE, NodeInventory(gpus=()), driver=DRIVER, generation=1)
+    assert empty["spec"]["devices"] == []
+
+
+def test_generation_must_be_positive(inventory: NodeInventory) -> None:
+    with pytest.raises(ValueError, match="generation must be >= 1, got 0"):
+        build_resource_slices(NODE, inventory, driver=DRIVER, generation=0)
