@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from kubegpu.core.dra import DEFAULT_DRIVER_NAME
+from kubegpu.core.dra_ports import FakeResourceClaimSource
 from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
 from kubegpu.dra.driver import ClaimPreparer, DriverSettings
-from kubegpu.dra.model import DEFAULT_DRIVER_NAME
-from kubegpu.dra.ports import FakeResourceClaimSource
 from kubegpu.dra.server import DraPluginServer, SocketPaths
 
 NODE = "node-a"

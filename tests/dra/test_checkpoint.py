@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from kubegpu.core.dra import ClaimRef, PreparedClaim, PreparedDevice
 from kubegpu.dra.checkpoint import CHECKPOINT_VERSION, Checkpoint, CheckpointError, checksum
-from kubegpu.dra.model import ClaimRef, PreparedClaim, PreparedDevice
 
 CLAIM = ClaimRef("team-a", "train", "1b7c6a1e-0000-4000-8000-000000000001")
 PREPARED = PreparedClaim(

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from kubegpu.dra.model import DEFAULT_DRIVER_NAME
+from kubegpu.core.dra import DEFAULT_DRIVER_NAME
 
 DEPLOY_DRA = Path(__file__).resolve().parents[2] / "deploy" / "dra"
 

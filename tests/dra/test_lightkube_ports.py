@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from kubegpu.core.dra import AllocatedDevice, ClaimRef
+from kubegpu.core.dra_ports import ClaimLookupError
 from kubegpu.core.gpu import NodeInventory
-from kubegpu.dra.model import AllocatedDevice, ClaimRef
-from kubegpu.dra.ports import ClaimLookupError
 from kubegpu.dra.publisher import ResourceSlicePublisher
 from kubegpu.kube.resource_claims import LightkubeResourceClaimSource
 from kubegpu.kube.resource_slices import LightkubeResourceSliceSink

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from kubegpu.dra.api.dra.v1 import api_pb2 as dra_v1
+from kubegpu.dra.api.dra.v1beta1 import api_pb2 as dra_v1beta1
+from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg
 from kubegpu.kubelet import protogen
-from kubegpu.kubelet.api.dra.v1 import api_pb2 as dra_v1
-from kubegpu.kubelet.api.dra.v1beta1 import api_pb2 as dra_v1beta1
-from kubegpu.kubelet.api.pluginregistration.v1 import api_pb2 as reg
 
 # sha256 of k8s.io/kubelet@v0.35.4 pkg/apis/<dir>/api.proto (the pinned Kubernetes, v1.35.4).
 KUBELET_MODULE = Path.home() / "go/pkg/mod/k8s.io/kubelet@v0.35.4/pkg/apis"
@@ -22,7 +22,7 @@ OFFICIAL_SHA256 = {
 
 
 def ours(api: str) -> Path:
-    return protogen.SOURCE_ROOT / "kubegpu/kubelet/api" / api / "api.proto"
+    return protogen.SOURCE_ROOT / "kubegpu/dra/api" / api / "api.proto"
 
 
 @pytest.mark.parametrize("api", sorted(OFFICIAL_SHA256))
@@ -42,7 +42,7 @@ def test_recorded_sha256_is_that_of_the_module_cache_file(api: str) -> None:
 @pytest.mark.parametrize("api", sorted(OFFICIAL_SHA256))
 def test_new_protos_are_generated_by_protogen(api: str) -> None:
     # The staleness test in tests/kubelet_api regenerates everything in PROTO_FILES.
-    assert f"kubegpu/kubelet/api/{api}/api.proto" in protogen.PROTO_FILES
+    assert f"kubegpu/dra/api/{api}/api.proto" in protogen.PROTO_FILES
 
 
 def test_wire_names_are_the_kubelets() -> None:

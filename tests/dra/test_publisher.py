@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from kubegpu.core.dra import DEFAULT_DRIVER_NAME
+from kubegpu.core.dra_ports import FakeResourceSliceSink
 from kubegpu.core.gpu import NodeInventory
-from kubegpu.dra.model import DEFAULT_DRIVER_NAME
-from kubegpu.dra.ports import FakeResourceSliceSink
 from kubegpu.dra.publisher import ResourceSlicePublisher
 from kubegpu.dra.slices import build_resource_slices
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from kubegpu.dra.model import AllocatedDevice, ClaimRef
-from kubegpu.dra.ports import ClaimLookupError
+from kubegpu.core.dra import AllocatedDevice, ClaimRef
+from kubegpu.core.dra_ports import ClaimLookupError
 from kubegpu.kube.resource_claims import allocation_from_claim
 
 DRIVER = "gpu.kubegpu.io"

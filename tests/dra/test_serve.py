@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-from kubegpu.dra.model import AllocatedDevice, ClaimRef
-from kubegpu.dra.ports import FakeResourceSliceSink
+from kubegpu.core.dra import AllocatedDevice, ClaimRef
+from kubegpu.core.dra_ports import FakeResourceSliceSink
+from kubegpu.dra.api.dra.v1 import api_pb2 as v1
+from kubegpu.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
+from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg
+from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from kubegpu.dra.server import serve_dra_driver
-from kubegpu.kubelet.api.dra.v1 import api_pb2 as v1
-from kubegpu.kubelet.api.dra.v1 import api_pb2_grpc as v1_grpc
-from kubegpu.kubelet.api.pluginregistration.v1 import api_pb2 as reg
-from kubegpu.kubelet.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from kubegpu.kubelet.channels import unix_aio_channel
 
 from .conftest import NODE, Node

@@ -9,15 +9,15 @@ from typing import Any
 import grpc
 import pytest
 
+from kubegpu.core.dra import AllocatedDevice, ClaimRef
+from kubegpu.dra.api.dra.v1 import api_pb2 as v1
+from kubegpu.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
+from kubegpu.dra.api.dra.v1beta1 import api_pb2 as v1beta1
+from kubegpu.dra.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg
+from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from kubegpu.dra.cdi import ENV_COMPUTE, ENV_MEMORY_LIMIT, ENV_UUID, spec_path
-from kubegpu.dra.model import AllocatedDevice, ClaimRef
 from kubegpu.dra.server import DraPluginServer, RegistrationStatus
-from kubegpu.kubelet.api.dra.v1 import api_pb2 as v1
-from kubegpu.kubelet.api.dra.v1 import api_pb2_grpc as v1_grpc
-from kubegpu.kubelet.api.dra.v1beta1 import api_pb2 as v1beta1
-from kubegpu.kubelet.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from kubegpu.kubelet.api.pluginregistration.v1 import api_pb2 as reg
-from kubegpu.kubelet.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from kubegpu.kubelet.channels import unix_aio_channel
 
 from .conftest import NODE, Node

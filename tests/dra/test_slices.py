@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from kubegpu.core.dra import DEFAULT_DRIVER_NAME
 from kubegpu.core.gpu import NodeInventory
-from kubegpu.dra.model import DEFAULT_DRIVER_NAME
 from kubegpu.dra.slices import (
     MAX_DEVICES_PER_SLICE,
     build_resource_slices,

@@ -1,9 +1,9 @@
-"""kubegpu as a Dynamic Resource Allocation (``resource.k8s.io/v1``) driver.
+"""kubegpu as a Dynamic Resource Allocation (``resource.k8s.io/v1``) driver: an edge of its own.
 
-What lives here: the pure parts (which devices a node publishes in its ResourceSlice, what a
-prepared claim is) and the node edge that the kubelet talks to (plugin-watcher registration,
-the ``v1.DRAPlugin``/``v1beta1.DRAPlugin`` gRPC services, the prepared-claims checkpoint and the
-per-claim CDI specs). The Kubernetes API sits behind the small ports in :mod:`kubegpu.dra.ports`;
-the lightkube implementations are :mod:`kubegpu.kube.resource_claims` and
-:mod:`kubegpu.kube.resource_slices`. See ``docs/dra.md``.
+What lives here: which devices a node publishes in its ResourceSlice (pure), and what the
+kubelet talks to (plugin-watcher registration, the ``v1.DRAPlugin``/``v1beta1.DRAPlugin`` gRPC
+services, the prepared-claims checkpoint and the per-claim CDI specs). A claim's values are in
+:mod:`kubegpu.core.dra`; the Kubernetes API sits behind the ports in
+:mod:`kubegpu.core.dra_ports`, implemented with lightkube in :mod:`kubegpu.kube.resource_claims`
+and :mod:`kubegpu.kube.resource_slices`. See ``docs/dra.md``.
 """

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kubegpu.dra.model import ClaimRef, PreparedClaim, PreparedDevice
+from kubegpu.core.dra import ClaimRef, PreparedClaim, PreparedDevice
 
 CHECKPOINT_VERSION = 1
 

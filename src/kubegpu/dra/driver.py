@@ -16,17 +16,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubegpu.core.gpu import NodeInventory
-from kubegpu.dra import cdi
-from kubegpu.dra.checkpoint import Checkpoint
-from kubegpu.dra.model import (
+from kubegpu.core.dra import (
     ClaimAllocation,
     ClaimRef,
     PreparedClaim,
     PreparedDevice,
     device_index,
 )
-from kubegpu.dra.ports import ClaimLookupError, ResourceClaimSource
+from kubegpu.core.dra_ports import ClaimLookupError, ResourceClaimSource
+from kubegpu.core.gpu import NodeInventory
+from kubegpu.dra import cdi
+from kubegpu.dra.checkpoint import Checkpoint
 from kubegpu.dra.slices import pool_name
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from kubegpu.core.dra_ports import ResourceSliceSink
 from kubegpu.core.gpu import NodeInventory
-from kubegpu.dra.ports import ResourceSliceSink
 from kubegpu.dra.slices import build_resource_slices
 
 log = logging.getLogger(__name__)

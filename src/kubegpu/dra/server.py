@@ -25,17 +25,17 @@ from typing import Any
 
 from grpc import aio
 
+from kubegpu.core.dra import ClaimRef, PreparedClaim
+from kubegpu.core.dra_ports import ResourceClaimSource, ResourceSliceSink
 from kubegpu.core.gpu import NodeInventory
+from kubegpu.dra.api.dra.v1 import api_pb2 as dra_v1
+from kubegpu.dra.api.dra.v1 import api_pb2_grpc as dra_v1_grpc
+from kubegpu.dra.api.dra.v1beta1 import api_pb2 as dra_v1beta1
+from kubegpu.dra.api.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg_pb
+from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from kubegpu.dra.driver import ClaimPreparer, DriverSettings, PrepareError
-from kubegpu.dra.model import ClaimRef, PreparedClaim
-from kubegpu.dra.ports import ResourceClaimSource, ResourceSliceSink
 from kubegpu.dra.publisher import ResourceSlicePublisher
-from kubegpu.kubelet.api.dra.v1 import api_pb2 as dra_v1
-from kubegpu.kubelet.api.dra.v1 import api_pb2_grpc as dra_v1_grpc
-from kubegpu.kubelet.api.dra.v1beta1 import api_pb2 as dra_v1beta1
-from kubegpu.kubelet.api.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
-from kubegpu.kubelet.api.pluginregistration.v1 import api_pb2 as reg_pb
-from kubegpu.kubelet.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 log = logging.getLogger(__name__)
 

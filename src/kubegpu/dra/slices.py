@@ -16,8 +16,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from kubegpu.core.dra import CAPACITY_COMPUTE, CAPACITY_MEMORY, device_name
 from kubegpu.core.gpu import GpuDevice, NodeInventory
-from kubegpu.dra.model import CAPACITY_COMPUTE, CAPACITY_MEMORY, device_name
 
 API_VERSION = "resource.k8s.io/v1"
 

@@ -16,14 +16,14 @@ from typing import Any
 import lightkube
 from lightkube.generic_resource import create_namespaced_resource
 
-from kubegpu.dra.model import (
+from kubegpu.core.dra import (
     CAPACITY_COMPUTE,
     CAPACITY_MEMORY,
     AllocatedDevice,
     ClaimAllocation,
     ClaimRef,
 )
-from kubegpu.dra.ports import ClaimLookupError
+from kubegpu.core.dra_ports import ClaimLookupError
 from kubegpu.sharing.resources import RequestError, parse_quantity
 
 ResourceClaim = create_namespaced_resource(

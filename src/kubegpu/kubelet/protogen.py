@@ -33,9 +33,9 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2]
 PROTO_FILES: tuple[str, ...] = (
     "kubegpu/kubelet/api/deviceplugin/v1beta1/api.proto",
     "kubegpu/kubelet/api/podresources/v1/api.proto",
-    "kubegpu/kubelet/api/pluginregistration/v1/api.proto",
-    "kubegpu/kubelet/api/dra/v1/api.proto",
-    "kubegpu/kubelet/api/dra/v1beta1/api.proto",
+    "kubegpu/dra/api/pluginregistration/v1/api.proto",
+    "kubegpu/dra/api/dra/v1/api.proto",
+    "kubegpu/dra/api/dra/v1beta1/api.proto",
 )
 
 # What protoc writes for each proto: the message module, the gRPC module and their stubs.

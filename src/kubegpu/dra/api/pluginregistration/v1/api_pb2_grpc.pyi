@@ -5,7 +5,7 @@ This should have been v1."""
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from kubegpu.kubelet.api.pluginregistration.v1 import api_pb2 as _api_pb2
+from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as _api_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

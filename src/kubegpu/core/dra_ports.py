@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from kubegpu.dra.model import AllocatedDevice, ClaimAllocation, ClaimRef
+from kubegpu.core.dra import AllocatedDevice, ClaimAllocation, ClaimRef
 
 
 class ClaimLookupError(LookupError):

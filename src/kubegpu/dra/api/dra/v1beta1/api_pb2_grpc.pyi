@@ -5,7 +5,7 @@ To regenerate api.pb.go run `hack/update-codegen.sh protobindings`"""
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from kubegpu.kubelet.api.dra.v1beta1 import api_pb2 as _api_pb2
+from kubegpu.dra.api.dra.v1beta1 import api_pb2 as _api_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
