@@ -50,7 +50,7 @@ from kubegpu.exporter.pods import KubeletPodResources, PodLogDirectory, StaticSh
 from kubegpu.exporter.server import ExporterSettings, start_exporter
 from kubegpu.inventory.fake_metrics import FakeMetricsSource
 from kubegpu.inventory.spec import resolve_fake_spec
-from kubegpu.testing.kubelet import Allocation, ContainerResponse, DeviceState
+from kubegpu.testing.kubelet import Allocation, ContainerResponse, SeenDevice
 from kubegpu.testing.podresources import serve_pod_resources
 
 GIB = 1024**3
@@ -58,7 +58,7 @@ RESOURCE = "nvidia.com/gpu"
 
 
 class Kubelet:
-    def __init__(self, allocations: list[Allocation], devices: dict[str, DeviceState]) -> None:
+    def __init__(self, allocations: list[Allocation], devices: dict[str, SeenDevice]) -> None:
         self._allocations = allocations
         self._devices = devices
 
@@ -68,7 +68,7 @@ class Kubelet:
     def resources(self) -> list[str]:
         return [RESOURCE]
 
-    def devices(self, resource: str) -> dict[str, DeviceState]:
+    def devices(self, resource: str) -> dict[str, SeenDevice]:
         return self._devices
 
 
@@ -118,7 +118,7 @@ def build_node(root: Path) -> dict[str, Any]:
         metrics.set_processes(uuid, processes[i])
         metrics.set(uuid, utilization_ratio=0.5, ecc_corrected_total=i)
     devices = {
-        f"{u}::{r}": DeviceState(f"{u}::{r}", "Healthy", (0,)) for u in uuids for r in range(8)
+        f"{u}::{r}": SeenDevice(f"{u}::{r}", "Healthy", (0,)) for u in uuids for r in range(8)
     }
     return {
         "inventory": inventory,

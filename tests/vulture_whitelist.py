@@ -25,14 +25,4 @@ USED_WHERE_VULTURE_CANNOT_SEE = (
     _.nvmlDeviceGetNvLinkRemotePciInfo,
     _.nvmlDeviceGetNvLinkRemoteDeviceType,
     _.nvmlDeviceGetTopologyCommonAncestor,
-    # Dead code in files other refactors of issue 15 own at the time of writing (listed in that
-    # work's report for them to delete); drop each line once the code is gone.
-    _.StaticPodDirectory,  # exporter/pods.py
-    _.sync_client,  # kube/client.py
-    _.usage_by_node,  # sharing/accounting.py
-    _.uses_gpu,  # sharing/resources.py
-    _.oldest_watchable_version,  # testing/apiserver/store.py
-    _.pending_faults,  # testing/apiserver/store.py
-    _.restarts,  # testing/kubelet.py
-    _.wait_for_line,  # tests/deploy/test_probes.py
 )

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
-import re
 import shutil
 import signal
 import socket
@@ -77,20 +76,6 @@ class Process:
         for line in self.proc.stderr:
             self.output.append(line)
             self.lines.put(line)
-
-    def wait_for_line(self, pattern: str, timeout_s: float = 30.0) -> re.Match[str]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=0.2)
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    break
-                continue
-            found = re.search(pattern, line)
-            if found:
-                return found
-        pytest.fail(f"no line matching {pattern!r}; output:\n{''.join(self.output)}")
 
     def stop(self) -> int:
         if self.proc.poll() is None:

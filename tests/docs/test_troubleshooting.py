@@ -63,7 +63,7 @@ SCOPES = (
     Scope("health environment", ("core/health.py",), ("ValueError",)),
     Scope("preferred allocation", ("placement/topology.py",), ("PreferenceError",)),
     Scope("MPS supervision", ("enforcement",), (), logs=True),
-    Scope("extender settings", ("config/extender.py",), ("ConfigError",)),
+    Scope("extender settings", ("config/extender.py",), ("ExtenderConfigError",)),
     Scope("TLS files", ("tls.py",), ("TlsFileError",)),
     Scope("kubeconfig", ("kube/client.py",), ("KubeconfigError",)),
     Scope("pod requests", ("sharing/resources.py",), ("RequestError", "ValueError")),

@@ -28,7 +28,7 @@ from kubegpu.sharing.annotations import (
     encode_allocation,
 )
 from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_namespace, make_pod
-from kubegpu.testing.kubelet import Allocation, ContainerResponse, DeviceState
+from kubegpu.testing.kubelet import Allocation, ContainerResponse, SeenDevice
 from kubegpu.testing.podresources import serve_pod_resources
 from tests.exporter.conftest import GIB, systemd_v2, write_cgroup
 from tests.exporter.test_http import fetch, samples, wait_for
@@ -62,7 +62,7 @@ class Kubelet:
     def resources(self) -> list[str]:
         return [RESOURCE]
 
-    def devices(self, resource: str) -> dict[str, DeviceState]:
+    def devices(self, resource: str) -> dict[str, SeenDevice]:
         return {}
 
 

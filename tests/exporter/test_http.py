@@ -25,7 +25,7 @@ from kubegpu.exporter.server import (
 from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.kubelet.pod_resources import KubeletPodResources
 from kubegpu.roles.exporter import start_node_exporter
-from kubegpu.testing.kubelet import Allocation, ContainerResponse, DeviceState
+from kubegpu.testing.kubelet import Allocation, ContainerResponse, SeenDevice
 from kubegpu.testing.podresources import serve_pod_resources
 from tests.exporter.conftest import GIB, INFER_A, INFER_B, TRAINER, UIDS, Node
 
@@ -61,7 +61,7 @@ class KubeletAllocations:
             alloc(INFER_B, "server", (f"{u[1]}::1",)),
         ]
         self._devices = {
-            f"{uuid}::{n}": DeviceState(f"{uuid}::{n}", "Healthy") for uuid in u for n in range(2)
+            f"{uuid}::{n}": SeenDevice(f"{uuid}::{n}", "Healthy") for uuid in u for n in range(2)
         }
 
     def allocations(self) -> list[Allocation]:
@@ -70,7 +70,7 @@ class KubeletAllocations:
     def resources(self) -> list[str]:
         return [RESOURCE]
 
-    def devices(self, resource: str) -> Mapping[str, DeviceState]:
+    def devices(self, resource: str) -> Mapping[str, SeenDevice]:
         return self._devices
 
 

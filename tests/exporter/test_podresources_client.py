@@ -12,7 +12,7 @@ import pytest
 
 from kubegpu.core.metrics import DeviceAssignment, PodKey
 from kubegpu.kubelet.pod_resources import KubeletPodResources
-from kubegpu.testing.kubelet import Allocation, ContainerResponse, DeviceState
+from kubegpu.testing.kubelet import Allocation, ContainerResponse, SeenDevice
 from kubegpu.testing.podresources import TokenBucket, serve_pod_resources
 
 RESOURCE = "nvidia.com/gpu"
@@ -29,7 +29,7 @@ class Kubelet:
     def resources(self) -> list[str]:
         return [RESOURCE]
 
-    def devices(self, resource: str) -> dict[str, DeviceState]:
+    def devices(self, resource: str) -> dict[str, SeenDevice]:
         return {}
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kubegpu.config.extender import ConfigError, ExtenderConfig
+from kubegpu.config.extender import ExtenderConfig, ExtenderConfigError
 from kubegpu.extender.leader import LeaderGate, holds
 from kubegpu.kube.leases import LightkubeLeases
 from kubegpu.kube.view import Backoff
@@ -148,7 +148,7 @@ def test_the_holder_names_this_host_only_as_itself_or_itself_and_an_underscore(
 
 @pytest.mark.parametrize("value", ["kube-scheduler", "/kube-scheduler", "kube-system/", "a/b/c"])
 def test_a_lease_that_is_not_namespace_slash_name_is_refused_naming_it(value: str) -> None:
-    with pytest.raises(ConfigError, match=f"leader-lease '{value}' must be namespace/name"):
+    with pytest.raises(ExtenderConfigError, match=f"leader-lease '{value}' must be namespace/name"):
         ExtenderConfig(leader_lease=value).validate()
 
 

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from kubegpu.config.extender import ConfigError, ExtenderConfig
+from kubegpu.config.extender import ExtenderConfig, ExtenderConfigError
 from kubegpu.testing.apiserver import FakeApiServer
 from tests.extender.cluster import filter_args, gpu_node, running_extender, shared_pod
 
@@ -159,7 +159,7 @@ async def test_the_metrics_listener_is_plain_http_beside_the_mutual_tls_verbs(pk
 def test_bad_settings_are_refused_with_the_setting_named(
     settings: dict[str, object], problem: str
 ) -> None:
-    with pytest.raises(ConfigError, match=problem):
+    with pytest.raises(ExtenderConfigError, match=problem):
         ExtenderConfig(**settings).validate()  # type: ignore[arg-type]
 
 

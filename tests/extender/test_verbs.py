@@ -363,12 +363,12 @@ async def test_fragmentation_policies_take_a_configured_target_workload(
 def test_a_bad_workload_file_names_the_entry() -> None:
     import tempfile
 
-    from kubegpu.config.extender import ConfigError, load_workload
+    from kubegpu.config.extender import ExtenderConfigError, load_workload
 
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as handle:
         handle.write("pods:\n  - {cpuMilli: 1000, gpuMilli: 500}\n")
         handle.flush()
-        with pytest.raises(ConfigError, match=r"pods\[0\]: 'weight'"):
+        with pytest.raises(ExtenderConfigError, match=r"pods\[0\]: 'weight'"):
             load_workload(Path(handle.name))
 
 

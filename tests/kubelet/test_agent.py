@@ -13,7 +13,7 @@ import pytest
 
 from kubegpu.config import load_config
 from kubegpu.inventory.fake import FakeGpuBackend
-from kubegpu.kubelet.agent import AgentSettings, Backoff, Event
+from kubegpu.kubelet.agent import AgentSettings, Event, RetryBackoff
 from kubegpu.kubelet.plugin import SocketClaim, SocketInUse
 from kubegpu.roles.node_agent import build_agent
 from kubegpu.testing.kubelet import KubeletEmulator
@@ -72,7 +72,7 @@ async def test_registration_against_a_dead_kubelet_socket_backs_off_then_succeed
 
     backend = FakeGpuBackend.from_spec("4xT4")
     settings = AgentSettings(
-        kubelet_dir, "unit", poll_interval_s=0.05, backoff=Backoff(0.5, 2.0, 4.0)
+        kubelet_dir, "unit", poll_interval_s=0.05, backoff=RetryBackoff(0.5, 2.0, 4.0)
     )
     agent = build_agent(settings, load_config(None), backend, sleep=recorded_sleep)
     run = asyncio.create_task(agent.run())
@@ -134,7 +134,7 @@ async def test_a_socket_lost_again_and_again_is_recreated_with_a_backoff(root: P
     now = [1000.0]
     backend = FakeGpuBackend.from_spec("4xT4")
     settings = AgentSettings(
-        kubelet_dir, "unit", poll_interval_s=0.01, backoff=Backoff(1.0, 2.0, 8.0)
+        kubelet_dir, "unit", poll_interval_s=0.01, backoff=RetryBackoff(1.0, 2.0, 8.0)
     )
     agent = build_agent(settings, load_config(None), backend, clock=lambda: now[0])
     run = asyncio.create_task(agent.run())

@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from kubegpu.kubelet.cluster import DeviceHolding, KubeletPodResourcesApi
-from kubegpu.testing.kubelet import Allocation, ContainerResponse, DeviceState
+from kubegpu.testing.kubelet import Allocation, ContainerResponse, SeenDevice
 from kubegpu.testing.podresources import serve_pod_resources
 from tests.kubelet.conftest import RESOURCE, short_tempdir
 
@@ -45,7 +45,7 @@ class OnePodKubelet:
     def resources(self) -> list[str]:
         return [RESOURCE]
 
-    def devices(self, resource: str) -> dict[str, DeviceState]:
+    def devices(self, resource: str) -> dict[str, SeenDevice]:
         return {}
 
 

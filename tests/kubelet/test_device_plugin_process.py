@@ -15,7 +15,7 @@ import pytest
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.inventory.fake import send_fake_gpu_command
 from kubegpu.inventory.spec import resolve_fake_spec
-from kubegpu.testing.kubelet import AllocationError, DeviceState, KubeletEmulator
+from kubegpu.testing.kubelet import AllocationError, KubeletEmulator, SeenDevice
 from tests.inventory.contract import nvml_present
 from tests.kubelet.conftest import RESOURCE, Node, PluginProcess
 
@@ -39,7 +39,7 @@ def brute_force_best_score(ids: Sequence[str], must: Sequence[str], size: int) -
     return max(link_score(c) for c in itertools.combinations(ids, size) if set(must) <= set(c))
 
 
-def all_healthy(devices: Mapping[str, DeviceState]) -> bool:
+def all_healthy(devices: Mapping[str, SeenDevice]) -> bool:
     return len(devices) == 8 and all(d.healthy for d in devices.values())
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from kubegpu.config import load_config
 from kubegpu.inventory.fake import FakeGpuBackend
-from kubegpu.kubelet.agent import Agent, AgentSettings, Backoff, Event
+from kubegpu.kubelet.agent import Agent, AgentSettings, Event, RetryBackoff
 from kubegpu.kubelet.probes import IdleTarget, ProbeServerError, ping_all, start_probe_server
 from kubegpu.roles.node_agent import build_agent
 from kubegpu.testing.kubelet import KubeletEmulator
@@ -91,7 +91,7 @@ async def test_readyz_is_503_while_registering_with_a_dead_kubelet_socket_fails(
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     dead.bind(str(kubelet_dir / "kubelet.sock"))
     dead.close()
-    agent = make_agent(kubelet_dir, poll_interval_s=0.05, backoff=Backoff(0.05, 2.0, 0.2))
+    agent = make_agent(kubelet_dir, poll_interval_s=0.05, backoff=RetryBackoff(0.05, 2.0, 0.2))
     run = asyncio.create_task(agent.run())
     kubelet = KubeletEmulator(kubelet_dir)
     try:

@@ -12,7 +12,7 @@ from kubegpu.config.health import health_policy
 from kubegpu.config.model import AgentConfig
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.inventory.spec import resolve_fake_spec
-from kubegpu.kubelet.agent import Backoff, retry_with_backoff
+from kubegpu.kubelet.agent import RetryBackoff, retry_with_backoff
 from kubegpu.kubelet.plugin import HealthBoard
 from kubegpu.kubelet.resources import AllocationError, PlanError, build_plans
 
@@ -179,7 +179,7 @@ async def test_registration_retries_back_off_exponentially_up_to_the_cap() -> No
             raise OSError("kubelet.sock: connection refused")
         return "registered"
 
-    backoff = Backoff(initial_s=0.5, factor=2.0, max_s=4.0)
+    backoff = RetryBackoff(initial_s=0.5, factor=2.0, max_s=4.0)
     result = await retry_with_backoff(register, backoff, describe="register", sleep=fake_sleep)
     assert result == "registered"
     assert slept == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
@@ -194,7 +194,7 @@ async def test_retry_does_not_swallow_errors_it_was_not_told_to_retry() -> None:
 
     with pytest.raises(KeyError):
         await retry_with_backoff(
-            broken, Backoff(), describe="x", sleep=no_sleep, retry_on=(OSError,)
+            broken, RetryBackoff(), describe="x", sleep=no_sleep, retry_on=(OSError,)
         )
 
 
@@ -202,7 +202,7 @@ async def test_retry_does_not_swallow_errors_it_was_not_told_to_retry() -> None:
     ("attempt", "delay"), [(0, 0.1), (1, 0.2), (3, 0.8), (10, 5.0), (10_000, 5.0)]
 )
 def test_default_backoff_is_bounded(attempt: int, delay: float) -> None:
-    assert Backoff().delay(attempt) == pytest.approx(delay)
+    assert RetryBackoff().delay(attempt) == pytest.approx(delay)
 
 
 # --- health board and policy ------------------------------------------------------------------

@@ -14,8 +14,8 @@ import pytest
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from kubegpu.testing.kubelet import (
     AllocationError,
-    DeviceState,
     KubeletEmulator,
+    SeenDevice,
     is_extended_resource_name,
 )
 from tests.testing.kubelet_plugin_double import FakeDevice, PluginDouble
@@ -47,7 +47,7 @@ def plugin(plugin_dir: Path, kubelet: KubeletEmulator) -> Iterator[PluginDouble]
     double.stop()
 
 
-def all_healthy(devices: Mapping[str, DeviceState]) -> bool:
+def all_healthy(devices: Mapping[str, SeenDevice]) -> bool:
     return bool(devices) and all(d.healthy for d in devices.values())
 
 
@@ -146,7 +146,7 @@ def test_list_and_watch_keeps_the_latest_full_device_list(
     kubelet: KubeletEmulator, plugin: PluginDouble
 ) -> None:
     devices = kubelet.devices(RESOURCE)
-    assert devices["gpu-3"] == DeviceState("gpu-3", "Healthy", (1,))
+    assert devices["gpu-3"] == SeenDevice("gpu-3", "Healthy", (1,))
     before = kubelet.update_count(RESOURCE)
 
     plugin.set_devices([FOUR[0], FakeDevice("gpu-1", healthy=False, numa=(0,)), FOUR[2]])
@@ -208,7 +208,7 @@ def test_an_old_stream_ending_after_reregistration_disconnects_the_new_endpoint(
         plugin.stop()  # the superseded stream ends now
         update = kubelet.wait_for_devices(RESOURCE, lambda d: not all_healthy(d), timeout_s=5)
         assert update.source == "disconnect"
-        assert update.devices == {"new-0": DeviceState("new-0", "Unhealthy")}
+        assert update.devices == {"new-0": SeenDevice("new-0", "Unhealthy")}
         assert not kubelet.is_connected(RESOURCE)
     finally:
         second.stop()
@@ -396,7 +396,7 @@ def test_start_deletes_stale_sockets_like_kubelet_startup(plugin_dir: Path) -> N
 
 
 def test_device_state_treats_anything_but_healthy_as_unhealthy() -> None:
-    assert DeviceState("x", "Healthy").healthy
-    assert not DeviceState("x", "healthy").healthy
-    assert not DeviceState("x", "").healthy
+    assert SeenDevice("x", "Healthy").healthy
+    assert not SeenDevice("x", "healthy").healthy
+    assert not SeenDevice("x", "").healthy
     assert dp.Device(ID="x").health == ""

@@ -16,8 +16,8 @@ from kubegpu.testing.kubelet import (
     Allocation,
     AllocationError,
     ContainerResponse,
-    DeviceState,
     KubeletEmulator,
+    SeenDevice,
 )
 from kubegpu.testing.podresources import TokenBucket, serve_pod_resources
 from tests.testing.kubelet_plugin_double import FakeDevice, PluginDouble
@@ -198,8 +198,8 @@ class _OnePod:
     def resources(self) -> list[str]:
         return [RESOURCE]
 
-    def devices(self, resource: str) -> dict[str, DeviceState]:
-        return {"g": DeviceState("g", "Healthy")}
+    def devices(self, resource: str) -> dict[str, SeenDevice]:
+        return {"g": SeenDevice("g", "Healthy")}
 
 
 def test_calls_over_the_rate_limit_get_resource_exhausted(workdir: Path) -> None:

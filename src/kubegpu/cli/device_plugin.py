@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
@@ -236,11 +236,12 @@ def device_plugin(
     from kubegpu.config.health import health_policy
     from kubegpu.config.load import ConfigError, load_config, render_config
     from kubegpu.core.backend import InventoryError
+    from kubegpu.inventory.select import BackendKind, open_backend
     from kubegpu.kubelet.agent import AgentSettings, ExporterServerError, check_api_access
     from kubegpu.kubelet.probes import ProbeServerError
     from kubegpu.kubelet.resources import PlanError
     from kubegpu.kubelet.socketdir import SocketDirError, check_folder, check_socket_dir
-    from kubegpu.roles.node_agent import KubeconfigError, kube_config_for, open_backend, run_agent
+    from kubegpu.roles.node_agent import KubeconfigError, kube_config_for, run_agent
 
     node = node_name or "-"
     overrides = {_OVERRIDES[k]: v for k, v in flags.items() if v is not None}
@@ -263,7 +264,9 @@ def device_plugin(
             sys.exit(2)
 
     try:
-        gpu_backend = open_backend(backend, fake_gpus, fake_control)
+        gpu_backend = open_backend(
+            cast(BackendKind, backend), fake_gpus=fake_gpus, fake_control=fake_control
+        )
     except ValueError as err:
         # Flags that do not fit together, or a bad fake spec (FakeSpecError): usage, so exit 2
         # and never idle, as `kubegpu discover` does for the same errors.

@@ -16,6 +16,7 @@ import socket
 import sys
 import threading
 from pathlib import Path
+from typing import cast
 
 import click
 
@@ -26,16 +27,6 @@ from kubegpu.core.backend import GpuBackend
 log = logging.getLogger(__name__)
 
 
-def open_backend(kind: str, fake_gpus: str | None, fake_control: Path | None = None) -> GpuBackend:
-    """The GPU backend for ``--backend`` (the same rules as the device plugin's)."""
-    from kubegpu.inventory.select import BACKEND_KINDS
-    from kubegpu.inventory.select import open_backend as select_backend
-
-    if kind not in BACKEND_KINDS:
-        raise ValueError(f"unknown GPU backend {kind!r}")
-    return select_backend(kind, fake_gpus=fake_gpus, fake_control=fake_control)
-
-
 def open_gpu_backend_or_exit(
     kind: str, fake_gpus: str | None, fake_control: Path | None
 ) -> GpuBackend:
@@ -44,7 +35,11 @@ def open_gpu_backend_or_exit(
     from kubegpu.core.backend import InventoryError
 
     try:
-        gpu_backend = open_backend(kind, fake_gpus, fake_control)
+        from kubegpu.inventory.select import BackendKind, open_backend
+
+        gpu_backend = open_backend(
+            cast(BackendKind, kind), fake_gpus=fake_gpus, fake_control=fake_control
+        )
         gpu_backend.snapshot()
     except InventoryError as exc:
         log.error("cannot open the GPU backend: %s", exc)

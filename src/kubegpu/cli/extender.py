@@ -17,8 +17,8 @@ import click
 
 from kubegpu.cli.types import seconds
 from kubegpu.config.extender import (
-    ConfigError,
     ExtenderConfig,
+    ExtenderConfigError,
     load_config_file,
     resolve_leader_lease,
 )
@@ -38,7 +38,7 @@ def _load_file(ctx: click.Context, _param: click.Parameter, value: Path | None) 
         known = [p.name for p in ctx.command.params if p.name and p.name != "config"]
         try:
             ctx.default_map = {**(ctx.default_map or {}), **load_config_file(value, known)}
-        except ConfigError as exc:
+        except ExtenderConfigError as exc:
             raise click.BadParameter(str(exc)) from None
     return value
 
@@ -266,13 +266,13 @@ def extender_command(**options: Any) -> None:
         lease = resolve_leader_lease(options["leader_lease"])
         config = config.model_copy(update={"leader_lease": lease})
         config.validate()
-    except (ConfigError, ValueError) as exc:
+    except (ExtenderConfigError, ValueError) as exc:
         click.echo(f"kubegpu extender: {exc}", err=True)
         raise SystemExit(2) from None
     log.info("configuration: %r", config)
     try:
         asyncio.run(_serve(config))
-    except ConfigError as exc:  # a file, a listener or a scheduler version (service.py)
+    except ExtenderConfigError as exc:  # a file, a listener or a scheduler version (service.py)
         click.echo(f"kubegpu extender: {exc}", err=True)
         raise SystemExit(2) from None
 

@@ -51,7 +51,7 @@ DEFAULT_MAX_INFLIGHT_BODY_BYTES = 64 * 1024 * 1024
 POLICY_NAMES = frozenset({"binpack", "spread", "fgd", "kubegpu"})
 
 
-class ConfigError(ValueError):
+class ExtenderConfigError(ValueError):
     """A setting is wrong; the message names it and its value."""
 
 
@@ -112,26 +112,28 @@ class ExtenderConfig(BaseModel):
         return max(DEFAULT_MAX_INFLIGHT_BODY_BYTES, self.body_limit_bytes)
 
     # Not pydantic's (deprecated) ``validate``: the extender's own check of settings built from
-    # flags, environment and file together, raising ConfigError naming the setting.
+    # flags, environment and file together, raising ExtenderConfigError naming the setting.
     def validate(self) -> None:  # type: ignore[override]
         policies = set(POLICY_NAMES) | set(POLICIES)
         if self.policy.lower() not in policies:
-            raise ConfigError(f"policy {self.policy!r} unknown; choose one of {sorted(policies)}")
+            raise ExtenderConfigError(
+                f"policy {self.policy!r} unknown; choose one of {sorted(policies)}"
+            )
         if not 0 <= self.port <= 65535:
-            raise ConfigError(f"port {self.port} out of range")
+            raise ExtenderConfigError(f"port {self.port} out of range")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ConfigError("tls-cert-file and tls-key-file go together")
+            raise ExtenderConfigError("tls-cert-file and tls-key-file go together")
         if self.client_ca_file is not None and not self.tls:
-            raise ConfigError("client-ca-file needs tls-cert-file and tls-key-file")
+            raise ExtenderConfigError("client-ca-file needs tls-cert-file and tls-key-file")
         if not self.tls and not self.allow_insecure_http and not is_loopback(self.host):
-            raise ConfigError(
+            raise ExtenderConfigError(
                 f"refusing plain HTTP on {self.host}: configure tls-cert-file/tls-key-file or "
                 "pass --allow-insecure-http"
             )
         if self.body_limit_bytes < 1024:
-            raise ConfigError(f"max-body-bytes {self.max_body_bytes} is too small")
+            raise ExtenderConfigError(f"max-body-bytes {self.max_body_bytes} is too small")
         if self.inflight_limit_bytes < self.body_limit_bytes:
-            raise ConfigError(
+            raise ExtenderConfigError(
                 f"max-inflight-body-bytes {self.inflight_limit_bytes} is smaller than "
                 f"max-body-bytes {self.body_limit_bytes}: no full-size request could be served"
             )
@@ -140,19 +142,19 @@ class ExtenderConfig(BaseModel):
             ("request-body-timeout-seconds", self.request_body_timeout_s),
         ):
             if not 0 < seconds <= 3600:  # also refuses NaN
-                raise ConfigError(f"{key} {seconds} must be more than 0 and at most 3600")
+                raise ExtenderConfigError(f"{key} {seconds} must be more than 0 and at most 3600")
         if self.bind_attempts < 1:
-            raise ConfigError("bind-attempts must be at least 1")
+            raise ExtenderConfigError("bind-attempts must be at least 1")
         self._validate_metrics_listener()
         if self.scheduler_version is not None:
             try:
                 parse_version(self.scheduler_version)
             except ValueError as exc:
-                raise ConfigError(f"scheduler-version {exc}") from None
+                raise ExtenderConfigError(f"scheduler-version {exc}") from None
         if self.leader_lease:
             namespace, _, name = self.leader_lease.partition("/")
             if not namespace or not name or "/" in name:
-                raise ConfigError(
+                raise ExtenderConfigError(
                     f"leader-lease {self.leader_lease!r} must be namespace/name, e.g. "
                     "kube-system/kube-scheduler"
                 )
@@ -161,15 +163,15 @@ class ExtenderConfig(BaseModel):
         if self.metrics_port is None:
             return
         if not 0 <= self.metrics_port <= 65535:
-            raise ConfigError(f"metrics-port {self.metrics_port} out of range (0-65535)")
+            raise ExtenderConfigError(f"metrics-port {self.metrics_port} out of range (0-65535)")
         if not is_ip_or_localhost(self.metrics_host):
-            raise ConfigError(
+            raise ExtenderConfigError(
                 f"metrics-host {self.metrics_host!r} is not an IP address (e.g. 0.0.0.0, ::, "
                 "127.0.0.1)"
             )
         hosts = {self.host, self.metrics_host}
         if self.metrics_port == self.port != 0 and (len(hosts) == 1 or hosts & _WILDCARD_HOSTS):
-            raise ConfigError(
+            raise ExtenderConfigError(
                 f"metrics-port {self.metrics_port} is also port on {self.host}: the verbs and "
                 "the metrics listener need a port each"
             )
@@ -208,7 +210,7 @@ def resolve_leader_lease(value: str | None) -> str | None:
     them (a second control-plane node, a rolling update, a copied config) each hand out the
     same cards. Running unguarded has to be said out loud."""
     if value is None or not value.strip():
-        raise ConfigError(
+        raise ExtenderConfigError(
             "leader-lease is not set: give the namespace/name of the Lease that the "
             "kube-scheduler calling this extender elects its leader with (kube-system/"
             "kube-scheduler for the default scheduler), or 'none' if exactly one extender "
@@ -228,25 +230,25 @@ def load_config_file(path: Path, known: Collection[str]) -> dict[str, Any]:
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte offset {exc.start})") from None
+        raise ExtenderConfigError(f"{path}: not UTF-8 text (byte offset {exc.start})") from None
     except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: cannot read ({exc})") from None
+        raise ExtenderConfigError(f"{path}: cannot read ({exc})") from None
     if not isinstance(doc, dict):
-        raise ConfigError(f"{path}: must be a mapping")
+        raise ExtenderConfigError(f"{path}: must be a mapping")
     if doc.get("apiVersion") != CONFIG_API_VERSION or doc.get("kind") != CONFIG_KIND:
-        raise ConfigError(
+        raise ExtenderConfigError(
             f"{path}: apiVersion/kind must be {CONFIG_API_VERSION}/{CONFIG_KIND}, got "
             f"{doc.get('apiVersion')!r}/{doc.get('kind')!r}"
         )
     settings = doc.get("settings") or {}
     if not isinstance(settings, dict):
-        raise ConfigError(f"{path}: settings must be a mapping")
+        raise ExtenderConfigError(f"{path}: settings must be a mapping")
     keys = sorted(k.replace("_", "-") for k in known)
     for key in settings:
         if str(key).replace("_", "-") not in keys:
             close = difflib.get_close_matches(str(key).replace("_", "-"), keys, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(keys)}"
-            raise ConfigError(f"{path}: settings: unknown key {key!r} ({hint})")
+            raise ExtenderConfigError(f"{path}: settings: unknown key {key!r} ({hint})")
     return {str(k).replace("-", "_"): v for k, v in settings.items()}
 
 
@@ -256,14 +258,14 @@ def load_workload(path: Path) -> TypicalWorkload:
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as exc:
-        raise ConfigError(
+        raise ExtenderConfigError(
             f"workload file {path}: not UTF-8 text (byte offset {exc.start})"
         ) from None
     except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"workload file {path}: cannot read ({exc})") from None
+        raise ExtenderConfigError(f"workload file {path}: cannot read ({exc})") from None
     pods = doc.get("pods") if isinstance(doc, dict) else None
     if not isinstance(pods, list) or not pods:
-        raise ConfigError(f"workload file {path}: needs a non-empty 'pods' list")
+        raise ExtenderConfigError(f"workload file {path}: needs a non-empty 'pods' list")
     weighted: list[tuple[PodRequest, float]] = []
     for i, item in enumerate(pods):
         try:
@@ -277,8 +279,8 @@ def load_workload(path: Path) -> TypicalWorkload:
             )
             weight = float(item["weight"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"workload file {path}: pods[{i}]: {exc}") from None
+            raise ExtenderConfigError(f"workload file {path}: pods[{i}]: {exc}") from None
         if weight <= 0:
-            raise ConfigError(f"workload file {path}: pods[{i}]: weight must be > 0")
+            raise ExtenderConfigError(f"workload file {path}: pods[{i}]: weight must be > 0")
         weighted.append((request, weight))
     return TypicalWorkload.from_weights(weighted)

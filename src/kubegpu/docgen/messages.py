@@ -128,7 +128,14 @@ def normalise(text: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     paths = [Path(a) for a in (argv if argv is not None else sys.argv[1:])]
-    names = ("ConfigError", "InventoryError", "AllocationError", "AllocationRefused", "PlanError")
+    names = (
+        "ConfigError",
+        "ExtenderConfigError",
+        "InventoryError",
+        "AllocationError",
+        "AllocationRefused",
+        "PlanError",
+    )
     for message in find_messages(paths, names, logs=True, hint_tables=True):
         print(f"{message.file}:{message.line}: {message.kind}: {message.fragment}")
     return 0

@@ -83,14 +83,6 @@ class PodLogDirectory:
         return found
 
 
-class StaticPodDirectory:
-    def __init__(self, pods: Mapping[str, PodKey]) -> None:
-        self.pods = dict(pods)
-
-    def pods_by_uid(self) -> Mapping[str, PodKey]:
-        return self.pods
-
-
 class NoShares:
     def shares(self) -> Mapping[PodKey, Sequence[PodGpuShare]]:
         return {}

@@ -96,7 +96,7 @@ class RunningExporter:
         self._on_stop.append(close)
 
     def set_gpu_health(self, uuid: GpuUuid, healthy: bool) -> None:
-        """For the node agent: its health monitor's verdict."""
+        """A GPU's health as the node's health record judged it (the role wires this)."""
         self.health.set_healthy(uuid, healthy)
 
     def stop(self) -> None:

@@ -77,15 +77,6 @@ def async_client(
     )
 
 
-def sync_client(
-    path: str | Path | None = None,
-    *,
-    trust_env: bool = True,
-    field_manager: str = "kubegpu",
-) -> lightkube.Client:
-    return lightkube.Client(load_kubeconfig(path), field_manager=field_manager, trust_env=trust_env)
-
-
 def client_from(config: KubeConfig, *, field_manager: str) -> lightkube.Client:
     """A synchronous client on a config already loaded (and checked) by :func:`load_kubeconfig`:
     roles load it at start, to exit 2 on a bad one, and make the client when they need it."""

@@ -48,7 +48,9 @@ _MIB = 2**20
 
 @dataclass(frozen=True)
 class Backoff:
-    """Retry delays as data: ``initial_s`` doubling (``factor``) up to ``max_s``."""
+    """Retry delays as data: ``initial_s`` doubling (``factor``) up to ``max_s``; ``delay(n)``
+    after ``n`` failures in a row, counted from 1 (the node agent's
+    :class:`kubegpu.kubelet.agent.RetryBackoff` counts retries from 0)."""
 
     initial_s: float = 0.5
     max_s: float = 30.0

@@ -72,8 +72,9 @@ Sleep = Callable[[float], Awaitable[None]]
 
 
 @dataclass(frozen=True)
-class Backoff:
-    """Delay before retry ``attempt`` (0-based): ``initial_s * factor**attempt``, capped."""
+class RetryBackoff:
+    """Delay before retry ``attempt``, counted from 0: ``initial_s * factor**attempt``, capped.
+    (The extender's watch counts failures from 1 instead: :class:`kubegpu.kube.view.Backoff`.)"""
 
     initial_s: float = 0.1
     factor: float = 2.0
@@ -85,7 +86,7 @@ class Backoff:
 
 async def retry_with_backoff(
     operation: Callable[[], Awaitable[T]],
-    backoff: Backoff,
+    backoff: RetryBackoff,
     *,
     describe: str,
     sleep: Sleep = asyncio.sleep,
@@ -177,7 +178,7 @@ class AgentSettings:
     # Flag and environment values, applied over the file again on every reload.
     overrides: Mapping[str, object] = field(default_factory=dict)
     poll_interval_s: float = 0.1
-    backoff: Backoff = Backoff()
+    backoff: RetryBackoff = RetryBackoff()
     env: Mapping[str, str] = field(default_factory=dict)
 
 

@@ -51,10 +51,10 @@ from kubegpu.kubelet.cluster import ConflictError, DeviceHolding, NodeApi, PodRe
 from kubegpu.kubelet.plugin import HealthBoard
 from kubegpu.kubelet.records import Holdings, Repair, follow_share_holdings, follow_whole_holdings
 from kubegpu.kubelet.resources import (
+    AllocateAnswer,
     AllocationError,
     AllocationRefused,
     BindMount,
-    ContainerAllocation,
     ResourcePlan,
     card_of,
 )
@@ -322,7 +322,7 @@ class SharingCoordinator:
             ordered = sorted(by_card.values(), key=lambda i: -plan.lookup(i).gpu.index)
             return tuple(ordered[:size])
 
-    async def allocate(self, plan: ResourcePlan, device_ids: Sequence[str]) -> ContainerAllocation:
+    async def allocate(self, plan: ResourcePlan, device_ids: Sequence[str]) -> AllocateAnswer:
         for device_id in device_ids:
             plan.lookup(device_id)  # unknown ids: INVALID_ARGUMENT, as without sharing
         async with self.lock:
@@ -332,7 +332,7 @@ class SharingCoordinator:
 
     async def _allocate_whole(
         self, plan: ResourcePlan, device_ids: Sequence[str]
-    ) -> ContainerAllocation:
+    ) -> AllocateAnswer:
         await self._refresh_or_keep("a whole-GPU allocation")
         shares = self.share_cards()
         for device_id in device_ids:
@@ -353,7 +353,7 @@ class SharingCoordinator:
 
     async def _allocate_share(
         self, plan: ResourcePlan, device_ids: Sequence[str]
-    ) -> ContainerAllocation:
+    ) -> AllocateAnswer:
         if len(device_ids) != 1:
             raise AllocationError(
                 f"node {self.node}: a sharing container asks for exactly 1 {plan.resource_name}, "
@@ -452,7 +452,7 @@ class SharingCoordinator:
             "allocation; the kubelet will fail this pod's admission",
         )
 
-    def _answer(self, plan: ResourcePlan, slot: str, share: CardShare) -> ContainerAllocation:
+    def _answer(self, plan: ResourcePlan, slot: str, share: CardShare) -> AllocateAnswer:
         """The container's answer: the slot's devices, told ``share`` (the decided share,
         exactly what was just recorded as granted)."""
         base = plan.allocate(self.config, [slot])

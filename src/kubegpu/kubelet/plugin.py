@@ -28,9 +28,9 @@ from kubegpu.core.gpu import GpuUuid, NodeInventory
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from kubegpu.kubelet.channels import unix_aio_channel
 from kubegpu.kubelet.resources import (
+    AllocateAnswer,
     AllocationError,
     AllocationRefused,
-    ContainerAllocation,
     DeviceState,
     ResourcePlan,
 )
@@ -103,7 +103,7 @@ def _device_message(state: DeviceState) -> api_pb2.Device:
     return device
 
 
-def _allocate_message(alloc: ContainerAllocation) -> api_pb2.ContainerAllocateResponse:
+def _allocate_message(alloc: AllocateAnswer) -> api_pb2.ContainerAllocateResponse:
     return api_pb2.ContainerAllocateResponse(
         envs=alloc.envs,
         annotations=alloc.annotations,
@@ -134,7 +134,7 @@ class AllocationHooks(Protocol):
         """The ids to prefer, or None for the plan's own answer."""
         ...
 
-    async def allocate(self, plan: ResourcePlan, device_ids: Sequence[str]) -> ContainerAllocation:
+    async def allocate(self, plan: ResourcePlan, device_ids: Sequence[str]) -> AllocateAnswer:
         """Raises AllocationError (INVALID_ARGUMENT) or AllocationRefused (its code)."""
         ...
 

@@ -1,11 +1,11 @@
 """Records that follow the kubelet: what each container was really handed, per PodResources.
 
-``Allocate`` is told the device ids, never the pod (docs/sharing.md, "Node agent"). For a share
-slot the agent therefore hands out the share decided for the pod it expects the kubelet to be
-admitting and records that grant — slot, card, MiB, milli, exactly the values in the env — in
-that pod's ledger under that container's name. When the kubelet was really admitting another
-pod, the grant sits in the wrong pod's records. The kubelet's PodResources API knows which
-container holds which slot, so the records are repaired from it:
+``Allocate`` is told the device ids, never the pod (docs/allocation-protocol.md, "Who calls
+what"). For a share slot the agent therefore hands out the share decided for the pod it expects
+the kubelet to be admitting and records that grant — slot, card, MiB, milli, exactly the values
+in the env — in that pod's ledger under that container's name. When the kubelet was really
+admitting another pod, the grant sits in the wrong pod's records. The kubelet's PodResources API
+knows which container holds which slot, so the records are repaired from it:
 
 * **Exchange.** Container ``P/c`` holds slot ``S``, and the grant for ``S`` is recorded under
   ``X/n``, which does not hold it: ``P/c`` got the share decided for ``X/n``. The two swap both

@@ -106,8 +106,11 @@ class BindMount:
 
 
 @dataclass(frozen=True)
-class ContainerAllocation:
-    """Everything one container gets for one resource (the kubelet caches it per container)."""
+class AllocateAnswer:
+    """What Allocate answers for one container and one resource: its environment, mounts,
+    device nodes, annotations and CDI devices (the kubelet caches it per container). Not the
+    extender's per-container decision, which is
+    :class:`kubegpu.sharing.annotations.ContainerAllocation`."""
 
     envs: dict[str, str] = field(default_factory=dict)
     mounts: tuple[BindMount, ...] = ()
@@ -267,7 +270,7 @@ class ResourcePlan:
         )
         return tuple(uuid_to_id[u] for u in choice.uuids)
 
-    def allocate(self, config: AgentConfig, device_ids: Sequence[str]) -> ContainerAllocation:
+    def allocate(self, config: AgentConfig, device_ids: Sequence[str]) -> AllocateAnswer:
         """One container's response; replica ids resolve to their GPU, duplicates collapse."""
         if not device_ids:
             raise AllocationError(f"empty device list for resource {self.resource_name}")
@@ -302,7 +305,7 @@ class ResourcePlan:
         if plugin.pass_device_specs:
             paths = [*CONTROL_DEVICE_NODES, *(g.device_node for g in gpus)]
             nodes = tuple(DeviceNode(p, host_path(plugin.dev_root, p)) for p in paths)
-        return ContainerAllocation(envs, tuple(mounts), nodes, annotations, cdi)
+        return AllocateAnswer(envs, tuple(mounts), nodes, annotations, cdi)
 
     @property
     def socket_stem(self) -> str:

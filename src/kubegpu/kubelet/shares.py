@@ -1,7 +1,8 @@
 """Which pending pod a share-slot ``Allocate`` serves, and what its container is told.
 
 The device plugin API gives ``Allocate`` no pod identity, only the slot ids the kubelet chose.
-We make the choice deterministic instead of guessing (docs/sharing.md, "Node agent"):
+We make the choice deterministic instead of guessing (docs/allocation-protocol.md, "Who calls
+what"):
 
 * slot ids encode their card (``<uuid>::slot-<n>``), so the card is known from the request;
 * ``GetPreferredAllocation`` steers the kubelet to the card of the next pod we expect it to

@@ -17,7 +17,7 @@ from types import TracebackType
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from kubegpu.config.extender import ConfigError, ExtenderConfig, load_workload
+from kubegpu.config.extender import ExtenderConfig, ExtenderConfigError, load_workload
 from kubegpu.core.version_skew import parse_version, server_minor, skew_problem
 from kubegpu.extender.leader import LeaderGate, default_identity
 from kubegpu.extender.scheduler import GpuScheduler
@@ -38,13 +38,14 @@ log = logging.getLogger(__name__)
 
 
 def server_ssl_context(config: ExtenderConfig) -> ssl.SSLContext | None:
-    """The listener's TLS context; :class:`ConfigError` naming the file when one is unusable."""
+    """The listener's TLS context; :class:`ExtenderConfigError` naming the file when one is
+    unusable."""
     if config.tls_cert_file is None or config.tls_key_file is None:
         return None
     try:
         return server_context(config.tls_cert_file, config.tls_key_file, config.client_ca_file)
     except TlsFileError as exc:
-        raise ConfigError(str(exc)) from None
+        raise ExtenderConfigError(str(exc)) from None
 
 
 def check_files(config: ExtenderConfig) -> None:
@@ -56,7 +57,7 @@ def check_files(config: ExtenderConfig) -> None:
     try:
         load_kubeconfig(config.kubeconfig)
     except KubeconfigError as exc:
-        raise ConfigError(str(exc)) from None
+        raise ExtenderConfigError(str(exc)) from None
     if config.workload_file is not None:
         load_workload(config.workload_file)
 
@@ -153,7 +154,7 @@ class ExtenderService:
         except OSError as exc:
             await runner.cleanup()
             await self.stop()
-            raise ConfigError(
+            raise ExtenderConfigError(
                 f"host/port {self.config.host}:{self.config.port}: cannot listen there "
                 f"({exc.strerror or exc})"
             ) from None
@@ -162,7 +163,7 @@ class ExtenderService:
         if self.config.metrics_port is not None:
             try:
                 await self._start_metrics(self.config.metrics_host, self.config.metrics_port)
-            except ConfigError:
+            except ExtenderConfigError:
                 await self.stop()
                 raise
         log.info(
@@ -176,7 +177,7 @@ class ExtenderService:
         )
 
     async def _check_scheduler_version(self, scheduler_version: str) -> None:
-        """Refuse (ConfigError, exit 2) a kube-scheduler the skew policy does not allow with
+        """Refuse (ExtenderConfigError, exit 2) a kube-scheduler the skew policy does not allow with
         this API server; an API that does not answer is only a warning (the view retries)."""
         try:
             server = server_minor(await server_version(self.client))
@@ -189,7 +190,7 @@ class ExtenderService:
             return
         problem = skew_problem(parse_version(scheduler_version), server)
         if problem is not None:
-            raise ConfigError(f"scheduler-version: {problem}")
+            raise ExtenderConfigError(f"scheduler-version: {problem}")
         log.info("kube-scheduler %s fits the API server v%d.%d", scheduler_version, *server)
 
     async def _start_metrics(self, host: str, port: int) -> None:
@@ -205,7 +206,7 @@ class ExtenderService:
             await web.TCPSite(runner, host, port).start()
         except OSError as exc:
             await runner.cleanup()
-            raise ConfigError(
+            raise ExtenderConfigError(
                 f"metrics-host/metrics-port {host}:{port}: cannot listen there "
                 f"({exc.strerror or exc})"
             ) from None

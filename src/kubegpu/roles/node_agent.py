@@ -23,18 +23,10 @@ from kubegpu.core.gpu import NodeInventory
 from kubegpu.core.health_feed import HealthFeed
 from kubegpu.kubelet.agent import Agent, AgentSettings, RunningService
 
-__all__ = ["KubeconfigError", "build_agent", "kube_config_for", "open_backend", "run_agent"]
+__all__ = ["KubeconfigError", "build_agent", "kube_config_for", "run_agent"]
 
 # Makes the synchronous client the exporter lists the node's pods with (podDirectory: api).
 KubeClientFactory = Callable[[], Any]
-
-
-def open_backend(kind: str, fake_gpus: str | None, fake_control: Path | None) -> GpuBackend:
-    from kubegpu.inventory.select import BACKEND_KINDS
-    from kubegpu.inventory.select import open_backend as select_backend
-
-    assert kind in BACKEND_KINDS  # click.Choice already refused anything else
-    return select_backend(kind, fake_gpus=fake_gpus, fake_control=fake_control)
 
 
 def judge_node_health(

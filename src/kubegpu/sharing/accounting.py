@@ -160,10 +160,3 @@ def snapshot_from(nodes: Iterable[NodeInfo], pods: Iterable[PodUsage]) -> Cluste
         nodes={n.name: n for n in sorted(nodes, key=lambda n: n.name)},
         pods={p.uid: p for p in sorted(pods, key=lambda p: p.uid)},
     )
-
-
-def usage_by_node(pods: Mapping[str, PodUsage]) -> dict[str, list[PodUsage]]:
-    out: dict[str, list[PodUsage]] = defaultdict(list)
-    for usage in pods.values():
-        out[usage.node].append(usage)
-    return dict(out)

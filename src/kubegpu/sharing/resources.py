@@ -82,10 +82,6 @@ class ContainerShare:
     gpu_memory_mib: int = 0
     share_slots: int = 0
 
-    @property
-    def uses_gpu(self) -> bool:
-        return self.whole_gpus > 0 or self.compute_milli > 0 or self.gpu_memory_mib > 0
-
 
 @dataclass(frozen=True)
 class GpuRequest:

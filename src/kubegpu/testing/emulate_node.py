@@ -31,9 +31,9 @@ from kubegpu.testing.kubelet import (
     KUBELET_SOCKET_NAME,
     Allocation,
     AllocationError,
-    DeviceState,
     KubeletEmulator,
     Registration,
+    SeenDevice,
 )
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ def describe_allocation(allocation: Allocation) -> list[str]:
 
 
 def health_changes(
-    resource: str, before: Mapping[str, DeviceState], after: Mapping[str, DeviceState]
+    resource: str, before: Mapping[str, SeenDevice], after: Mapping[str, SeenDevice]
 ) -> list[str]:
     lines = []
     for device_id in sorted(set(before) | set(after)):

@@ -134,7 +134,7 @@ class RejectedRegistration:
 
 
 @dataclass(frozen=True)
-class DeviceState:
+class SeenDevice:
     """One advertised device as the kubelet last saw it."""
 
     id: str
@@ -161,7 +161,7 @@ class DeviceUpdate:
     sequence: int
     received_at_monotonic_s: float
     source: UpdateSource
-    devices: Mapping[str, DeviceState]
+    devices: Mapping[str, SeenDevice]
 
 
 @dataclass(frozen=True)
@@ -244,9 +244,9 @@ def container_response_from_wire(message: dp.ContainerAllocateResponse) -> Conta
     )
 
 
-def device_state_from_wire(message: dp.Device) -> DeviceState:
+def device_state_from_wire(message: dp.Device) -> SeenDevice:
     numa = tuple(sorted(node.ID for node in message.topology.nodes))
-    return DeviceState(id=message.ID, health=message.health, numa_nodes=numa)
+    return SeenDevice(id=message.ID, health=message.health, numa_nodes=numa)
 
 
 def _check_unix_path(path: Path) -> None:
@@ -341,10 +341,9 @@ class KubeletEmulator:
         self._retired: list[_Endpoint] = []
         self._registrations: list[Registration] = []
         self._rejected: list[RejectedRegistration] = []
-        self._devices: dict[str, dict[str, DeviceState]] = {}
+        self._devices: dict[str, dict[str, SeenDevice]] = {}
         self._updates: dict[str, list[DeviceUpdate]] = {}
         self._allocations: dict[tuple[str, str, str], Allocation] = {}
-        self._restarts = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -400,7 +399,6 @@ class KubeletEmulator:
         """
         self._shutdown()
         with self._lock:
-            self._restarts += 1
             for resource in list(self._devices):
                 self._record_update(resource, {}, self._clock(), "restart")
         self.start()
@@ -582,7 +580,7 @@ class KubeletEmulator:
     def _record_update(
         self,
         resource: str,
-        devices: dict[str, DeviceState],
+        devices: dict[str, SeenDevice],
         received: float,
         source: UpdateSource,
     ) -> None:
@@ -610,7 +608,7 @@ class KubeletEmulator:
                 return
             current.stopped = True
             unhealthy = {
-                device_id: DeviceState(device_id, UNHEALTHY, state.numa_nodes)
+                device_id: SeenDevice(device_id, UNHEALTHY, state.numa_nodes)
                 for device_id, state in self._devices.get(resource, {}).items()
             }
             self._record_update(resource, unhealthy, self._clock(), "disconnect")
@@ -635,11 +633,6 @@ class KubeletEmulator:
         with self._lock:
             return list(self._rejected)
 
-    @property
-    def restarts(self) -> int:
-        with self._lock:
-            return self._restarts
-
     def registration(self, resource: str) -> Registration | None:
         """The current (newest) registration for ``resource``, if its endpoint is known."""
         with self._lock:
@@ -656,7 +649,7 @@ class KubeletEmulator:
         with self._lock:
             return sorted(self._devices)
 
-    def devices(self, resource: str) -> dict[str, DeviceState]:
+    def devices(self, resource: str) -> dict[str, SeenDevice]:
         """The latest device list of ``resource`` (empty when unknown)."""
         with self._lock:
             return dict(self._devices.get(resource, {}))
@@ -698,7 +691,7 @@ class KubeletEmulator:
     def wait_for_devices(
         self,
         resource: str,
-        predicate: Callable[[Mapping[str, DeviceState]], bool] = bool,
+        predicate: Callable[[Mapping[str, SeenDevice]], bool] = bool,
         timeout_s: float = 10.0,
         *,
         after_sequence: int | None = None,

@@ -28,10 +28,10 @@ from lightkube import ApiError
 from lightkube.resources.core_v1 import NodeStatus, Pod, PodStatus
 from lightkube.types import PatchType
 
-from kubegpu.sharing.podstate import read_decision
+from kubegpu.sharing.podstate import pod_uid, read_decision
 from kubegpu.sharing.resources import RequestError, ResourceNames, pod_totals
 from kubegpu.testing.kubelet import AllocationError, ContainerKind, KubeletEmulator
-from kubegpu.testing.scheduler import TERMINAL_PHASES, follow, now_rfc3339, pod_name, pod_uid
+from kubegpu.testing.scheduler import TERMINAL_PHASES, follow, now_rfc3339, pod_name
 
 log = logging.getLogger(__name__)
 

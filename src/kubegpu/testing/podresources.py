@@ -23,7 +23,7 @@ import grpc
 
 from kubegpu.kubelet.api.podresources.v1 import api_pb2 as pr
 from kubegpu.kubelet.api.podresources.v1 import api_pb2_grpc as pr_grpc
-from kubegpu.testing.kubelet import Allocation, DeviceState
+from kubegpu.testing.kubelet import Allocation, SeenDevice
 
 # pkg/kubelet/apis/podresources/grpc/ratelimit.go
 DEFAULT_QPS = 100.0
@@ -37,7 +37,7 @@ class PodResourcesSource(Protocol):
 
     def resources(self) -> list[str]: ...
 
-    def devices(self, resource: str) -> dict[str, DeviceState]: ...
+    def devices(self, resource: str) -> dict[str, SeenDevice]: ...
 
 
 class TokenBucket:

@@ -48,6 +48,7 @@ from lightkube.resources.core_v1 import Event, Node, Pod, PodStatus
 from lightkube.types import PatchType
 
 from kubegpu.sharing.annotations import INVENTORY_ANNOTATION
+from kubegpu.sharing.podstate import pod_uid
 from kubegpu.sharing.resources import RequestError, ResourceNames, parse_quantity, pod_totals
 
 log = logging.getLogger(__name__)
@@ -64,10 +65,6 @@ class SchedulingError(Exception):
 
 def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def pod_uid(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("metadata") or {}).get("uid") or "")
 
 
 def pod_name(pod: Mapping[str, Any]) -> str:

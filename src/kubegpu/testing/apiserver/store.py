@@ -180,11 +180,6 @@ class Store:
     def resource_version(self) -> int:
         return self._rv
 
-    @property
-    def oldest_watchable_version(self) -> int:
-        """A watch from any version at or after this one can be served."""
-        return self._compacted_rv
-
     def get(self, resource: str | ResourceType, namespace: str | None, name: str) -> Object | None:
         """A copy of the stored object, or None."""
         rtype = resolve(resource)
@@ -427,10 +422,6 @@ class Store:
                     fault.remaining -= 1
                     self._faults = [f for f in self._faults if f.remaining > 0]
                     raise _injected(fault.code, rtype, name)
-
-    @property
-    def pending_faults(self) -> int:
-        return sum(f.remaining for f in self._faults)
 
 
 def _injected(code: int, rtype: ResourceType, name: str) -> StatusError:
