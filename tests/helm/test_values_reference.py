@@ -133,6 +133,7 @@ COPIES = {
     "default-scheduler-kube-scheduler-config.yaml": (
         "overlays/default-scheduler/kube-scheduler-config.yaml"
     ),
+    "kubegpu-rules.yaml": "monitoring/kubegpu-rules.yaml",
 }
 
 
