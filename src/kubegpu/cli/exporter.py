@@ -20,6 +20,7 @@ from typing import cast
 
 import click
 
+from kubegpu.cli.backend_options import gpu_backend_options
 from kubegpu.cli.types import POSITIVE_SECONDS
 from kubegpu.config.model import parse_listen_address
 from kubegpu.core.backend import GpuBackend
@@ -65,21 +66,7 @@ def parse_listen(value: str) -> tuple[str, int]:
     callback=lambda _ctx, _param, value: parse_listen(value),
     help="HOST:PORT to serve.",
 )
-@click.option(
-    "--backend",
-    type=click.Choice(["auto", "nvml", "fake"]),
-    default="auto",
-    show_default=True,
-    help="Where GPUs are read from: auto and nvml use NVML (auto fails clearly without it); "
-    "fake uses --fake-gpus.",
-)
-@click.option("--fake-gpus", default=None, help="Fake node: preset name or spec file.")
-@click.option(
-    "--fake-control",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Fake backend: unix socket for injecting Xids / losing GPUs from outside.",
-)
+@gpu_backend_options
 @click.option(
     "--pod-resources-socket",
     type=click.Path(path_type=Path),

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from kubegpu.cli.backend_options import gpu_backend_options
 from kubegpu.cli.types import POSITIVE_SECONDS
 from kubegpu.labels.catalogue import SharingSummary, sharing_from_config
 from kubegpu.labels.sinks import DEFAULT_NFD_FEATURE_FILE
@@ -35,21 +36,7 @@ def _under_a_folder(path: Path) -> Path:
 
 
 @click.command("labels")
-@click.option(
-    "--backend",
-    type=click.Choice(["auto", "nvml", "fake"]),
-    default="auto",
-    show_default=True,
-    help="Where GPUs are read from: auto and nvml use NVML (auto fails clearly without it); "
-    "fake uses --fake-gpus.",
-)
-@click.option("--fake-gpus", default=None, help="Fake node: preset name or spec file.")
-@click.option(
-    "--fake-control",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Fake backend: unix socket for injecting Xids / losing GPUs from outside.",
-)
+@gpu_backend_options
 @click.option(
     "--sink",
     type=click.Choice(["nfd", "node", "stdout"]),

@@ -51,6 +51,7 @@ from pydantic.fields import FieldInfo
 from kubegpu.cli.main import cli as root_command
 from kubegpu.config.extender import CONFIG_API_VERSION, CONFIG_KIND, ExtenderConfig
 from kubegpu.config.model import AgentConfig
+from kubegpu.docgen.output import emit
 
 DEFAULT_OUTPUT = Path("docs/configuration.md")
 REGENERATE = "python -m kubegpu.docgen.configuration --write"
@@ -1012,17 +1013,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     group.add_argument("--check", action="store_true", help=f"exit 1 if {DEFAULT_OUTPUT} is stale")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args(argv)
-    text = render()
-    if args.write:
-        args.output.write_text(text, encoding="utf-8")
-    elif args.check:
-        current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
-        if current != text:
-            print(f"{args.output} is stale; run: {REGENERATE}", file=sys.stderr)
-            return 1
-    else:
-        sys.stdout.write(text)
-    return 0
+    return emit(render(), args.output, write=args.write, check=args.check, regenerate=REGENERATE)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from kubegpu.docgen.output import emit
+
 CHART = Path("deploy/helm/kubegpu")
 DEFAULT_OUTPUT = Path("docs/helm-values.md")
 REGENERATE = "python -m kubegpu.docgen.helm_values --write"
@@ -164,16 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValuesDocError) as error:
         print(f"helm-values: {error}", file=sys.stderr)
         return 2
-    if args.write:
-        DEFAULT_OUTPUT.write_text(text, encoding="utf-8")
-    elif args.check:
-        current = DEFAULT_OUTPUT.read_text(encoding="utf-8") if DEFAULT_OUTPUT.exists() else ""
-        if current != text:
-            print(f"{DEFAULT_OUTPUT} is stale; run: {REGENERATE}", file=sys.stderr)
-            return 1
-    else:
-        sys.stdout.write(text)
-    return 0
+    return emit(text, DEFAULT_OUTPUT, write=args.write, check=args.check, regenerate=REGENERATE)
 
 
 if __name__ == "__main__":
