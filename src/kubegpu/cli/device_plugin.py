@@ -56,8 +56,9 @@ def _env(name: str, *nvidia: str) -> list[str]:
     return [f"KUBEGPU_{name}", *nvidia]
 
 
-async def _idle(config: AgentConfig, node: str, reason: str) -> None:
-    """Wait for SIGTERM/SIGINT, answering the probes as alive and ready meanwhile."""
+async def _idle(config: AgentConfig, node: str, reason: str, error: Exception) -> None:
+    """Wait for SIGTERM/SIGINT, answering the probes as alive and ready meanwhile. Says it is
+    idling only once the signal handlers are in: a SIGTERM sent on that line exits 0."""
     from kubegpu.config.model import parse_listen_address
     from kubegpu.kubelet.probes import IdleTarget, start_probe_server
 
@@ -69,6 +70,7 @@ async def _idle(config: AgentConfig, node: str, reason: str) -> None:
     if config.flags.health_listen:
         address = parse_listen_address(config.flags.health_listen)
         probes = start_probe_server(address, IdleTarget(reason), loop, node=node)
+    log.error("node %s: %s; failOnInitError=false, idling until stopped", node, error)
     try:
         await stop.wait()
     finally:
@@ -276,10 +278,9 @@ def device_plugin(
         if config.flags.fail_on_init_error:
             click.echo(f"kubegpu device-plugin: {err}", err=True)
             sys.exit(1)
-        log.error("node %s: %s; failOnInitError=false, idling until stopped", node, err)
         try:
             reason = f"GPU backend unavailable: {str(err).splitlines()[0] if str(err) else err!r}"
-            asyncio.run(_idle(config, node, reason))
+            asyncio.run(_idle(config, node, reason, err))
         except ProbeServerError as probe_err:
             click.echo(f"kubegpu device-plugin: {probe_err}", err=True)
             sys.exit(1)
