@@ -18,23 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kubegpu.core.container import (
+    CONTROL_DEVICE_NODES,
+    ENV_COMPUTE,
+    ENV_MEMORY_LIMIT,
+    ENV_UUID,
+    host_path,
+)
 from kubegpu.core.gpu import GpuDevice
 from kubegpu.dra.checkpoint import write_atomically
 
 CDI_VERSION = "0.6.0"
 
-# Same names as the device plugin's (kubegpu.kubelet.shares, docs/sharing.md); a test keeps
-# them equal without making this edge import that one.
-ENV_UUID = "KUBEGPU_GPU_UUID"
-ENV_MEMORY_LIMIT = "KUBEGPU_GPU_MEMORY_LIMIT_MIB"
-ENV_COMPUTE = "KUBEGPU_GPU_COMPUTE_MILLI"
+# The share's names are the device plugin's too (core.container).
 ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 ENV_SHARE_ID = "KUBEGPU_DRA_SHARE_ID"
-CONTROL_DEVICE_NODES: tuple[str, ...] = (
-    "/dev/nvidiactl",
-    "/dev/nvidia-uvm",
-    "/dev/nvidia-uvm-tools",
-)
 
 
 @dataclass(frozen=True)
@@ -60,14 +58,10 @@ def qualified_name(kind: str, claim_uid: str, device: str) -> str:
     return f"{kind}={cdi_device_name(claim_uid, device)}"
 
 
-def _host_path(dev_root: str, path: str) -> str:
-    return path if dev_root in ("", "/") else dev_root.rstrip("/") + path
-
-
 def _node(dev_root: str, path: str) -> dict[str, str]:
     entry = {"path": path}
     if dev_root not in ("", "/"):
-        entry["hostPath"] = _host_path(dev_root, path)
+        entry["hostPath"] = host_path(dev_root, path)
     return entry
 
 

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kubegpu.core.container import CONTROL_DEVICE_NODES, host_path
 from kubegpu.core.gpu import GpuDevice
-from kubegpu.kubelet.resources import CONTROL_DEVICE_NODES, host_path
 
 CDI_VERSION = "0.6.0"
 

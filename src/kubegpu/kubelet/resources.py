@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from kubegpu.config.model import CDI_STRATEGIES, AgentConfig, SharedResource
+from kubegpu.core.container import CONTROL_DEVICE_NODES, host_path
 from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
 from kubegpu.placement.topology import (
     ReplicaId,
@@ -28,12 +29,6 @@ REPLICA_SEPARATOR = "::"
 # Share-slot ids are ``<uuid>::slot-<n>``: the card is recoverable from the id alone (and tools
 # that strip everything from ``::``, as dcgm-exporter does for replicas, get the card's UUID).
 SLOT_MARK = "slot-"
-# Device nodes every GPU container needs besides its /dev/nvidiaN.
-CONTROL_DEVICE_NODES: tuple[str, ...] = (
-    "/dev/nvidiactl",
-    "/dev/nvidia-uvm",
-    "/dev/nvidia-uvm-tools",
-)
 # The nvidia-container-toolkit's convention for the volume-mounts strategy.
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 
@@ -310,10 +305,6 @@ class ResourcePlan:
     @property
     def socket_stem(self) -> str:
         return self.socket_name.removeprefix("kubegpu-").removesuffix(".sock")
-
-
-def host_path(dev_root: str, path: str) -> str:
-    return path if dev_root in ("", "/") else dev_root.rstrip("/") + path
 
 
 def _select(shared: SharedResource, gpus: Sequence[GpuDevice]) -> list[GpuDevice]:

@@ -25,15 +25,13 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kubegpu.core.container import ENV_COMPUTE, ENV_MEMORY_LIMIT, ENV_UUID
 from kubegpu.sharing.annotations import AllocationDecision, CardShare
 from kubegpu.sharing.claim import PodClaim, decided_for_another_node, read_claim, reconcile
 from kubegpu.sharing.ledger import Ledger
 from kubegpu.sharing.resources import ResourceNames
 
-# Environment every sharing container gets (also in docs/sharing.md).
-ENV_MEMORY_LIMIT = "KUBEGPU_GPU_MEMORY_LIMIT_MIB"
-ENV_COMPUTE = "KUBEGPU_GPU_COMPUTE_MILLI"
-ENV_UUID = "KUBEGPU_GPU_UUID"
+# Environment every sharing container gets besides core.container's (docs/sharing.md).
 ENV_ENFORCEMENT = "KUBEGPU_GPU_ENFORCEMENT"
 ENV_MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
 ENV_MPS_LOG = "CUDA_MPS_LOG_DIRECTORY"

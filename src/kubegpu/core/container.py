@@ -1,0 +1,23 @@
+"""What a GPU container is handed, the same from the device plugin and the DRA driver: the
+environment variables a share is told through, and the device nodes every GPU container needs.
+Both edges take them from here, so a pod sees one set of names whichever path served it."""
+
+from __future__ import annotations
+
+# Environment every sharing container gets (docs/sharing.md).
+ENV_UUID = "KUBEGPU_GPU_UUID"
+ENV_MEMORY_LIMIT = "KUBEGPU_GPU_MEMORY_LIMIT_MIB"
+ENV_COMPUTE = "KUBEGPU_GPU_COMPUTE_MILLI"
+
+# Device nodes every GPU container needs besides its /dev/nvidiaN.
+CONTROL_DEVICE_NODES: tuple[str, ...] = (
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+)
+
+
+def host_path(dev_root: str, path: str) -> str:
+    """Where a container's device ``path`` is on the host when the host's /dev sits under
+    ``dev_root`` (the driver root of a containerised driver); ``path`` itself for ``/``."""
+    return path if dev_root in ("", "/") else dev_root.rstrip("/") + path
