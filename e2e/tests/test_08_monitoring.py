@@ -36,7 +36,7 @@ from kubegpu_e2e.workloads import (
     wait_running,
 )
 
-from kubegpu.extender.config import DEFAULT_MAX_BODY_BYTES
+from kubegpu.config.extender import DEFAULT_MAX_BODY_BYTES
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION
 
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,7 @@ from typing import Any
 import pynvml as real
 import pytest
 
-from kubegpu.inventory.backend import InventoryError
+from kubegpu.core.backend import InventoryError
 from kubegpu.inventory.nvml_metrics import NvmlMetricsSource
 from tests.inventory.scripted_nvml import ScriptedGpu, ScriptedNvml, nvml_error
 

@@ -6,8 +6,8 @@ import ctypes
 import itertools
 import re
 
+from kubegpu.core.backend import GpuBackend
 from kubegpu.core.gpu import NodeInventory
-from kubegpu.inventory.backend import GpuBackend
 
 UUID_FORM = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
 BUS_ID_FORM = re.compile(r"^[0-9A-F]{4,8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]$")

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from kubegpu.core.backend import InventoryError
 from kubegpu.core.health import HealthEvent, HealthEventKind
-from kubegpu.inventory.backend import InventoryError
 from kubegpu.inventory.fake import FakeControlError, FakeGpuBackend, send_fake_gpu_command
 from tests.inventory.contract import check_backend
 

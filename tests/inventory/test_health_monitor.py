@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from kubegpu.core.backend import HealthWatcher
 from kubegpu.core.gpu import GpuUuid, NodeInventory
 from kubegpu.core.health import HealthCheckPolicy, HealthEvent, HealthEventKind
-from kubegpu.inventory.backend import HealthWatcher
 from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.inventory.health import HealthMonitor, describe_ignored_xids
 from kubegpu.inventory.spec import resolve_fake_spec

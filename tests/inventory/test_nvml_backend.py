@@ -11,9 +11,9 @@ from typing import Any
 import pynvml as real
 import pytest
 
+from kubegpu.core.backend import InventoryError
 from kubegpu.core.gpu import GpuUuid, PcieLink
 from kubegpu.core.health import HealthCheckPolicy, HealthEvent, HealthEventKind
-from kubegpu.inventory.backend import InventoryError
 from kubegpu.inventory.health import HealthMonitor
 from kubegpu.inventory.nvml import NvmlBackend, format_cuda_version, normalise_bus_id
 from tests.inventory.contract import check_backend

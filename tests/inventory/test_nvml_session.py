@@ -6,8 +6,8 @@ from __future__ import annotations
 import pynvml as real
 import pytest
 
+from kubegpu.core.backend import InventoryError
 from kubegpu.inventory import nvml_session
-from kubegpu.inventory.backend import InventoryError
 from kubegpu.inventory.nvml import NvmlBackend
 from kubegpu.inventory.nvml_metrics import NvmlMetricsSource
 from tests.exporter.test_nvml_metrics_scripted import MetricsNvml, node

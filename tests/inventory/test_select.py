@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kubegpu.inventory.backend import InventoryError
+from kubegpu.core.backend import InventoryError
 from kubegpu.inventory.fake import FakeGpuBackend, send_fake_gpu_command
 from kubegpu.inventory.select import open_backend
 from kubegpu.inventory.spec import FakeSpecError

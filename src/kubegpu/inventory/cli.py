@@ -13,8 +13,8 @@ from typing import Any, NoReturn, cast
 
 import click
 
+from kubegpu.core.backend import GpuBackend, InventoryError
 from kubegpu.core.gpu import GpuDevice, NodeInventory, PcieLink
-from kubegpu.inventory.backend import GpuBackend, InventoryError
 from kubegpu.inventory.fake import FakeControlError, FakeGpuBackend, send_fake_gpu_command
 from kubegpu.inventory.select import BACKEND_KINDS, BackendKind, open_backend
 from kubegpu.inventory.spec import FakeSpecError, list_presets

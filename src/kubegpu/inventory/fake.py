@@ -1,6 +1,6 @@
 """The fake GPU backend: a node described by a spec, whose GPUs can fail on command.
 
-It implements the same :class:`~kubegpu.inventory.backend.GpuBackend` protocol as NVML and keeps
+It implements the same :class:`~kubegpu.core.backend.GpuBackend` protocol as NVML and keeps
 NVML's semantics where consumers depend on them: the snapshot is frozen and stable, a lost GPU
 stays in it with the same ids (NVML keeps enumerating a GPU that fell off the bus), and health
 events reach only watchers that are open when the event happens, as with an NVML event set.
@@ -27,9 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kubegpu.core.backend import InventoryError
 from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
 from kubegpu.core.health import HealthEvent, HealthEventKind
-from kubegpu.inventory.backend import InventoryError
 from kubegpu.inventory.spec import FakeGpuSpec, resolve_fake_spec
 
 log = logging.getLogger(__name__)

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kubegpu.core.backend import GpuBackend, HealthWatcher, InventoryError
 from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
 from kubegpu.core.health import (
     HealthCheckPolicy,
@@ -27,7 +28,6 @@ from kubegpu.core.health import (
     HealthEventKind,
     describe_event,
 )
-from kubegpu.inventory.backend import GpuBackend, HealthWatcher, InventoryError
 
 log = logging.getLogger(__name__)
 

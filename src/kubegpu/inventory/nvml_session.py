@@ -18,7 +18,7 @@ import contextlib
 import threading
 from typing import Any
 
-from kubegpu.inventory.backend import InventoryError
+from kubegpu.core.backend import InventoryError
 
 # Error codes meaning "this GPU or driver cannot answer that question": the field becomes None.
 _UNSUPPORTED_ERRORS = (

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from kubegpu.inventory.backend import GpuBackend, InventoryError
+from kubegpu.core.backend import GpuBackend, InventoryError
 from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.inventory.nvml import NvmlBackend
 

@@ -19,13 +19,6 @@ import numpy.typing as npt
 
 from kubegpu.placement import explain as _explain
 from kubegpu.placement.explain import (
-    CHECK_CPU,
-    CHECK_GPU_COMPUTE,
-    CHECK_GPU_MEMORY,
-    CHECK_MEMORY,
-    CHECK_MODEL,
-    CHECK_NO_GPU,
-    CHECK_WHOLE_GPUS,
     FITS,
     FITS_WITHOUT_GPU,
 )
@@ -41,7 +34,6 @@ from kubegpu.placement.policies.cards import (
 )
 from kubegpu.placement.policies.fgd import FgdScorer
 from kubegpu.placement.policies.kubegpu import (
-    GROWTH_BUCKET_MILLI,
     POPULAR_PERCENT,
     KubegpuScorer,
     order_scores,
@@ -50,25 +42,13 @@ from kubegpu.placement.state import (
     ClusterState,
     FloatArray,
     IntArray,
-    ModelSelection,
     RowShapeChanged,
 )
 from kubegpu.placement.waste import ModelWaste, WasteWeights
 
-# Re-exported: callers and tests import these from here.
+# The engine's API; RowShapeChanged (placement.state) and order_scores (policies.kubegpu) are
+# re-exported because the extender and the tests take them from here.
 __all__ = [
-    "CHECK_CPU",
-    "CHECK_GPU_COMPUTE",
-    "CHECK_GPU_MEMORY",
-    "CHECK_MEMORY",
-    "CHECK_MODEL",
-    "CHECK_NO_GPU",
-    "CHECK_WHOLE_GPUS",
-    "FITS",
-    "FITS_WITHOUT_GPU",
-    "GROWTH_BUCKET_MILLI",
-    "POPULAR_PERCENT",
-    "ModelSelection",
     "PlacementEngine",
     "RowShapeChanged",
     "filter_nodes",
