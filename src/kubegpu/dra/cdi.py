@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kubegpu.atomic_file import write_atomically
 from kubegpu.core.container import (
     CONTROL_DEVICE_NODES,
     ENV_COMPUTE,
@@ -26,7 +27,6 @@ from kubegpu.core.container import (
     host_path,
 )
 from kubegpu.core.gpu import GpuDevice
-from kubegpu.dra.checkpoint import write_atomically
 
 CDI_VERSION = "0.6.0"
 

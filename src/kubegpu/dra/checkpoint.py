@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from kubegpu.atomic_file import write_atomically
 from kubegpu.core.dra import ClaimRef, PreparedClaim, PreparedDevice
 
 CHECKPOINT_VERSION = 1
@@ -123,25 +122,3 @@ class Checkpoint:
         body = {uid: _claim_to_json(p) for uid, p in sorted(claims.items())}
         doc = {"version": CHECKPOINT_VERSION, "checksum": checksum(body), "claims": body}
         write_atomically(self.path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
-
-
-def write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
-    """Temp file in the same directory, fsync, rename over ``path``, fsync the directory: a
-    reader (or a restart after a crash) sees the old file or the new one, never a mix."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

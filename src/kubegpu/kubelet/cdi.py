@@ -11,12 +11,11 @@ so the spec never clashes with the ``nvidia.com/gpu`` one nvidia-ctk writes besi
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kubegpu.atomic_file import write_atomically
 from kubegpu.core.container import CONTROL_DEVICE_NODES, host_path
 from kubegpu.core.gpu import GpuDevice
 
@@ -61,16 +60,6 @@ def spec_path(cdi_dir: Path, kind: str) -> Path:
 
 
 def write_spec(cdi_dir: Path, spec: dict[str, Any]) -> Path:
-    cdi_dir.mkdir(parents=True, exist_ok=True)
     target = spec_path(cdi_dir, str(spec["kind"]))
-    fd, tmp = tempfile.mkstemp(prefix=".kubegpu-", suffix=".tmp", dir=cdi_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(spec, f, indent=2)
-            f.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(target, json.dumps(spec, indent=2) + "\n", mode=0o644)
     return target

@@ -10,12 +10,11 @@ people or other controllers cannot be clobbered.
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Protocol
 
+from kubegpu.atomic_file import write_atomically
 from kubegpu.core.apiserver import ConflictError
 from kubegpu.labels.catalogue import owns_label
 
@@ -58,18 +57,7 @@ class NfdFeatureFileSink:
         if unchanged:
             log.debug("%s already current", self.path)
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(tmp, 0o644)  # nfd-worker may run as another user
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomically(self.path, text, mode=0o644)  # nfd-worker may run as another user
         log.debug("wrote %d labels to %s", len(labels), self.path)
 
     def remove(self) -> None:
