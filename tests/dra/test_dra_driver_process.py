@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -297,3 +298,37 @@ def test_refuses_to_start_when_the_config_gives_the_gpus_to_the_device_plugin(
     assert "gpuAllocation is 'devicePlugin'" in out and "kubegpu device-plugin" in out
     assert "Traceback" not in out
     assert not d.sockets.registration.exists()
+
+
+def test_a_kubelet_refusal_exits_1_without_sockets(
+    driver: Callable[[dict[str, Any]], Driver], api: ResourceApi
+) -> None:
+    d = driver({"gpuAllocation": "dra"})
+    d.wait(lambda: node_devices(api) and d.sockets.registration.exists(), "driver up")
+    with grpc.insecure_channel(f"unix://{d.sockets.registration}") as channel:
+        reg_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
+            reg.RegistrationStatus(plugin_registered=False, error="version not supported"),
+            timeout=30,
+        )
+    assert d.proc.wait(WAIT_S) == 1
+    out = d.log.read_text()
+    assert "version not supported" in out and "Traceback" not in out
+    assert not d.sockets.registration.exists() and not d.sockets.dra.exists()
+    assert d.group_is_gone()
+
+
+def test_an_api_server_it_cannot_reach_at_start_exits_1(short_dir: Path) -> None:
+    with socket.socket() as closed:  # a port nothing listens on once closed
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    d = Driver(short_dir, f"http://127.0.0.1:{port}", {"gpuAllocation": "dra"})
+    try:
+        assert d.proc.wait(WAIT_S) == 1
+    finally:
+        if d.proc.poll() is None:
+            d.stop()
+    out = d.log.read_text()
+    assert f"cannot publish the ResourceSlices of node {NODE}" in out
+    assert "Traceback" not in out
+    assert not d.sockets.registration.exists() and not d.sockets.dra.exists()
+    assert d.group_is_gone()

@@ -238,6 +238,10 @@ class DraPluginServer:
 REPUBLISH_RETRY_S = 5.0
 
 
+class SlicePublishError(RuntimeError):
+    """The node's ResourceSlices could not be published at start (the message says why)."""
+
+
 async def _wait_any(events: tuple[asyncio.Event, ...], timeout_s: float | None) -> None:
     """Until one of ``events`` is set or ``timeout_s`` passes; no task is left behind."""
     waits = [asyncio.ensure_future(e.wait()) for e in events]
@@ -265,12 +269,12 @@ async def serve_dra_driver(
     serve the kubelet, republish whenever ``health_changed`` is set (a GPU tainted or
     untainted, as ``unhealthy()`` now says), then de-register and remove both sockets.
 
-    The first publish failing raises (the role exits and its DaemonSet restarts it); a later
-    one is logged and retried every ``retry_s`` until it goes through, the kubelet being
-    served meanwhile. A kubelet refusal (``NotifyRegistrationStatus(false)``) sets ``stop``:
-    registration is not retried by the kubelet until the socket is re-created, so the
-    supervisor should restart us; then True is returned. ``started`` is set once the slices
-    are published and both sockets answer.
+    The first publish failing raises :class:`SlicePublishError` (the role exits and its
+    DaemonSet restarts it); a later one is logged and retried every ``retry_s`` until it goes
+    through, the kubelet being served meanwhile. A kubelet refusal
+    (``NotifyRegistrationStatus(false)``) sets ``stop``: registration is not retried by the
+    kubelet until the socket is re-created, so the supervisor should restart us; then True is
+    returned. ``started`` is set once the slices are published and both sockets answer.
     """
     preparer = ClaimPreparer(settings, inventory, claims)
     publisher = ResourceSlicePublisher(settings.node_name, settings.driver, slices)
@@ -278,7 +282,13 @@ async def serve_dra_driver(
     def current() -> Mapping[str, str] | None:
         return unhealthy() if unhealthy is not None else None
 
-    await publisher.publish(inventory, current())
+    try:
+        await publisher.publish(inventory, current())
+    except Exception as exc:  # the API edge's errors vary (HTTP, lightkube, OS)
+        raise SlicePublishError(
+            f"cannot publish the ResourceSlices of node {settings.node_name}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
 
     refused = False
 

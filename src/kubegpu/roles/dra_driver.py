@@ -27,7 +27,7 @@ from kubegpu.core.health_feed import HealthFeed
 from kubegpu.dra.cdi import MpsDirs
 from kubegpu.dra.checkpoint import CheckpointError
 from kubegpu.dra.driver import DriverSettings
-from kubegpu.dra.server import SocketPaths, serve_dra_driver
+from kubegpu.dra.server import SlicePublishError, SocketPaths, serve_dra_driver
 from kubegpu.roles.health import judge_health
 
 log = logging.getLogger(__name__)
@@ -153,8 +153,8 @@ async def run_with_ports(
     except CheckpointError as exc:
         log.error("node %s: %s; move the file away to start afresh", node, exc)
         return 1
-    except Exception as exc:  # the first publish: the API edge's errors vary
-        log.error("node %s: DRA driver failed: %s: %s", node, type(exc).__name__, exc)
+    except SlicePublishError as exc:
+        log.error("%s; is the API server reachable, and may kubegpu-dra-driver write them?", exc)
         return 1
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
