@@ -172,3 +172,32 @@ async def test_a_failed_republish_is_retried_until_it_goes_through(node: Node) -
     assert "taints" in published["spec"]["devices"][0]
     stop.set()
     await task
+
+
+async def test_slices_the_kubelet_wiped_are_written_again_when_it_registers_the_driver(
+    node: Node,
+) -> None:
+    sink = FakeResourceSliceSink()
+    stop, started = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(
+        serve_dra_driver(
+            node.settings,
+            node.inventory,
+            node.claims,
+            sink,
+            node.sockets,
+            stop,
+            started=started,
+        )
+    )
+    await started.wait()
+    (first,) = sink.slices.pop((NODE, node.settings.driver))  # a starting kubelet's wipe
+    async with unix_aio_channel(node.sockets.registration) as channel:
+        stub = reg_grpc.RegistrationStub(channel)
+        await stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True))
+    await _until(lambda: (NODE, node.settings.driver) in sink.slices)
+    (again,) = sink.slices[(NODE, node.settings.driver)]
+    assert again["spec"]["devices"] == first["spec"]["devices"]
+    assert again["spec"]["pool"]["generation"] > first["spec"]["pool"]["generation"]
+    stop.set()
+    assert await task is False

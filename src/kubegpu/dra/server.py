@@ -267,7 +267,8 @@ async def serve_dra_driver(
 ) -> bool:
     """Run the DRA driver of one node until ``stop`` is set: publish the node's ResourceSlices,
     serve the kubelet, republish whenever ``health_changed`` is set (a GPU tainted or
-    untainted, as ``unhealthy()`` now says), then de-register and remove both sockets.
+    untainted, as ``unhealthy()`` now says) and whenever the kubelet registers the driver (it
+    wipes the node's slices when it starts), then de-register and remove both sockets.
 
     The first publish failing raises :class:`SlicePublishError` (the role exits and its
     DaemonSet restarts it); a later one is logged and retried every ``retry_s`` until it goes
@@ -291,14 +292,19 @@ async def serve_dra_driver(
         ) from exc
 
     refused = False
+    changed = health_changed or asyncio.Event()
 
     def on_status(status: RegistrationStatus) -> None:
         nonlocal refused
         if not status.registered:
             refused = True
             stop.set()
+            return
+        # A kubelet that (re)starts deletes the node's ResourceSlices of every driver not yet
+        # registered with it, ours included: write them again once it has registered us.
+        publisher.forget()
+        changed.set()
 
-    changed = health_changed or asyncio.Event()
     async with DraPluginServer(preparer, sockets, on_status=on_status):
         if started is not None:
             started.set()
