@@ -332,3 +332,18 @@ def test_an_api_server_it_cannot_reach_at_start_exits_1(short_dir: Path) -> None
     assert "Traceback" not in out
     assert not d.sockets.registration.exists() and not d.sockets.dra.exists()
     assert d.group_is_gone()
+
+
+def test_a_checkpoint_it_cannot_trust_exits_1_naming_the_file(
+    driver: Callable[[dict[str, Any]], Driver], short_dir: Path
+) -> None:
+    checkpoint = short_dir / "state" / "checkpoint.json"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_text('{"version": 1, "checksum": "sha256:0", "claims": {}}')
+    d = driver({"gpuAllocation": "dra"})
+    assert d.proc.wait(WAIT_S) == 1
+    out = d.log.read_text()
+    assert str(checkpoint) in out and "Traceback" not in out
+    assert not d.sockets.registration.exists() and not d.sockets.dra.exists()
+    assert checkpoint.read_text().startswith('{"version": 1')  # left for the operator
+    assert d.group_is_gone()

@@ -95,6 +95,7 @@ async def run_with_ports(
     *,
     stop: asyncio.Event | None = None,
 ) -> int:
+    """:func:`run_dra_driver` with the API ports given (a test passes fakes)."""
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
