@@ -56,6 +56,7 @@ COMBINATIONS: list[tuple[str, list[str], list[str]]] = [
         ["overlays/default-scheduler", "overlays/monitoring"],
     ),
     ("nfd-labels", ["nodeAgent.labeller.sink=nfd"], ["examples/nfd-labels"]),
+    ("dra-driver", ["draDriver.enabled=true"], ["examples/dra"]),
     (
         "quota-example",
         ["quotaExample.enabled=true"],
@@ -217,7 +218,8 @@ def test_helm_lint_strict_passes(helm: str, helm_env: dict[str, str], values: li
         ("monitorng.enabled=true", "monitorng"),  # misspelt top-level key
         ("nodeAgent.labeler.sink=nfd", "labeler"),  # misspelt nested key
         ("scheduler.mode=second", "scheduler.mode"),  # not one of the modes
-        ("nodeAgent.mode=dra", "nodeAgent.mode"),  # DRA: not available yet
+        ("nodeAgent.mode=dra", "nodeAgent.mode"),  # DRA is draDriver.enabled, not a mode
+        ("draDriver.enabld=true", "enabld"),
         ("extender.policy=best", "extender.policy"),
         ("image.digest=latest", "image.digest"),
     ],

@@ -56,6 +56,11 @@ FAKE = "--backend fake --fake-gpus 4xT4"
 API = "--kubeconfig {files}/kubeconfig.yaml"
 EXT = "extender --leader-lease none"
 KEY = "--tls-key-file {files}/server.key"
+# A DRA driver invocation that is fine but for the option each case spoils (given last wins).
+DRA = (
+    "--node-name n0 --config {files}/dra.yaml --kubeconfig {files}/kubeconfig.yaml "
+    "--kubelet-dir {files}/kd --cdi-dir {files}/cdi --state-dir {files}/state"
+)
 
 # subcommand -> (command line, what the message must name[, exit code if not 2])
 CORPUS: dict[str, list[tuple[str, str] | tuple[str, str, int]]] = {
@@ -73,6 +78,31 @@ CORPUS: dict[str, list[tuple[str, str] | tuple[str, str, int]]] = {
             "--device-list-strategy cdi-annotations --cdi-dir {files}/a-file",
             "--cdi-dir",
         ),
+        (f"device-plugin {FAKE} --config {{files}}/dra.yaml", "gpuAllocation"),
+    ],
+    "dra-driver": [
+        (f"dra-driver {FAKE} {DRA} --config {{files}}/latin1.yaml", "latin1.yaml"),
+        (f"dra-driver {FAKE} {DRA} --config {{files}}/agent-typo.yaml", "'flags'"),
+        (f"dra-driver {FAKE} {DRA} --config {{files}}/device-plugin.yaml", "gpuAllocation"),
+        (f"dra-driver {FAKE} {DRA} --config {{files}}/dra-typo.yaml", "gpuAllocation"),
+        (f"dra-driver {FAKE} --config {{files}}/dra.yaml {API}", "--node-name"),
+        (f"dra-driver {FAKE} {DRA} --kubelet-dir {{files}}/a-file", "--kubelet-dir"),
+        (f"dra-driver {FAKE} {DRA} --kubelet-dir {{files}}/a-file/below", "--kubelet-dir"),
+        (f"dra-driver {FAKE} {DRA} --kubelet-dir {{files}}/{LONG_DIR}", "--kubelet-dir"),
+        (f"dra-driver {FAKE} {DRA} --cdi-dir {{files}}/a-file", "--cdi-dir"),
+        (f"dra-driver {FAKE} {DRA} --state-dir {{files}}/a-file/below", "--state-dir"),
+        (
+            "dra-driver --backend fake --fake-gpus nosuch --node-name n0 --config {files}/dra.yaml "
+            "--kubeconfig {files}/kubeconfig.yaml --kubelet-dir {files}/kd2 --cdi-dir {files}/c2 "
+            "--state-dir {files}/s2",
+            "nosuch",
+        ),
+        (
+            f"dra-driver {FAKE} --node-name n0 --config {{files}}/dra.yaml "
+            "--kubeconfig {files}/no-clusters.yaml",
+            "no-clusters.yaml",
+        ),
+        (f"dra-driver {FAKE} {DRA} --kubeconfig {{files}}/missing.yaml", "--kubeconfig"),
     ],
     "emulate-node": [
         ("emulate-node --fake-gpus 4xT4 --kubelet-dir {files}/a-file", "--kubelet-dir"),
@@ -279,6 +309,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "latin1.csv").write_bytes("sn,cpu_milli\ncaf\xe9,1\n".encode("latin-1"))
     (root / "garbage.pem").write_text("-----BEGIN CERTIFICATE-----\nnot base64\n")
     (root / "agent-typo.yaml").write_text("version: v1\nflagz: {}\n")
+    (root / "dra.yaml").write_text("version: v1\ngpuAllocation: dra\n")
+    (root / "dra-typo.yaml").write_text("version: v1\ngpuAllocation: DRA\n")
+    (root / "device-plugin.yaml").write_text("version: v1\ngpuAllocation: devicePlugin\n")
     (root / "extender-typo.yaml").write_text(
         "apiVersion: kubegpu.io/v1alpha1\nkind: ExtenderConfig\nsettings:\n  polcy: binpack\n"
     )

@@ -59,6 +59,7 @@ def test_every_kustomization_is_known() -> None:
     # renamed or lost one is noticed.
     assert set(ALL) == {
         "base",
+        "examples/dra",
         "examples/nfd-labels",
         "examples/quota",
         "monitoring",
@@ -68,11 +69,19 @@ def test_every_kustomization_is_known() -> None:
     }
 
 
+# Kustomizations with the DRA driver: resource.k8s.io/v1 (DeviceClass) exists from 1.34 on, so
+# they are checked against that version's schemas instead of the oldest supported one.
+DRA_KUSTOMIZATIONS = frozenset({"examples/dra"})
+DRA_OLDEST = "1.34.0"
+
+
 @pytest.mark.parametrize("version", [OLDEST_SUPPORTED, SCHEMA_VERSION])
 @pytest.mark.parametrize("kustomization", VALIDATED)
 def test_every_rendered_object_validates_against_the_kubernetes_schemas(
     kustomization: str, version: str
 ) -> None:
+    if kustomization in DRA_KUSTOMIZATIONS and version == OLDEST_SUPPORTED:
+        version = DRA_OLDEST
     objs = render(kustomization)
     assert objs
     for obj in objs:
@@ -230,6 +239,7 @@ def test_each_role_is_defined_in_exactly_one_file_under_deploy() -> None:
     assert defined == {
         ("ClusterRole", "kubegpu-node-agent"): ["base/node-agent-rbac.yaml"],
         ("ClusterRole", "kubegpu-extender"): ["base/extender-clusterrole.yaml"],
+        ("ClusterRole", "kubegpu-dra-driver"): ["components/dra-driver/dra-driver-rbac.yaml"],
         ("Role", "kubegpu-scheduler-leader-election"): [
             "overlays/second-scheduler/scheduler-rbac.yaml"
         ],

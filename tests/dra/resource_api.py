@@ -43,6 +43,8 @@ class ResourceApi:
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.slices: dict[str, dict[str, Any]] = {}
         self.field_selectors: list[str] = []
+        # (RBAC verb, resource) of every request served, to check the driver's ClusterRole.
+        self.requests: list[tuple[str, str]] = []
         self._versions = itertools.count(1)
 
     def app(self) -> web.Application:
@@ -60,12 +62,14 @@ class ResourceApi:
         return obj
 
     async def _get_claim(self, request: web.Request) -> web.Response:
+        self.requests.append(("get", "resourceclaims"))
         key = (request.match_info["ns"], request.match_info["name"])
         if key not in self.claims:
             return _status(404, "NotFound", f"resourceclaims {key[1]!r} not found")
         return _json(self.claims[key])
 
     async def _list_slices(self, request: web.Request) -> web.Response:
+        self.requests.append(("list", "resourceslices"))
         selector = request.query.get("fieldSelector", "")
         self.field_selectors.append(selector)
         wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
@@ -88,6 +92,7 @@ class ResourceApi:
         )
 
     async def _create_slice(self, request: web.Request) -> web.Response:
+        self.requests.append(("create", "resourceslices"))
         obj = await request.json()
         name = obj["metadata"]["name"]
         if name in self.slices:
@@ -96,6 +101,7 @@ class ResourceApi:
         return _json(self.slices[name], status=201)
 
     async def _replace_slice(self, request: web.Request) -> web.Response:
+        self.requests.append(("update", "resourceslices"))
         obj = await request.json()
         name = request.match_info["name"]
         current = self.slices.get(name)
@@ -107,6 +113,7 @@ class ResourceApi:
         return _json(self.slices[name])
 
     async def _delete_slice(self, request: web.Request) -> web.Response:
+        self.requests.append(("delete", "resourceslices"))
         name = request.match_info["name"]
         if self.slices.pop(name, None) is None:
             return _status(404, "NotFound", f"resourceslices {name!r} not found")

@@ -1,4 +1,4 @@
-"""The DeviceClasses shipped in deploy/dra select exactly our driver's devices."""
+"""The DeviceClasses shipped in deploy/components/dra-driver select exactly our driver's devices."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import yaml
 
 from kubegpu.core.dra import DEFAULT_DRIVER_NAME
 
-DEPLOY_DRA = Path(__file__).resolve().parents[2] / "deploy" / "dra"
+DEPLOY_DRA = Path(__file__).resolve().parents[2] / "deploy" / "components" / "dra-driver"
 
 
 def classes() -> list[dict[str, Any]]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from kubegpu.core.dra import AllocatedDevice, ClaimRef
 from kubegpu.core.dra_ports import FakeResourceSliceSink
@@ -78,3 +80,124 @@ async def test_a_kubelet_refusal_ends_the_driver(node: Node) -> None:
     await task
     assert stop.is_set()
     assert not node.sockets.registration.exists()
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    # Bounded by the test's timeout, not by a clock of our own.
+    while not condition():
+        await asyncio.sleep(0.01)
+
+
+async def test_republishes_the_taint_when_health_changes_and_drops_it_on_recovery(
+    node: Node,
+) -> None:
+    sink = FakeResourceSliceSink()
+    stop, started, changed = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    sick: dict[str, str] = {}
+    task = asyncio.create_task(
+        serve_dra_driver(
+            node.settings,
+            node.inventory,
+            node.claims,
+            sink,
+            node.sockets,
+            stop,
+            unhealthy=lambda: dict(sick),
+            started=started,
+            health_changed=changed,
+        )
+    )
+    await started.wait()
+
+    def taints() -> list[str]:
+        (published,) = sink.slices[(NODE, node.settings.driver)]
+        return [d["name"] for d in published["spec"]["devices"] if "taints" in d]
+
+    assert taints() == []
+    sick[node.inventory.gpus[1].uuid] = "Xid 48"
+    changed.set()
+    await _until(lambda: taints() == ["gpu-1"])
+    applies = sink.applies
+    changed.set()  # a change that changes no device (an Xid counted) writes nothing
+    await _until(lambda: not changed.is_set())
+    sick.clear()
+    changed.set()
+    await _until(lambda: taints() == [])
+    assert sink.applies == applies + 1
+    stop.set()
+    assert await task is False
+
+
+class FlakySink(FakeResourceSliceSink):
+    """Fails the writes after the first ``failures`` times, like an API server gone away."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = 0
+
+    async def apply_slices(
+        self, node_name: str, driver: str, slices: Sequence[dict[str, Any]]
+    ) -> None:
+        if self.applies and self.failures:
+            self.failures -= 1
+            raise ConnectionError("API server unreachable")
+        await super().apply_slices(node_name, driver, slices)
+
+
+async def test_a_failed_republish_is_retried_until_it_goes_through(node: Node) -> None:
+    sink = FlakySink()
+    stop, started, changed = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    sick: dict[str, str] = {}
+    task = asyncio.create_task(
+        serve_dra_driver(
+            node.settings,
+            node.inventory,
+            node.claims,
+            sink,
+            node.sockets,
+            stop,
+            unhealthy=lambda: dict(sick),
+            started=started,
+            health_changed=changed,
+            retry_s=0.01,
+        )
+    )
+    await started.wait()
+    sink.failures = 3
+    sick[node.inventory.gpus[0].uuid] = "Xid 79"
+    changed.set()  # one change only: the retries come from the driver, not from new events
+    await _until(lambda: sink.applies == 2)
+    assert sink.failures == 0
+    (published,) = sink.slices[(NODE, node.settings.driver)]
+    assert "taints" in published["spec"]["devices"][0]
+    stop.set()
+    await task
+
+
+async def test_slices_the_kubelet_wiped_are_written_again_when_it_registers_the_driver(
+    node: Node,
+) -> None:
+    sink = FakeResourceSliceSink()
+    stop, started = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(
+        serve_dra_driver(
+            node.settings,
+            node.inventory,
+            node.claims,
+            sink,
+            node.sockets,
+            stop,
+            started=started,
+        )
+    )
+    await started.wait()
+    (first,) = sink.slices.pop((NODE, node.settings.driver))  # a starting kubelet's wipe
+    async with unix_aio_channel(node.sockets.registration) as channel:
+        stub = reg_grpc.RegistrationStub(channel)
+        await stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True))
+    await _until(lambda: (NODE, node.settings.driver) in sink.slices)
+    (again,) = sink.slices[(NODE, node.settings.driver)]
+    assert again["spec"]["devices"] == first["spec"]["devices"]
+    assert again["spec"]["pool"]["generation"] > first["spec"]["pool"]["generation"]
+    stop.set()
+    assert await task is False

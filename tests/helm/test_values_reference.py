@@ -81,11 +81,12 @@ def test_every_schema_object_refuses_unknown_keys() -> None:
             assert node.get("additionalProperties") is False, path or "(top level)"
 
 
-def test_dra_mode_is_documented_as_not_available_and_refused_by_the_schema() -> None:
+def test_dra_is_no_node_agent_mode_and_the_mode_points_to_the_dra_driver() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
     assert schema["properties"]["nodeAgent"]["properties"]["mode"]["enum"] == ["device-plugin"]
+    assert schema["properties"]["draDriver"]["properties"]["enabled"]["type"] == "boolean"
     mode = next(k for k in gen.value_keys(CHART) if k.path == "nodeAgent.mode")
-    assert "dra" in mode.description and "not available yet" in mode.description
+    assert "dra" in mode.description and "draDriver.enabled" in mode.description
 
 
 def test_a_key_without_a_comment_is_an_error_naming_it(tmp_path: Path) -> None:
@@ -125,6 +126,7 @@ def test_check_mode_exits_1_when_stale_and_2_on_bad_input(
 # chart): byte-for-byte copies, so the ConfigMaps and their hashed names are the overlays'.
 COPIES = {
     "node-agent-config.yaml": "base/node-agent-config.yaml",
+    "dra-driver-config.yaml": "components/dra-driver/dra-driver-config.yaml",
     "second-scheduler-extender-config.yaml": "overlays/second-scheduler/extender-config.yaml",
     "second-scheduler-kube-scheduler-config.yaml": (
         "overlays/second-scheduler/kube-scheduler-config.yaml"

@@ -235,6 +235,7 @@ def device_plugin(
     **flags: Any,
 ) -> None:
     """Run the kubelet device plugin (node agent) for this node's GPUs."""
+    from kubegpu.config.allocation import GpuAllocationError, check_gpu_allocation
     from kubegpu.config.health import health_policy
     from kubegpu.config.load import ConfigError, load_config, render_config
     from kubegpu.core.backend import InventoryError
@@ -249,7 +250,8 @@ def device_plugin(
     overrides = {_OVERRIDES[k]: v for k, v in flags.items() if v is not None}
     try:
         config = load_config(config_path, overrides)
-    except ConfigError as err:
+        check_gpu_allocation(config, "devicePlugin")
+    except (ConfigError, GpuAllocationError) as err:
         click.echo(f"kubegpu device-plugin: {err}", err=True)
         sys.exit(2)
     log.info("node %s: resolved config %s", node, render_config(config))

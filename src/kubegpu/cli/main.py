@@ -28,6 +28,7 @@ def register(name: str, target: str) -> None:
 
 # One line per subcommand: name -> the click command in the feature's own package.
 register("device-plugin", "kubegpu.cli.device_plugin:device_plugin")
+register("dra-driver", "kubegpu.cli.dra_driver:dra_driver")
 register("emulate-node", "kubegpu.testing.emulate_node:emulate_node")
 register("simulate", "kubegpu.simulate.command:simulate")
 register("trace", "kubegpu.simulate.trace_command:trace")

@@ -300,6 +300,17 @@ class Exporter(_Model):
         return value
 
 
+class Dra(_Model):
+    """The DRA driver (`kubegpu dra-driver`, docs/dra.md), used with `gpuAllocation: dra`."""
+
+    # `mps`: a shared claim's container is held to its share by the CUDA MPS daemon the driver
+    # runs (same supervisor and settings as sharing.gpuShare.mps); `none`: accounting only.
+    enforcement: Literal["none", "mps"] = "none"
+    # The DRA driver's own MPS daemon, one per node for all its GPUs; same keys as
+    # sharing.gpuShare.mps, whose daemon it replaces on a DRA node.
+    mps: MpsSettings = Field(default_factory=MpsSettings)
+
+
 class AgentConfig(_Model):
     version: Literal["v1"] = "v1"
     flags: Flags = Field(default_factory=Flags)
@@ -307,6 +318,10 @@ class AgentConfig(_Model):
     sharing: Sharing = Field(default_factory=Sharing)
     health: Health = Field(default_factory=Health)
     exporter: Exporter = Field(default_factory=Exporter)
+    # Who hands this node's GPUs to pods: `devicePlugin` (kubegpu device-plugin) or `dra`
+    # (kubegpu dra-driver). Never both: each refuses to start when this names the other.
+    gpu_allocation: Literal["devicePlugin", "dra"] = "devicePlugin"
+    dra: Dra = Field(default_factory=Dra)
 
     @model_validator(mode="after")
     def _shared_resources_exist(self) -> AgentConfig:

@@ -8,6 +8,12 @@ from __future__ import annotations
 ENV_UUID = "KUBEGPU_GPU_UUID"
 ENV_MEMORY_LIMIT = "KUBEGPU_GPU_MEMORY_LIMIT_MIB"
 ENV_COMPUTE = "KUBEGPU_GPU_COMPUTE_MILLI"
+ENV_ENFORCEMENT = "KUBEGPU_GPU_ENFORCEMENT"
+# CUDA MPS client settings a share is held to under `enforcement: mps`.
+ENV_MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
+ENV_MPS_LOG = "CUDA_MPS_LOG_DIRECTORY"
+ENV_MPS_MEMORY = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+ENV_MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 
 # Device nodes every GPU container needs besides its /dev/nvidiaN.
 CONTROL_DEVICE_NODES: tuple[str, ...] = (
@@ -21,3 +27,8 @@ def host_path(dev_root: str, path: str) -> str:
     """Where a container's device ``path`` is on the host when the host's /dev sits under
     ``dev_root`` (the driver root of a containerised driver); ``path`` itself for ``/``."""
     return path if dev_root in ("", "/") else dev_root.rstrip("/") + path
+
+
+def mps_thread_percentage(compute_milli: int) -> int:
+    """MPS takes whole percents; round up so a 5-milli share still gets 1 %."""
+    return max(1, min(100, -(-compute_milli // 10)))

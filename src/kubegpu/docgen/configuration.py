@@ -99,6 +99,10 @@ AGENT_NOTES: dict[str, str] = {
         "First delay before restarting an MPS control daemon that exited (seconds; doubles)."
     ),
     "sharing.gpuShare.mps.restartMaxS": "Longest restart delay for the MPS daemon (seconds).",
+    "dra.mps.restartInitialS": (
+        "First delay before restarting an MPS control daemon that exited (seconds; doubles)."
+    ),
+    "dra.mps.restartMaxS": "Longest restart delay for the MPS daemon (seconds).",
     "health.disabled": "Turn health checking off: every GPU stays Healthy whatever happens.",
     "flags.failOnInitError": (
         "When the GPU backend cannot be opened: `true` exits 1; `false` logs the error and "

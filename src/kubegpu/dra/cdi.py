@@ -5,9 +5,11 @@ allocated GPU, named ``<claim uid>-<device>``, so the kubelet can hand the runti
 names (``<kind>=<name>``) and Unprepare can remove exactly that claim's file. The kind is our own
 (default ``<driver>/claim``) so it never clashes with nvidia-ctk's ``nvidia.com/gpu`` spec or the
 device plugin's. A share's memory and compute go into the environment under the same names the
-device plugin uses (docs/sharing.md). The spec is a property of the claim, not of a container:
-every container that uses the claim resolves the same device, so a claim is one share however
-many containers use it.
+device plugin uses (docs/sharing.md); with ``enforcement: mps`` a share also gets the MPS
+client's pipe and log folders (mounted) and its per-client limits, as the device plugin's
+``Allocate`` hands them out, so the driver's MPS daemon holds it to its share. The spec is a
+property of the claim, not of a container: every container that uses the claim resolves the
+same device, so a claim is one share however many containers use it.
 """
 
 from __future__ import annotations
@@ -22,9 +24,15 @@ from kubegpu.atomic_file import write_atomically
 from kubegpu.core.container import (
     CONTROL_DEVICE_NODES,
     ENV_COMPUTE,
+    ENV_ENFORCEMENT,
     ENV_MEMORY_LIMIT,
+    ENV_MPS_LOG,
+    ENV_MPS_MEMORY,
+    ENV_MPS_PIPE,
+    ENV_MPS_THREADS,
     ENV_UUID,
     host_path,
+    mps_thread_percentage,
 )
 from kubegpu.core.gpu import GpuDevice
 
@@ -44,6 +52,19 @@ class ClaimDevice:
     share_id: str | None = None
     memory_bytes: int | None = None
     compute_milli: int | None = None
+
+    @property
+    def is_share(self) -> bool:
+        return self.memory_bytes is not None or self.compute_milli is not None
+
+
+@dataclass(frozen=True)
+class MpsDirs:
+    """Where the driver's MPS control daemon listens (``enforcement: mps``): host paths, mounted
+    at the same path in the container, as the device plugin does."""
+
+    pipe_dir: str
+    log_dir: str
 
 
 def default_kind(driver: str) -> str:
@@ -65,19 +86,48 @@ def _node(dev_root: str, path: str) -> dict[str, str]:
     return entry
 
 
-def device_env(device: ClaimDevice) -> list[str]:
+def device_env(device: ClaimDevice, mps: MpsDirs | None = None) -> list[str]:
+    """The container's environment for one device; ``mps`` only under ``enforcement: mps``."""
     env: dict[str, str] = {ENV_VISIBLE_DEVICES: device.gpu.uuid, ENV_UUID: device.gpu.uuid}
-    if device.memory_bytes is not None:
-        env[ENV_MEMORY_LIMIT] = str(device.memory_bytes // 2**20)
+    memory_mib = device.memory_bytes // 2**20 if device.memory_bytes is not None else None
+    if memory_mib is not None:
+        env[ENV_MEMORY_LIMIT] = str(memory_mib)
     if device.compute_milli is not None:
         env[ENV_COMPUTE] = str(device.compute_milli)
     if device.share_id is not None:
         env[ENV_SHARE_ID] = device.share_id
+    if device.is_share:
+        env[ENV_ENFORCEMENT] = "mps" if mps is not None else "none"
+    if device.is_share and mps is not None:
+        env[ENV_MPS_PIPE] = mps.pipe_dir
+        env[ENV_MPS_LOG] = mps.log_dir
+        if memory_mib is not None:
+            env[ENV_MPS_MEMORY] = f"{device.gpu.uuid}={memory_mib}M"
+        if device.compute_milli is not None:
+            env[ENV_MPS_THREADS] = str(mps_thread_percentage(device.compute_milli))
     return [f"{key}={value}" for key, value in env.items()]
 
 
+def _device_edits(device: ClaimDevice, dev_root: str, mps: MpsDirs | None) -> dict[str, Any]:
+    edits: dict[str, Any] = {
+        "deviceNodes": [_node(dev_root, device.gpu.device_node)],
+        "env": device_env(device, mps),
+    }
+    if device.is_share and mps is not None:
+        # The MPS client talks to the daemon through these folders: the same path inside.
+        edits["mounts"] = [
+            {"hostPath": d, "containerPath": d, "options": ["rbind", "rw"]}
+            for d in (mps.pipe_dir, mps.log_dir)
+        ]
+    return edits
+
+
 def claim_spec(
-    claim_uid: str, devices: Sequence[ClaimDevice], kind: str, dev_root: str = "/"
+    claim_uid: str,
+    devices: Sequence[ClaimDevice],
+    kind: str,
+    dev_root: str = "/",
+    mps: MpsDirs | None = None,
 ) -> dict[str, Any]:
     return {
         "cdiVersion": CDI_VERSION,
@@ -85,10 +135,7 @@ def claim_spec(
         "devices": [
             {
                 "name": cdi_device_name(claim_uid, d.name),
-                "containerEdits": {
-                    "deviceNodes": [_node(dev_root, d.gpu.device_node)],
-                    "env": device_env(d),
-                },
+                "containerEdits": _device_edits(d, dev_root, mps),
             }
             for d in devices
         ],

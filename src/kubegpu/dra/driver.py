@@ -47,6 +47,8 @@ class DriverSettings:
     checkpoint_path: Path
     cdi_kind: str | None = None  # default: "<driver>/claim"
     dev_root: str = "/"
+    # Set under `enforcement: mps`: shares are prepared as clients of the driver's MPS daemon.
+    mps: cdi.MpsDirs | None = None
 
     @property
     def kind(self) -> str:
@@ -79,7 +81,9 @@ class ClaimPreparer:
             except ClaimLookupError as exc:
                 raise PrepareError(f"claim {claim}: {exc}") from None
             devices = self._resolve(allocation)
-            spec = cdi.claim_spec(claim.uid, devices, self.settings.kind, self.settings.dev_root)
+            spec = cdi.claim_spec(
+                claim.uid, devices, self.settings.kind, self.settings.dev_root, self.settings.mps
+            )
             cdi.write_claim_spec(self.settings.cdi_dir, claim.uid, spec)
             prepared = PreparedClaim(
                 claim,

@@ -234,6 +234,25 @@ class DraPluginServer:
         await self.stop()
 
 
+# After a failed republish (API server away), try again this often until one succeeds.
+REPUBLISH_RETRY_S = 5.0
+
+
+class SlicePublishError(RuntimeError):
+    """The node's ResourceSlices could not be published at start (the message says why)."""
+
+
+async def _wait_any(events: tuple[asyncio.Event, ...], timeout_s: float | None) -> None:
+    """Until one of ``events`` is set or ``timeout_s`` passes; no task is left behind."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+
+
 async def serve_dra_driver(
     settings: DriverSettings,
     inventory: NodeInventory,
@@ -243,24 +262,69 @@ async def serve_dra_driver(
     stop: asyncio.Event,
     unhealthy: Callable[[], Mapping[str, str]] | None = None,
     started: asyncio.Event | None = None,
-) -> None:
+    health_changed: asyncio.Event | None = None,
+    retry_s: float = REPUBLISH_RETRY_S,
+) -> bool:
     """Run the DRA driver of one node until ``stop`` is set: publish the node's ResourceSlices,
-    serve the kubelet, then de-register and remove both sockets.
+    serve the kubelet, republish whenever ``health_changed`` is set (a GPU tainted or
+    untainted, as ``unhealthy()`` now says) and whenever the kubelet registers the driver (it
+    wipes the node's slices when it starts), then de-register and remove both sockets.
 
-    The entry point the ``kubegpu dra-driver`` role will call (CLI wiring is not done yet).
-    A kubelet refusal (``NotifyRegistrationStatus(false)``) sets ``stop``: registration is not
-    retried by the kubelet until the socket is re-created, so the supervisor should restart us.
-    ``started`` is set once the slices are published and both sockets answer.
+    The first publish failing raises :class:`SlicePublishError` (the role exits and its
+    DaemonSet restarts it); a later one is logged and retried every ``retry_s`` until it goes
+    through, the kubelet being served meanwhile. A kubelet refusal
+    (``NotifyRegistrationStatus(false)``) sets ``stop``: registration is not retried by the
+    kubelet until the socket is re-created, so the supervisor should restart us; then True is
+    returned. ``started`` is set once the slices are published and both sockets answer.
     """
     preparer = ClaimPreparer(settings, inventory, claims)
     publisher = ResourceSlicePublisher(settings.node_name, settings.driver, slices)
-    await publisher.publish(inventory, unhealthy() if unhealthy is not None else None)
+
+    def current() -> Mapping[str, str] | None:
+        return unhealthy() if unhealthy is not None else None
+
+    try:
+        await publisher.publish(inventory, current())
+    except Exception as exc:  # the API edge's errors vary (HTTP, lightkube, OS)
+        raise SlicePublishError(
+            f"cannot publish the ResourceSlices of node {settings.node_name}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+
+    refused = False
+    changed = health_changed or asyncio.Event()
 
     def on_status(status: RegistrationStatus) -> None:
+        nonlocal refused
         if not status.registered:
+            refused = True
             stop.set()
+            return
+        # A kubelet that (re)starts deletes the node's ResourceSlices of every driver not yet
+        # registered with it, ours included: write them again once it has registered us.
+        publisher.forget()
+        changed.set()
 
     async with DraPluginServer(preparer, sockets, on_status=on_status):
         if started is not None:
             started.set()
-        await stop.wait()
+        pending = False  # a republish failed and is due again
+        while not stop.is_set():
+            await _wait_any((stop, changed), retry_s if pending else None)
+            if stop.is_set():
+                break
+            if not (changed.is_set() or pending):
+                continue
+            changed.clear()
+            try:
+                await publisher.publish(inventory, current())
+                pending = False
+            except Exception as exc:  # the API edge's errors vary (HTTP, lightkube, OS)
+                log.warning(
+                    "node %s: cannot republish ResourceSlices (retrying in %.0f s): %s",
+                    settings.node_name,
+                    retry_s,
+                    exc,
+                )
+                pending = True
+    return refused

@@ -20,24 +20,25 @@ codecs live in :mod:`kubegpu.sharing`). Pure: pod JSON and our values in, values
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kubegpu.core.container import ENV_COMPUTE, ENV_MEMORY_LIMIT, ENV_UUID
+from kubegpu.core.container import (
+    ENV_COMPUTE,
+    ENV_ENFORCEMENT,
+    ENV_MEMORY_LIMIT,
+    ENV_MPS_LOG,
+    ENV_MPS_MEMORY,
+    ENV_MPS_PIPE,
+    ENV_MPS_THREADS,
+    ENV_UUID,
+    mps_thread_percentage,
+)
 from kubegpu.sharing.annotations import AllocationDecision, CardShare
 from kubegpu.sharing.claim import PodClaim, decided_for_another_node, read_claim, reconcile
 from kubegpu.sharing.ledger import Ledger
 from kubegpu.sharing.resources import ResourceNames
-
-# Environment every sharing container gets besides core.container's (docs/sharing.md).
-ENV_ENFORCEMENT = "KUBEGPU_GPU_ENFORCEMENT"
-ENV_MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
-ENV_MPS_LOG = "CUDA_MPS_LOG_DIRECTORY"
-ENV_MPS_MEMORY = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-ENV_MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-
 
 # --------------------------------------------------------------------------- reading pods
 _NO_VERSION = 2**63  # sorts after every real resourceVersion
@@ -371,8 +372,7 @@ def share_env(
         env[ENV_MPS_PIPE] = mps.pipe_dir
         env[ENV_MPS_LOG] = mps.log_dir
         env[ENV_MPS_MEMORY] = f"{uuid}={share.gpu_memory_mib}M"
-        # MPS takes whole percents; round up so a 5-milli share still gets 1 %.
-        env[ENV_MPS_THREADS] = str(max(1, min(100, math.ceil(share.compute_milli / 10))))
+        env[ENV_MPS_THREADS] = str(mps_thread_percentage(share.compute_milli))
     return env
 
 

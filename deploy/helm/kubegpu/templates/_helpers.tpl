@@ -86,3 +86,7 @@ pods that mount it roll, exactly as with the overlays. (dict "name" "..." "data"
 {{- $base := ternary "scheduler-config" "default-scheduler-config" (eq .Values.scheduler.mode "second-scheduler") -}}
 {{- include "kubegpu.configMapName" (dict "name" (include "kubegpu.name" (list . $base)) "data" (dict "config.yaml" (include "kubegpu.kubeSchedulerConfig" .))) -}}
 {{- end -}}
+
+{{- define "kubegpu.draDriverConfigMapName" -}}
+{{- include "kubegpu.configMapName" (dict "name" (include "kubegpu.name" (list . "dra-driver-config")) "data" (dict "config.yaml" (.Files.Get "files/dra-driver-config.yaml"))) -}}
+{{- end -}}

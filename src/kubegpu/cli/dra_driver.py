@@ -1,0 +1,154 @@
+"""``kubegpu dra-driver``: the DRA kubelet plugin's command line (docs/dra.md).
+
+Checks the options and the config (which must say ``gpuAllocation: dra``) before anything
+starts, then has the composition root (:mod:`kubegpu.roles.dra_driver`) run the driver until
+SIGTERM. Exit codes: 0 on a requested stop; 1 when the GPU backend cannot be opened, the first
+ResourceSlice publish fails, the checkpoint cannot be trusted or the kubelet refuses the
+driver; 2 for usage errors (a bad option, config, kubeconfig or fake GPU spec, or a config that
+gives this node's GPUs to the device plugin).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import NoReturn, cast
+
+import click
+
+from kubegpu.cli.backend_options import gpu_backend_options
+
+log = logging.getLogger(__name__)
+
+PROG = "kubegpu dra-driver"
+
+
+def _usage(message: str) -> NoReturn:
+    click.echo(f"{PROG}: {message}", err=True)
+    sys.exit(2)
+
+
+@click.command("dra-driver")
+@gpu_backend_options
+@click.option(
+    "--kubelet-dir",
+    type=click.Path(path_type=Path),
+    default="/var/lib/kubelet",
+    show_default=True,
+    help="The kubelet's root: the registration socket goes in plugins_registry/, the DRA "
+    "socket in plugins/gpu.kubegpu.io/.",
+)
+@click.option(
+    "--cdi-dir",
+    type=click.Path(path_type=Path),
+    default="/var/run/cdi",
+    show_default=True,
+    help="Where each prepared claim's CDI spec is written (the runtime's CDI spec folder).",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default="/var/lib/kubegpu/dra",
+    show_default=True,
+    help="Where the checkpoint of prepared claims is kept (must survive driver restarts).",
+)
+@click.option(
+    "--dev-root",
+    default="/",
+    show_default=True,
+    help="Host root of the /dev nodes named in CDI specs (a containerised driver's root).",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    envvar=["KUBEGPU_CONFIG", "CONFIG_FILE"],
+    help="Versioned config file (version: v1); must say gpuAllocation: dra.",
+)
+@click.option(
+    "--node-name",
+    envvar=["KUBEGPU_NODE_NAME", "NODE_NAME"],
+    default="",
+    help="This node's name (env NODE_NAME in a DaemonSet): names its ResourceSlice pool.",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    envvar="KUBEGPU_KUBECONFIG",
+    help="API access for ResourceClaims and ResourceSlices; default: in-cluster, else "
+    "$KUBECONFIG or ~/.kube/config.",
+)
+def dra_driver(
+    backend: str,
+    fake_gpus: str | None,
+    fake_control: Path | None,
+    kubelet_dir: Path,
+    cdi_dir: Path,
+    state_dir: Path,
+    dev_root: str,
+    config_path: Path | None,
+    node_name: str,
+    kubeconfig: Path | None,
+) -> None:
+    """Run the DRA driver (gpu.kubegpu.io) for this node's GPUs."""
+    from kubegpu.config.allocation import GpuAllocationError, check_gpu_allocation
+    from kubegpu.config.health import health_policy
+    from kubegpu.config.load import ConfigError, load_config, render_config
+    from kubegpu.core.backend import InventoryError
+    from kubegpu.inventory.select import BackendKind, open_backend
+    from kubegpu.kube.client import KubeconfigError, load_kubeconfig
+    from kubegpu.kubelet.socketdir import SocketDirError, check_folder, check_socket_dir
+    from kubegpu.roles.dra_driver import DraDriverSettings, run_dra_driver, socket_paths
+
+    try:
+        config = load_config(config_path, {})
+        check_gpu_allocation(config, "dra")
+        health_policy(config.health, os.environ)  # a bad DP_*_HEALTHCHECKS token
+    except (ConfigError, GpuAllocationError, ValueError) as err:
+        _usage(str(err))
+    if not node_name:
+        _usage("--node-name (or NODE_NAME) is required: it names this node's ResourceSlice pool")
+    sockets = socket_paths(kubelet_dir)
+    try:
+        for path in (sockets.registration, sockets.dra):
+            check_socket_dir(path.parent, [path.name])
+    except SocketDirError as err:
+        _usage(f"--kubelet-dir {err}")
+    for option, folder, purpose in (
+        ("--cdi-dir", cdi_dir, "write CDI specs"),
+        ("--state-dir", state_dir, "keep the checkpoint"),
+    ):
+        try:
+            check_folder(folder, purpose)
+        except SocketDirError as err:
+            _usage(f"{option} {err}")
+    try:
+        kube_config = load_kubeconfig(kubeconfig)
+    except KubeconfigError as err:
+        _usage(f"--kubeconfig: {err}")
+
+    try:
+        gpu_backend = open_backend(
+            cast(BackendKind, backend), fake_gpus=fake_gpus, fake_control=fake_control
+        )
+    except ValueError as err:  # flags that do not fit together, a bad fake spec
+        _usage(str(err))
+    except (InventoryError, OSError) as err:
+        click.echo(f"{PROG}: {err}", err=True)
+        sys.exit(1)
+    log.info("node %s: resolved config %s", node_name, render_config(config))
+    settings = DraDriverSettings(
+        node_name=node_name,
+        kubelet_dir=kubelet_dir,
+        cdi_dir=cdi_dir,
+        state_dir=state_dir,
+        dev_root=dev_root,
+        env=dict(os.environ),
+    )
+    try:
+        sys.exit(asyncio.run(run_dra_driver(settings, config, gpu_backend, kube_config)))
+    finally:
+        gpu_backend.close()

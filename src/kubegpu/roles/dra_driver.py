@@ -1,0 +1,170 @@
+"""The DRA driver's composition root: ``kubegpu dra-driver`` wired from its settings.
+
+Picks the real collaborators of the DRA kubelet-plugin edge (:mod:`kubegpu.dra`): the inventory
+edge's backend and health monitor (the device plugin's Xid policy, through the core's
+:class:`~kubegpu.core.health_feed.HealthFeed`), the kube edge's claim source and slice sink,
+and under ``dra.enforcement: mps`` the MPS control daemon supervisor the device plugin uses.
+The edge republishes the node's ResourceSlices whenever the feed's verdicts change, so an
+unhealthy GPU is tainted ``NoSchedule`` and untainted when the policy says it recovered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubegpu.config.health import health_policy
+from kubegpu.config.model import AgentConfig
+from kubegpu.core.backend import GpuBackend
+from kubegpu.core.dra import DEFAULT_DRIVER_NAME
+from kubegpu.core.dra_ports import ResourceClaimSource, ResourceSliceSink
+from kubegpu.core.health_feed import HealthFeed
+from kubegpu.dra.cdi import MpsDirs
+from kubegpu.dra.checkpoint import CheckpointError
+from kubegpu.dra.driver import DriverSettings
+from kubegpu.dra.server import SlicePublishError, SocketPaths, serve_dra_driver
+from kubegpu.roles.health import judge_health
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "checkpoint.json"
+
+
+@dataclass(frozen=True)
+class DraDriverSettings:
+    """Where the driver's files go; every path injectable (tests use temp dirs)."""
+
+    node_name: str
+    kubelet_dir: Path = Path("/var/lib/kubelet")
+    cdi_dir: Path = Path("/var/run/cdi")
+    state_dir: Path = Path("/var/lib/kubegpu/dra")
+    dev_root: str = "/"
+    driver: str = DEFAULT_DRIVER_NAME
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def sockets(self) -> SocketPaths:
+        return socket_paths(self.kubelet_dir, self.driver)
+
+    def driver_settings(self, mps: MpsDirs | None) -> DriverSettings:
+        return DriverSettings(
+            driver=self.driver,
+            node_name=self.node_name,
+            cdi_dir=self.cdi_dir,
+            checkpoint_path=self.state_dir / CHECKPOINT_FILE,
+            dev_root=self.dev_root,
+            mps=mps,
+        )
+
+
+def socket_paths(kubelet_dir: Path, driver: str = DEFAULT_DRIVER_NAME) -> SocketPaths:
+    """The kubelet's plugin watcher dir and its per-plugin dir, under ``kubelet_dir``."""
+    return SocketPaths.for_driver(driver, kubelet_dir / "plugins_registry", kubelet_dir / "plugins")
+
+
+async def run_dra_driver(
+    settings: DraDriverSettings,
+    config: AgentConfig,
+    backend: GpuBackend,
+    kube_config: Any,
+    *,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Run the driver until SIGTERM/SIGINT (or ``stop``); the exit code: 1 when it could not
+    start (the slices not published, the checkpoint not trusted, a kubelet refusal)."""
+    from kubegpu.kube.dra_api import DraApi
+
+    api = DraApi(kube_config)
+    try:
+        return await run_with_ports(settings, config, backend, api.claims, api.slices, stop=stop)
+    finally:
+        await api.close()
+
+
+async def run_with_ports(
+    settings: DraDriverSettings,
+    config: AgentConfig,
+    backend: GpuBackend,
+    claims: ResourceClaimSource,
+    slices: ResourceSliceSink,
+    *,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """:func:`run_dra_driver` with the API ports given (a test passes fakes)."""
+    loop = asyncio.get_running_loop()
+    stop = stop or asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    node = settings.node_name
+    inventory = backend.snapshot()
+    feed = HealthFeed(policy=health_policy(config.health, settings.env))
+    changed = asyncio.Event()
+
+    def on_health_change() -> None:
+        # Called on the monitor's thread; the loop republishes.
+        loop.call_soon_threadsafe(changed.set)
+
+    def unhealthy() -> dict[str, str]:
+        return {str(uuid): reason for uuid, reason in feed.unhealthy().items()}
+
+    feed.add_listener(on_health_change)
+    judge_health(feed, backend, inventory, node_name=node)
+    mps_daemon = None
+    mps: MpsDirs | None = None
+    try:
+        if config.dra.enforcement == "mps":
+            from kubegpu.enforcement.mps import MpsDaemon, mps_spec_for
+
+            m = config.dra.mps
+            spec = mps_spec_for(
+                m.control_command,
+                m.control_args,
+                m.host_dir,
+                [gpu.uuid for gpu in inventory.gpus],
+                m.restart_initial_s,
+                m.restart_max_s,
+            )
+            mps_daemon = MpsDaemon(spec, node=node)
+            await mps_daemon.start()
+            mps = MpsDirs(str(spec.pipe_dir), str(spec.log_dir))
+        log.info(
+            "node %s: DRA driver %s for %d GPU(s), enforcement %s, sockets %s and %s",
+            node,
+            settings.driver,
+            len(inventory.gpus),
+            config.dra.enforcement,
+            settings.sockets.registration,
+            settings.sockets.dra,
+        )
+        refused = await serve_dra_driver(
+            settings.driver_settings(mps),
+            inventory,
+            claims,
+            slices,
+            settings.sockets,
+            stop,
+            unhealthy=unhealthy,
+            health_changed=changed,
+        )
+    except CheckpointError as exc:
+        log.error("node %s: %s; move the file away to start afresh", node, exc)
+        return 1
+    except SlicePublishError as exc:
+        log.error("%s; is the API server reachable, and may kubegpu-dra-driver write them?", exc)
+        return 1
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await loop.run_in_executor(None, feed.close)
+        if mps_daemon is not None:
+            await mps_daemon.stop()
+    if refused:
+        log.error("node %s: the kubelet refused the DRA driver; exiting to be restarted", node)
+        return 1
+    log.info("node %s: DRA driver stopped", node)
+    return 0

@@ -1,0 +1,68 @@
+"""A prepared claim's CDI device under ``enforcement: mps`` and without it."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubegpu.dra import cdi
+
+from .conftest import gpu
+
+MPS = cdi.MpsDirs("/run/kubegpu/mps/pipe", "/run/kubegpu/mps/log")
+GPU = gpu(0)
+
+
+def env_of(device: cdi.ClaimDevice, mps: cdi.MpsDirs | None) -> dict[str, str]:
+    spec = cdi.claim_spec("uid-1", [device], "gpu.kubegpu.io/claim", mps=mps)
+    return dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
+
+
+@pytest.mark.parametrize(
+    ("compute_milli", "percent"),
+    [(250, "25"), (5, "1"), (1000, "100"), (333, "34")],
+    ids=["quarter", "tiny-rounds-up-to-1", "whole-card", "third-rounds-up"],
+)
+def test_a_share_under_mps_gets_its_limits(compute_milli: int, percent: str) -> None:
+    share = cdi.ClaimDevice(
+        "gpu-0", GPU, "s-1", memory_bytes=3 * 2**30, compute_milli=compute_milli
+    )
+    env = env_of(share, MPS)
+    assert env["KUBEGPU_GPU_ENFORCEMENT"] == "mps"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == MPS.pipe_dir
+    assert env["CUDA_MPS_LOG_DIRECTORY"] == MPS.log_dir
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{GPU.uuid}=3072M"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == percent
+
+
+def test_a_share_by_memory_only_gets_no_thread_limit() -> None:
+    env = env_of(cdi.ClaimDevice("gpu-0", GPU, "s-1", memory_bytes=2**30), MPS)
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{GPU.uuid}=1024M"
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env
+
+
+def test_a_share_without_mps_is_accounting_only() -> None:
+    share = cdi.ClaimDevice("gpu-0", GPU, "s-1", memory_bytes=2**30, compute_milli=100)
+    env = env_of(share, None)
+    assert env["KUBEGPU_GPU_ENFORCEMENT"] == "none"
+    assert not [k for k in env if k.startswith("CUDA_MPS_")]
+    spec = cdi.claim_spec("uid-1", [share], "gpu.kubegpu.io/claim")
+    assert "mounts" not in spec["devices"][0]["containerEdits"]
+
+
+def test_a_whole_gpu_is_never_an_mps_client() -> None:
+    whole = cdi.ClaimDevice("gpu-0", GPU)
+    env = env_of(whole, MPS)
+    assert "KUBEGPU_GPU_ENFORCEMENT" not in env
+    assert not [k for k in env if k.startswith("CUDA_MPS_")]
+    spec = cdi.claim_spec("uid-1", [whole], "gpu.kubegpu.io/claim", mps=MPS)
+    assert "mounts" not in spec["devices"][0]["containerEdits"]
+
+
+def test_the_mps_folders_are_mounted_at_the_same_path() -> None:
+    share = cdi.ClaimDevice("gpu-0", GPU, "s-1", memory_bytes=2**30)
+    spec = cdi.claim_spec("uid-1", [share], "gpu.kubegpu.io/claim", mps=MPS)
+    mounts = spec["devices"][0]["containerEdits"]["mounts"]
+    assert [(m["hostPath"], m["containerPath"]) for m in mounts] == [
+        (MPS.pipe_dir, MPS.pipe_dir),
+        (MPS.log_dir, MPS.log_dir),
+    ]

@@ -1,0 +1,349 @@
+"""``kubegpu dra-driver`` as a real process: a fake GPU node, the DRA API over real HTTP
+(tests/dra/resource_api.py, served from a thread), the kubelet's side over the real sockets.
+
+It must publish the node's ResourceSlices, prepare a claim into a CDI spec, taint a GPU that
+gets a critical Xid and untaint it once the health policy says it recovered, and stop on
+SIGTERM with both sockets gone and nothing of its process group left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from aiohttp import web
+
+from kubegpu.dra.api.dra.v1 import api_pb2 as v1
+from kubegpu.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
+from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg
+from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from kubegpu.inventory.fake import send_fake_gpu_command
+from kubegpu.roles.dra_driver import socket_paths
+from kubegpu.testing.kubeconfig import kubeconfig_dict
+
+from ..enforcement.fakes import install_fake_mps_control
+from .resource_api import ResourceApi
+
+pytestmark = pytest.mark.timeout(180)
+
+NODE = "node-a"
+DRIVER = "gpu.kubegpu.io"
+WAIT_S = 60.0  # generous: the machine is shared; never an assertion about speed
+
+
+@contextmanager
+def api_in_thread(api: ResourceApi) -> Iterator[str]:
+    """Serve ``api`` on 127.0.0.1 from its own loop in a thread; yields the URL."""
+    loop = asyncio.new_event_loop()
+    ready: list[Any] = []
+
+    async def start() -> web.AppRunner:
+        runner = web.AppRunner(api.app())
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        ready.append(runner.addresses[0][1])
+        return runner
+
+    runner = loop.run_until_complete(start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{ready[0]}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def wait_for(check: Callable[[], Any], what: str, proc: subprocess.Popen[bytes], log: Path) -> Any:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        if proc.poll() is not None:
+            pytest.fail(f"driver exited {proc.returncode} waiting for {what}:\n{log.read_text()}")
+        time.sleep(0.05)
+    pytest.fail(f"no {what} within {WAIT_S} s:\n{log.read_text()}")
+
+
+class Driver:
+    def __init__(self, root: Path, url: str, config: dict[str, Any]) -> None:
+        self.root = root
+        self.kubelet_dir = root / "kubelet"
+        self.cdi_dir = root / "cdi"
+        self.control = root / "fake.sock"
+        self.log = root / "driver.log"
+        self.sockets = socket_paths(self.kubelet_dir)
+        (root / "kubeconfig").write_text(yaml.safe_dump(kubeconfig_dict(url)))
+        (root / "config.yaml").write_text(yaml.safe_dump({"version": "v1", **config}))
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "kubegpu.cli.main",
+                    "dra-driver",
+                    "--backend=fake",
+                    "--fake-gpus=4xT4",
+                    f"--fake-control={self.control}",
+                    f"--kubelet-dir={self.kubelet_dir}",
+                    f"--cdi-dir={self.cdi_dir}",
+                    f"--state-dir={root / 'state'}",
+                    f"--config={root / 'config.yaml'}",
+                    f"--kubeconfig={root / 'kubeconfig'}",
+                    f"--node-name={NODE}",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"},
+            )
+
+    def wait(self, check: Callable[[], Any], what: str) -> Any:
+        return wait_for(check, what, self.proc, self.log)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(WAIT_S)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def group_is_gone(self) -> bool:
+        try:
+            os.killpg(self.proc.pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+
+@pytest.fixture
+def api() -> ResourceApi:
+    return ResourceApi()
+
+
+@pytest.fixture
+def driver(
+    short_dir: Path, api: ResourceApi, request: pytest.FixtureRequest
+) -> Iterator[Callable[[dict[str, Any]], Driver]]:
+    started: list[Driver] = []
+    with api_in_thread(api) as url:
+
+        def start(config: dict[str, Any]) -> Driver:
+            d = Driver(short_dir, url, config)
+            started.append(d)
+            return d
+
+        yield start
+        for d in started:
+            if d.proc.poll() is None:
+                d.stop()
+
+
+def node_devices(api: ResourceApi) -> dict[str, dict[str, Any]]:
+    return {
+        d["name"]: d
+        for s in list(api.slices.values())
+        if s["spec"].get("nodeName") == NODE
+        for d in s["spec"]["devices"]
+    }
+
+
+def claim(uid: str, device: str, capacity: dict[str, str]) -> dict[str, Any]:
+    result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
+    if capacity:
+        result |= {"shareID": f"share-{uid}", "consumedCapacity": capacity}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "train", "namespace": "team-a", "uid": uid},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
+
+
+def prepare(sock: Path, uid: str) -> Any:
+    with grpc.insecure_channel(f"unix://{sock}") as channel:
+        return v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+            v1.NodePrepareResourcesRequest(
+                claims=[v1.Claim(namespace="team-a", name="train", uid=uid)]
+            ),
+            timeout=30,
+        )
+
+
+def test_serves_the_kubelet_and_stops_cleanly_on_sigterm(
+    driver: Callable[[dict[str, Any]], Driver], api: ResourceApi
+) -> None:
+    d = driver({"gpuAllocation": "dra"})
+    devices = d.wait(lambda: node_devices(api), "ResourceSlice")
+    assert sorted(devices) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    assert not any("taints" in dev for dev in devices.values())
+    d.wait(lambda: d.sockets.registration.exists() and d.sockets.dra.exists(), "sockets")
+
+    with grpc.insecure_channel(f"unix://{d.sockets.registration}") as channel:
+        info = reg_grpc.RegistrationStub(channel).GetInfo(reg.InfoRequest(), timeout=30)
+    assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRIVER, str(d.sockets.dra))
+
+    uid = "cccccccc-0000-4000-8000-000000000001"
+    api.claims[("team-a", "train")] = claim(uid, "gpu-1", {"memory": "2Gi", "compute": "250m"})
+    response = prepare(d.sockets.dra, uid)
+    assert response.claims[uid].error == ""
+    (device,) = response.claims[uid].devices
+    assert device.device_name == "gpu-1"
+    spec = json.loads((d.cdi_dir / f"kubegpu-dra-{uid}.json").read_text())
+    env = spec["devices"][0]["containerEdits"]["env"]
+    assert "KUBEGPU_GPU_MEMORY_LIMIT_MIB=2048" in env
+    assert "KUBEGPU_GPU_ENFORCEMENT=none" in env
+    assert not any(e.startswith("CUDA_MPS_") for e in env)
+
+    assert d.stop() == 0, d.log.read_text()
+    assert not d.sockets.registration.exists()
+    assert not d.sockets.dra.exists()
+    assert d.group_is_gone()
+    assert "Traceback" not in d.log.read_text()
+
+
+def test_taints_a_gpu_after_a_critical_xid_and_untaints_it_after_recovery(
+    driver: Callable[[dict[str, Any]], Driver], api: ResourceApi
+) -> None:
+    # 25 clean health checks (0.2 s each) bring a GPU back.
+    d = driver({"gpuAllocation": "dra", "health": {"recoverAfterHealthyChecks": 25}})
+    d.wait(lambda: node_devices(api) and d.control.exists(), "ResourceSlice")
+    first_generation = next(iter(api.slices.values()))["spec"]["pool"]["generation"]
+
+    reply = send_fake_gpu_command(d.control, "xid", gpu=2, xid=48)
+    assert reply["ok"], reply
+    tainted = d.wait(lambda: "taints" in node_devices(api)["gpu-2"], "taint on gpu-2")
+    assert tainted
+    devices = node_devices(api)
+    (taint,) = devices["gpu-2"]["taints"]
+    assert (taint["key"], taint["effect"]) == (f"{DRIVER}/unhealthy", "NoSchedule")
+    assert "48" in taint["value"]
+    assert [n for n, dev in devices.items() if "taints" in dev] == ["gpu-2"]
+
+    d.wait(lambda: "taints" not in node_devices(api)["gpu-2"], "gpu-2 untainted")
+    generation = next(iter(api.slices.values()))["spec"]["pool"]["generation"]
+    assert generation >= first_generation + 2  # tainted, then untainted: two new generations
+    assert d.stop() == 0, d.log.read_text()
+    assert d.group_is_gone()
+
+
+def test_enforcement_mps_runs_the_daemon_and_hands_a_share_its_limits(
+    driver: Callable[[dict[str, Any]], Driver], api: ResourceApi, short_dir: Path
+) -> None:
+    daemon = install_fake_mps_control(short_dir)
+    mps_dir = short_dir / "mps"
+    d = driver(
+        {
+            "gpuAllocation": "dra",
+            "dra": {
+                "enforcement": "mps",
+                "mps": {"controlCommand": str(daemon), "hostDir": str(mps_dir)},
+            },
+        }
+    )
+    d.wait(lambda: node_devices(api) and d.sockets.dra.exists(), "driver up")
+    control_log = mps_dir / "log" / "control.log"
+    started = d.wait(lambda: control_log.exists() and control_log.read_text(), "MPS daemon")
+    gpus = started.split("gpus=")[1].split()[0]
+    assert len(gpus.split(",")) == 4  # every GPU of the node
+
+    uid = "dddddddd-0000-4000-8000-000000000001"
+    api.claims[("team-a", "train")] = claim(uid, "gpu-0", {"memory": "4Gi", "compute": "250m"})
+    assert prepare(d.sockets.dra, uid).claims[uid].error == ""
+    edits = json.loads((d.cdi_dir / f"kubegpu-dra-{uid}.json").read_text())["devices"][0][
+        "containerEdits"
+    ]
+    env = dict(e.split("=", 1) for e in edits["env"])
+    uuid = env["KUBEGPU_GPU_UUID"]
+    assert env["KUBEGPU_GPU_ENFORCEMENT"] == "mps"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(mps_dir / "pipe")
+    assert env["CUDA_MPS_LOG_DIRECTORY"] == str(mps_dir / "log")
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{uuid}=4096M"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert [m["containerPath"] for m in edits["mounts"]] == [
+        str(mps_dir / "pipe"),
+        str(mps_dir / "log"),
+    ]
+    assert d.stop() == 0, d.log.read_text()
+    assert d.group_is_gone()
+    assert "quit" in control_log.read_text()  # asked to quit, as an operator would
+
+
+def test_refuses_to_start_when_the_config_gives_the_gpus_to_the_device_plugin(
+    driver: Callable[[dict[str, Any]], Driver],
+) -> None:
+    d = driver({"gpuAllocation": "devicePlugin"})
+    assert d.proc.wait(WAIT_S) == 2
+    out = d.log.read_text()
+    assert "gpuAllocation is 'devicePlugin'" in out and "kubegpu device-plugin" in out
+    assert "Traceback" not in out
+    assert not d.sockets.registration.exists()
+
+
+def test_a_kubelet_refusal_exits_1_without_sockets(
+    driver: Callable[[dict[str, Any]], Driver], api: ResourceApi
+) -> None:
+    d = driver({"gpuAllocation": "dra"})
+    d.wait(lambda: node_devices(api) and d.sockets.registration.exists(), "driver up")
+    with grpc.insecure_channel(f"unix://{d.sockets.registration}") as channel:
+        reg_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
+            reg.RegistrationStatus(plugin_registered=False, error="version not supported"),
+            timeout=30,
+        )
+    assert d.proc.wait(WAIT_S) == 1
+    out = d.log.read_text()
+    assert "version not supported" in out and "Traceback" not in out
+    assert not d.sockets.registration.exists() and not d.sockets.dra.exists()
+    assert d.group_is_gone()
+
+
+def test_an_api_server_it_cannot_reach_at_start_exits_1(short_dir: Path) -> None:
+    with socket.socket() as closed:  # a port nothing listens on once closed
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    d = Driver(short_dir, f"http://127.0.0.1:{port}", {"gpuAllocation": "dra"})
+    try:
+        assert d.proc.wait(WAIT_S) == 1
+    finally:
+        if d.proc.poll() is None:
+            d.stop()
+    out = d.log.read_text()
+    assert f"cannot publish the ResourceSlices of node {NODE}" in out
+    assert "Traceback" not in out
+    assert not d.sockets.registration.exists() and not d.sockets.dra.exists()
+    assert d.group_is_gone()
+
+
+def test_a_checkpoint_it_cannot_trust_exits_1_naming_the_file(
+    driver: Callable[[dict[str, Any]], Driver], short_dir: Path
+) -> None:
+    checkpoint = short_dir / "state" / "checkpoint.json"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_text('{"version": 1, "checksum": "sha256:0", "claims": {}}')
+    d = driver({"gpuAllocation": "dra"})
+    assert d.proc.wait(WAIT_S) == 1
+    out = d.log.read_text()
+    assert str(checkpoint) in out and "Traceback" not in out
+    assert not d.sockets.registration.exists() and not d.sockets.dra.exists()
+    assert checkpoint.read_text().startswith('{"version": 1')  # left for the operator
+    assert d.group_is_gone()
