@@ -12,6 +12,7 @@ from typing import Any
 
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, decode_allocation
 from kubegpu.testing.apiserver import FakeApiServer, StatusError, Store
+from kubegpu.testing.waiting import wait_until_async
 from tests.extender.cluster import gpu_node, http_session, post, running_extender, shared_pod
 
 
@@ -66,7 +67,12 @@ async def test_three_overlapping_binds_of_one_pod_and_one_of_another_never_overc
             await reached[0].wait()
             # The scheduler's retry of a, on the same node, queues behind the first.
             second = asyncio.create_task(bind("a", "node-1"))
-            await asyncio.sleep(0.2)  # let it reach the extender and wait for the pod
+
+            def queued() -> bool:  # the second holds a place on a's lock (PodLocks counts users)
+                return ext.app.pod_locks._locks.get(uids["a"], (None, 0))[1] == 2
+
+            # Let it reach the extender and wait for the pod.
+            await wait_until_async(queued, timeout_s=10, what="the second bind queued on pod a")
             release[0].set()
             assert "etcd is slow today" in await first
             await reached[1].wait()  # the second holds a reservation of a on node-1
