@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from kubegpu.cli.main import cli
+from kubegpu.testing.waiting import wait_until
 
 # About 90 processes, four at a time: well under a minute on two idle cores, more on a busy
 # machine; the module-scoped run is charged to the first test that uses it.
@@ -401,9 +401,14 @@ def run_case(item: Case, files: Path, scratch: Path, busy: int) -> Outcome:
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
         returncode = None
-    deadline = time.monotonic() + 5
-    while (left := marked_processes(marker)) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    left = marked_processes(marker)
+
+    def gone() -> bool:
+        left[:] = marked_processes(marker)
+        return not left
+
+    with contextlib.suppress(TimeoutError):  # what is still there is reported below
+        wait_until(gone, timeout_s=5, what="the case's processes gone")
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

@@ -10,11 +10,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from kubegpu.testing.waiting import wait_until
 
 
 @pytest.fixture
@@ -81,19 +82,20 @@ class DemoProcess:
     def output(self) -> str:
         return "".join(self._lines)
 
-    def wait_for_output(self, text: str, timeout_s: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while text not in self.output:
+    def wait_for_output(self, text: str, timeout_s: float = 45.0) -> None:
+        def printed() -> bool:
+            if text in self.output:
+                return True
             if self.proc.poll() is not None:
                 self._reader.join(timeout=5)
                 if text in self.output:
-                    return
+                    return True
                 raise AssertionError(
                     f"demo exited {self.proc.returncode} before {text!r}:\n{self.output}"
                 )
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {text!r} after {timeout_s} s:\n{self.output}")
-            time.sleep(0.05)
+            return False
+
+        wait_until(printed, timeout_s=timeout_s, what=lambda: f"{text!r} printed:\n{self.output}")
 
     def wait(self, timeout_s: float = 100.0) -> int:
         try:

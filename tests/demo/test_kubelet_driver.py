@@ -4,7 +4,6 @@ emulator (gRPC over unix sockets) and the fake API server (HTTP, lightkube)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,6 +14,7 @@ from lightkube.resources.core_v1 import Pod
 from kubegpu.kubelet.resources import card_of
 from kubegpu.sharing.resources import ResourceNames
 from kubegpu.testing.node import KubeletDriver, admission_order, device_requests
+from kubegpu.testing.waiting import wait_until_async
 from tests.kubelet.sharenode import NODE, SLOT, SharedNode, ShareSpec, ready_shared_node
 
 pytestmark = pytest.mark.slow
@@ -27,11 +27,8 @@ def node() -> Iterator[SharedNode]:
 
 
 async def eventually(check: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+    # What the node agent process and the driver have written to the fake API server.
+    await wait_until_async(check, timeout_s=timeout_s, what=what, poll_s=0.05)
 
 
 def status(node: SharedNode, name: str) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ from kubegpu.testing.scheduler import (
     pick_node,
     unschedulable_message,
 )
+from kubegpu.testing.waiting import wait_until_async
 from tests.extender.cluster import gpu_node, running_extender, shared_pod, whole_pod
 
 
@@ -29,11 +29,8 @@ def ours(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 async def eventually(check: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+    # The stand-in's verdicts land in the fake API server's store, which announces nothing.
+    await wait_until_async(check, timeout_s=timeout_s, what=what, poll_s=0.02)
 
 
 @pytest.fixture
@@ -127,7 +124,11 @@ async def test_node_resources_fit_runs_before_the_extender_and_other_schedulers_
             server.store.put("pods", whole_pod("foreign", 1))  # default scheduler's pod
             await eventually(lambda: refusal(server, "big") is not None, "big refused")
             assert refusal(server, "big") == "0/2 nodes are available: 2 Insufficient cpu."
-            await asyncio.sleep(0.3)
+            # One more pod of ours, after the foreign one: the stand-in's one watch delivers
+            # pods in order and it takes its own first come first served, so once this one
+            # has its verdict the foreign pod has been seen (and must have been left alone).
+            server.store.put("pods", ours(make_pod("after", requests={"cpu": "1"})))
+            await eventually(lambda: bool(stored(server, "after")["spec"].get("nodeName")), "after")
             foreign = stored(server, "foreign")
             assert not foreign["spec"].get("nodeName")
             assert not foreign.get("status", {}).get("conditions")

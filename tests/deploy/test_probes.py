@@ -5,6 +5,7 @@ this machine has), and the probe the kubelet would run is run."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import queue
 import shutil
@@ -15,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -30,6 +30,7 @@ from kubegpu.cli.device_plugin import DEFAULT_KUBELET_DIR
 from kubegpu.config.model import DEFAULT_RESOURCE, GpuShare
 from kubegpu.testing.apiserver import FakeApiServer, make_node
 from kubegpu.testing.kubelet import KubeletEmulator
+from kubegpu.testing.waiting import wait_until
 from tests.deploy.manifests import (
     DEPLOY,
     Obj,
@@ -112,18 +113,23 @@ def http_status(url: str) -> int:
 
 
 def wait_for_status(url: str, want: int, timeout_s: float = 30.0) -> int:
-    deadline = time.monotonic() + timeout_s
-    status = http_status(url)
-    while status != want and time.monotonic() < deadline:
-        time.sleep(0.1)
-        status = http_status(url)
-    return status
+    """Poll the process's ``url`` until it answers ``want``; the last status either way."""
+    last = [http_status(url)]
+
+    def answered() -> bool:
+        if last[0] != want:
+            last[0] = http_status(url)
+        return last[0] == want
+
+    with contextlib.suppress(TimeoutError):
+        wait_until(answered, timeout_s=timeout_s, what=f"{url} answering {want}", poll_s=0.1)
+    return last[0]
 
 
 def scrape_gpus(url: str, timeout_s: float = 30.0) -> dict[str, int]:
     """node label -> GPUs with a memory-total sample, once the exporter has refreshed."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def gpus() -> dict[str, int]:
         with urllib.request.urlopen(url, timeout=5) as reply:
             text = reply.read().decode()
         found: dict[str, int] = {}
@@ -132,9 +138,12 @@ def scrape_gpus(url: str, timeout_s: float = 30.0) -> dict[str, int]:
                 for sample in family.samples:
                     node = sample.labels["node"]
                     found[node] = found.get(node, 0) + 1
-        if found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.1)
+        return found
+
+    try:
+        return wait_until(gpus, timeout_s=timeout_s, what="a GPU sample", poll_s=0.1)
+    except TimeoutError:
+        return {}  # the caller's assertion says what was missing
 
 
 def free_port() -> int:
@@ -237,12 +246,11 @@ def test_extender_probes_pass_once_it_has_synced_with_the_api_server(tmp_path: P
     assert all(http_status(u) == 0 for u in urls.values())  # nothing listens yet
 
     # Hold the first list of pods, to see readiness wait for it.
-    release = threading.Event()
+    release = asyncio.Event()  # set on the fake API server's loop, which awaits it
     with FakeApiServer().run_in_thread() as api:
 
         async def held(_store: object) -> None:
-            while not release.is_set():
-                await asyncio.sleep(0.05)
+            await release.wait()
 
         api.server.before("list", "pods", held)
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
@@ -256,7 +264,7 @@ def test_extender_probes_pass_once_it_has_synced_with_the_api_server(tmp_path: P
         with running(args, _env()):
             assert wait_for_status(urls["livenessProbe"], 200) == 200
             assert http_status(urls["readinessProbe"]) == 503  # not synced yet
-            release.set()
+            api.loop.call_soon_threadsafe(release.set)
             assert wait_for_status(urls["readinessProbe"], 200) == 200
             # What the ServiceMonitor scrapes, through the Service's target port.
             (endpoint,) = find(render("overlays/monitoring"), "ServiceMonitor", "kubegpu-extender")[
@@ -332,9 +340,13 @@ def test_default_scheduler_extender_serves_only_clients_with_the_scheduler_certi
             f"--kubeconfig={kubeconfig}",
         ]
         with running(args, _env()):
-            deadline = time.monotonic() + 30
-            while _https_status(url, like_scheduler) != 200 and time.monotonic() < deadline:
-                time.sleep(0.2)
+            with contextlib.suppress(TimeoutError):
+                wait_until(
+                    lambda: _https_status(url, like_scheduler) == 200,
+                    timeout_s=30,
+                    what=f"{url} answering 200",
+                    poll_s=0.2,
+                )
             assert _https_status(url, like_scheduler) == 200
             # An HTTPS probe of the verbs' listener would never see 200: the handshake fails
             # without a certificate. The manifest's probes ask the metrics listener instead.

@@ -9,11 +9,13 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from kubegpu.enforcement.mps import MpsDaemon, MpsSpec
+from kubegpu.testing.waiting import wait_until_async
 from tests.enforcement.fakes import HUNG, install_fake_mps_control
 
 
@@ -28,14 +30,9 @@ def spec_for(command: Path | str, root: Path, **kwargs: float) -> MpsSpec:
     )
 
 
-async def wait_for(check: object, what: str, timeout_s: float = 10.0) -> None:
-    assert callable(check)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not check():
-        if loop.time() > deadline:
-            raise TimeoutError(what)
-        await asyncio.sleep(0.02)
+async def wait_for(check: Callable[[], object], what: str, timeout_s: float = 10.0) -> None:
+    """The daemon is a real process: its pipe, pid and log are looked at, not announced."""
+    await wait_until_async(check, timeout_s=timeout_s, what=what, poll_s=0.02)
 
 
 def log_lines(spec: MpsSpec) -> list[str]:
@@ -65,8 +62,11 @@ async def test_the_daemon_is_started_restarted_after_a_kill_and_told_to_quit_on_
     assert daemon.pid is None
     assert log_lines(spec)[-1] == f"quit {second}"
     assert not (spec.pipe_dir / "control").exists()
-    await asyncio.sleep(0.2)
+    # stop() has awaited the supervising task to its end, so nothing can start the daemon
+    # again after this; a quit mistaken for a death would have counted a restart delay and
+    # started it once more before stop() returned.
     assert daemon.starts == 2  # stopping is not mistaken for a death
+    assert daemon.restart_delays == [0.05]
 
 
 async def test_a_daemon_that_keeps_dying_is_restarted_with_a_bounded_doubling_delay(

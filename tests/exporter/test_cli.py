@@ -6,10 +6,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from kubegpu.testing.waiting import wait_until
 
 
 def scraped_gpus(url: str) -> set[str]:
@@ -58,12 +59,7 @@ def test_exporter_command_serves_fake_gpus_and_stops_on_sigterm() -> None:
         assert url, "the exporter never said where it serves"
         # It serves at once and refreshes in the background: until the first refresh has
         # completed a scrape has no GPU series yet, so poll (bounded) for one that has them.
-        deadline = time.monotonic() + 20.0
-        while True:
-            gpus = scraped_gpus(url)
-            if gpus or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        gpus = wait_until(lambda: scraped_gpus(url), timeout_s=20, what="a scrape with GPUs")
         assert len(gpus) == 4
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0

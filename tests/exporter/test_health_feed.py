@@ -3,17 +3,20 @@
 
 from __future__ import annotations
 
-import time
+import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
+from kubegpu.core.backend import HealthWatcher
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.health import HealthCheckPolicy, HealthEvent, HealthEventKind
 from kubegpu.core.health_feed import HealthFeed
 from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.inventory.health import HealthMonitor
 from kubegpu.roles.health import judge_health
+from kubegpu.testing.waiting import wait_until as poll_until
 
 A, B = GpuUuid("GPU-a"), GpuUuid("GPU-b")
 POLL_S = 0.02  # one health check; the agent's default is longer, the rule is the same
@@ -27,13 +30,49 @@ def backend() -> Iterator[FakeGpuBackend]:
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
+    # What the monitor's threads have judged: looked at, as the feed's readers do.
+    poll_until(condition, timeout_s=timeout_s, what=what, poll_s=0.005)
 
 
-def watching(backend: FakeGpuBackend, policy: HealthCheckPolicy | None = None) -> HealthFeed:
+class CountedChecks:
+    """The fake backend, counting each health check (one watcher wait, quiet or not) per GPU
+    and announcing it, so a test waits for a number of checks rather than for time."""
+
+    def __init__(self, backend: FakeGpuBackend) -> None:
+        self.backend = backend
+        self.checks: dict[GpuUuid, int] = {}
+        self._changed = threading.Condition()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    def watch_health(self, uuid: GpuUuid) -> HealthWatcher:
+        watcher = self.backend.watch_health(uuid)
+        counted = self
+
+        class Counted:
+            def wait(self, timeout_s: float) -> list[HealthEvent]:
+                events = watcher.wait(timeout_s)
+                with counted._changed:
+                    counted.checks[uuid] = counted.checks.get(uuid, 0) + 1
+                    counted._changed.notify_all()
+                return events
+
+            def close(self) -> None:
+                watcher.close()
+
+        return Counted()
+
+    def wait_for_checks(self, uuid: GpuUuid, more: int, timeout_s: float = 20.0) -> None:
+        with self._changed:
+            want = self.checks.get(uuid, 0) + more
+            reached = self._changed.wait_for(lambda: self.checks.get(uuid, 0) >= want, timeout_s)
+        assert reached, f"{uuid}: {self.checks.get(uuid, 0)} health checks, wanted {want}"
+
+
+def watching(
+    backend: FakeGpuBackend | CountedChecks, policy: HealthCheckPolicy | None = None
+) -> HealthFeed:
     feed = HealthFeed(policy=policy)
     judge_health(feed, backend, backend.snapshot(), node_name="node-a", poll_timeout_s=POLL_S)
     # start() opened every watcher before returning: events from here on are seen.
@@ -115,13 +154,16 @@ def test_an_xid_struck_gpu_comes_back_after_the_agents_quiet_checks_here_too(
 def test_a_lost_gpu_needs_recovery_not_quiet_checks_and_keeps_its_xid_count(
     backend: FakeGpuBackend,
 ) -> None:
-    feed = watching(backend, HealthCheckPolicy(recover_after_healthy_checks=1))
+    counted = CountedChecks(backend)
+    feed = watching(counted, HealthCheckPolicy(recover_after_healthy_checks=1))
     uuid = backend.snapshot().gpus[3].uuid
     try:
         backend.inject_xid(3, 79)
         backend.lose(3)
         wait_until(lambda: not feed.tally().healthy(uuid), "loss not seen")
-        time.sleep(20 * POLL_S)  # many quiet checks: a lost GPU does not come back on them
+        counted.wait_for_checks(
+            uuid, 20
+        )  # many quiet checks: a lost GPU does not come back on them
         assert not feed.tally().healthy(uuid)
         backend.restore(3)
         wait_until(lambda: feed.tally().healthy(uuid), "recovery not seen")

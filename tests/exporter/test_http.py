@@ -5,10 +5,9 @@ emulator's), ``/metrics`` and ``/healthz`` over real HTTP on 127.0.0.1, parsed w
 from __future__ import annotations
 
 import tempfile
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from kubegpu.kubelet.pod_resources import KubeletPodResources
 from kubegpu.roles.exporter import start_node_exporter
 from kubegpu.testing.kubelet import Allocation, ContainerResponse, SeenDevice
 from kubegpu.testing.podresources import serve_pod_resources
+from kubegpu.testing.waiting import wait_until
 from tests.exporter.conftest import GIB, INFER_A, INFER_B, TRAINER, UIDS, Node
 
 RESOURCE = "nvidia.com/gpu"
@@ -104,12 +104,9 @@ def exporter(node: Node, socket_dir: Path) -> Iterator[RunningExporter]:
         server.stop(None)
 
 
-def wait_for(condition: object, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met")
-        time.sleep(0.02)
+def wait_for(condition: Callable[[], object], timeout_s: float = 20.0) -> None:
+    # The refresher and health threads' state: looked at, as a scrape would.
+    wait_until(condition, timeout_s=timeout_s, what="condition", poll_s=0.02)
 
 
 def fetch(url: str, accept: str | None = None) -> tuple[int, str, str]:

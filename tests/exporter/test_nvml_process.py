@@ -10,11 +10,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from kubegpu.testing.waiting import wait_until
 
 pytestmark = pytest.mark.gpu
 
@@ -81,14 +82,16 @@ def test_real_gpu_memory_and_unattributed_process_memory_are_scraped() -> None:
                 url = match.group(1)
                 break
         assert url, "the exporter never said where it serves"
-        deadline = time.monotonic() + 60
-        while True:
+        used: dict[str, float] = {}
+        unattributed: dict[str, float] = {}
+
+        def held() -> bool:
+            nonlocal used, unattributed
             used = gauges(url, "kubegpu_gpu_memory_used_bytes")
             unattributed = gauges(url, "kubegpu_gpu_unattributed_memory_used_bytes")
-            if used.get(uuid, 0) >= 2 * GIB and unattributed.get(uuid, 0) >= 2 * GIB:
-                break
-            assert time.monotonic() < deadline, (used, unattributed)
-            time.sleep(0.5)
+            return used.get(uuid, 0) >= 2 * GIB and unattributed.get(uuid, 0) >= 2 * GIB
+
+        wait_until(held, timeout_s=60, what=lambda: f"{used=} {unattributed=}", poll_s=0.5)
         total = gauges(url, "kubegpu_gpu_memory_total_bytes")
         assert total[uuid] == int(total_mib) * 1024**2
         assert unattributed[uuid] <= used[uuid] <= total[uuid]

@@ -18,6 +18,7 @@ import pytest
 
 from kubegpu.roles.extender import ExtenderService
 from kubegpu.testing.apiserver import FakeApiServer
+from kubegpu.testing.waiting import wait_until_async
 from tests.extender.cluster import filter_args, gpu_node, http_session, running_extender, whole_pod
 
 KIB = 1024
@@ -108,10 +109,11 @@ async def test_bodies_past_the_in_flight_budget_are_refused_at_once_and_the_byte
         held = []
         for _ in range(2):
             held.append(await raw_request(ext, head("/filter", 400 * KIB), b" " * (100 * KIB)))
-        for _ in range(200):
-            if await metric(ext, "kubegpu_extender_request_body_bytes_in_flight") >= 800 * KIB:
-                break
-            await asyncio.sleep(0.02)
+
+        async def both_held() -> bool:
+            return await metric(ext, "kubegpu_extender_request_body_bytes_in_flight") >= 800 * KIB
+
+        await wait_until_async(both_held, timeout_s=10, what="800 KiB of bodies held", poll_s=0.02)
         # A third, announced and chunked: both refused before their bodies arrive.
         reader, writer = await raw_request(ext, head("/filter", 400 * KIB))
         answer = await closed_by_server(reader)
@@ -128,10 +130,12 @@ async def test_bodies_past_the_in_flight_budget_are_refused_at_once_and_the_byte
         # The clients give up: what their bodies held is given back, and a whole request fits.
         for _, w in held:
             w.close()
-        for _ in range(500):
-            if await metric(ext, "kubegpu_extender_request_body_bytes_in_flight") == 0:
-                break
-            await asyncio.sleep(0.02)
+
+        async def given_back() -> bool:
+            return await metric(ext, "kubegpu_extender_request_body_bytes_in_flight") == 0
+
+        with contextlib.suppress(TimeoutError):
+            await wait_until_async(given_back, timeout_s=10, what="bodies given back", poll_s=0.02)
         assert await metric(ext, "kubegpu_extender_request_body_bytes_in_flight") == 0
         async with http_session() as http:
             body = filter_args(whole_pod("p", 1), ["node-a"])

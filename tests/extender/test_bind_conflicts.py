@@ -6,7 +6,6 @@ whose reply is lost after it landed (the decision stays with the bound pod)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import aiohttp
@@ -16,6 +15,7 @@ from kubegpu.roles.extender import ExtenderService
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, decode_allocation
 from kubegpu.sharing.resources import GPU_MODELS_ANNOTATION
 from kubegpu.testing.apiserver import FakeApiServer, StatusError, Store
+from kubegpu.testing.waiting import wait_until_async
 from tests.extender.cluster import (
     T4,
     V100,
@@ -39,12 +39,12 @@ async def seen(ext: ExtenderService, server: FakeApiServer, name: str) -> None:
     """Wait until the extender's watch holds the stored version of pod ``name`` (its bind then
     starts from that cached copy, as it does in a running cluster)."""
     want = stored(server, name)["metadata"]["resourceVersion"]
-    for _ in range(500):
+
+    def holds_it() -> bool:
         pod = ext.view.pod_json.get(("default", name))
-        if pod is not None and pod["metadata"]["resourceVersion"] == want:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"the extender never saw pod {name}")
+        return pod is not None and pod["metadata"]["resourceVersion"] == want
+
+    await wait_until_async(holds_it, timeout_s=10, what=f"the extender's view holding pod {name}")
 
 
 async def bind(

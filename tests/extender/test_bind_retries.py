@@ -7,11 +7,11 @@ server, with the API held on one pod's patches."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, decode_allocation
 from kubegpu.testing.apiserver import FakeApiServer, StatusError, Store
+from kubegpu.testing.waiting import wait_until_async
 from tests.extender.cluster import gpu_node, http_session, post, running_extender, shared_pod
 
 
@@ -66,16 +66,26 @@ async def test_three_overlapping_binds_of_one_pod_and_one_of_another_never_overc
             await reached[0].wait()
             # The scheduler's retry of a, on the same node, queues behind the first.
             second = asyncio.create_task(bind("a", "node-1"))
-            await asyncio.sleep(0.2)  # let it reach the extender and wait for the pod
+
+            def binds_of_a() -> int:  # holding or waiting for a's lock (PodLocks counts them)
+                return ext.app.pod_locks._locks.get(uids["a"], (None, 0))[1]
+
+            # Let it reach the extender and wait for the pod.
+            await wait_until_async(
+                lambda: binds_of_a() == 2, timeout_s=10, what="the second bind queued on pod a"
+            )
             release[0].set()
             assert "etcd is slow today" in await first
             await reached[1].wait()  # the second holds a reservation of a on node-1
             # A third try, on the other node, while the second still waits on the API.
             third = asyncio.create_task(bind("a", "node-2"))
-            with contextlib.suppress(TimeoutError):
-                # It must queue behind the second (and so never get here while it waits);
-                # give it the chance to overtake it.
-                await asyncio.wait_for(reached[2].wait(), 1.0)
+            # It must queue behind the second (and so never get here while it waits): wait
+            # until it has either queued on a's lock or, overtaking, reached the API.
+            await wait_until_async(
+                lambda: binds_of_a() == 2 or reached[2].is_set(),
+                timeout_s=10,
+                what="the third bind queued on pod a or at the API",
+            )
             # Another pod for node-1's one card, while a's reservation there is in flight.
             other = await bind("b", "node-1")
             release[1].set()

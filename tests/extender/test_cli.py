@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kubegpu.testing.apiserver import FakeApiServer
+from kubegpu.testing.waiting import wait_until
 from tests.extender.cluster import gpu_node
 
 pytestmark = pytest.mark.slow
@@ -55,18 +56,19 @@ def test_serves_until_sigterm_with_flag_over_env_over_file(tmp_path: Path) -> No
             stderr=subprocess.PIPE,
             text=True,
         )
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+                    if r.status == 200:
+                        return True
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            return False
+
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
-                        if r.status == 200:
-                            break
-                except (urllib.error.URLError, ConnectionError):
-                    pass
-                assert process.poll() is None, process.stderr.read() if process.stderr else ""
-                assert time.monotonic() < deadline, "extender never became ready"
-                time.sleep(0.1)
+            wait_until(ready, timeout_s=60, what="the extender ready", poll_s=0.1)
         finally:
             process.send_signal(signal.SIGTERM)
             _, stderr = process.communicate(timeout=30)

@@ -22,6 +22,7 @@ from kubegpu.sharing.annotations import (
     decode_inventory,
 )
 from kubegpu.testing.apiserver import FakeApiServer
+from kubegpu.testing.waiting import wait_until_async
 from tests.extender.cluster import (
     gpu_node,
     post,
@@ -55,16 +56,18 @@ def make_pods(rng: random.Random) -> list[dict[str, Any]]:
 
 async def caught_up(service: ExtenderService, server: FakeApiServer) -> None:
     """Wait until the extender's watch has applied the newest version of every pod."""
-    for _ in range(500):
+
+    def same() -> bool:
         stored = {
             (p["metadata"]["namespace"], p["metadata"]["name"]): p["metadata"]["resourceVersion"]
             for p in server.store.list("pods")
         }
         seen = {k: v["metadata"]["resourceVersion"] for k, v in service.view.pod_json.items()}
-        if stored == seen and not service.view.reservations:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("extender view never caught up with the API server")
+        return stored == seen and not service.view.reservations
+
+    await wait_until_async(
+        same, timeout_s=10, what="the extender's view caught up with the API server", poll_s=0.02
+    )
 
 
 def audit(server: FakeApiServer) -> tuple[dict[str, int], list[str]]:

@@ -21,7 +21,9 @@ from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, INVENTORY_ANNOTAT
 from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node
 from tests.extender.cluster import COMPUTE, MEMORY, SLOT, WHOLE, gpu_node, whole_pod
 
-pytestmark = pytest.mark.slow
+# Thousands of examples over real HTTP: the filter and prioritize runs take 40-50 s on a loaded
+# two-core machine, too close to the suite's 60 s.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 KNOWN = ["node-0", "node-1", "node-2", "bad-inventory", "no-inventory"]
 

@@ -27,6 +27,7 @@ from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, decode_allocation
 from kubegpu.sharing.podstate import read_pod
 from kubegpu.sharing.resources import ResourceNames
 from kubegpu.testing.apiserver import FakeApiServer, Store
+from kubegpu.testing.waiting import wait_until_async
 from tests.extender.cluster import gpu_node, running_extender, shared_pod
 from tests.extender.test_concurrency import NODES, audit, bind_all, caught_up, make_pods
 
@@ -44,10 +45,8 @@ def free_port() -> int:
 
 
 async def until(check: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not check():
-            await asyncio.sleep(0.005)
-    assert check(), what
+    # Requests held at the fake API server and its counters: looked at, not announced.
+    await wait_until_async(check, timeout_s=timeout_s, what=what, poll_s=0.005)
 
 
 def holder(arrived: set[str], ended: set[str], name: str) -> Callable[[Store], Awaitable[None]]:
@@ -130,15 +129,18 @@ async def test_a_killed_extender_with_binds_in_flight_is_rebuilt_exactly_and_nev
         )
         try:
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-                for _ in range(600):
+
+                async def ready() -> bool:
                     with contextlib.suppress(aiohttp.ClientError):
                         async with http.get(f"{url}/readyz") as response:
                             if response.status == 200:
-                                break
+                                return True
                     assert process.returncode is None, (tmp_path / "extender.log").read_text()
-                    await asyncio.sleep(0.1)
-                else:
-                    raise AssertionError("the extender never became ready")
+                    return False
+
+                await wait_until_async(
+                    ready, timeout_s=60, what="the extender process ready", poll_s=0.1
+                )
                 # The held pods first (each on its own node), until every one is stuck at the
                 # server; then a wave of binds, and the kill while it is under way.
                 first = [

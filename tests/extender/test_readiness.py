@@ -53,14 +53,9 @@ async def test_not_ready_until_the_first_list_then_ready() -> None:
                 )
 
                 release.set()
-                for _ in range(500):
-                    async with http.get(f"{service.url}/readyz") as r:
-                        if r.status == 200:
-                            assert await r.text() == "ok"
-                            break
-                    await asyncio.sleep(0.01)
-                else:
-                    raise AssertionError("/readyz never turned 200 after the first list")
+                await service.wait_synced(10)  # the first list is in
+                async with http.get(f"{service.url}/readyz") as r:
+                    assert (r.status, await r.text()) == (200, "ok")
                 async with http.get(f"{service.metrics_url}/readyz") as r:
                     assert (r.status, await r.text()) == (200, "ok")
                 _, body = await post(http, f"{service.url}/filter", filter_args(pod, ["node-a"]))

@@ -3,7 +3,6 @@ the fake API server through lightkube."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, decode_allocation
 from kubegpu.testing.apiserver import FakeApiServer, make_pod
+from kubegpu.testing.waiting import wait_until_async
 from tests.extender.cluster import (
     COMPUTE,
     MEMORY,
@@ -76,7 +76,7 @@ async def test_filter_names_the_largest_free_card_when_memory_is_taken() -> None
         async with running_extender(server, policy="binpack") as ext, http_session() as http:
             pod = shared_pod("next", memory_mib=8192, compute_milli=100)
             server.store.put("pods", pod)
-            await asyncio.sleep(0.05)
+            await eventually_seen(ext, "next")
             _, first = await post(http, f"{ext.url}/filter", filter_args(pod, ["node-a"]))
             assert first["NodeNames"] == ["node-a"]
             status, body = await post(
@@ -303,11 +303,12 @@ async def test_a_card_turning_unhealthy_is_withdrawn_without_rebuilding_the_engi
             _, before = await post(http, f"{ext.url}/filter", filter_args(pod, ["node-a"]))
             rebuilds = ext.scheduler.rebuilds
             server.store.put("nodes", gpu_node("node-a", cards=2, unhealthy=[1]))
-            for _ in range(200):
+
+            def withdrawn() -> bool:
                 info = ext.view.nodes["node-a"]
-                if info.inventory is not None and not info.inventory.gpus[1].healthy:
-                    break
-                await asyncio.sleep(0.01)
+                return info.inventory is not None and not info.inventory.gpus[1].healthy
+
+            await wait_until_async(withdrawn, timeout_s=10, what="card 1 of node-a unhealthy")
             _, after = await post(http, f"{ext.url}/filter", filter_args(pod, ["node-a"]))
             _, share = await post(
                 http, f"{ext.url}/filter", filter_args(shared_pod("s", 1024, 100), ["node-a"])
@@ -426,8 +427,9 @@ async def test_a_node_over_its_cpu_is_reported_with_none_free_not_a_negative_amo
 
 
 async def eventually_seen(ext: Any, name: str) -> None:
-    for _ in range(500):
-        if ("default", name) in ext.view.pod_json:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"the extender never saw pod {name}")
+    """The extender's view is fed by its watch over real HTTP and announces no change."""
+    await wait_until_async(
+        lambda: ("default", name) in ext.view.pod_json,
+        timeout_s=10,
+        what=f"the extender's view holding pod {name}",
+    )

@@ -4,8 +4,6 @@ cluster state: checked over real HTTP against the fake API server."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from kubegpu.placement.engine import PlacementEngine
@@ -44,8 +42,8 @@ async def test_extender_and_simulator_build_one_workload_and_choose_one_node(
         server.store.put("nodes", gpu_node("node-c", cards=1, cpu="40"))
         for pod in pods:
             server.store.put("pods", pod)
+        # running_extender returns once the first listing (these nodes and pods) is in.
         async with running_extender(server, policy=policy) as ext, http_session() as http:
-            await asyncio.sleep(0.05)
             incoming = shared_pod("next", 4096, 300, cpu="2")
             _, scores = await post(
                 http, f"{ext.url}/prioritize", filter_args(incoming, ["node-a", "node-b", "node-c"])

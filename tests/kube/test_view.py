@@ -15,15 +15,13 @@ from kubegpu.kube.view import Backoff, ClusterView, ReservationHeld
 from kubegpu.sharing.accounting import CardShare, PodUsage
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION
 from kubegpu.testing.apiserver import FakeApiServer, make_pod
+from kubegpu.testing.waiting import wait_until_async
 from tests.extender.cluster import gpu_node, whole_pod
 
 
 async def eventually(check: Callable[[], bool], what: str) -> None:
-    for _ in range(500):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never happened: {what}")
+    # The view is fed by its watches over real HTTP and announces no change.
+    await wait_until_async(check, timeout_s=10, what=what)
 
 
 @contextlib.asynccontextmanager

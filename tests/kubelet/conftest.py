@@ -9,13 +9,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from kubegpu.testing.kubelet import KubeletEmulator
+from kubegpu.testing.waiting import wait_until as poll_until
+from kubegpu.testing.waiting import wait_until_async
 
 RESOURCE = "nvidia.com/gpu"
 
@@ -93,20 +94,19 @@ class PluginProcess:
         return self.log_path.read_text(errors="replace")
 
     def wait_for_log(self, text: str, timeout_s: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while text not in self.log():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{text!r} not logged; log:\n{self.log()[-3000:]}")
-            time.sleep(0.05)
+        poll_until(
+            lambda: text in self.log(),
+            timeout_s=timeout_s,
+            what=lambda: f"{text!r} logged; log:\n{self.log()[-3000:]}",
+        )
 
 
 async def wait_until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    """Poll ``predicate`` on the running loop until it holds; TimeoutError after ``timeout_s``."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.02)
+    """Poll ``predicate`` on the running loop until it holds; TimeoutError after ``timeout_s``.
+
+    For state of the agent that nothing announces (its counters, what a real kubelet
+    emulator thread or plugin process has done)."""
+    await wait_until_async(predicate, timeout_s=timeout_s, what="condition")
 
 
 @pytest.fixture
@@ -152,9 +152,9 @@ async def no_leftover_tasks() -> AsyncIterator[None]:
     """Fail an async test that leaves tasks running (an orphaned stream or retry loop)."""
     yield
     current = asyncio.current_task()
-    for _ in range(50):  # let cancelled tasks finish unwinding
-        leftover = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
-        if not leftover:
-            return
-        await asyncio.sleep(0.01)
-    pytest.fail(f"tasks left running: {[t.get_name() for t in leftover]}")
+    leftover = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+    if leftover:  # let cancelled tasks finish unwinding
+        await asyncio.wait(leftover, timeout=0.5)
+        leftover = [t for t in leftover if not t.done()]
+    if leftover:
+        pytest.fail(f"tasks left running: {[t.get_name() for t in leftover]}")

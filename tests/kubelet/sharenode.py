@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -41,6 +40,7 @@ from kubegpu.sharing.podstate import read_pod
 from kubegpu.sharing.resources import ResourceNames
 from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node
 from kubegpu.testing.kubelet import Allocation, ContainerKind, KubeletEmulator
+from kubegpu.testing.waiting import wait_until
 from tests.kubelet.conftest import PluginProcess, short_tempdir
 
 NODE = "test-node"
@@ -350,11 +350,11 @@ class SharedNode:
         )
 
     def wait_until(self, check: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not check():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what}; plugin log:\n{self.plugin.log()[-3000:]}")
-            time.sleep(0.05)
+        wait_until(
+            check,
+            timeout_s=timeout_s,
+            what=lambda: f"{what}; plugin log:\n{self.plugin.log()[-3000:]}",
+        )
 
     def wait_verified(self, pod: str, containers: int) -> Ledger:
         """Wait until ``pod``'s ledger records ``containers`` containers, each confirmed by
@@ -446,12 +446,18 @@ class ExtenderProcess:
         return self.log_path.read_text(errors="replace")
 
     def _wait_listening(self, timeout_s: float = 60.0) -> str:
-        deadline = time.monotonic() + timeout_s
         pattern = re.compile(r"kubegpu extender on (https?://\S+?),? policy")
-        while (match := pattern.search(self.log())) is None:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"extender did not start; log:\n{self.log()[-3000:]}")
-            time.sleep(0.05)
+
+        def listening() -> re.Match[str] | None:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"extender exited; log:\n{self.log()[-3000:]}")
+            return pattern.search(self.log())
+
+        match = wait_until(
+            listening,
+            timeout_s=timeout_s,
+            what=lambda: f"extender listening; log:\n{self.log()[-3000:]}",
+        )
         return match.group(1)
 
     def _ready(self) -> bool:

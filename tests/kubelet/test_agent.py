@@ -66,9 +66,14 @@ async def test_registration_against_a_dead_kubelet_socket_backs_off_then_succeed
 
     requested: list[float] = []
 
+    kubelet_started = asyncio.Event()
+
     async def recorded_sleep(seconds: float) -> None:
+        # Fake time: the backoff's delay is recorded, not waited. Past the five delays the
+        # test reads, the retries wait for the kubelet the test starts rather than spin.
         requested.append(seconds)
-        await asyncio.sleep(0.01)  # fake time: the backoff's delay is recorded, not waited
+        if len(requested) >= 5:
+            await kubelet_started.wait()
 
     backend = FakeGpuBackend.from_spec("4xT4")
     settings = AgentSettings(
@@ -84,6 +89,7 @@ async def test_registration_against_a_dead_kubelet_socket_backs_off_then_succeed
         # A real kubelet start wipes the directory (our socket too) and serves a new
         # kubelet.sock; the watch notices, serves a fresh socket and registers.
         await asyncio.to_thread(kubelet.start)
+        kubelet_started.set()
         await asyncio.to_thread(kubelet.wait_for_registration, RESOURCE, 20)
         await wait_until(lambda: agent.registered_count >= 1)
     finally:
@@ -132,11 +138,17 @@ async def test_a_socket_lost_again_and_again_is_recreated_with_a_backoff(root: P
     kubelet = KubeletEmulator(kubelet_dir)
     kubelet.start()
     now = [1000.0]
+    looks = [0]  # how often the agent has read the clock: once per loss it weighs
+
+    def clock() -> float:
+        looks[0] += 1
+        return now[0]
+
     backend = FakeGpuBackend.from_spec("4xT4")
     settings = AgentSettings(
         kubelet_dir, "unit", poll_interval_s=0.01, backoff=RetryBackoff(1.0, 2.0, 8.0)
     )
-    agent = build_agent(settings, load_config(None), backend, clock=lambda: now[0])
+    agent = build_agent(settings, load_config(None), backend, clock=clock)
     run = asyncio.create_task(agent.run())
     try:
         await asyncio.to_thread(kubelet.wait_for_registration, RESOURCE, 20)
@@ -146,8 +158,10 @@ async def test_a_socket_lost_again_and_again_is_recreated_with_a_backoff(root: P
         await asyncio.to_thread(kubelet.wait_for_registration, RESOURCE, 20, count=2)
         # Lost again at once: a fight, not an accident. With the clock standing still the
         # agent waits out its backoff, however often its watch sees the socket missing.
+        looked = looks[0]
         sock.unlink()
-        await asyncio.sleep(0.5)
+        # Its watch reports the loss on every poll; let it weigh (and decline) it a few times.
+        await wait_until(lambda: looks[0] >= looked + 5)
         assert not sock.exists()
         assert sum(r.resource_name == RESOURCE for r in kubelet.registrations) == 2
         now[0] += 1.0  # backoff.delay(0)

@@ -29,6 +29,7 @@ from kubegpu.sharing.findings import DRIFT_ANNOTATION
 from kubegpu.sharing.ledger import ALLOCATED_ANNOTATION, decode_ledger
 from kubegpu.testing.apiserver import FakeApiServer, make_node
 from kubegpu.testing.apiserver.errors import StatusError
+from kubegpu.testing.waiting import wait_until_async
 
 NODE = "n1"
 INVENTORY = resolve_fake_spec("4xT4").inventory
@@ -353,9 +354,8 @@ async def watching() -> AsyncIterator[tuple[FakeApiServer, SharingCoordinator, H
 
 
 async def until(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not check():
-            await asyncio.sleep(0.02)
+    # The coordinator's view is fed by a watch over real HTTP and announces no change.
+    await wait_until_async(check, timeout_s=timeout_s, what=what)
 
 
 async def test_the_pods_are_kept_current_by_one_list_and_a_watch_not_by_polling(
@@ -372,7 +372,9 @@ async def test_the_pods_are_kept_current_by_one_list_and_a_watch_not_by_polling(
     server.store.remove("pods", "default", "s")
     await until(lambda: not board.blocked.get("nvidia.com/gpu"), "unblocked after the delete")
     assert [p.name for p in coordinator.pods] == []
-    # Four sync intervals later: still the one LIST the watch started from.
+    # Four sync intervals later: still the one LIST the watch started from. A real wait, and
+    # the point of the test: what it rules out is a timer (a poll every syncIntervalS) that
+    # the coordinator must not have, so there is no event or fake clock to wait on instead.
     await asyncio.sleep(4 * WATCH_CONFIG.sharing.gpu_share.sync_interval_s)
     assert server.count("list", "pods") == 1
     assert coordinator.relists == 1

@@ -10,7 +10,6 @@ import re
 import shutil
 import signal
 import socket
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ from kubegpu.core.gpu import GpuUuid
 from kubegpu.inventory.fake import send_fake_gpu_command
 from kubegpu.inventory.spec import resolve_fake_spec
 from kubegpu.testing.kubelet import KubeletEmulator
+from kubegpu.testing.waiting import wait_until
 from tests.kubelet.conftest import RESOURCE, PluginProcess, short_tempdir
 
 T4 = resolve_fake_spec("4xT4").inventory
@@ -56,14 +56,13 @@ def scrape_until(
     base: str, predicate: Callable[[Samples], bool], timeout_s: float = 20.0
 ) -> Samples:
     """Scrape until ``predicate`` holds (the exporter refreshes in the background)."""
-    deadline = time.monotonic() + timeout_s
-    samples = scrape(base)
-    while not predicate(samples):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"condition not reached; last scrape: {samples}")
-        time.sleep(0.05)
-        samples = scrape(base)
-    return samples
+    last: list[Samples] = []
+
+    def holds() -> Samples | None:
+        last[:] = [scrape(base)]
+        return last[0] if predicate(last[0]) else None
+
+    return wait_until(holds, timeout_s=timeout_s, what=lambda: f"condition; last scrape: {last}")
 
 
 def answers(url: str) -> bool:
@@ -103,14 +102,12 @@ class ExporterNode:
 
     def url(self, after: int = 0, timeout_s: float = 20.0) -> str:
         """The address of the ``after``-th (0-based) exporter start, from the agent's log."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            found = SERVING.findall(self.plugin.log())
-            if len(found) > after:
-                return str(found[after])
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"exporter start {after} not logged:\n{self.plugin.log()}")
-            time.sleep(0.05)
+        found = wait_until(
+            lambda: (starts := SERVING.findall(self.plugin.log()))[after:] and starts,
+            timeout_s=timeout_s,
+            what=lambda: f"exporter start {after} logged:\n{self.plugin.log()}",
+        )
+        return str(found[after])
 
 
 @pytest.fixture

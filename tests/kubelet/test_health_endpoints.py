@@ -5,10 +5,10 @@ cause (a stuck event loop, a gRPC server that stops answering on a socket still 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,6 +22,7 @@ from kubegpu.kubelet.agent import Agent, AgentSettings, Event, RetryBackoff
 from kubegpu.kubelet.probes import IdleTarget, ProbeServerError, ping_all, start_probe_server
 from kubegpu.roles.node_agent import build_agent
 from kubegpu.testing.kubelet import KubeletEmulator
+from kubegpu.testing.waiting import wait_until as poll_until
 from tests.kubelet.conftest import RESOURCE, short_tempdir, wait_until
 
 # Async tests must not leave tasks behind (an orphaned probe check or retry loop).
@@ -41,13 +42,18 @@ def get(url: str) -> tuple[int, str]:
 
 
 def wait_for(url: str, status: int, timeout_s: float = 20.0) -> tuple[int, str]:
-    """Poll ``url`` until it answers ``status``; the last answer either way."""
-    deadline = time.monotonic() + timeout_s
-    answer = get(url)
-    while answer[0] != status and time.monotonic() < deadline:
-        time.sleep(0.05)
-        answer = get(url)
-    return answer
+    """Poll ``url`` until it answers ``status``; the last answer either way (for the
+    assertion that follows to show)."""
+    last = [get(url)]
+
+    def answered() -> bool:
+        if last[0][0] != status:
+            last[0] = get(url)
+        return last[0][0] == status
+
+    with contextlib.suppress(TimeoutError):
+        poll_until(answered, timeout_s=timeout_s, what=f"{url} answering {status}")
+    return last[0]
 
 
 @pytest.fixture
@@ -202,7 +208,9 @@ def test_healthz_is_503_while_the_event_loop_is_stuck_and_200_once_it_turns_agai
         assert (status, body) == (503, "event loop unresponsive: no answer within 0.2s\n")
         assert get(server.url + "/readyz")[0] == 503
         release.set()
-        assert wait_for(server.url + "/healthz", 200)[0] == 200
+        # The loop turns again once the blocking callback returns: wait for that turn itself.
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop_in_thread).result(10)
+        assert get(server.url + "/healthz")[0] == 200
         assert get(server.url + "/nothing-here")[0] == 404
     finally:
         release.set()

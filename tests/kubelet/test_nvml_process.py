@@ -8,7 +8,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kubegpu.testing.waiting import wait_until
 from tests.kubelet.conftest import RESOURCE, Node, short_tempdir
 
 pytestmark = pytest.mark.gpu
@@ -101,22 +101,19 @@ def test_the_exporter_inside_the_agent_reads_the_real_gpus_and_survives_a_reload
         }
 
     def scrape_until_every_gpu(base: str) -> dict[tuple[str, str], float]:
-        deadline = time.monotonic() + 60
-        while True:
+        def every_gpu() -> dict[tuple[str, str], float] | None:
             samples = scrape(base)
-            if all(("kubegpu_gpu_temperature_celsius", u) in samples for u in uuids):
-                return samples
-            assert time.monotonic() < deadline, samples
-            time.sleep(0.2)
+            every = all(("kubegpu_gpu_temperature_celsius", u) in samples for u in uuids)
+            return samples if every else None
+
+        return wait_until(every_gpu, timeout_s=60, what="a temperature for every GPU")
 
     def url(after: int) -> str:
-        deadline = time.monotonic() + 60
-        while (
-            len(found := re.findall(r"exporter serving (http://\S+)/metrics", node.plugin.log()))
-            <= after
-        ):
-            assert time.monotonic() < deadline, node.plugin.log()
-            time.sleep(0.1)
+        def served() -> list[str]:
+            found = re.findall(r"exporter serving (http://\S+)/metrics", node.plugin.log())
+            return found if len(found) > after else []
+
+        found = wait_until(served, timeout_s=60, what=lambda: node.plugin.log())
         return str(found[after])
 
     smi = shutil.which("nvidia-smi")

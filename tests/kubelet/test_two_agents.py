@@ -32,7 +32,8 @@ def test_a_second_agent_on_the_same_kubelet_dir_waits_for_the_first_then_takes_o
         kubelet.wait_for_devices(RESOURCE, lambda d: len(d) == 8, timeout_s=30)
         second = PluginProcess(kubelet_dir, tag="second")
         before = registrations(kubelet)
-        # Watch them side by side for a few seconds (the fight was ~190 Registers in 10 s).
+        # Watch them side by side for a few seconds (the fight was ~190 Registers in 10 s): a
+        # real window on two real processes, since what it rules out is a repeated Register.
         deadline = time.monotonic() + 4.0
         while time.monotonic() < deadline and second.proc.poll() is None:
             time.sleep(0.1)

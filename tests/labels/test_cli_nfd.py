@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from kubegpu.inventory.fake import send_fake_gpu_command
 from kubegpu.labels.sinks import parse_feature_file
+from kubegpu.testing.waiting import wait_until
 from tests.kubelet.conftest import short_tempdir
 
 LABELS = (sys.executable, "-m", "kubegpu", "labels", "--backend=fake")
@@ -66,13 +66,15 @@ def test_the_feature_file_holds_exactly_the_current_labels_and_drops_stale_ones(
 
 
 def wait_for_file(path: Path, condition: Callable[[dict[str, str]], bool], what: str) -> None:
-    deadline = time.monotonic() + 30
-    while True:
+    """The labeller is another process: its file is looked at, not announced."""
+    labels: dict[str, str] = {}
+
+    def holds() -> bool:
+        nonlocal labels
         labels = parse_feature_file(path.read_text()) if path.exists() else {}
-        if labels and condition(labels):
-            return
-        assert time.monotonic() < deadline, f"{what}; file holds {labels}"
-        time.sleep(0.01)
+        return bool(labels) and condition(labels)
+
+    wait_until(holds, timeout_s=30, what=lambda: f"{what}; file holds {labels}", poll_s=0.01)
 
 
 def test_health_in_the_feature_file_follows_the_agents_recovery_rule(root: Path) -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import lightkube
@@ -20,7 +19,12 @@ from kubegpu.inventory.spec import resolve_fake_spec
 from kubegpu.kube.node_labels import LightkubeNodeLabels
 from kubegpu.labels.catalogue import TIMESTAMP
 from kubegpu.labels.labeller import Labeller
-from kubegpu.labels.sinks import NfdFeatureFileSink, NodeLabelSink, parse_feature_file
+from kubegpu.labels.sinks import (
+    LabelSink,
+    NfdFeatureFileSink,
+    NodeLabelSink,
+    parse_feature_file,
+)
 from kubegpu.testing.apiserver import ServerThread, make_node
 
 
@@ -267,9 +271,10 @@ def test_running_labeller_relabels_at_once_when_a_gpu_turns_unhealthy(tmp_path: 
     feed = HealthFeed(uuids)
     path = tmp_path / "kubegpu"
     # Poll and resync far beyond the test's length: only notify() can cause the second write.
+    sink = AnnouncingSink(NfdFeatureFileSink(path))
     labeller = Labeller(
         inventory=inventory,
-        sink=NfdFeatureFileSink(path),
+        sink=sink,
         health=feed.healthy_map,
         poll_s=3600,
         resync_s=3600,
@@ -278,10 +283,10 @@ def test_running_labeller_relabels_at_once_when_a_gpu_turns_unhealthy(tmp_path: 
     thread = threading.Thread(target=labeller.run, daemon=True)
     thread.start()
     try:
-        wait_until(lambda: path.exists())
+        sink.wait_for(applied=1)
         assert parse_feature_file(path.read_text())["kubegpu.io/gpu.healthy-count"] == "4"
         feed.set_healthy(uuids[0], False)
-        wait_until(lambda: labeller.writes >= 2)
+        sink.wait_for(applied=2)
         assert parse_feature_file(path.read_text())["kubegpu.io/gpu.healthy-count"] == "3"
     finally:
         labeller.stop()
@@ -292,23 +297,51 @@ def test_running_labeller_relabels_at_once_when_a_gpu_turns_unhealthy(tmp_path: 
 def test_a_failed_write_is_retried_on_the_next_tick(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
-    sink = NfdFeatureFileSink(blocker / "kubegpu")  # parent is a file: the write fails
+    # The parent is a file: the write fails.
+    sink = AnnouncingSink(NfdFeatureFileSink(blocker / "kubegpu"))
     labeller = Labeller(inventory=Inventory("4xT4"), sink=sink, poll_s=0.01)
     thread = threading.Thread(target=labeller.run, daemon=True)
     thread.start()
     try:
-        time.sleep(0.05)
+        sink.wait_for(attempts=3)  # the first write and two ticks' retries, all failed
         assert labeller.writes == 0
         blocker.unlink()
-        wait_until(lambda: labeller.writes >= 1)
+        sink.wait_for(applied=1)
     finally:
         labeller.stop()
         thread.join(10)
     assert (blocker / "kubegpu").exists()
 
 
-def wait_until(condition: object, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.01)
+class AnnouncingSink:
+    """The sink under test, announcing each time the labeller hands it labels (a failed write
+    too), so that a test waits for the labeller's thread to get there, not for time."""
+
+    def __init__(self, sink: LabelSink) -> None:
+        self.sink = sink
+        self.attempts = 0
+        self.applied = 0
+        self._changed = threading.Condition()
+
+    def apply(self, labels: Mapping[str, str]) -> None:
+        done = False
+        try:
+            self.sink.apply(labels)
+            done = True
+        finally:
+            with self._changed:
+                self.attempts += 1
+                self.applied += done
+                self._changed.notify_all()
+
+    def current(self) -> Mapping[str, str] | None:
+        return self.sink.current()
+
+    def wait_for(self, *, attempts: int = 0, applied: int = 0, timeout_s: float = 20.0) -> None:
+        with self._changed:
+            reached = self._changed.wait_for(
+                lambda: self.attempts >= attempts and self.applied >= applied, timeout_s
+            )
+        assert reached, (
+            f"sink never reached {attempts=} {applied=}: {self.attempts=} {self.applied=}"
+        )

@@ -17,6 +17,7 @@ from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from lightkube.types import on_error_retry
 
 from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node, make_pod
+from kubegpu.testing.waiting import wait_until_async
 
 
 @pytest.fixture
@@ -230,8 +231,14 @@ async def test_lightkube_rewatches_when_the_server_timeout_ends_the_stream(
         resource_version=str(server.store.resource_version),
     )
     consumer = asyncio.create_task(collect(stream, 1))
-    while server.count("watch", "pods") < 2:  # the first stream timed out, a second opened
-        await asyncio.sleep(0.05)
+    # The first stream ends at its server timeout (one real second: the thing under test),
+    # and lightkube opens a second; the server counts requests, it announces none.
+    await wait_until_async(
+        lambda: server.count("watch", "pods") >= 2,
+        timeout_s=10,
+        what="a second watch request",
+        poll_s=0.05,
+    )
     await client.create(Pod.from_dict(make_pod("late")))
     assert [(kind, name) for kind, name, _ in await consumer] == [("ADDED", "late")]
 
@@ -317,7 +324,7 @@ async def test_a_watch_whose_client_hung_up_is_unregistered(server: FakeApiServe
         response = await session.get(f"{server.url}/api/v1/pods?watch=1")
         await server.wait_for_watches(1)
         response.close()
-    async with asyncio.timeout(EVENT_WAIT_S):
-        while server.store.open_watches:
-            await asyncio.sleep(0.01)
+    await wait_until_async(
+        lambda: not server.store.open_watches, timeout_s=EVENT_WAIT_S, what="no open watch"
+    )
     server.store.put("pods", make_pod("after"))  # nothing left to deliver to

@@ -45,6 +45,7 @@ import grpc
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from kubegpu.kubelet.channels import unix_channel, unix_target
+from kubegpu.testing.waiting import wait_until
 
 log = logging.getLogger(__name__)
 
@@ -526,10 +527,16 @@ class KubeletEmulator:
         # The kubelet's dial blocks up to 10 s; waiting for the file first keeps the common
         # failure (no socket) from burning gRPC's reconnect backoff.
         deadline = time.monotonic() + self._dial_timeout_s
-        while not _is_socket(socket_path):
-            if time.monotonic() >= deadline:
-                raise KubeletEmulatorError(f"no unix socket at {socket_path}")
-            time.sleep(0.01)
+        try:
+            # The plugin may be another process: nothing announces its socket but the file.
+            wait_until(
+                lambda: _is_socket(socket_path),
+                timeout_s=self._dial_timeout_s,
+                what=f"unix socket at {socket_path}",
+                poll_s=0.01,
+            )
+        except TimeoutError:
+            raise KubeletEmulatorError(f"no unix socket at {socket_path}") from None
         _check_unix_path(socket_path)
         channel = unix_channel(socket_path, ("grpc.default_authority", "localhost"))
         try:

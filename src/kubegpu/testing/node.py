@@ -267,4 +267,6 @@ class KubeletDriver:
                         NodeStatus, self.node_name, patch, patch_type=PatchType.MERGE
                     )
                     self._published = counts
+            # The kubelet's own node-status period (its emulator announces no change of
+            # devices to an asyncio loop): behaviour of the stand-in, not a test waiting.
             await asyncio.sleep(CAPACITY_POLL_S)

@@ -124,6 +124,8 @@ async def follow(
             log.info("%s watch interrupted (%s); listing again", kind.__name__, exc)
         except Exception as exc:  # httpx errors: lightkube's transport
             log.info("%s watch interrupted (%s: %s); listing again", kind.__name__, type(exc), exc)
+        # The stand-in's own pause before listing again, as kube-scheduler's reflector backs
+        # off: behaviour of the component, not a test waiting.
         await asyncio.sleep(retry_s)
 
 

@@ -36,6 +36,7 @@ from kubegpu.testing.apiserver.resources import (
 from kubegpu.testing.apiserver.selectors import parse_field_selector, parse_label_selector
 from kubegpu.testing.apiserver.store import END, Store
 from kubegpu.testing.kubeconfig import kubeconfig_dict, write_kubeconfig
+from kubegpu.testing.waiting import wait_until_async
 
 log = logging.getLogger(__name__)
 
@@ -230,9 +231,13 @@ class FakeApiServer:
     async def wait_for_watches(self, count: int = 1, timeout_s: float = 10.0) -> None:
         """Return once ``count`` watch streams are open: for a test that must not write before
         a client watching from "now" (no resourceVersion) is listening."""
-        async with asyncio.timeout(timeout_s):
-            while self.store.open_watches < count:
-                await asyncio.sleep(0.01)
+        # The store counts its watches under a thread lock (a server in a thread serves them),
+        # and announces no change of that count: it is looked at, not awaited.
+        await wait_until_async(
+            lambda: self.store.open_watches >= count,
+            timeout_s=timeout_s,
+            what=lambda: f"{count} open watch streams (open: {self.store.open_watches})",
+        )
 
     def inject_failures(
         self,
