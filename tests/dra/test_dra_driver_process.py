@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,6 +33,7 @@ from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from kubegpu.inventory.fake import send_fake_gpu_command
 from kubegpu.roles.dra_driver import socket_paths
 from kubegpu.testing.kubeconfig import kubeconfig_dict
+from kubegpu.testing.waiting import wait_until
 
 from ..enforcement.fakes import install_fake_mps_control
 from .resource_api import ResourceApi
@@ -72,15 +72,16 @@ def api_in_thread(api: ResourceApi) -> Iterator[str]:
 
 
 def wait_for(check: Callable[[], Any], what: str, proc: subprocess.Popen[bytes], log: Path) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
+    def ready() -> Any:
         value = check()
-        if value:
-            return value
-        if proc.poll() is not None:
+        if not value and proc.poll() is not None:
             pytest.fail(f"driver exited {proc.returncode} waiting for {what}:\n{log.read_text()}")
-        time.sleep(0.05)
-    pytest.fail(f"no {what} within {WAIT_S} s:\n{log.read_text()}")
+        return value
+
+    try:
+        return wait_until(ready, timeout_s=WAIT_S, what=lambda: f"{what}:\n{log.read_text()}")
+    except TimeoutError as exc:
+        pytest.fail(str(exc))
 
 
 class Driver:

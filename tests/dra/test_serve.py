@@ -14,8 +14,11 @@ from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from kubegpu.dra.server import serve_dra_driver
 from kubegpu.kubelet.channels import unix_aio_channel
+from kubegpu.testing.waiting import wait_until_async
 
 from .conftest import NODE, Node
+
+WAIT_S = 20.0
 
 CLAIM = ClaimRef("team-a", "train", "bbbbbbbb-0000-4000-8000-000000000001")
 
@@ -83,9 +86,7 @@ async def test_a_kubelet_refusal_ends_the_driver(node: Node) -> None:
 
 
 async def _until(condition: Callable[[], bool]) -> None:
-    # Bounded by the test's timeout, not by a clock of our own.
-    while not condition():
-        await asyncio.sleep(0.01)
+    await wait_until_async(condition, timeout_s=WAIT_S, what="the driver's loop to get there")
 
 
 async def test_republishes_the_taint_when_health_changes_and_drops_it_on_recovery(
