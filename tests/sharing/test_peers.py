@@ -67,7 +67,7 @@ def test_a_peer_pod_after_admission_is_a_share_in_mib(
 def test_without_compat_modes_the_peer_memory_is_not_read() -> None:
     assert gpu_request(pod(volcano(1024)), ResourceNames()).kind is RequestKind.NONE
     # With a slot added by hand the memory is still not read, so the share is refused.
-    with pytest.raises(RequestError, match="without kubegpu.io/gpu-memory"):
+    with pytest.raises(RequestError, match=r"without kubegpu\.io/gpu-memory"):
         gpu_request(admitted(pod(volcano(1024))), ResourceNames())
 
 
@@ -100,11 +100,12 @@ def test_the_admission_patch_adds_one_slot_to_each_peer_container_only() -> None
     spec = pod(volcano(1024), container("sidecar", cpu="1"), init=(aliyun(1, "warm"),))
     spec["spec"]["containers"][0]["resources"]["requests"] = {"volcano.sh/gpu-memory": "1024"}
     ops = admission_patch(spec, PEERS, SLOT)
+    slot = "kubegpu.io~1gpu-shared"
     assert ops == [
-        {"op": "add", "path": "/spec/initContainers/0/resources/limits/kubegpu.io~1gpu-shared", "value": "1"},
-        {"op": "add", "path": "/spec/containers/0/resources/limits/kubegpu.io~1gpu-shared", "value": "1"},
-        {"op": "add", "path": "/spec/containers/0/resources/requests/kubegpu.io~1gpu-shared", "value": "1"},
-    ]  # fmt: skip
+        {"op": "add", "path": f"/spec/initContainers/0/resources/limits/{slot}", "value": "1"},
+        {"op": "add", "path": f"/spec/containers/0/resources/limits/{slot}", "value": "1"},
+        {"op": "add", "path": f"/spec/containers/0/resources/requests/{slot}", "value": "1"},
+    ]
     patched = apply_patch(spec, ops)
     assert patched["spec"]["containers"][1]["resources"] == {"limits": {"cpu": "1"}}
     # Applying it twice (a re-invocation) adds nothing.
@@ -147,7 +148,9 @@ def test_the_claim_knows_which_container_asked_in_which_peer_unit() -> None:
 
 def test_volcano_env_matches_the_walkthrough() -> None:
     (vol,) = peer_compat(["volcano"])
-    env = container_env(vol, card_index=0, card_memory_mib=10989, container_units=1024, pod_units=1024)
+    env = container_env(
+        vol, card_index=0, card_memory_mib=10989, container_units=1024, pod_units=1024
+    )
     assert env == {
         "VOLCANO_GPU_TOTAL": "10989",
         "VOLCANO_GPU_MEMORY_TOTAL": "10989",

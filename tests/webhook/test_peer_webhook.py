@@ -113,11 +113,12 @@ def test_a_volcano_pod_gets_the_share_slot_and_the_scheduler(
         True,
         "JSONPatch",
     )
+    resources = "/spec/containers/0/resources"
     assert json.loads(base64.b64decode(response["patch"])) == [
-        {"op": "add", "path": "/spec/containers/0/resources/limits/kubegpu.io~1gpu-shared", "value": "1"},
-        {"op": "add", "path": "/spec/containers/0/resources/requests/kubegpu.io~1gpu-shared", "value": "1"},
+        {"op": "add", "path": f"{resources}/limits/kubegpu.io~1gpu-shared", "value": "1"},
+        {"op": "add", "path": f"{resources}/requests/kubegpu.io~1gpu-shared", "value": "1"},
         {"op": "add", "path": "/spec/schedulerName", "value": "kubegpu-scheduler"},
-    ]  # fmt: skip
+    ]
 
 
 def test_other_pods_pass_untouched_and_unservable_peer_pods_are_denied_with_the_reason(

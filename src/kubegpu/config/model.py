@@ -206,6 +206,7 @@ class PeerCompat(_Model):
     (``kubegpu peer-webhook``) and the extender started with the same modes.
     """
 
+    # Peers whose pods are served: `volcano`, `aliyun`; empty = none (peer resources ignored).
     modes: list[Literal["volcano", "aliyun"]] = Field(default_factory=list)
     # Gpushare's --memory-unit: what one aliyun.com/gpu-mem is.
     aliyun_memory_unit: Literal["GiB", "MiB"] = "GiB"
