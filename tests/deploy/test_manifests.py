@@ -60,6 +60,7 @@ def test_every_kustomization_is_known() -> None:
     assert set(ALL) == {
         "base",
         "examples/nfd-labels",
+        "examples/peer-compat",
         "examples/quota",
         "monitoring",
         "overlays/default-scheduler",
