@@ -230,6 +230,10 @@ def test_each_role_is_defined_in_exactly_one_file_under_deploy() -> None:
                 defined.setdefault(key, []).append(path.relative_to(DEPLOY).as_posix())
     assert defined == {
         ("ClusterRole", "kubegpu-node-agent"): ["base/node-agent-rbac.yaml"],
+        # Added by the peer compat component only: patch node status for the peers' figures.
+        ("ClusterRole", "kubegpu-node-agent-peer-compat"): [
+            "components/peer-compat/node-agent-peer-rbac.yaml"
+        ],
         ("ClusterRole", "kubegpu-extender"): ["base/extender-clusterrole.yaml"],
         ("Role", "kubegpu-scheduler-leader-election"): [
             "overlays/second-scheduler/scheduler-rbac.yaml"
