@@ -181,7 +181,7 @@ def aliyun_sample(namespace: str) -> dict[str, Any]:
     (GiB) in its limits, nothing else about GPUs, and no scheduler name."""
     template = pod("binpack-1", namespace, [container("binpack-1", {ALIYUN_MEMORY: "2"})])
     template["spec"]["restartPolicy"] = "Always"
-    template["metadata"] = {"labels": {"app": "binpack-1"}}
+    template = {"metadata": {"labels": {"app": "binpack-1"}}, "spec": template["spec"]}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
