@@ -56,6 +56,7 @@ COMBINATIONS: list[tuple[str, list[str], list[str]]] = [
         ["overlays/default-scheduler", "overlays/monitoring"],
     ),
     ("nfd-labels", ["nodeAgent.labeller.sink=nfd"], ["examples/nfd-labels"]),
+    ("peer-compat", ["peerCompat.enabled=true"], ["examples/peer-compat"]),
     (
         "quota-example",
         ["quotaExample.enabled=true"],
