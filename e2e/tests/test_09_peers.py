@@ -15,6 +15,8 @@ from __future__ import annotations
 import base64
 import copy
 import re
+import ssl
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 from kubegpu_e2e.cluster import NODE_NAME, Cluster, free_port, http_ok
-from kubegpu_e2e.kubegpu import DEPLOY, KubegpuRoles
+from kubegpu_e2e.kubegpu import DEPLOY, KubegpuRoles, tool_path
 from kubegpu_e2e.workloads import (
     CARD_MEMORY_MIB,
     SCHEDULER,
@@ -84,8 +86,6 @@ def peers(cluster: Cluster, roles: KubegpuRoles) -> Iterator[KubegpuRoles]:
             f"--tls-key-file={pair.key}",
         ],
     )
-    import ssl
-
     context = ssl.create_default_context(cafile=str(cluster.ca.cert))
     webhook.wait_until(
         lambda: http_ok(f"https://127.0.0.1:{port}/healthz", context), 60, "peer webhook /healthz"
@@ -219,6 +219,22 @@ def test_the_aliyun_gpushare_sample_runs_unchanged(
     assert env["ALIYUN_COM_GPU_MEM_DEV"] == str(CARD_MEMORY_MIB // 1024)
     assert env["KUBEGPU_GPU_MEMORY_LIMIT_MIB"] == "2048"
     assert int(described_allocated(cluster, ALIYUN_MEMORY)[0]) == before + 2
+
+    # `kubectl inspect gpushare -d` through the real kubectl's plugin lookup: the pod, with its
+    # 2 GiB on the card its container was told.
+    env = {**cluster.env, "PATH": tool_path(cluster), "KUBECONFIG": str(cluster.admin)}
+    done = subprocess.run(
+        [str(cluster.bin_dir / "kubectl"), "inspect", "gpushare", "-d"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    header = next(line.split() for line in done.stdout.splitlines() if line.startswith("NAME "))
+    (row,) = [line.split() for line in done.stdout.splitlines() if line.startswith(name + " ")]
+    column = header.index(f"GPU{card_index}(Allocated)")
+    assert row[1] == namespace and row[column] == "2", done.stdout
 
 
 # Two 40 GiB shares fill one 80 GiB card: 16 fill the 8 cards, the rest must wait.
