@@ -14,6 +14,7 @@ USED_WHERE_VULTURE_CANNOT_SEE = (
     _.do_GET,
     # The console script of pyproject.toml's [project.scripts] (kubectl plugin).
     _.kubectl_gpu_main,
+    _.kubectl_inspect_gpushare_main,
     # pynvml functions the NVML backend calls by name through ``_optional(nvml, "…")``; the
     # scripted stand-in of tests/inventory/scripted_nvml.py defines them for that.
     _.nvmlSystemGetDriverVersion,

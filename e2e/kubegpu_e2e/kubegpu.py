@@ -90,8 +90,10 @@ class KubegpuRoles:
         self.processes[name] = process
         return process
 
-    def start_agent(self) -> HostProcess:
+    def start_agent(self, config: Path | None = None) -> HostProcess:
+        """The node agent with ``config`` (default: deploy/base/node-agent-config.yaml)."""
         c = self.cluster
+        config = config or DEPLOY / "base" / "node-agent-config.yaml"
         process = self._start(
             "kubegpu-node-agent",
             [
@@ -100,7 +102,7 @@ class KubegpuRoles:
                 "--backend=fake",
                 f"--fake-gpus={FAKE_GPUS}",
                 f"--fake-control={self.fake_control}",
-                f"--config={DEPLOY / 'base' / 'node-agent-config.yaml'}",
+                f"--config={config}",
                 f"--kubelet-dir={c.device_plugin_dir}",
                 f"--node-name={NODE_NAME}",
                 f"--kubeconfig={self.kubeconfigs['kubegpu-node-agent']}",
@@ -153,7 +155,8 @@ class KubegpuRoles:
     def stop_agent(self) -> None:
         self.processes["kubegpu-node-agent"].stop(grace=15)
 
-    def start_extender(self) -> HostProcess:
+    def start_extender(self, *extra_args: str) -> HostProcess:
+        """The extender with the second-scheduler overlay's settings, plus ``extra_args``."""
         config = DEPLOY / "overlays" / "second-scheduler" / "extender-config.yaml"
         settings = yaml.safe_load(config.read_text())["settings"]
         process = self._start(
@@ -166,6 +169,7 @@ class KubegpuRoles:
                 # The overlay listens on the pod IP for Prometheus; here only loopback is used.
                 "--metrics-host=127.0.0.1",
                 f"--metrics-port={self.extender_metrics_port}",
+                *extra_args,
             ],
         )
         process.wait_until(
@@ -175,6 +179,14 @@ class KubegpuRoles:
         )
         self.extender_port = int(settings["port"])
         return process
+
+    def stop_role(self, name: str) -> None:
+        """Stop one role's process (e.g. to start it again with other settings)."""
+        self.processes.pop(name).stop(grace=15)
+
+    def start_role(self, name: str, argv: list[str], kubeconfig: Path | None = None) -> HostProcess:
+        """Any other kubegpu role as a host process, logged like the others."""
+        return self._start(name, argv, kubeconfig)
 
     def start_scheduler(self) -> HostProcess:
         """A second kube-scheduler with the shipped KubeSchedulerConfiguration; only the API

@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import ssl
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
@@ -61,6 +63,13 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
         except BaseException:
             self._slots.release()
             raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that fails the TLS handshake or hangs up is its own problem, not a traceback.
+        if isinstance(sys.exc_info()[1], ssl.SSLError | ConnectionError | TimeoutError):
+            log.debug("http: connection from %s failed", client_address, exc_info=True)
+            return
+        super().handle_error(request, client_address)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
@@ -119,6 +128,7 @@ class HttpThread:
         name: str,
         head_timeout_s: float = HEAD_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         server_class: type[_ThreadingServer] = type(
             "_Server",
@@ -128,6 +138,14 @@ class HttpThread:
         self._server = make_server(
             host, port, app, server_class=server_class, handler_class=_QuietHandler
         )
+        self._scheme = "http"
+        if ssl_context is not None:
+            # The handshake happens on the connection's first read, in its own thread and
+            # under the head timeout, so a client that never completes it blocks nobody.
+            self._server.socket = ssl_context.wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False
+            )
+            self._scheme = "https"
         self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)
         self._thread.start()
 
@@ -139,7 +157,7 @@ class HttpThread:
     def url(self) -> str:
         host = self._server.server_address[0]
         host = host.decode() if isinstance(host, bytes) else host
-        return f"http://{host}:{self.port}"
+        return f"{self._scheme}://{host}:{self.port}"
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop accepting and close the socket (blocks up to half a second: call it off any

@@ -264,6 +264,19 @@ CORPUS: dict[str, list[tuple[str, str] | tuple[str, str, int]]] = {
         (f"{EXT} {API} --policy nosuch", "nosuch"),
         (f"{EXT} {API} --port {{busy}}", "cannot listen there"),
     ],
+    "peer-webhook": [
+        ("peer-webhook", "--peer-compat"),
+        ("peer-webhook --peer-compat hami", "hami"),
+        ("peer-webhook --peer-compat volcano --peer-compute-milli 0", "--peer-compute-milli"),
+        ("peer-webhook --peer-compat volcano --host 0.0.0.0", "--tls-cert-file"),
+        (
+            "peer-webhook --peer-compat volcano --tls-cert-file {files}/garbage.pem "
+            "--tls-key-file {files}/server.key",
+            "garbage.pem",
+        ),
+        ("peer-webhook --peer-compat volcano --host 127.0.0.1 --port {busy}", "cannot listen on"),
+        (f"{EXT} --peer-compat nosuch", "nosuch"),
+    ],
     "demo": [
         ("demo --summary-json {files}/missing/summary.json", "--summary-json"),
         ("demo --pid-file {files}/missing/pids", "--pid-file"),

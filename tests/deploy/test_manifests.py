@@ -61,6 +61,7 @@ def test_every_kustomization_is_known() -> None:
         "base",
         "examples/dra",
         "examples/nfd-labels",
+        "examples/peer-compat",
         "examples/quota",
         "monitoring",
         "overlays/default-scheduler",
@@ -238,6 +239,10 @@ def test_each_role_is_defined_in_exactly_one_file_under_deploy() -> None:
                 defined.setdefault(key, []).append(path.relative_to(DEPLOY).as_posix())
     assert defined == {
         ("ClusterRole", "kubegpu-node-agent"): ["base/node-agent-rbac.yaml"],
+        # Added by the peer compat component only: patch node status for the peers' figures.
+        ("ClusterRole", "kubegpu-node-agent-peer-compat"): [
+            "components/peer-compat/node-agent-peer-rbac.yaml"
+        ],
         ("ClusterRole", "kubegpu-extender"): ["base/extender-clusterrole.yaml"],
         ("ClusterRole", "kubegpu-dra-driver"): ["components/dra-driver/dra-driver-rbac.yaml"],
         ("Role", "kubegpu-scheduler-leader-election"): [

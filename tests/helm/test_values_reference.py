@@ -127,6 +127,7 @@ def test_check_mode_exits_1_when_stale_and_2_on_bad_input(
 COPIES = {
     "node-agent-config.yaml": "base/node-agent-config.yaml",
     "dra-driver-config.yaml": "components/dra-driver/dra-driver-config.yaml",
+    "peer-compat-node-agent-config.yaml": "components/peer-compat/node-agent-config.yaml",
     "second-scheduler-extender-config.yaml": "overlays/second-scheduler/extender-config.yaml",
     "second-scheduler-kube-scheduler-config.yaml": (
         "overlays/second-scheduler/kube-scheduler-config.yaml"

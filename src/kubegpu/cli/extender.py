@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from kubegpu.cli.peer_options import peer_compat_options, peers_from_options
 from kubegpu.cli.types import seconds
 from kubegpu.config.extender import (
     ExtenderConfig,
@@ -230,6 +231,7 @@ _path = click.Path(path_type=Path, dir_okay=False)
     show_default=True,
     help="Resource of share slots the node agent advertises (sharing.gpuShare.resourceName).",
 )
+@peer_compat_options
 def extender_command(**options: Any) -> None:
     """Serve kube-scheduler's filter, prioritize and bind verbs for GPU pods."""
     try:
@@ -242,6 +244,7 @@ def extender_command(**options: Any) -> None:
                 options["gpu_memory_resource"],
                 options["gpu_compute_resource"],
                 options["share_slot_resource"],
+                peers_from_options(options),
             ),
             tls_cert_file=_opt_path(options["tls_cert_file"]),
             tls_key_file=_opt_path(options["tls_key_file"]),

@@ -40,6 +40,7 @@ register("fake-gpu", "kubegpu.inventory.cli:fake_gpu")
 register("inspect", "kubegpu.inspect.command:inspect_command")
 register("extender", "kubegpu.cli.extender:extender_command")
 register("demo", "kubegpu.demo.command:demo_command")
+register("peer-webhook", "kubegpu.cli.peer_webhook:peer_webhook_command")
 
 
 class LazyGroup(click.Group):

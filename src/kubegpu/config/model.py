@@ -194,6 +194,35 @@ class MpsSettings(_Model):
     restart_max_s: float = Field(default=30.0, gt=0)
 
 
+class PeerCompat(_Model):
+    """Pods written for another GPU-share system run unchanged (docs/sharing.md, "Compat modes").
+
+    ``volcano``: ``volcano.sh/gpu-memory`` (MiB × ``volcanoMemoryFactor``) is a share; the node
+    shows ``volcano.sh/gpu-memory`` and ``volcano.sh/gpu-number``; containers get
+    ``VOLCANO_GPU_TOTAL``, ``VOLCANO_GPU_MEMORY_TOTAL`` and ``VOLCANO_GPU_ALLOCATED``.
+    ``aliyun``: ``aliyun.com/gpu-mem`` (in ``aliyunMemoryUnit``) is a share; the node shows
+    ``aliyun.com/gpu-mem`` and ``aliyun.com/gpu-count``; containers get
+    ``ALIYUN_COM_GPU_MEM_IDX``, ``_POD``, ``_CONTAINER`` and ``_DEV``. Needs the peer webhook
+    (``kubegpu peer-webhook``) and the extender started with the same modes.
+    """
+
+    # Peers whose pods are served: `volcano`, `aliyun`; empty = none (peer resources ignored).
+    modes: list[Literal["volcano", "aliyun"]] = Field(default_factory=list)
+    # Gpushare's --memory-unit: what one aliyun.com/gpu-mem is.
+    aliyun_memory_unit: Literal["GiB", "MiB"] = "GiB"
+    # Volcano's --gpu-memory-factor: MiB in one volcano.sh/gpu-memory.
+    volcano_memory_factor: int = Field(default=1, ge=1)
+    # Compute a peer container's share holds, in milli-GPU: the peers reserve none; 1 lets as
+    # many peer pods share a card as its memory allows. With `enforcement: mps` it is also the
+    # container's SM share (at least 1 %): raise it there.
+    compute_milli: int = Field(default=1, ge=1, le=999)
+
+    @field_validator("modes")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        return list(dict.fromkeys(value))
+
+
 class GpuShare(_Model):
     """Card-level GPU sharing with the kubegpu scheduler extender (see docs/sharing.md).
 
@@ -223,6 +252,8 @@ class GpuShare(_Model):
     # How often the node's GPU inventory annotation is re-asserted (also on start and health).
     inventory_interval_s: float = Field(default=300.0, gt=0)
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    # Peer compat modes (Volcano, Aliyun gpushare): their pods' resources read as shares.
+    compat: PeerCompat = Field(default_factory=PeerCompat)
 
     @field_validator("resource_name", "memory_resource_name", "compute_resource_name")
     @classmethod
@@ -353,6 +384,11 @@ class AgentConfig(_Model):
             raise ValueError(
                 f"sharing.gpuShare.wholeResourceName: {share.whole_resource_name!r} is not one of "
                 f"the GPU resources {sorted(known)}"
+            )
+        if share.compat.modes and not share.enabled:
+            raise ValueError(
+                "sharing.gpuShare.compat.modes: compat modes serve peer pods as shares; set "
+                "sharing.gpuShare.enabled: true"
             )
         if share.enabled and share.resource_name in known:
             raise ValueError(

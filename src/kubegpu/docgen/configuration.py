@@ -720,6 +720,10 @@ def _extender_fields() -> Iterator[tuple[str, str, object, object]]:
             inner_type = typing.cast(type, kind)
             inner_hints = typing.get_type_hints(inner_type)
             for g in dataclasses.fields(inner_type):
+                # names.peers comes from --peer-compat (with its unit and compute options).
+                if g.name == "peers":  # no modes: the option's empty comma list
+                    yield f"{name}.{g.name}", "peer_compat", str, ""
+                    continue
                 yield f"{name}.{g.name}", f"{g.name}_resource", inner_hints[g.name], g.default
         else:
             option = _EXTENDER_OPTION_FOR_FIELD.get(name, name)

@@ -18,6 +18,7 @@ from lightkube.types import PatchType
 
 from kubegpu.core.apiserver import ConflictError, PodListing
 from kubegpu.kube.inventory import publish_node_inventory_async
+from kubegpu.kube.node_capacity import publish_node_capacity_async
 from kubegpu.sharing.annotations import NodeGpuInventory
 
 FIELD_MANAGER = "kubegpu-node-agent"
@@ -104,6 +105,9 @@ class LightkubeNodeApi:
 
     async def publish_inventory(self, inventory: NodeGpuInventory) -> bool:
         return await publish_node_inventory_async(self.client, self.node, inventory)
+
+    async def publish_node_capacity(self, figures: Mapping[str, str]) -> bool:
+        return await publish_node_capacity_async(self.client, self.node, figures)
 
     async def close(self) -> None:
         await self.client.close()

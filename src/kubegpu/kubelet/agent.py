@@ -654,6 +654,7 @@ class Agent:
 
     async def _publish_inventory(self, api: NodeApi, changed: asyncio.Event) -> None:
         from kubegpu.kubelet.cluster import inventory_records
+        from kubegpu.kubelet.peer_compat import publish_peer_capacity
 
         # The whole document from what we see now, on start, on every health change and
         # periodically (so a Node re-created or edited by hand gets it back).
@@ -663,6 +664,10 @@ class Agent:
             try:
                 records = inventory_records(self.inventory, self.health.unhealthy().keys())
                 await api.publish_inventory(records)
+                # Re-asserted with it: the kubelet drops patched figures when it re-registers.
+                await publish_peer_capacity(
+                    api, self.config, [g.memory_total_mib for g in self.inventory.gpus]
+                )
                 self.inventory_publications += 1
                 failures = 0
                 wait_s = self.config.sharing.gpu_share.inventory_interval_s

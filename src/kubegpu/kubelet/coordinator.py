@@ -48,6 +48,7 @@ from typing import Any
 from kubegpu.config.model import AgentConfig
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.kubelet.cluster import ConflictError, DeviceHolding, NodeApi, PodResourcesApi
+from kubegpu.kubelet.peer_compat import peer_env, peers_of
 from kubegpu.kubelet.plugin import HealthBoard
 from kubegpu.kubelet.records import Holdings, Repair, follow_share_holdings, follow_whole_holdings
 from kubegpu.kubelet.resources import (
@@ -97,6 +98,7 @@ def resource_names(config: AgentConfig) -> ResourceNames:
         gpu_memory=share.memory_resource_name,
         gpu_compute=share.compute_resource_name,
         share_slot=share.resource_name,
+        peers=peers_of(config),
     )
 
 
@@ -445,19 +447,29 @@ class SharingCoordinator:
                 share.compute_milli,
                 ", PodResources shows the kubelet admitting it" if chosen.admitting else "",
             )
-            return self._answer(plan, slot, share)
+            card_mib = self._cards().get(card, (0, 0))[1]
+            extra = peer_env(self.config, claim, container, share, card_mib)
+            return self._answer(plan, slot, share, extra)
         raise AllocationRefused(
             "ABORTED",
             f"node {self.node}: share slot {slot}: pods kept changing while recording the "
             "allocation; the kubelet will fail this pod's admission",
         )
 
-    def _answer(self, plan: ResourcePlan, slot: str, share: CardShare) -> AllocateAnswer:
+    def _answer(
+        self,
+        plan: ResourcePlan,
+        slot: str,
+        share: CardShare,
+        peer_envs: Mapping[str, str] | None = None,
+    ) -> AllocateAnswer:
         """The container's answer: the slot's devices, told ``share`` (the decided share,
-        exactly what was just recorded as granted)."""
+        exactly what was just recorded as granted), and a peer's variables for a container
+        that asked in a compat mode."""
         base = plan.allocate(self.config, [slot])
         enforcement = self.config.sharing.gpu_share.enforcement
-        envs = {**base.envs, **share_env(share.uuid, share, enforcement, self.mps)}
+        ours = share_env(share.uuid, share, enforcement, self.mps)
+        envs = {**base.envs, **(peer_envs or {}), **ours}
         mounts = list(base.mounts)
         if enforcement == "mps" and self.mps is not None:
             # Read-write: MPS clients open the daemon's pipes for writing.

@@ -254,7 +254,7 @@ def mentions_gpu(pod: Mapping[str, Any], names: ResourceNames) -> bool:
     if ALLOCATION_ANNOTATION in annotations:
         return True
     spec = _mapping(pod.get("spec"))
-    wanted = names.all
+    wanted = names.all + names.peer_memory
     for group in ("containers", "initContainers"):
         for container in spec.get(group) or ():
             resources = _mapping(

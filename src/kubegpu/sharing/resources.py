@@ -22,6 +22,7 @@ from typing import Any
 
 from kubegpu.core.names import model_key
 from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
+from kubegpu.sharing.peers import PeerCompat
 
 DEFAULT_WHOLE_GPU = "nvidia.com/gpu"
 DEFAULT_GPU_MEMORY = "kubegpu.io/gpu-memory"  # MiB of one card's memory
@@ -40,9 +41,18 @@ class ResourceNames:
     gpu_memory: str = DEFAULT_GPU_MEMORY
     gpu_compute: str = DEFAULT_GPU_COMPUTE
     share_slot: str = DEFAULT_SHARE_SLOT
+    # Compat modes: a peer's memory resource read as a share (kubegpu.sharing.peers).
+    peers: tuple[PeerCompat, ...] = ()
 
     def __post_init__(self) -> None:
-        names = (self.whole_gpu, self.gpu_memory, self.gpu_compute, self.share_slot)
+        names = (
+            self.whole_gpu,
+            self.gpu_memory,
+            self.gpu_compute,
+            self.share_slot,
+            *(p.memory_resource for p in self.peers),
+            *(p.count_resource for p in self.peers),
+        )
         if len(set(names)) != len(names):
             raise ValueError(f"GPU resource names must be distinct, got {names}")
         for name in names:
@@ -52,6 +62,11 @@ class ResourceNames:
     @property
     def all(self) -> tuple[str, ...]:
         return (self.whole_gpu, self.gpu_memory, self.gpu_compute, self.share_slot)
+
+    @property
+    def peer_memory(self) -> tuple[str, ...]:
+        """The peers' memory resources a pod may ask for in compat mode."""
+        return tuple(p.memory_resource for p in self.peers)
 
 
 _EXTENDED_NAME = re.compile(
@@ -81,6 +96,8 @@ class ContainerShare:
     compute_milli: int = 0
     gpu_memory_mib: int = 0
     share_slots: int = 0
+    peer: str = ""  # the compat mode whose memory resource the container asks for
+    peer_units: int = 0  # that amount, in the peer's unit
 
 
 @dataclass(frozen=True)
@@ -238,14 +255,50 @@ def _container_amounts(container: Mapping[str, Any], names: ResourceNames, where
             raise RequestError(f"{where}: {name} must be a whole number, got {raw!r}")
         return value
 
+    compute_milli = int(amount(names.gpu_compute, True))
+    gpu_memory_mib = int(amount(names.gpu_memory, True))
+    for peer in names.peers:
+        if int(amount(peer.count_resource, True)):
+            raise RequestError(
+                f"{where}: {peer.count_resource} is a node figure in {peer.name} compat mode, not "
+                f"something to ask for; ask for {peer.memory_resource} for a share or "
+                f"{names.whole_gpu} for whole cards"
+            )
+        units = int(amount(peer.memory_resource, True))
+        if not units:
+            continue
+        if gpu_memory_mib or compute_milli:
+            raise RequestError(
+                f"{where}: asks for {peer.memory_resource} and {names.gpu_memory}/"
+                f"{names.gpu_compute} at once; use one or the other"
+            )
+        # The peer's memory is a share of one card with a fixed compute part (the peers
+        # reserve none; kubegpu.sharing.peers says why the default is one milli-GPU).
+        gpu_memory_mib = units * peer.memory_unit_mib
+        compute_milli = peer.compute_milli
     return PodTotals(
         cpu_milli=_ceil(amount("cpu", False) * 1000),
         host_memory_mib=_ceil(amount("memory", False) / _MIB),
         whole_gpus=int(amount(names.whole_gpu, True)),
-        compute_milli=int(amount(names.gpu_compute, True)),
-        gpu_memory_mib=int(amount(names.gpu_memory, True)),
+        compute_milli=compute_milli,
+        gpu_memory_mib=gpu_memory_mib,
         share_slots=int(amount(names.share_slot, True)),
     )
+
+
+def _peer_ask(container: Mapping[str, Any], names: ResourceNames) -> tuple[str, int]:
+    """The compat mode a container's GPU memory is asked in, and the amount in its unit."""
+    resources = container.get("resources")
+    if not names.peers or not isinstance(resources, Mapping):
+        return "", 0
+    for peer in names.peers:
+        for part in ("limits", "requests"):
+            amounts = resources.get(part)
+            if isinstance(amounts, Mapping) and peer.memory_resource in amounts:
+                units = int(parse_quantity(amounts[peer.memory_resource]))
+                if units:
+                    return peer.name, units
+    return "", 0
 
 
 def _containers(spec: Mapping[str, Any], key: str) -> Sequence[Mapping[str, Any]]:
@@ -276,7 +329,9 @@ def pod_totals(pod: Mapping[str, Any], names: ResourceNames | None = None) -> Po
         cname = str(container.get("name") or f"#{index}")
         amounts = _container_amounts(container, names, f"pod {key} container {cname}")
         app = app.plus(amounts)
-        shares.append(_split(cname, amounts, init=False, sidecar=False))
+        shares.append(
+            _split(cname, amounts, init=False, sidecar=False, peer=_peer_ask(container, names))
+        )
     sidecars = PodTotals()
     init_peak = PodTotals()
     for index, container in enumerate(_containers(spec, "initContainers")):
@@ -290,7 +345,9 @@ def pod_totals(pod: Mapping[str, Any], names: ResourceNames | None = None) -> Po
         else:
             step = amounts.plus(sidecars)
         init_peak = init_peak.max(step)
-        shares.append(_split(cname, amounts, init=True, sidecar=sidecar))
+        shares.append(
+            _split(cname, amounts, init=True, sidecar=sidecar, peer=_peer_ask(container, names))
+        )
     total = app.max(init_peak)
     overhead = spec.get("overhead") or {}
     if isinstance(overhead, Mapping) and overhead:
@@ -301,7 +358,14 @@ def pod_totals(pod: Mapping[str, Any], names: ResourceNames | None = None) -> Po
     return replace(total, containers=tuple(shares))
 
 
-def _split(cname: str, amounts: PodTotals, *, init: bool, sidecar: bool) -> ContainerShare:
+def _split(
+    cname: str,
+    amounts: PodTotals,
+    *,
+    init: bool,
+    sidecar: bool,
+    peer: tuple[str, int] = ("", 0),
+) -> ContainerShare:
     return ContainerShare(
         cname,
         init=init,
@@ -310,6 +374,8 @@ def _split(cname: str, amounts: PodTotals, *, init: bool, sidecar: bool) -> Cont
         compute_milli=amounts.compute_milli,
         gpu_memory_mib=amounts.gpu_memory_mib,
         share_slots=amounts.share_slots,
+        peer=peer[0],
+        peer_units=peer[1],
     )
 
 
@@ -374,10 +440,16 @@ def _check_share(share: ContainerShare, names: ResourceNames, key: str) -> None:
             f"{names.gpu_compute} (milli-GPU)"
         )
     if has_share and share.share_slots != 1:
+        hint = (
+            f" (it asks in {share.peer} compat mode: is kubegpu's peer webhook installed, which "
+            "adds the slot?)"
+            if share.peer
+            else ""
+        )
         raise RequestError(
             f"{where}: a container with a GPU share must also ask for exactly 1 "
             f"{names.share_slot} (got {share.share_slots}); without it the node agent is never "
-            "asked to give the container its card"
+            f"asked to give the container its card{hint}"
         )
     if share.share_slots and not has_share:
         raise RequestError(

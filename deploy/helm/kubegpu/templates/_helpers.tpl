@@ -58,6 +58,8 @@ pods that mount it roll, exactly as with the overlays. (dict "name" "..." "data"
 {{- define "kubegpu.nodeAgentConfig" -}}
 {{- if .Values.nodeAgent.config -}}
 {{- .Values.nodeAgent.config -}}
+{{- else if .Values.peerCompat.enabled -}}
+{{- .Files.Get "files/peer-compat-node-agent-config.yaml" -}}
 {{- else -}}
 {{- .Files.Get "files/node-agent-config.yaml" -}}
 {{- end -}}

@@ -1,0 +1,104 @@
+"""``kubegpu peer-webhook``: the mutating admission webhook of the peer compat modes.
+
+Every flag is also ``KUBEGPU_PEER_WEBHOOK_<FLAG>``. The API server calls webhooks over HTTPS
+only, so ``--tls-cert-file``/``--tls-key-file`` are required except on a loopback address
+(tests). Exit codes: 0 stopped by a signal, 2 bad options or files.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kubegpu.cli.peer_options import peer_compat_options, peers_from_options
+from kubegpu.sharing.resources import DEFAULT_SHARE_SLOT, ResourceNames
+
+log = logging.getLogger(__name__)
+
+_path = click.Path(path_type=Path, dir_okay=False)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@click.command("peer-webhook", context_settings={"auto_envvar_prefix": "KUBEGPU_PEER_WEBHOOK"})
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=9443, show_default=True, help="HTTPS port."
+)
+@click.option("--tls-cert-file", type=_path, default=None, help="Serving certificate (PEM).")
+@click.option("--tls-key-file", type=_path, default=None, help="Its private key (PEM).")
+@click.option(
+    "--share-slot-resource",
+    default=DEFAULT_SHARE_SLOT,
+    show_default=True,
+    help="The slot resource added to peer containers (sharing.gpuShare.resourceName).",
+)
+@click.option(
+    "--scheduler-name",
+    default="",
+    help="Send peer pods to this scheduler (e.g. kubegpu-scheduler); empty: leave it.",
+)
+@peer_compat_options
+def peer_webhook_command(**options: Any) -> None:
+    """Make Volcano- and Aliyun-style GPU pods kubegpu shares at admission."""
+    peers = peers_from_options(options)
+    if not peers:
+        raise click.BadParameter("name at least one compat mode", param_hint="--peer-compat")
+    try:
+        names = ResourceNames(share_slot=options["share_slot_resource"], peers=peers)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--share-slot-resource") from None
+    cert, key = options["tls_cert_file"], options["tls_key_file"]
+    if (cert is None) != (key is None):
+        raise click.UsageError("--tls-cert-file and --tls-key-file go together")
+    host = options["host"]
+    if cert is None and not _loopback(host):
+        raise click.UsageError(
+            f"--host {host}: the API server calls webhooks over HTTPS only; give "
+            "--tls-cert-file and --tls-key-file (plain HTTP is for loopback tests)"
+        )
+    from kubegpu.tls import TlsFileError, server_context
+    from kubegpu.webhook.server import serve_webhook
+
+    context = None
+    if cert is not None:
+        try:
+            context = server_context(cert, key)
+        except TlsFileError as exc:
+            click.echo(f"kubegpu peer-webhook: {exc}", err=True)
+            raise SystemExit(2) from None
+    try:
+        server = serve_webhook(
+            host, options["port"], names, context, scheduler_name=options["scheduler_name"]
+        )
+    except OSError as exc:
+        click.echo(
+            f"kubegpu peer-webhook: cannot listen on {host}:{options['port']}: {exc}", err=True
+        )
+        raise SystemExit(2) from None
+    log.info(
+        "peer webhook serving %s/mutate for %s (slot %s%s)",
+        server.url,
+        ", ".join(f"{p.memory_resource} [{p.name}, {p.unit}]" for p in peers),
+        names.share_slot,
+        f", scheduler {options['scheduler_name']}" if options["scheduler_name"] else "",
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.stop()
+    log.info("kubegpu peer-webhook stopped")

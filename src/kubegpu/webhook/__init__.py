@@ -1,0 +1,2 @@
+"""The peer webhook: a mutating admission webhook that makes Volcano- and Aliyun-style pods
+kubegpu shares (docs/sharing.md, "Compat modes")."""

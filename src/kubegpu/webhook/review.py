@@ -1,0 +1,79 @@
+"""AdmissionReview v1 in, AdmissionReview v1 out: the webhook's pure core.
+
+The rules are :func:`kubegpu.sharing.peers.admission_patch`; this module only speaks the
+admission API's shapes. A review it cannot read is a :class:`ReviewError` (400 at the edge); a
+pod whose peer request cannot be served is denied with the reason, so ``kubectl apply`` says
+what to change instead of the pod waiting forever.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kubegpu.sharing.peers import admission_patch
+from kubegpu.sharing.resources import RequestError, ResourceNames, gpu_request
+
+API_VERSION = "admission.k8s.io/v1"
+
+
+class ReviewError(ValueError):
+    """The request is not an AdmissionReview v1 for a pod."""
+
+
+def review_response(
+    review: object,
+    names: ResourceNames,
+    *,
+    scheduler_name: str = "",
+) -> dict[str, Any]:
+    """The AdmissionReview answering ``review``: allowed, with the JSON patch that adds the
+    share slot (and scheduler) to a peer-style pod, or denied with the reason."""
+    if not isinstance(review, Mapping) or review.get("kind") != "AdmissionReview":
+        raise ReviewError("expected an AdmissionReview object")
+    if review.get("apiVersion") != API_VERSION:
+        raise ReviewError(f"expected apiVersion {API_VERSION}, got {review.get('apiVersion')!r}")
+    request = review.get("request")
+    if not isinstance(request, Mapping) or not isinstance(request.get("uid"), str):
+        raise ReviewError("AdmissionReview.request.uid is missing")
+    response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
+    pod = request.get("object")
+    kind = request.get("kind")
+    is_pod = isinstance(kind, Mapping) and kind.get("kind") == "Pod" and not kind.get("group")
+    if is_pod and isinstance(pod, Mapping) and request.get("operation", "CREATE") == "CREATE":
+        ops = admission_patch(pod, names.peers, names.share_slot, scheduler_name=scheduler_name)
+        if ops:
+            problem = _refusal(pod, ops, names)
+            if problem:
+                response["allowed"] = False
+                response["status"] = {"code": 422, "reason": "Invalid", "message": problem}
+            else:
+                response["patchType"] = "JSONPatch"
+                response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+    return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+def _refusal(pod: Mapping[str, Any], ops: Sequence[Mapping[str, Any]], names: ResourceNames) -> str:
+    """Why the patched pod could never be served, or ``""``."""
+    try:
+        gpu_request(apply_patch(pod, ops), names)
+    except RequestError as exc:
+        return f"kubegpu peer compat: {exc}"
+    return ""
+
+
+def apply_patch(doc: Mapping[str, Any], ops: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``doc`` with the ``add`` operations of :func:`admission_patch` applied (the only
+    operation it writes), as the API server will."""
+    out: dict[str, Any] = json.loads(json.dumps(doc))
+    for op in ops:
+        if op.get("op") != "add":
+            raise ValueError(f"unsupported JSON patch operation {op.get('op')!r}")
+        tokens = [t.replace("~1", "/").replace("~0", "~") for t in str(op["path"]).split("/")[1:]]
+        target: Any = out
+        for token in tokens[:-1]:
+            target = target[int(token)] if isinstance(target, list) else target[token]
+        target[tokens[-1]] = op["value"]
+    return out
