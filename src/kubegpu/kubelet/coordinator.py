@@ -47,8 +47,8 @@ from typing import Any
 
 from kubegpu.config.model import AgentConfig
 from kubegpu.core.gpu import GpuUuid
+from kubegpu.kubelet.board import DeviceBoard
 from kubegpu.kubelet.cluster import ConflictError, DeviceHolding, NodeApi, PodResourcesApi
-from kubegpu.kubelet.plugin import HealthBoard
 from kubegpu.kubelet.records import Holdings, Repair, follow_share_holdings, follow_whole_holdings
 from kubegpu.kubelet.resources import (
     AllocateAnswer,
@@ -106,7 +106,7 @@ class SharingCoordinator:
         node: str,
         config: AgentConfig,
         api: NodeApi,
-        board: HealthBoard,
+        board: DeviceBoard,
         *,
         pod_resources: PodResourcesApi | None = None,
         mps: MpsPaths | None = None,
