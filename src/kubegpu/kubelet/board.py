@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Callable, Mapping
 
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.health_feed import HealthFeed
-
-log = logging.getLogger(__name__)
 
 # Told on the loop of each verdict that flipped (after the streams were woken).
 FlipListener = Callable[[GpuUuid, bool, str], None]
@@ -96,10 +93,7 @@ class DeviceBoard:
     def _flipped(self, uuid: GpuUuid, healthy: bool, reason: str) -> None:
         self._bump()
         for listener in self._flip_listeners:
-            try:
-                listener(uuid, healthy, reason)
-            except Exception:
-                log.exception("health flip listener failed for GPU %s", uuid)
+            listener(uuid, healthy, reason)
 
     def _bump(self) -> None:
         self._version += 1
