@@ -13,8 +13,9 @@ import pytest
 
 from kubegpu.config import load_config
 from kubegpu.inventory.fake import FakeGpuBackend
-from kubegpu.kubelet.agent import AgentSettings, Event, RetryBackoff
+from kubegpu.kubelet.agent import AgentSettings, Event
 from kubegpu.kubelet.plugin import SocketClaim, SocketInUse
+from kubegpu.kubelet.retry import RetryBackoff
 from kubegpu.roles.node_agent import build_agent
 from kubegpu.testing.kubelet import KubeletEmulator
 from tests.kubelet.conftest import RESOURCE, short_tempdir, wait_until
@@ -120,13 +121,15 @@ async def test_inventory_publisher_stops_when_a_change_lands_with_the_stop(root:
     agent = build_agent(settings, config, backend, api=api)  # type: ignore[arg-type]
     try:
         for _ in range(3):
-            agent._start_inventory_publisher()
+            publisher = agent.publisher
+            assert publisher is not None
+            publisher.start()
             target = api.published + 1
             await wait_until(lambda target=target: api.published >= target)  # type: ignore[misc]
-            changed = agent._inventory_changed
+            changed = publisher._changed
             assert changed is not None
             changed.set()
-            stop = asyncio.create_task(agent._stop_inventory_publisher())
+            stop = asyncio.create_task(publisher.stop())
             done, _ = await asyncio.wait({stop}, timeout=10)
             assert stop in done, "the inventory publisher outlived the agent's stop"
     finally:

@@ -11,11 +11,12 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from kubegpu.config.model import AgentConfig
+from kubegpu.core.health_feed import HealthFeed
 from kubegpu.inventory.spec import resolve_fake_spec
 from kubegpu.kube.agent_api import LightkubeNodeApi
+from kubegpu.kubelet.board import DeviceBoard
 from kubegpu.kubelet.cluster import DeviceHolding
 from kubegpu.kubelet.coordinator import SharingCoordinator
-from kubegpu.kubelet.plugin import HealthBoard
 from kubegpu.kubelet.resources import AllocationRefused, build_plans, slot_id
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
@@ -95,9 +96,9 @@ async def server() -> AsyncIterator[FakeApiServer]:
 @pytest.fixture
 async def parts(
     server: FakeApiServer,
-) -> AsyncIterator[tuple[SharingCoordinator, ScriptedPodResources, HealthBoard]]:
+) -> AsyncIterator[tuple[SharingCoordinator, ScriptedPodResources, DeviceBoard]]:
     client = server.async_client()
-    board = HealthBoard()
+    board = DeviceBoard(HealthFeed())
     pod_resources = ScriptedPodResources()
     coordinator = SharingCoordinator(
         NODE, CONFIG, LightkubeNodeApi(client, NODE), board, pod_resources=pod_resources
@@ -115,7 +116,7 @@ def pod_annotations(server: FakeApiServer, name: str) -> dict[str, str]:
 
 async def test_a_container_the_agent_never_recorded_is_learnt_from_podresources_and_flagged(
     server: FakeApiServer,
-    parts: tuple[SharingCoordinator, ScriptedPodResources, HealthBoard],
+    parts: tuple[SharingCoordinator, ScriptedPodResources, DeviceBoard],
 ) -> None:
     coordinator, pod_resources, board = parts
     server.store.put("pods", shared_pod("p", 2, ("main",)))
@@ -146,7 +147,7 @@ async def test_a_container_the_agent_never_recorded_is_learnt_from_podresources_
 
 async def test_whole_gpus_in_kubelet_use_keep_their_slots_advertised_but_refuse_shares(
     server: FakeApiServer,
-    parts: tuple[SharingCoordinator, ScriptedPodResources, HealthBoard],
+    parts: tuple[SharingCoordinator, ScriptedPodResources, DeviceBoard],
 ) -> None:
     coordinator, pod_resources, board = parts
     server.store.put("pods", shared_pod("p", 0, ("main",)))
@@ -164,7 +165,7 @@ async def test_whole_gpus_in_kubelet_use_keep_their_slots_advertised_but_refuse_
 
 async def test_the_api_being_down_refuses_shares_but_not_whole_gpus(
     server: FakeApiServer,
-    parts: tuple[SharingCoordinator, ScriptedPodResources, HealthBoard],
+    parts: tuple[SharingCoordinator, ScriptedPodResources, DeviceBoard],
 ) -> None:
     coordinator, _, _ = parts
     await server.stop()
@@ -179,7 +180,7 @@ async def test_the_api_being_down_refuses_shares_but_not_whole_gpus(
 
 async def test_a_conflicting_ledger_write_is_redone_on_fresh_data(
     server: FakeApiServer,
-    parts: tuple[SharingCoordinator, ScriptedPodResources, HealthBoard],
+    parts: tuple[SharingCoordinator, ScriptedPodResources, DeviceBoard],
 ) -> None:
     coordinator, _, board = parts
     server.store.put("pods", shared_pod("p", 3, ("a", "b")))
@@ -202,7 +203,7 @@ async def test_a_conflicting_ledger_write_is_redone_on_fresh_data(
 
 async def test_whole_gpus_follow_the_decision_else_the_extenders_highest_index_assumption(
     server: FakeApiServer,
-    parts: tuple[SharingCoordinator, ScriptedPodResources, HealthBoard],
+    parts: tuple[SharingCoordinator, ScriptedPodResources, DeviceBoard],
 ) -> None:
     coordinator, _, _ = parts
     whole_plan = next(p for p in coordinator.plans if not p.share_slots)
@@ -234,7 +235,7 @@ def slot_holding(pod: str, card: int, replica: int = 0) -> DeviceHolding:
 
 async def test_an_exchange_cut_short_between_its_two_writes_is_finished_next_round(
     server: FakeApiServer,
-    parts: tuple[SharingCoordinator, ScriptedPodResources, HealthBoard],
+    parts: tuple[SharingCoordinator, ScriptedPodResources, DeviceBoard],
 ) -> None:
     coordinator, pod_resources, _ = parts
     server.store.put("pods", shared_pod("a", 0, ("main",), compute=600, memory=8000))
@@ -265,7 +266,7 @@ async def test_an_exchange_cut_short_between_its_two_writes_is_finished_next_rou
         CARDS[0],
     )
     again = SharingCoordinator(
-        NODE, CONFIG, coordinator.api, HealthBoard(), pod_resources=pod_resources
+        NODE, CONFIG, coordinator.api, DeviceBoard(HealthFeed()), pod_resources=pod_resources
     )
     again.set_plans(coordinator.plans)
     assert await again.reconcile() == 1
@@ -285,7 +286,7 @@ async def test_an_exchange_cut_short_between_its_two_writes_is_finished_next_rou
 
 async def test_podresources_down_at_allocate_falls_back_to_the_ledgers(
     server: FakeApiServer,
-    parts: tuple[SharingCoordinator, ScriptedPodResources, HealthBoard],
+    parts: tuple[SharingCoordinator, ScriptedPodResources, DeviceBoard],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     coordinator, pod_resources, _ = parts
@@ -303,7 +304,7 @@ async def test_podresources_down_at_allocate_falls_back_to_the_ledgers(
 
 async def test_a_pod_being_admitted_is_not_handed_a_slot_of_another_card(
     server: FakeApiServer,
-    parts: tuple[SharingCoordinator, ScriptedPodResources, HealthBoard],
+    parts: tuple[SharingCoordinator, ScriptedPodResources, DeviceBoard],
 ) -> None:
     coordinator, pod_resources, _ = parts
     server.store.put("pods", shared_pod("m", 2, ("a", "b")))
@@ -332,13 +333,13 @@ WATCH_CONFIG = AgentConfig.model_validate(
 
 
 @pytest.fixture
-async def watching() -> AsyncIterator[tuple[FakeApiServer, SharingCoordinator, HealthBoard]]:
+async def watching() -> AsyncIterator[tuple[FakeApiServer, SharingCoordinator, DeviceBoard]]:
     """A coordinator running its loops (no PodResources) against a server that keeps only the
     last 5 changes, so a watch resumed from further back is told 410 Expired."""
     async with FakeApiServer(history_size=5) as api:
         api.store.put("nodes", make_node(NODE))
         client = api.async_client()
-        board = HealthBoard()
+        board = DeviceBoard(HealthFeed())
         coordinator = SharingCoordinator(NODE, WATCH_CONFIG, LightkubeNodeApi(client, NODE), board)
         coordinator.set_plans(build_plans(WATCH_CONFIG, INVENTORY))
         task = asyncio.create_task(coordinator.run())
@@ -359,7 +360,7 @@ async def until(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -
 
 
 async def test_the_pods_are_kept_current_by_one_list_and_a_watch_not_by_polling(
-    watching: tuple[FakeApiServer, SharingCoordinator, HealthBoard],
+    watching: tuple[FakeApiServer, SharingCoordinator, DeviceBoard],
 ) -> None:
     server, coordinator, board = watching
     # A shared pod arriving withdraws its card's whole-GPU id, from the watch alone.
@@ -386,7 +387,7 @@ async def test_the_pods_are_kept_current_by_one_list_and_a_watch_not_by_polling(
 
 
 async def test_a_watch_resumed_too_late_for_the_servers_history_lists_again(
-    watching: tuple[FakeApiServer, SharingCoordinator, HealthBoard],
+    watching: tuple[FakeApiServer, SharingCoordinator, DeviceBoard],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     server, coordinator, board = watching
@@ -419,7 +420,7 @@ async def test_without_rbac_to_watch_the_agent_lists_every_sync_interval_and_say
         # An older ClusterRole: list and patch on pods, no watch.
         server.before("watch", "pods", forbidden, count=1000)
         client = server.async_client()
-        board = HealthBoard()
+        board = DeviceBoard(HealthFeed())
         coordinator = SharingCoordinator(NODE, WATCH_CONFIG, LightkubeNodeApi(client, NODE), board)
         coordinator.set_plans(build_plans(WATCH_CONFIG, INVENTORY))
         task = asyncio.create_task(coordinator.run())
@@ -451,7 +452,7 @@ async def test_a_shared_pod_leaving_gives_its_card_whole_back_without_waiting_a_
     PodResources round (30 s by default) after the pod was gone, and a pod the scheduler bound
     in that window failed admission for good (the kubelet allocates no unhealthy device)."""
     client = server.async_client()
-    board = HealthBoard()
+    board = DeviceBoard(HealthFeed())
     pod_resources = ScriptedPodResources()
     coordinator = SharingCoordinator(
         NODE, RECONCILE_RARELY, LightkubeNodeApi(client, NODE), board, pod_resources=pod_resources

@@ -18,8 +18,9 @@ import pytest
 
 from kubegpu.config import load_config
 from kubegpu.inventory.fake import FakeGpuBackend
-from kubegpu.kubelet.agent import Agent, AgentSettings, Event, RetryBackoff
+from kubegpu.kubelet.agent import Agent, AgentSettings, Event
 from kubegpu.kubelet.probes import IdleTarget, ProbeServerError, ping_all, start_probe_server
+from kubegpu.kubelet.retry import RetryBackoff
 from kubegpu.roles.node_agent import build_agent
 from kubegpu.testing.kubelet import KubeletEmulator
 from kubegpu.testing.waiting import wait_until as poll_until

@@ -16,7 +16,9 @@ from kubegpu.core.backend import GpuBackend
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.core.health_feed import HealthFeed
 from kubegpu.inventory.fake import FakeGpuBackend
-from kubegpu.kubelet.agent import Agent, AgentSettings, Event, RunningService
+from kubegpu.kubelet.agent import AgentSettings, Event
+from kubegpu.kubelet.exporter_slot import RunningService
+from kubegpu.roles.node_agent import build_agent
 from kubegpu.testing.kubelet import KubeletEmulator
 from tests.kubelet.conftest import RESOURCE, short_tempdir, wait_until
 
@@ -77,7 +79,7 @@ async def test_a_verdict_reaches_the_kubelet_and_an_exporter_started_after_it(ro
     write_config(config_path, "127.0.0.1:9400")
     judge, exporters = Judge(), Exporters()
     settings = AgentSettings(kubelet_dir, "unit", config_path=config_path)
-    agent = Agent(
+    agent = build_agent(
         settings,
         load_config(config_path),
         backend,

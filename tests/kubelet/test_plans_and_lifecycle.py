@@ -11,10 +11,11 @@ from kubegpu.config import load_config
 from kubegpu.config.health import health_policy
 from kubegpu.config.model import AgentConfig
 from kubegpu.core.gpu import NodeInventory
+from kubegpu.core.health_feed import HealthFeed
 from kubegpu.inventory.spec import resolve_fake_spec
-from kubegpu.kubelet.agent import RetryBackoff, retry_with_backoff
-from kubegpu.kubelet.plugin import HealthBoard
+from kubegpu.kubelet.board import DeviceBoard
 from kubegpu.kubelet.resources import AllocationError, PlanError, build_plans
+from kubegpu.kubelet.retry import RetryBackoff, retry_with_backoff
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")
 
@@ -209,14 +210,15 @@ def test_default_backoff_is_bounded(attempt: int, delay: float) -> None:
 
 
 async def test_health_board_wakes_waiters_only_on_a_real_change() -> None:
-    board = HealthBoard()
     uuid = T4.gpus[0].uuid
+    health = HealthFeed([uuid])
+    board = DeviceBoard(health)
     waiter = asyncio.create_task(board.wait_for_change(board.version))
     await asyncio.sleep(0)
-    assert not board.set(uuid, True, "already healthy")
+    assert not health.set_healthy(uuid, True, "already healthy")
     await asyncio.sleep(0)
     assert not waiter.done()
-    assert board.set(uuid, False, "Xid 79")
+    assert health.set_healthy(uuid, False, "Xid 79")
     assert await asyncio.wait_for(waiter, 5) == 1
     assert board.unhealthy == {uuid: "Xid 79"}
 

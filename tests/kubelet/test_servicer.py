@@ -12,9 +12,11 @@ import pytest
 from grpc import aio
 
 from kubegpu.config import load_config
+from kubegpu.core.health_feed import HealthFeed
 from kubegpu.inventory.spec import resolve_fake_spec
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from kubegpu.kubelet.plugin import DevicePluginServicer, HealthBoard, PluginServer
+from kubegpu.kubelet.board import DeviceBoard
+from kubegpu.kubelet.plugin import DevicePluginServicer, PluginServer
 from kubegpu.kubelet.resources import build_plans
 from tests.kubelet.conftest import short_tempdir
 
@@ -24,16 +26,17 @@ INV = resolve_fake_spec("8xV100-32GB-HybridCubeMesh").inventory
 
 
 class Served:
-    def __init__(self, server: PluginServer, stub: Any, board: HealthBoard) -> None:
+    def __init__(self, server: PluginServer, stub: Any, board: DeviceBoard) -> None:
         self.server = server
         self.stub = stub
         self.board = board
+        self.health = board.health
 
 
-async def serve(**overrides: Any) -> tuple[PluginServer, aio.Channel, HealthBoard]:
+async def serve(**overrides: Any) -> tuple[PluginServer, aio.Channel, DeviceBoard]:
     config = load_config(None, overrides)
     (plan,) = build_plans(config, INV)
-    board = HealthBoard()
+    board = DeviceBoard(HealthFeed(gpu.uuid for gpu in INV.gpus))
     server = PluginServer(
         DevicePluginServicer(plan, INV, config, board, "unit-node"), short_tempdir()
     )
@@ -138,12 +141,12 @@ async def test_stream_sends_a_full_list_on_every_health_change(replicated: Serve
     assert {d.topology.nodes[0].ID for d in first.devices} == {0, 1}
 
     bad = INV.gpus[5].uuid
-    replicated.board.set(bad, False, "Xid 79")
+    replicated.health.set_healthy(bad, False, "Xid 79")
     second = await asyncio.wait_for(stream.read(), 10)
     assert len(second.devices) == 16
     assert {d.ID for d in second.devices if d.health == "Unhealthy"} == {f"{bad}::0", f"{bad}::1"}
 
-    replicated.board.set(bad, True, "recovered")
+    replicated.health.set_healthy(bad, True, "recovered")
     third = await asyncio.wait_for(stream.read(), 10)
     assert all(d.health == "Healthy" for d in third.devices)
     stream.cancel()
@@ -205,16 +208,16 @@ async def test_allocate_refuses_a_device_id_listed_twice(whole: Served, replicat
 
 
 async def test_allocate_refuses_an_unhealthy_device_naming_it_and_why(whole: Served) -> None:
-    whole.board.set(U[3], False, "Xid 79")
+    whole.health.set_healthy(U[3], False, "Xid 79")
     err = await refused(whole.stub.Allocate(allocate_request([U[2], U[3]])))
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert U[3] in (err.details() or "") and "Xid 79" in (err.details() or "")
-    whole.board.set(U[3], True, "recovered")
+    whole.health.set_healthy(U[3], True, "recovered")
     await whole.stub.Allocate(allocate_request([U[2], U[3]]))
 
 
 async def test_preferred_allocation_never_offers_an_unhealthy_device(whole: Served) -> None:
-    whole.board.set(U[0], False, "Xid 48")
+    whole.health.set_healthy(U[0], False, "Xid 48")
     response = await whole.stub.GetPreferredAllocation(preferred_request(U[:3], size=2))
     assert sorted(response.container_responses[0].deviceIDs) == sorted(U[1:3])
     err = await refused(whole.stub.GetPreferredAllocation(preferred_request(U[:3], size=3)))

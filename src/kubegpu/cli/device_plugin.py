@@ -240,8 +240,10 @@ def device_plugin(
     from kubegpu.config.load import ConfigError, load_config, render_config
     from kubegpu.core.backend import InventoryError
     from kubegpu.inventory.select import BackendKind, open_backend
-    from kubegpu.kubelet.agent import AgentSettings, ExporterServerError, check_api_access
+    from kubegpu.kubelet.agent import AgentSettings
+    from kubegpu.kubelet.exporter_slot import ExporterServerError
     from kubegpu.kubelet.probes import ProbeServerError
+    from kubegpu.kubelet.reload import check_api_access
     from kubegpu.kubelet.resources import PlanError
     from kubegpu.kubelet.socketdir import SocketDirError, check_folder, check_socket_dir
     from kubegpu.roles.node_agent import KubeconfigError, kube_config_for, run_agent

@@ -11,18 +11,24 @@ consumer started late (the exporter after a reload) sees the verdicts made befor
 It lives in the core because the kubelet, exporter and labels edges all read it and none may
 import another. It judges nothing and does no I/O; the composition roots (:mod:`kubegpu.roles`)
 attach the monitor that feeds it. Thread-safe: monitors call it from their own threads, and
-listeners are called on the caller's thread after each change (the node agent hands them over
-to its event loop).
+listeners are called on the caller's thread after each change (the node agent's device board
+hands them over to its event loop). Two kinds: :meth:`add_listener` hears every change (a
+verdict or an Xid counted), :meth:`subscribe` hears each verdict that flips, with its GPU and
+reason, so a consumer that acts on flips never keeps a copy of the verdicts to compare with.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.health import HealthCheckPolicy, HealthEvent
 from kubegpu.core.metrics import HealthTally, count_xid
+
+# Told of one verdict that flipped: (GPU, healthy now, the judge's reason).
+VerdictListener = Callable[[GpuUuid, bool, str], None]
 
 
 class HealthFeed:
@@ -37,6 +43,7 @@ class HealthFeed:
         self._reasons: dict[GpuUuid, str] = {}
         self._gpus = tuple(gpus)
         self._listeners: list[Callable[[], None]] = []
+        self._verdict_listeners: list[VerdictListener] = []
         self._judge_stop: Callable[[float], None] | None = None
 
     @property
@@ -48,7 +55,21 @@ class HealthFeed:
         self._gpus = tuple(gpus)
 
     def add_listener(self, listener: Callable[[], None]) -> None:
-        self._listeners.append(listener)
+        with self._lock:
+            self._listeners.append(listener)
+
+    def subscribe(self, listener: VerdictListener) -> Callable[[], None]:
+        """Tell ``listener`` of every verdict that flips from now on; returns the call that
+        ends the subscription (a consumer that stops before the feed does, e.g. one agent's
+        device board in a process that runs several)."""
+        with self._lock:
+            self._verdict_listeners.append(listener)
+
+        def unsubscribe() -> None:
+            with self._lock, contextlib.suppress(ValueError):
+                self._verdict_listeners.remove(listener)
+
+        return unsubscribe
 
     def count(self, event: HealthEvent) -> None:
         """Count an event's Xid, leaving health to :meth:`set_healthy`'s judge."""
@@ -66,11 +87,20 @@ class HealthFeed:
                 self._reasons.pop(uuid, None)
             else:
                 self._reasons[uuid] = reason
+            verdict_listeners = list(self._verdict_listeners)
+        for listener in verdict_listeners:
+            listener(uuid, healthy, reason)
         self._notify()
         return True
 
+    def healthy(self, uuid: GpuUuid) -> bool:
+        """The verdict on one GPU now (a GPU never judged is healthy)."""
+        return self.tally().healthy(uuid)
+
     def _notify(self) -> None:
-        for listener in self._listeners:
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
             listener()
 
     def tally(self) -> HealthTally:

@@ -19,8 +19,8 @@ from kubegpu.sharing.annotations import (
     AnnotationError,
     decode_inventory,
 )
-from kubegpu.sharing.podstate import TERMINAL_PHASES, read_decision
-from kubegpu.sharing.resources import RequestError, RequestKind, gpu_request
+from kubegpu.sharing.claim import TERMINAL_PHASES, read_claim
+from kubegpu.sharing.resources import RequestKind
 
 _NUMBER = re.compile(r"\b\d+\b")  # whole numbers only: model names keep theirs
 # Refused pods listed one per line on the terminal; the JSON summary has them all.
@@ -145,10 +145,10 @@ def pod_reason(by_node: Mapping[str, str]) -> str:
 
 def describe_request(pod: Mapping[str, Any]) -> str:
     """What a pod asks of the GPUs, in the words of the inspect table."""
-    try:
-        request = gpu_request(pod)
-    except RequestError as exc:
-        return f"unreadable request: {exc}"
+    claim = read_claim(pod)
+    request = claim.request
+    if request is None:
+        return f"unreadable request: {claim.refusal}"
     if request.kind is RequestKind.WHOLE:
         return f"{request.whole_gpus} whole GPU{'s' if request.whole_gpus != 1 else ''}"
     if request.kind is RequestKind.SHARED:
@@ -223,7 +223,7 @@ def summarize(
             refused_pods.append(RefusedPod(key, describe_request(pod), pod_reason(reasons[key])))
         else:
             waiting += 1
-        decision, _ = read_decision(pod)
+        decision = read_claim(pod).decision
         placements[key] = {
             "phase": phase,
             "node": bound,

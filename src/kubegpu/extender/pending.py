@@ -15,8 +15,9 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kubegpu.sharing.claim import read_claim
 from kubegpu.sharing.podstate import TERMINAL_PHASES
-from kubegpu.sharing.resources import RequestError, ResourceNames, pod_totals
+from kubegpu.sharing.resources import ResourceNames
 
 WHOLE = "whole"
 SHARED = "shared"
@@ -35,9 +36,8 @@ def waiting_for(pod: Mapping[str, Any], names: ResourceNames) -> str | None:
     status = pod.get("status")
     if isinstance(status, Mapping) and status.get("phase") in TERMINAL_PHASES:
         return None
-    try:
-        totals = pod_totals(pod, names)
-    except RequestError:
+    totals = read_claim(pod, names).totals
+    if totals is None:
         return None
     if totals.whole_gpus:
         return WHOLE

@@ -43,12 +43,11 @@ from kubegpu.sharing.annotations import (
     CardShare,
     ContainerAllocation,
 )
+from kubegpu.sharing.claim import read_claim
 from kubegpu.sharing.podstate import pod_uid
 from kubegpu.sharing.resources import (
     GpuRequest,
-    RequestError,
     RequestKind,
-    gpu_request,
     pod_key,
 )
 
@@ -133,9 +132,8 @@ class GpuScheduler:
             return self.configured_workload
         classes: list[ClassKey] = []
         for pod in self.view.pod_json.values():
-            try:
-                request = gpu_request(pod, self.view.names)
-            except RequestError:
+            request = read_claim(pod, self.view.names).request
+            if request is None:
                 continue
             classes.append(class_key(request.to_placement()))
         return target_workload(self.engine_policy, classes)

@@ -5,8 +5,11 @@ Health is kept per *physical* GPU (UUID). Consumers that expose several logical 
 the defect NVIDIA's plugin shipped in v0.20.0 (one replica marked, the others left healthy).
 
 Which events matter is :class:`~kubegpu.core.health.HealthCheckPolicy`'s decision; this module
-only waits, applies it, and reports changes through one callback, called from the GPU's monitor
-thread, only when a GPU's state actually flips. An optional second callback sees every event
+only waits, applies it, and writes each verdict into its record, a
+:class:`~kubegpu.core.health_feed.HealthFeed` (the role's, or one of its own): the monitor keeps
+only what judging needs (a lost GPU, healthy checks counted towards recovery), never a second
+copy of the verdicts. An optional callback hears, on the GPU's monitor thread, each verdict that
+actually flips. An optional second callback sees every event
 read, judged or not, so a consumer that counts them (the exporter inside the node agent counts
 Xids) needs no event set of its own.
 """
@@ -28,6 +31,7 @@ from kubegpu.core.health import (
     HealthEventKind,
     describe_event,
 )
+from kubegpu.core.health_feed import HealthFeed
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +44,9 @@ EventCallback = Callable[[HealthEvent], None]
 
 
 @dataclass
-class _GpuState:
-    healthy: bool = True
+class _GpuJudging:
+    """What judging one GPU needs besides its verdict (which lives in the record)."""
+
     lost: bool = False  # unhealthy because it stopped answering: only RECOVERED brings it back
     quiet_checks: int = 0  # consecutive waits without a critical event while unhealthy
 
@@ -63,7 +68,8 @@ def describe_ignored_xids(policy: HealthCheckPolicy) -> str:
 
 
 class HealthMonitor:
-    """Watches every GPU of ``inventory`` and calls ``on_change(uuid, healthy, reason)``.
+    """Watches every GPU of ``inventory``, writes its verdicts into ``record`` and calls
+    ``on_change(uuid, healthy, reason)`` when one flips.
 
     ``start()`` opens every watcher before returning, so an event raised after it returns is
     seen. A GPU whose watcher cannot be opened is reported unhealthy at once (as NVIDIA does: a
@@ -75,11 +81,12 @@ class HealthMonitor:
         backend: GpuBackend,
         inventory: NodeInventory,
         policy: HealthCheckPolicy,
-        on_change: HealthCallback,
+        on_change: HealthCallback | None = None,
         *,
         poll_timeout_s: float = HEALTH_CHECK_S,
         node_name: str = "",
         on_event: EventCallback | None = None,
+        record: HealthFeed | None = None,
     ) -> None:
         if poll_timeout_s <= 0:
             raise ValueError(f"poll_timeout_s must be positive, got {poll_timeout_s}")
@@ -91,7 +98,9 @@ class HealthMonitor:
         self._poll_timeout_s = poll_timeout_s
         self._node = node_name or "-"
         self._lock = threading.Lock()
-        self._states = {gpu.uuid: _GpuState() for gpu in inventory}
+        # The verdicts: the role's record when given (one per node), else this monitor's own.
+        self._record = record if record is not None else HealthFeed(g.uuid for g in inventory)
+        self._judging = {gpu.uuid: _GpuJudging() for gpu in inventory}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._started = False
@@ -102,8 +111,7 @@ class HealthMonitor:
 
     def health(self) -> dict[GpuUuid, bool]:
         """Current health per physical GPU UUID (every GPU of the inventory is present)."""
-        with self._lock:
-            return {uuid: state.healthy for uuid, state in self._states.items()}
+        return {uuid: self._record.healthy(uuid) for uuid in self._judging}
 
     def start(self) -> None:
         if self._started:
@@ -197,13 +205,13 @@ class HealthMonitor:
             reason = describe_event(event)
             if event.kind is HealthEventKind.RECOVERED:
                 with self._lock:
-                    self._states[gpu.uuid].lost = False
+                    self._judging[gpu.uuid].lost = False
                 self._set(gpu, healthy=True, reason=reason)
             elif self._policy.is_critical(event):
                 critical_seen = True
                 if event.kind is HealthEventKind.LOST:
                     with self._lock:
-                        self._states[gpu.uuid].lost = True
+                        self._judging[gpu.uuid].lost = True
                 self._set(gpu, healthy=False, reason=reason)
             else:
                 log.info(
@@ -238,8 +246,8 @@ class HealthMonitor:
         if needed is None:
             return
         with self._lock:
-            state = self._states[gpu.uuid]
-            if state.healthy or state.lost:
+            state = self._judging[gpu.uuid]
+            if state.lost or self._record.healthy(gpu.uuid):
                 return
             state.quiet_checks += 1
             if state.quiet_checks < needed:
@@ -252,11 +260,11 @@ class HealthMonitor:
 
     def _set(self, gpu: GpuDevice, *, healthy: bool, reason: str) -> None:
         with self._lock:
-            state = self._states[gpu.uuid]
-            state.quiet_checks = 0
-            if state.healthy == healthy:
-                return
-            state.healthy = healthy
+            self._judging[gpu.uuid].quiet_checks = 0
+        # Only this GPU's thread judges it, so the verdict cannot change between the look and
+        # the write; the line is logged before the record tells its readers (the kubelet).
+        if self._record.healthy(gpu.uuid) == healthy:
+            return
         if healthy:
             log.info(
                 "node %s: GPU %d (%s) healthy again: %s", self._node, gpu.index, gpu.uuid, reason
@@ -265,6 +273,10 @@ class HealthMonitor:
             log.warning(
                 "node %s: GPU %d (%s) unhealthy: %s", self._node, gpu.index, gpu.uuid, reason
             )
+        if not self._record.set_healthy(gpu.uuid, healthy, reason):
+            return
+        if self._on_change is None:
+            return
         try:
             self._on_change(gpu.uuid, healthy, reason)
         except Exception:

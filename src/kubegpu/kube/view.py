@@ -50,7 +50,7 @@ _MIB = 2**20
 class Backoff:
     """Retry delays as data: ``initial_s`` doubling (``factor``) up to ``max_s``; ``delay(n)``
     after ``n`` failures in a row, counted from 1 (the node agent's
-    :class:`kubegpu.kubelet.agent.RetryBackoff` counts retries from 0)."""
+    :class:`kubegpu.kubelet.retry.RetryBackoff` counts retries from 0)."""
 
     initial_s: float = 0.5
     max_s: float = 30.0

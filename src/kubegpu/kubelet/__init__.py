@@ -2,16 +2,21 @@
 
 * ``resources`` — what each resource advertises (whole GPUs, time-slicing replicas, card-level
   share slots ``<uuid>::slot-<n>``) and how a plain ``Allocate`` is answered;
-* ``plugin`` — the gRPC servicer and server, and the health board (health plus ids withdrawn
-  because their card is in use the other way, whole vs shared);
-* ``agent`` — the supervisor: servers, registration, reloads, health monitor, the node
-  inventory annotation, the sharing coordinator, the MPS daemon and (``exporter.enabled``) the
-  Prometheus exporter fed by its health monitor;
+* ``plugin`` — the gRPC servicer and server; ``plugin_set`` — every resource's server, its
+  socket claim and registration, and the probes' answers;
+* ``board`` — what the ``ListAndWatch`` streams show: health read from the node's one record
+  (``core.health_feed``), plus ids withdrawn because their card is in use the other way;
+* ``agent`` — the supervisor: start/stop order and events (kubelet restarts, lost sockets,
+  SIGHUP, SIGTERM) over the collaborators ``roles.node_agent`` builds: ``plugin_set``,
+  ``board``, ``reload`` (what a new config changes), ``cdi``, ``exporter_slot``,
+  ``inventory_publisher`` (the node inventory annotation), ``sharing_runtime`` (the sharing
+  coordinator and the MPS daemon); ``retry`` is their one backoff rule;
 * ``channels`` — client channels to re-created unix sockets (subchannels of their own, so a
   fresh channel dials the new socket instead of waiting out the old one's backoff);
-* ``shares`` / ``coordinator`` / ``cluster`` — card-level sharing (``sharing.gpuShare``):
-  the pure matching rules and ledger codec, the coordinator answering Allocate from the
-  extender's decisions and reconciling with PodResources, and its API / PodResources edges.
+* ``shares`` / ``coordinator`` / ``pod_view`` / ``reconcile`` / ``records`` / ``cluster`` —
+  card-level sharing (``sharing.gpuShare``): the pure matching rules, the coordinator answering
+  Allocate from the extender's decisions, its view of the node's pods (list + watch), the
+  records kept true against PodResources, and its API / PodResources ports.
 
 Annotations the node agent writes: ``kubegpu.io/gpu-inventory`` on its Node (every card's
 UUID, index, model, memory, health), and on sharing pods ``kubegpu.io/gpu-allocated`` (which

@@ -11,13 +11,17 @@ so the spec never clashes with the ``nvidia.com/gpu`` one nvidia-ctk writes besi
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from kubegpu.atomic_file import write_atomically
+from kubegpu.config.model import AgentConfig
 from kubegpu.core.container import CONTROL_DEVICE_NODES, host_path
 from kubegpu.core.gpu import GpuDevice
+
+log = logging.getLogger(__name__)
 
 CDI_VERSION = "0.6.0"
 
@@ -63,3 +67,29 @@ def write_spec(cdi_dir: Path, spec: dict[str, Any]) -> Path:
     target = spec_path(cdi_dir, str(spec["kind"]))
     write_atomically(target, json.dumps(spec, indent=2) + "\n", mode=0o644)
     return target
+
+
+class CdiSpecFile:
+    """The one CDI spec file this agent keeps, following its config.
+
+    :meth:`write` writes the spec of the current config (or none when no CDI strategy is on); a
+    spec this agent wrote under another kind or directory before (a reload) is removed: its
+    names are no longer handed out, and an old kind may clash with another vendor's."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.path: Path | None = None  # the spec file last written
+
+    def write(self, config: AgentConfig, gpus: Sequence[GpuDevice]) -> None:
+        plugin = config.flags.plugin
+        path: Path | None = None
+        if config.uses_cdi:
+            spec = cdi_spec(gpus, plugin.cdi_kind, plugin.device_id_strategy, plugin.dev_root)
+            path = write_spec(Path(plugin.cdi_dir), spec)
+            log.info(
+                "node %s: wrote CDI spec %s (%d GPUs)", self.node, path, len(spec["devices"]) - 1
+            )
+        previous, self.path = self.path, path
+        if previous is not None and previous != path:
+            previous.unlink(missing_ok=True)
+            log.info("node %s: removed CDI spec %s of the previous config", self.node, previous)

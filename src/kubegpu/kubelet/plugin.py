@@ -2,15 +2,15 @@
 
 The servicer is thin: it converts protobuf to our values, asks the :class:`ResourcePlan` (and,
 through it, the placement module), and converts back; domain errors become gRPC statuses here
-and nowhere else. Health lives in one :class:`HealthBoard` keyed by physical GPU, so every
-stream of every resource sees a change at once and every id of a GPU (replicas included) flips
-together. Everything runs on one asyncio loop, so an open ``ListAndWatch`` stream costs a
-suspended coroutine, not a worker thread, and never starves ``Allocate``.
+and nowhere else. Every stream watches one :class:`~kubegpu.kubelet.board.DeviceBoard`, which
+reads health from the node's one record keyed by physical GPU, so every stream of every resource
+sees a change at once and every id of a GPU (replicas included) flips together. Everything runs
+on one asyncio loop, so an open ``ListAndWatch`` stream costs a suspended coroutine, not a
+worker thread, and never starves ``Allocate``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import logging
 import os
@@ -24,8 +24,9 @@ import grpc
 from grpc import aio
 
 from kubegpu.config.model import AgentConfig
-from kubegpu.core.gpu import GpuUuid, NodeInventory
+from kubegpu.core.gpu import NodeInventory
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from kubegpu.kubelet.board import DeviceBoard
 from kubegpu.kubelet.channels import unix_aio_channel
 from kubegpu.kubelet.resources import (
     AllocateAnswer,
@@ -47,53 +48,6 @@ UNHEALTHY = "Unhealthy"
 MAX_STATUS_CHARS = 1000
 # The kubelet itself gives up dialing us after 10 s; waiting longer for it is pointless.
 REGISTER_TIMEOUT_S = 10.0
-
-
-class HealthBoard:
-    """Which physical GPUs are unhealthy (and why), with a wake-up for every change.
-
-    Only touched from the event loop; monitor threads hand changes over with
-    ``loop.call_soon_threadsafe``.
-    """
-
-    def __init__(self) -> None:
-        self.unhealthy: dict[GpuUuid, str] = {}
-        # Per resource: cards whose ids are withdrawn (reported Unhealthy) although the GPU is
-        # fine, because the card is in use the other way (whole vs shared; see coordinator).
-        self.blocked: dict[str, frozenset[GpuUuid]] = {}
-        self.version = 0
-        self._changed = asyncio.Event()
-
-    def unusable(self, resource: str) -> set[GpuUuid]:
-        return set(self.unhealthy) | self.blocked.get(resource, frozenset())
-
-    def set_blocked(self, resource: str, uuids: frozenset[GpuUuid]) -> bool:
-        if self.blocked.get(resource, frozenset()) == uuids:
-            return False
-        self.blocked[resource] = uuids
-        self._bump()
-        return True
-
-    def _bump(self) -> None:
-        self.version += 1
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
-
-    def set(self, uuid: GpuUuid, healthy: bool, reason: str) -> bool:
-        """Record a GPU's health; True (and waiters woken) only when it actually changed."""
-        if healthy == (uuid not in self.unhealthy):
-            return False
-        if healthy:
-            del self.unhealthy[uuid]
-        else:
-            self.unhealthy[uuid] = reason
-        self._bump()
-        return True
-
-    async def wait_for_change(self, seen_version: int) -> int:
-        while self.version == seen_version:
-            await self._changed.wait()
-        return self.version
 
 
 def _device_message(state: DeviceState) -> api_pb2.Device:
@@ -145,7 +99,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         plan: ResourcePlan,
         inventory: NodeInventory,
         config: AgentConfig,
-        board: HealthBoard,
+        board: DeviceBoard,
         node_name: str,
         hooks: AllocationHooks | None = None,
     ) -> None:

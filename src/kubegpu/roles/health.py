@@ -8,7 +8,7 @@ the role's edges read, so no edge imports the inventory edge to get it.
 from __future__ import annotations
 
 from kubegpu.core.backend import GpuBackend
-from kubegpu.core.gpu import GpuUuid, NodeInventory
+from kubegpu.core.gpu import NodeInventory
 from kubegpu.core.health_feed import HealthFeed
 from kubegpu.inventory.health import HEALTH_CHECK_S, HealthMonitor
 
@@ -26,15 +26,11 @@ def judge_health(
     ``poll_timeout_s`` is one health check (the monitor's default, as the agent runs it, unless
     a test shortens it); ``recoverAfterHealthyChecks`` counts those."""
     feed.set_gpus(gpu.uuid for gpu in inventory.gpus)
-
-    def on_change(uuid: GpuUuid, healthy: bool, reason: str) -> None:
-        feed.set_healthy(uuid, healthy, reason)
-
     monitor = HealthMonitor(
         backend,
         inventory,
         feed.policy,
-        on_change,
+        record=feed,
         node_name=node_name,
         on_event=feed.count,
         poll_timeout_s=HEALTH_CHECK_S if poll_timeout_s is None else poll_timeout_s,

@@ -1,8 +1,10 @@
 """The node agent's composition root: the kubelet edge's supervisor, wired to its neighbours.
 
-:class:`~kubegpu.kubelet.agent.Agent` knows its collaborators only as ports; this module is the
-one place that picks the real ones: the inventory edge's backend and health monitor, the
-exporter (when ``exporter.enabled``), and the kube edge's API server access. It imports each of
+:class:`~kubegpu.kubelet.agent.Agent` only sequences; this module builds what it sequences
+(the plugin set, the device board over the one health record, the exporter slot, the CDI spec
+file, GPU sharing and the inventory publisher when there is API access) and is the one place
+that picks the real ports: the inventory edge's backend and health monitor, the exporter (when
+``exporter.enabled``), and the kube edge's API server access. It imports each of
 them only when the config asks for it, so a node agent serving whole GPUs does not pay for
 lightkube or prometheus_client (the RSS target in docs/benchmarks.md).
 """
@@ -16,12 +18,21 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from kubegpu.config.health import health_policy
 from kubegpu.config.model import AgentConfig
 from kubegpu.config.model import Exporter as ExporterConfig
 from kubegpu.core.backend import GpuBackend
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.core.health_feed import HealthFeed
-from kubegpu.kubelet.agent import Agent, AgentSettings, RunningService
+from kubegpu.kubelet.agent import Agent, AgentParts, AgentSettings, HealthJudge
+from kubegpu.kubelet.board import DeviceBoard
+from kubegpu.kubelet.cdi import CdiSpecFile
+from kubegpu.kubelet.exporter_slot import ExporterSlot, ExporterStarter, RunningService
+from kubegpu.kubelet.inventory_publisher import InventoryPublisher
+from kubegpu.kubelet.plugin_set import PluginSet
+from kubegpu.kubelet.reload import check_api_access
+from kubegpu.kubelet.resources import build_plans
+from kubegpu.kubelet.sharing_runtime import SharingRuntime
 
 __all__ = ["KubeconfigError", "build_agent", "kube_config_for", "run_agent"]
 
@@ -38,9 +49,7 @@ def judge_node_health(
     judge_health(feed, backend, inventory, node_name=node_name)
 
 
-def exporter_starter(
-    backend: GpuBackend, kube_client: KubeClientFactory | None
-) -> Callable[[ExporterConfig, str, HealthFeed], RunningService]:
+def exporter_starter(backend: GpuBackend, kube_client: KubeClientFactory | None) -> ExporterStarter:
     """The agent's exporter: same refresher, collector and server as ``kubegpu exporter``, on
     the agent's backend and health record (no watcher of its own)."""
 
@@ -64,19 +73,41 @@ def build_agent(
     api: Any = None,
     pod_resources: Any = None,
     kube_client: KubeClientFactory | None = None,
+    health_judge: HealthJudge = judge_node_health,
+    start_exporter: ExporterStarter | None = None,
 ) -> Agent:
-    """The node agent as it runs in production, with the ports a test may replace."""
-    return Agent(
-        settings,
-        config,
-        backend,
-        health_judge=judge_node_health,
-        start_exporter=exporter_starter(backend, kube_client),
-        sleep=sleep,
-        clock=clock,
-        api=api,
-        pod_resources=pod_resources,
+    """The node agent as it runs in production, with the ports a test may replace: every
+    collaborator of the supervisor built here, and only the ones the config and access need.
+    Raises PlanError for a config the node cannot serve."""
+    node_name = settings.node_name
+    node = node_name or "-"
+    check_api_access(config, api=api is not None, node_name=node_name)
+    inventory = backend.snapshot()
+    plans = build_plans(config, inventory)
+    # The one record of GPU health: the judge writes it, everything else reads it.
+    health = HealthFeed(
+        (gpu.uuid for gpu in inventory.gpus), health_policy(config.health, settings.env)
     )
+    board = DeviceBoard(health)
+    sharing = publisher = None
+    if api is not None:
+        sharing = SharingRuntime(node, api, board, pod_resources=pod_resources, sleep=sleep)
+        if node_name:
+            publisher = InventoryPublisher(api, node, inventory, health, settings.backoff, config)
+    parts = AgentParts(
+        inventory=inventory,
+        health=health,
+        board=board,
+        plugins=PluginSet(settings.kubelet_dir, node, settings.backoff, sleep=sleep, clock=clock),
+        exporter=ExporterSlot(
+            start_exporter or exporter_starter(backend, kube_client), node_name, health
+        ),
+        cdi=CdiSpecFile(node),
+        health_judge=health_judge,
+        sharing=sharing,
+        publisher=publisher,
+    )
+    return Agent(settings, config, backend, plans, parts, sleep=sleep)
 
 
 # Where a pod's service account token is mounted: its presence (with the service host in the

@@ -28,8 +28,9 @@ from lightkube import ApiError
 from lightkube.resources.core_v1 import NodeStatus, Pod, PodStatus
 from lightkube.types import PatchType
 
-from kubegpu.sharing.podstate import pod_uid, read_decision
-from kubegpu.sharing.resources import RequestError, ResourceNames, pod_totals
+from kubegpu.sharing.claim import read_claim
+from kubegpu.sharing.podstate import pod_uid
+from kubegpu.sharing.resources import RequestError, ResourceNames
 from kubegpu.testing.kubelet import AllocationError, ContainerKind, KubeletEmulator
 from kubegpu.testing.scheduler import TERMINAL_PHASES, follow, now_rfc3339, pod_name
 
@@ -40,9 +41,9 @@ CAPACITY_POLL_S = 0.5
 
 def admission_order(pod: Mapping[str, Any]) -> tuple[str, str, str]:
     """The node agent's order for pods with nothing allocated yet: created, decided, uid."""
-    decision, _ = read_decision(pod)
-    created = str((pod.get("metadata") or {}).get("creationTimestamp") or "")
-    return (created, decision.decided_at if decision is not None else "", pod_uid(pod))
+    claim = read_claim(pod)
+    decision = claim.decision
+    return (claim.created, decision.decided_at if decision is not None else "", pod_uid(pod))
 
 
 def device_requests(
@@ -51,7 +52,10 @@ def device_requests(
     """(container, kind, resource, count) for every container asking for GPU devices, in the
     kubelet's order: init containers (sidecars among them) first, then app containers, each in
     spec order."""
-    shares = pod_totals(pod, names).containers
+    claim = read_claim(pod, names)
+    if claim.totals is None:
+        raise RequestError(claim.refusal)
+    shares = claim.totals.containers
     ordered = [c for c in shares if c.init] + [c for c in shares if not c.init]
     out: list[tuple[str, ContainerKind, str, int]] = []
     for c in ordered:

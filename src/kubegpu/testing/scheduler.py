@@ -48,8 +48,9 @@ from lightkube.resources.core_v1 import Event, Node, Pod, PodStatus
 from lightkube.types import PatchType
 
 from kubegpu.sharing.annotations import INVENTORY_ANNOTATION
+from kubegpu.sharing.claim import read_claim
 from kubegpu.sharing.podstate import pod_uid
-from kubegpu.sharing.resources import RequestError, ResourceNames, parse_quantity, pod_totals
+from kubegpu.sharing.resources import RequestError, ResourceNames, parse_quantity
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +140,8 @@ class Footprint:
 
 
 def footprint(pod: Mapping[str, Any], names: ResourceNames) -> Footprint:
-    try:
-        totals = pod_totals(pod, names)
-    except RequestError:
+    totals = read_claim(pod, names).totals
+    if totals is None:
         return Footprint()  # the extender explains; nothing to count
     return Footprint(
         totals.cpu_milli,
