@@ -9,11 +9,12 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from kubegpu.config.model import AgentConfig
+from kubegpu.core.health_feed import HealthFeed
 from kubegpu.inventory.spec import resolve_fake_spec
 from kubegpu.kube.agent_api import LightkubeNodeApi
+from kubegpu.kubelet.board import DeviceBoard
 from kubegpu.kubelet.coordinator import SharingCoordinator
 from kubegpu.kubelet.peer_compat import publish_peer_capacity
-from kubegpu.kubelet.plugin import HealthBoard
 from kubegpu.kubelet.resources import build_plans, slot_id
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
@@ -111,7 +112,9 @@ async def coordinator_for(
     def make(cfg: AgentConfig) -> SharingCoordinator:
         client = server.async_client()
         clients.append(client)
-        coordinator = SharingCoordinator(NODE, cfg, LightkubeNodeApi(client, NODE), HealthBoard())
+        coordinator = SharingCoordinator(
+            NODE, cfg, LightkubeNodeApi(client, NODE), DeviceBoard(HealthFeed())
+        )
         coordinator.set_plans(build_plans(cfg, INVENTORY))
         return coordinator
 
