@@ -13,8 +13,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kubegpu.sharing.claim import read_claim
 from kubegpu.sharing.peers import admission_patch
-from kubegpu.sharing.resources import RequestError, ResourceNames, gpu_request
+from kubegpu.sharing.resources import ResourceNames
 
 API_VERSION = "admission.k8s.io/v1"
 
@@ -57,11 +58,8 @@ def review_response(
 
 def _refusal(pod: Mapping[str, Any], ops: Sequence[Mapping[str, Any]], names: ResourceNames) -> str:
     """Why the patched pod could never be served, or ``""``."""
-    try:
-        gpu_request(apply_patch(pod, ops), names)
-    except RequestError as exc:
-        return f"kubegpu peer compat: {exc}"
-    return ""
+    refusal = read_claim(apply_patch(pod, ops), names).refusal
+    return f"kubegpu peer compat: {refusal}" if refusal else ""
 
 
 def apply_patch(doc: Mapping[str, Any], ops: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
