@@ -56,11 +56,8 @@ COMBINATIONS: list[tuple[str, list[str], list[str]]] = [
         ["overlays/default-scheduler", "overlays/monitoring"],
     ),
     ("nfd-labels", ["nodeAgent.labeller.sink=nfd"], ["examples/nfd-labels"]),
-<<<<<<< HEAD
     ("dra-driver", ["draDriver.enabled=true"], ["examples/dra"]),
-=======
     ("peer-compat", ["peerCompat.enabled=true"], ["examples/peer-compat"]),
->>>>>>> peers
     (
         "quota-example",
         ["quotaExample.enabled=true"],
