@@ -27,6 +27,13 @@ GROWTH_BUCKET_MILLI = 300.0
 # ... and whole-card pods against the classes covering this share of the target workload.
 POPULAR_PERCENT = 95.0
 
+# A key stage and a pod class, as the per-state tables of our keys are keyed.
+StageKey = tuple[str, int, int, int, frozenset[str]]
+
+
+def _class_key(stage: str, pod: PodRequest) -> StageKey:
+    return (stage, pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
+
 
 class KubegpuScorer:
     """Our node order and card choice over ``state``.
@@ -48,7 +55,9 @@ class KubegpuScorer:
             dtype=np.int64,
         )
         self._delta_tables: dict[PodKey, FloatArray] = {}
-        self._bucket_tables: dict[tuple[str, int, int, int, frozenset[str]], FloatArray32] = {}
+        self._bucket_tables: dict[StageKey, FloatArray32] = {}
+        # Per share class: the free milli of the best card per node state (NaN: not yet).
+        self._best_free_tables: dict[StageKey, FloatArray32] = {}
 
     @property
     def memo(self) -> FragmentationMemo:
@@ -58,8 +67,11 @@ class KubegpuScorer:
         """Position in ``rows`` of the first node of our order, each later key computed only
         on the nodes tied on the earlier ones (the same node as sorting by all keys, since
         rows are in rank order; FGD's score, the costly key, then runs on a few nodes)."""
-        positions = np.arange(rows.size)
-        for key in self.key_stages(pod):
+        stages = self.key_stages(pod)
+        # The first key runs on every row: no index array to build or gather through.
+        values = stages[0](rows)
+        positions = np.flatnonzero(values == values.min())
+        for key in stages[1:]:
             if positions.size == 1:
                 break
             values = key(rows[positions])
@@ -99,7 +111,7 @@ class KubegpuScorer:
         """:meth:`keys` as functions of the rows, most significant first."""
         if pod.is_gpu_share:
             return [
-                lambda rows: self._per_state("share", pod, rows, self._share_bucket),
+                lambda rows: self._share_key(pod, rows),
                 lambda rows: self._neg_fgd(pod, rows),
             ]
         stranded = functools.partial(
@@ -116,7 +128,18 @@ class KubegpuScorer:
         ]
 
     def card(self, i: int, pod: PodRequest) -> int:
-        """Column of row ``i``'s card for a share (see :meth:`share_choice`)."""
+        """Column of row ``i``'s card for a share (see :meth:`share_choice`).
+
+        On a node of one model the chosen card is the first one whose free milli is the best
+        card's (a card's cost depends on its free milli alone there), and that value was
+        remembered per state when the node was ranked (:meth:`_share_key`): the simulator
+        asks for the card of the node it just chose, so it is a lookup, not a re-pricing."""
+        state = self.state
+        if pod.gpu_memory_mib is None and not state.mixed[i]:
+            table = self._best_free_tables.get(_class_key("share", pod))
+            sid = int(state.state_id[i])
+            if table is not None and sid < table.size and not np.isnan(table[sid]):
+                return int(state.card_free[i].tolist().index(int(table[sid])))
         return int(self.share_choice(pod, np.array([i]))[1][0])
 
     def share_choice(self, pod: PodRequest, rows: IntArray) -> tuple[FloatArray, IntArray]:
@@ -145,8 +168,28 @@ class KubegpuScorer:
     def _neg_fgd(self, pod: PodRequest, rows: IntArray) -> FloatArray:
         return -self.fgd.scores(pod, rows).astype(np.float64)
 
-    def _share_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
-        return self.share_choice(pod, rows)[0]
+    def _share_key(self, pod: PodRequest, rows: IntArray) -> FloatArray:
+        """A share's first key on each of ``rows``: the cost bucket of its best card
+        (:meth:`share_choice`), remembered per node state and pod class like
+        :meth:`_per_state`, with the best card's free milli beside it for :meth:`card`."""
+        if pod.gpu_memory_mib is not None:  # card memory is not part of the state
+            return self.share_choice(pod, rows)[0]
+        key = _class_key("share", pod)
+        table: FloatArray32 = self._state_table(self._bucket_tables, key, np.float32)
+        best_free: FloatArray32 = self._state_table(self._best_free_tables, key, np.float32)
+        ids = self.state.state_id[rows]
+        out = table[ids]
+        missing = np.isnan(out)
+        if missing.any():
+            # Equal states give equal values: pricing every missing row (repeats included)
+            # costs numpy less than finding the distinct states first.
+            missing_rows = rows[missing]
+            bucket, cols = self.share_choice(pod, missing_rows)
+            missing_ids = ids[missing]
+            table[missing_ids] = bucket
+            best_free[missing_ids] = self.state.card_free[missing_rows, cols]
+            out[missing] = bucket
+        return out.astype(np.float64)
 
     def _stranded_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
         """Per row, the cost bucket of a pod taking no share (it leaves no card gap)."""
@@ -187,7 +230,7 @@ class KubegpuScorer:
         out = table[ids]
         missing = np.isnan(out)
         if missing.any():
-            sids = np.unique(ids[missing]).tolist()
+            sids = sorted(set(ids[missing].tolist()))  # few: cheaper than np.unique
             self.fgd.prefetch_states(pod, [state.state_keys[sid] for sid in sids])
             for sid in sids:
                 table[sid] = self._cpu_pod_growth(state.state_keys[sid], pod)
@@ -206,15 +249,18 @@ class KubegpuScorer:
         computed once, on one row of each state not seen yet, as FGD's score is."""
         if pod.gpu_memory_mib is not None:  # card memory is not part of the state
             return compute(pod, rows)
-        key = (stage, pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
-        table: FloatArray32 = self._state_table(self._bucket_tables, key, np.float32)
+        table: FloatArray32 = self._state_table(
+            self._bucket_tables, _class_key(stage, pod), np.float32
+        )
         ids = self.state.state_id[rows]
         out = table[ids]
         missing = np.isnan(out)
         if missing.any():
-            sids, first = np.unique(ids[missing], return_index=True)
-            table[sids] = compute(pod, rows[missing][first])
-            out = table[ids]
+            # Equal states give equal values: computing every missing row (repeats included)
+            # costs numpy less than finding the distinct states first.
+            values = compute(pod, rows[missing])
+            table[ids[missing]] = values
+            out[missing] = values
         return out.astype(np.float64)
 
 
