@@ -310,6 +310,14 @@ class _ClassArrays:
         self.milli = np.array([t.gpu_milli for t in pods], dtype=np.int64)
         self.count = np.array([t.gpu_count for t in pods], dtype=np.int64)
         self.cpu_only = self.milli == 0
+        # The classes' distinct per-card milli (a few dozen where a constrained trace has
+        # hundreds of classes): cards are compared with these, then spread to the classes.
+        self.distinct_milli, self.milli_index = np.unique(self.milli, return_inverse=True)
+        # The categories each kind of class can land in, in the loop's order: a GPU class in
+        # Q1, Q2, Q4 or "no access", a CPU-only one in XL or XR (so each is summed only over
+        # the classes that can reach it).
+        self.gpu_classes = np.flatnonzero(~self.cpu_only)
+        self.cpu_classes = np.flatnonzero(self.cpu_only)
         self._models = [t.gpu_models for t in pods]
         self._no_access: dict[str, npt.NDArray[np.bool_]] = {}
         self._kind_rows: dict[str, int] = {}
@@ -361,10 +369,12 @@ class _ClassArrays:
         )
         real = np.where(free == _PAD, 0, free)
         total = real.sum(axis=1).astype(np.float64)[:, None]
-        small = free[:, None, :] < self.milli[None, :, None]  # (state, class, card)
-        too_small = np.einsum("sck,sk->sc", small, real).astype(np.float64)
+        # Per distinct milli, then per class: cards too small (count and free milli).
+        small = free[:, None, :] < self.distinct_milli[None, :, None]  # (state, milli, card)
+        too_small = np.einsum("sck,sk->sc", small, real).astype(np.float64)[:, self.milli_index]
         cards = np.array([len(values) for _, values, _ in keys], dtype=np.int64)
-        cards_fit = (cards[:, None] - small.sum(axis=2)) >= self.count[None, :]
+        below = small.sum(axis=2)[:, self.milli_index]
+        cards_fit = (cards[:, None] - below) >= self.count[None, :]
         cpu = np.array([k[0] for k in keys], dtype=np.int64)[:, None]
         cpu_fits = cpu >= self.cpu[None, :]
         # One code per (state, class) from the four facts; tables give category and "fits".
@@ -372,15 +382,17 @@ class _ClassArrays:
         code = cards_fit + 2 * cpu_fits + self.kind[rows]
         category = _CODE_CATEGORY[code]
         value = self.weight[None, :] * np.where(_CODE_FITS[code], too_small, total)
-        # Per state and category a running sum over classes; then the categories in order.
-        picked = np.where(
-            category[:, None, :] == _CATEGORY_COLUMN[None, :, :], value[:, None, :], 0.0
+        sums = dict(
+            zip(_GPU_CATEGORIES, _category_sums(category, value, self.gpu_classes, _GPU_CATEGORIES))
         )
-        sums = np.cumsum(picked, axis=2)[:, :, -1]
+        sums.update(
+            zip(_CPU_CATEGORIES, _category_sums(category, value, self.cpu_classes, _CPU_CATEGORIES))
+        )
+        # Then the categories in the loop's order.
         out = np.zeros(len(keys), dtype=np.float64)
-        for c in range(sums.shape[1]):
-            out = out + sums[:, c]
-        return [float(v) for v in out]
+        for c in _FRAGMENT_CATEGORIES:
+            out = out + sums[c]
+        return out.tolist()
 
     def model_row(self, model: str) -> int:
         """Row of ``model`` in :attr:`kind`: per class 4 (no access), 8 (CPU only) or 0."""
@@ -394,6 +406,28 @@ class _ClassArrays:
 
 
 _PAD = MILLI_PER_GPU + 1
+_GPU_CATEGORIES = (_Q1_LACK_BOTH, _Q2_LACK_GPU, _Q4_LACK_CPU, _NO_ACCESS)
+_CPU_CATEGORIES = (_XL, _XR)
+
+
+def _category_sums(
+    category: npt.NDArray[np.int64],
+    value: npt.NDArray[np.float64],
+    classes: npt.NDArray[np.int64],
+    categories: tuple[int, ...],
+) -> list[npt.NDArray[np.float64]]:
+    """Per category of ``categories``, per state: the running sum over ``classes`` (in class
+    order) of the values of the classes in that category, as the loop adds them (the 0.0
+    added for a class of another category leaves a float unchanged)."""
+    states = category.shape[0]
+    if not classes.size:
+        return [np.zeros(states, dtype=np.float64) for _ in categories]
+    wanted = np.array(categories, dtype=np.int64)[None, :, None]
+    picked = np.where(
+        category[:, None, classes] == wanted, value[:, None, classes], 0.0
+    )  # (state, category, class)
+    sums = np.cumsum(picked, axis=2)[:, :, -1]
+    return [sums[:, j] for j in range(len(categories))]
 
 
 def _code_tables() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
