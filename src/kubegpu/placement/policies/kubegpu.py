@@ -27,6 +27,10 @@ GROWTH_BUCKET_MILLI = 300.0
 # ... and whole-card pods against the classes covering this share of the target workload.
 POPULAR_PERCENT = 95.0
 
+# One sort key over rows, in the dtype it is kept in: bucket tables are float32, FGD's score
+# an integer; every value is a whole number or ±inf, so comparisons are exact in any of them.
+KeyArray = npt.NDArray[np.float32] | npt.NDArray[np.float64] | npt.NDArray[np.int64]
+
 # A key stage and a pod class, as the per-state tables of our keys are keyed.
 StageKey = tuple[str, int, int, int, frozenset[str]]
 
@@ -105,26 +109,25 @@ class KubegpuScorer:
         :data:`GROWTH_BUCKET_MILLI` buckets, then the node with the least free GPU: CPU spent
         where the cards are already allocated strands nothing.
         """
-        return [key(rows) for key in self.key_stages(pod)]
+        return [key(rows).astype(np.float64) for key in self.key_stages(pod)]
 
-    def key_stages(self, pod: PodRequest) -> list[Callable[[IntArray], FloatArray]]:
-        """:meth:`keys` as functions of the rows, most significant first."""
+    def key_stages(self, pod: PodRequest) -> list[Callable[[IntArray], KeyArray]]:
+        """:meth:`keys` as functions of the rows, most significant first, each in the dtype
+        it is kept in (whole numbers or ±inf: comparing them needs no conversion)."""
         if pod.is_gpu_share:
             return [
                 lambda rows: self._share_key(pod, rows),
-                lambda rows: self._neg_fgd(pod, rows),
+                lambda rows: -self.fgd.scores(pod, rows),
             ]
         stranded = functools.partial(
             self._per_state, "stranded", pod, compute=self._stranded_bucket
         )
         if pod.gpu_count:
-            return [stranded, lambda rows: self._neg_fgd(pod, rows)]
+            return [stranded, lambda rows: -self.fgd.scores(pod, rows)]
         return [
             stranded,
-            lambda rows: np.floor(
-                np.round(self._fragment_growth(pod, rows), 6) / GROWTH_BUCKET_MILLI
-            ),
-            lambda rows: self.state.gpu_free_total[rows].astype(np.float64),
+            lambda rows: self._growth_bucket(pod, rows),
+            lambda rows: self.state.gpu_free_total[rows],
         ]
 
     def card(self, i: int, pod: PodRequest) -> int:
@@ -165,10 +168,7 @@ class KubegpuScorer:
         return bucket[np.arange(rows.size), cols], cols.astype(np.int64)
 
     # ----------------------------------------------------------------- the keys
-    def _neg_fgd(self, pod: PodRequest, rows: IntArray) -> FloatArray:
-        return -self.fgd.scores(pod, rows).astype(np.float64)
-
-    def _share_key(self, pod: PodRequest, rows: IntArray) -> FloatArray:
+    def _share_key(self, pod: PodRequest, rows: IntArray) -> KeyArray:
         """A share's first key on each of ``rows``: the cost bucket of its best card
         (:meth:`share_choice`), remembered per node state and pod class like
         :meth:`_per_state`, with the best card's free milli beside it for :meth:`card`."""
@@ -189,7 +189,7 @@ class KubegpuScorer:
             table[missing_ids] = bucket
             best_free[missing_ids] = self.state.card_free[missing_rows, cols]
             out[missing] = bucket
-        return out.astype(np.float64)
+        return out
 
     def _stranded_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
         """Per row, the cost bucket of a pod taking no share (it leaves no card gap)."""
@@ -221,8 +221,9 @@ class KubegpuScorer:
             tables[key] = table
         return table
 
-    def _fragment_growth(self, pod: PodRequest, rows: IntArray) -> FloatArray:
-        """Fragment growth of a CPU-only ``pod`` on each of ``rows`` (cached per state)."""
+    def _growth_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
+        """Fragment growth of a CPU-only ``pod`` on each of ``rows`` in
+        :data:`GROWTH_BUCKET_MILLI` buckets (cached per state, bucketed when cached)."""
         state = self.state
         key: PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
         table: FloatArray = self._state_table(self._delta_tables, key, np.float64)
@@ -232,8 +233,9 @@ class KubegpuScorer:
         if missing.any():
             sids = sorted(set(ids[missing].tolist()))  # few: cheaper than np.unique
             self.fgd.prefetch_states(pod, [state.state_keys[sid] for sid in sids])
-            for sid in sids:
-                table[sid] = self._cpu_pod_growth(state.state_keys[sid], pod)
+            growth = np.array([self._cpu_pod_growth(state.state_keys[sid], pod) for sid in sids])
+            # Rounded first: float noise must not move a growth across a bucket boundary.
+            table[sids] = np.floor(np.round(growth, 6) / GROWTH_BUCKET_MILLI)
             out = table[ids]
         return out
 
@@ -243,7 +245,7 @@ class KubegpuScorer:
         pod: PodRequest,
         rows: IntArray,
         compute: Callable[[PodRequest, IntArray], FloatArray],
-    ) -> FloatArray:
+    ) -> KeyArray:
         """``compute(pod, rows)``, remembered per node state and pod class: a row's cost
         bucket depends only on its state (free CPU, free milli per card, model), so each is
         computed once, on one row of each state not seen yet, as FGD's score is."""
@@ -261,7 +263,7 @@ class KubegpuScorer:
             values = compute(pod, rows[missing])
             table[ids[missing]] = values
             out[missing] = values
-        return out.astype(np.float64)
+        return out
 
 
 def order_scores(keys: Sequence[npt.NDArray[np.float64]]) -> IntArray:
