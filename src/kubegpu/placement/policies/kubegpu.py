@@ -70,7 +70,8 @@ class KubegpuScorer:
     def best(self, pod: PodRequest, rows: IntArray) -> int:
         """Position in ``rows`` of the first node of our order, each later key computed only
         on the nodes tied on the earlier ones (the same node as sorting by all keys, since
-        rows are in rank order; FGD's score, the costly key, then runs on a few nodes)."""
+        rows are in rank order). FGD's score, the costly key, runs only on the nodes tied on
+        the waste bucket: on openb about two thirds of the feasible ones."""
         stages = self.key_stages(pod)
         # The first key runs on every row: no index array to build or gather through.
         values = stages[0](rows)
@@ -248,7 +249,7 @@ class KubegpuScorer:
     ) -> KeyArray:
         """``compute(pod, rows)``, remembered per node state and pod class: a row's cost
         bucket depends only on its state (free CPU, free milli per card, model), so each is
-        computed once, on one row of each state not seen yet, as FGD's score is."""
+        computed once per state, as FGD's score is."""
         if pod.gpu_memory_mib is not None:  # card memory is not part of the state
             return compute(pod, rows)
         table: FloatArray32 = self._state_table(
