@@ -330,6 +330,9 @@ def run_cluster(
                 str(port),
                 "--policy",
                 args.policy,
+                # One extender, no kube-scheduler lease to follow: binds are never gated.
+                "--leader-lease",
+                "none",
             ],
             env={**os.environ, "NO_PROXY": "*"},
         )

@@ -310,6 +310,9 @@ class _ClassArrays:
         self.milli = np.array([t.gpu_milli for t in pods], dtype=np.int64)
         self.count = np.array([t.gpu_count for t in pods], dtype=np.int64)
         self.cpu_only = self.milli == 0
+        # The classes' distinct per-card milli (a few dozen where a constrained trace has
+        # hundreds of classes): cards are compared with these, then spread to the classes.
+        self.distinct_milli, self.milli_index = np.unique(self.milli, return_inverse=True)
         self._models = [t.gpu_models for t in pods]
         self._no_access: dict[str, npt.NDArray[np.bool_]] = {}
         self._kind_rows: dict[str, int] = {}
@@ -355,32 +358,30 @@ class _ClassArrays:
         if not self.weight.size:
             return [0.0] * len(keys)
         width = max(max((len(free) for _, free, _ in keys), default=0), 1)
-        # Missing card slots hold 1001, more than any class's milli: never "too small".
+        # Missing card slots hold 0 free milli: they add nothing to a sum and count as "too
+        # small" for every GPU class, so a class's cards fit when the slots that are not too
+        # small are enough (width − below ≥ count, the empty slots cancelling out).
         free = np.array(
-            [values + (_PAD,) * (width - len(values)) for _, values, _ in keys], dtype=np.int64
+            [values + (0,) * (width - len(values)) for _, values, _ in keys], dtype=np.int64
         )
-        real = np.where(free == _PAD, 0, free)
-        total = real.sum(axis=1).astype(np.float64)[:, None]
-        small = free[:, None, :] < self.milli[None, :, None]  # (state, class, card)
-        too_small = np.einsum("sck,sk->sc", small, real).astype(np.float64)
-        cards = np.array([len(values) for _, values, _ in keys], dtype=np.int64)
-        cards_fit = (cards[:, None] - small.sum(axis=2)) >= self.count[None, :]
-        cpu = np.array([k[0] for k in keys], dtype=np.int64)[:, None]
-        cpu_fits = cpu >= self.cpu[None, :]
+        total = free.sum(axis=1).astype(np.float64)[:, None]
+        # Per distinct milli, then per class: cards too small (count and free milli).
+        small = free[:, None, :] < self.distinct_milli[None, :, None]  # (state, milli, card)
+        too_small = np.einsum("sck,sk->sc", small, free).astype(np.float64)[:, self.milli_index]
+        cards_fit = (width - small.sum(axis=2)[:, self.milli_index]) >= self.count
+        cpu_fits = np.array([k[0] for k in keys], dtype=np.int64)[:, None] >= self.cpu
         # One code per (state, class) from the four facts; tables give category and "fits".
         rows = [self.model_row(k[2]) for k in keys]  # may grow self.kind: before reading it
         code = cards_fit + 2 * cpu_fits + self.kind[rows]
         category = _CODE_CATEGORY[code]
-        value = self.weight[None, :] * np.where(_CODE_FITS[code], too_small, total)
-        # Per state and category a running sum over classes; then the categories in order.
-        picked = np.where(
-            category[:, None, :] == _CATEGORY_COLUMN[None, :, :], value[:, None, :], 0.0
-        )
+        value = self.weight * np.where(_CODE_FITS[code], too_small, total)
+        # Per state and category a running sum over classes (the 0.0 added for a class of
+        # another category leaves a float unchanged); then the categories in the loop's
+        # order, which is a running sum too.
+        picked = np.where(category[:, None, :] == _CATEGORY_COLUMN, value[:, None, :], 0.0)
         sums = np.cumsum(picked, axis=2)[:, :, -1]
-        out = np.zeros(len(keys), dtype=np.float64)
-        for c in range(sums.shape[1]):
-            out = out + sums[:, c]
-        return [float(v) for v in out]
+        out: list[float] = np.cumsum(sums, axis=1)[:, -1].tolist()
+        return out
 
     def model_row(self, model: str) -> int:
         """Row of ``model`` in :attr:`kind`: per class 4 (no access), 8 (CPU only) or 0."""
@@ -391,9 +392,6 @@ class _ClassArrays:
             kind = np.where(self.no_access(model), 4, 0) + np.where(self.cpu_only, 8, 0)
             self.kind = np.vstack([self.kind, kind[None, :]])
         return row
-
-
-_PAD = MILLI_PER_GPU + 1
 
 
 def _code_tables() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:

@@ -93,7 +93,7 @@ class FgdScorer:
         out = table[ids]
         missing = out < 0
         if missing.any():
-            sids = np.unique(ids[missing]).tolist()
+            sids = sorted(set(ids[missing].tolist()))  # few: cheaper than np.unique
             self.prefetch_states(pod, [state.state_keys[sid] for sid in sids])
             for sid in sids:
                 table[sid] = self.state_score(state.state_keys[sid], pod)

@@ -27,6 +27,17 @@ GROWTH_BUCKET_MILLI = 300.0
 # ... and whole-card pods against the classes covering this share of the target workload.
 POPULAR_PERCENT = 95.0
 
+# One sort key over rows, in the dtype it is kept in: bucket tables are float32, FGD's score
+# an integer; every value is a whole number or ±inf, so comparisons are exact in any of them.
+KeyArray = npt.NDArray[np.float32] | npt.NDArray[np.float64] | npt.NDArray[np.int64]
+
+# A key stage and a pod class, as the per-state tables of our keys are keyed.
+StageKey = tuple[str, int, int, int, frozenset[str]]
+
+
+def _class_key(stage: str, pod: PodRequest) -> StageKey:
+    return (stage, pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
+
 
 class KubegpuScorer:
     """Our node order and card choice over ``state``.
@@ -48,7 +59,9 @@ class KubegpuScorer:
             dtype=np.int64,
         )
         self._delta_tables: dict[PodKey, FloatArray] = {}
-        self._bucket_tables: dict[tuple[str, int, int, int, frozenset[str]], FloatArray32] = {}
+        self._bucket_tables: dict[StageKey, FloatArray32] = {}
+        # Per share class: the free milli of the best card per node state (NaN: not yet).
+        self._best_free_tables: dict[StageKey, FloatArray32] = {}
 
     @property
     def memo(self) -> FragmentationMemo:
@@ -57,9 +70,13 @@ class KubegpuScorer:
     def best(self, pod: PodRequest, rows: IntArray) -> int:
         """Position in ``rows`` of the first node of our order, each later key computed only
         on the nodes tied on the earlier ones (the same node as sorting by all keys, since
-        rows are in rank order; FGD's score, the costly key, then runs on a few nodes)."""
-        positions = np.arange(rows.size)
-        for key in self.key_stages(pod):
+        rows are in rank order). FGD's score, the costly key, runs only on the nodes tied on
+        the waste bucket: on openb about two thirds of the feasible ones."""
+        stages = self.key_stages(pod)
+        # The first key runs on every row: no index array to build or gather through.
+        values = stages[0](rows)
+        positions = np.flatnonzero(values == values.min())
+        for key in stages[1:]:
             if positions.size == 1:
                 break
             values = key(rows[positions])
@@ -93,30 +110,40 @@ class KubegpuScorer:
         :data:`GROWTH_BUCKET_MILLI` buckets, then the node with the least free GPU: CPU spent
         where the cards are already allocated strands nothing.
         """
-        return [key(rows) for key in self.key_stages(pod)]
+        return [key(rows).astype(np.float64) for key in self.key_stages(pod)]
 
-    def key_stages(self, pod: PodRequest) -> list[Callable[[IntArray], FloatArray]]:
-        """:meth:`keys` as functions of the rows, most significant first."""
+    def key_stages(self, pod: PodRequest) -> list[Callable[[IntArray], KeyArray]]:
+        """:meth:`keys` as functions of the rows, most significant first, each in the dtype
+        it is kept in (whole numbers or ±inf: comparing them needs no conversion)."""
         if pod.is_gpu_share:
             return [
-                lambda rows: self._per_state("share", pod, rows, self._share_bucket),
-                lambda rows: self._neg_fgd(pod, rows),
+                lambda rows: self._share_key(pod, rows),
+                lambda rows: -self.fgd.scores(pod, rows),
             ]
         stranded = functools.partial(
             self._per_state, "stranded", pod, compute=self._stranded_bucket
         )
         if pod.gpu_count:
-            return [stranded, lambda rows: self._neg_fgd(pod, rows)]
+            return [stranded, lambda rows: -self.fgd.scores(pod, rows)]
         return [
             stranded,
-            lambda rows: np.floor(
-                np.round(self._fragment_growth(pod, rows), 6) / GROWTH_BUCKET_MILLI
-            ),
-            lambda rows: self.state.gpu_free_total[rows].astype(np.float64),
+            lambda rows: self._growth_bucket(pod, rows),
+            lambda rows: self.state.gpu_free_total[rows],
         ]
 
     def card(self, i: int, pod: PodRequest) -> int:
-        """Column of row ``i``'s card for a share (see :meth:`share_choice`)."""
+        """Column of row ``i``'s card for a share (see :meth:`share_choice`).
+
+        On a node of one model the chosen card is the first one whose free milli is the best
+        card's (a card's cost depends on its free milli alone there), and that value was
+        remembered per state when the node was ranked (:meth:`_share_key`): the simulator
+        asks for the card of the node it just chose, so it is a lookup, not a re-pricing."""
+        state = self.state
+        if pod.gpu_memory_mib is None and not state.mixed[i]:
+            table = self._best_free_tables.get(_class_key("share", pod))
+            sid = int(state.state_id[i])
+            if table is not None and sid < table.size and not np.isnan(table[sid]):
+                return int(state.card_free[i].tolist().index(int(table[sid])))
         return int(self.share_choice(pod, np.array([i]))[1][0])
 
     def share_choice(self, pod: PodRequest, rows: IntArray) -> tuple[FloatArray, IntArray]:
@@ -142,11 +169,28 @@ class KubegpuScorer:
         return bucket[np.arange(rows.size), cols], cols.astype(np.int64)
 
     # ----------------------------------------------------------------- the keys
-    def _neg_fgd(self, pod: PodRequest, rows: IntArray) -> FloatArray:
-        return -self.fgd.scores(pod, rows).astype(np.float64)
-
-    def _share_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
-        return self.share_choice(pod, rows)[0]
+    def _share_key(self, pod: PodRequest, rows: IntArray) -> KeyArray:
+        """A share's first key on each of ``rows``: the cost bucket of its best card
+        (:meth:`share_choice`), remembered per node state and pod class like
+        :meth:`_per_state`, with the best card's free milli beside it for :meth:`card`."""
+        if pod.gpu_memory_mib is not None:  # card memory is not part of the state
+            return self.share_choice(pod, rows)[0]
+        key = _class_key("share", pod)
+        table: FloatArray32 = self._state_table(self._bucket_tables, key, np.float32)
+        best_free: FloatArray32 = self._state_table(self._best_free_tables, key, np.float32)
+        ids = self.state.state_id[rows]
+        out = table[ids]
+        missing = np.isnan(out)
+        if missing.any():
+            # Equal states give equal values: pricing every missing row (repeats included)
+            # costs numpy less than finding the distinct states first.
+            missing_rows = rows[missing]
+            bucket, cols = self.share_choice(pod, missing_rows)
+            missing_ids = ids[missing]
+            table[missing_ids] = bucket
+            best_free[missing_ids] = self.state.card_free[missing_rows, cols]
+            out[missing] = bucket
+        return out
 
     def _stranded_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
         """Per row, the cost bucket of a pod taking no share (it leaves no card gap)."""
@@ -178,8 +222,9 @@ class KubegpuScorer:
             tables[key] = table
         return table
 
-    def _fragment_growth(self, pod: PodRequest, rows: IntArray) -> FloatArray:
-        """Fragment growth of a CPU-only ``pod`` on each of ``rows`` (cached per state)."""
+    def _growth_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
+        """Fragment growth of a CPU-only ``pod`` on each of ``rows`` in
+        :data:`GROWTH_BUCKET_MILLI` buckets (cached per state, bucketed when cached)."""
         state = self.state
         key: PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
         table: FloatArray = self._state_table(self._delta_tables, key, np.float64)
@@ -187,10 +232,11 @@ class KubegpuScorer:
         out = table[ids]
         missing = np.isnan(out)
         if missing.any():
-            sids = np.unique(ids[missing]).tolist()
+            sids = sorted(set(ids[missing].tolist()))  # few: cheaper than np.unique
             self.fgd.prefetch_states(pod, [state.state_keys[sid] for sid in sids])
-            for sid in sids:
-                table[sid] = self._cpu_pod_growth(state.state_keys[sid], pod)
+            growth = np.array([self._cpu_pod_growth(state.state_keys[sid], pod) for sid in sids])
+            # Rounded first: float noise must not move a growth across a bucket boundary.
+            table[sids] = np.floor(np.round(growth, 6) / GROWTH_BUCKET_MILLI)
             out = table[ids]
         return out
 
@@ -200,22 +246,25 @@ class KubegpuScorer:
         pod: PodRequest,
         rows: IntArray,
         compute: Callable[[PodRequest, IntArray], FloatArray],
-    ) -> FloatArray:
+    ) -> KeyArray:
         """``compute(pod, rows)``, remembered per node state and pod class: a row's cost
         bucket depends only on its state (free CPU, free milli per card, model), so each is
-        computed once, on one row of each state not seen yet, as FGD's score is."""
+        computed once per state, as FGD's score is."""
         if pod.gpu_memory_mib is not None:  # card memory is not part of the state
             return compute(pod, rows)
-        key = (stage, pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
-        table: FloatArray32 = self._state_table(self._bucket_tables, key, np.float32)
+        table: FloatArray32 = self._state_table(
+            self._bucket_tables, _class_key(stage, pod), np.float32
+        )
         ids = self.state.state_id[rows]
         out = table[ids]
         missing = np.isnan(out)
         if missing.any():
-            sids, first = np.unique(ids[missing], return_index=True)
-            table[sids] = compute(pod, rows[missing][first])
-            out = table[ids]
-        return out.astype(np.float64)
+            # Equal states give equal values: computing every missing row (repeats included)
+            # costs numpy less than finding the distinct states first.
+            values = compute(pod, rows[missing])
+            table[ids[missing]] = values
+            out[missing] = values
+        return out
 
 
 def order_scores(keys: Sequence[npt.NDArray[np.float64]]) -> IntArray:
