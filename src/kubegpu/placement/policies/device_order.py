@@ -9,10 +9,13 @@ choice, as today, and the card is the first fit in a device order.
 
 * ``first-fit``: the order our driver publishes, device (GPU) index order.
 * ``steered``: the order a driver could publish to steer first fit, re-published whenever the
-  node's allocations change: the cards ranked by the policy's own preference for the
-  workload's *typical* share (:func:`typical_share`), at the node's current state. The cards
-  too full for the typical share come first, tightest first, so pods smaller than it fill
-  slivers the typical share cannot use (what best fit, and our waste cost, would do for them).
+  node's allocations change. For a policy whose card choice is a comparator (BestFit, Spread)
+  that comparator's order, which makes first fit the policy's choice. For ours: the order of
+  the node's cards (by free milli) that minimises the expected cost of the *next* share's first
+  fit over the workload's share classes, the cost being our own card key for that share
+  (:meth:`DeviceOrderEngine._search_order`). One order cannot suit every share size, so this
+  recovers only part of what first fit loses (docs/benchmarks.md, "Placement quality under
+  DRA", also says what the driver and the extender would have to do).
 
 Either way the allocator's accounting stays the authority: a card is taken only if the pod
 fits it now (:func:`~kubegpu.placement.feasibility.eligible_cards`), the order only says which
@@ -142,6 +145,8 @@ class DeviceOrderEngine(PlacementEngine):
         return np.lexsort((index_order, rank)).astype(np.int64)
 
     def _value_order(self, i: int) -> tuple[int, ...]:
+        if not self.track_states:  # no state ids to cache on (the engine has no workload)
+            return self._search_order(i)
         sid = int(self.state_id[i])
         found = self._value_orders.get(sid)
         if found is None:
