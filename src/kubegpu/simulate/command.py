@@ -164,9 +164,9 @@ def parse_card_choices(text: str) -> list[CardChoice]:
         try:
             choices.append(parse_card_choice(part))
         except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--card-choice") from None
+            raise click.BadParameter(str(exc), param_hint="'--card-choice'") from None
     if not choices:
-        raise click.BadParameter("no card choice", param_hint="--card-choice")
+        raise click.BadParameter("no card choice", param_hint="'--card-choice'")
     return list(dict.fromkeys(choices))
 
 
@@ -364,9 +364,10 @@ def _plot(out: Path, results: Sequence[JobResult]) -> Path:
     callback=lambda _ctx, _param, value: parse_card_choices(value),
     help="How a GPU share's card is chosen on the policy's node, comma-separated to compare: "
     "'policy' (the policy's own choice), 'first-fit' (DRA's allocator: the first card in device "
-    "index order that fits) or 'steered' (first fit in the order a DRA driver would publish "
-    "for the workload's most common share; kubegpu, bestfit, dotprod, gpuclustering, gpupacking "
-    "or spread). Other than 'policy', sc_policy gets the choice appended, e.g. "
+    "index order that fits) or 'steered' (first fit in the order a steering DRA driver would "
+    "publish: for kubegpu the order minimising the expected cost of the workload's next share, "
+    "for bestfit, dotprod, gpuclustering, gpupacking and spread their own card order; not "
+    "fgd or random). Other than 'policy', sc_policy gets the choice appended, e.g. "
     "'07-Kubegpu first-fit'.",
 )
 @click.option(
