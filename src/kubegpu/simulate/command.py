@@ -25,6 +25,11 @@ import click
 from kubegpu.cli.types import FiniteFloatRange
 from kubegpu.placement.model import NodeState
 from kubegpu.placement.policies import POLICIES, PolicySpec, get_policy
+from kubegpu.placement.policies.device_order import (
+    CardChoice,
+    check_steerable,
+    parse_card_choice,
+)
 from kubegpu.simulate.arrivals import Arrivals, generate_arrivals, load_fixture
 from kubegpu.simulate.replay import COLUMNS, discretise, replay, target_workload
 from kubegpu.simulate.traces import TraceError, TracePod, load_nodes, load_pods
@@ -40,10 +45,20 @@ class Job:
     policy: str
     seed: int
     inflation: float
+    card_choice: CardChoice = CardChoice.POLICY
 
     @property
     def workload(self) -> str:
         return self.pods.stem
+
+    @property
+    def label(self) -> str:
+        """The policy's paper label, plus the card choice where it is not the policy's
+        (``07-Kubegpu first-fit``): the ``sc_policy`` of allocation.csv and runs.csv."""
+        label = get_policy(self.policy).label
+        if self.card_choice is CardChoice.POLICY:
+            return label
+        return f"{label} {self.card_choice.value}"
 
 
 @dataclass(frozen=True)
@@ -80,7 +95,7 @@ def run_job(job: Job) -> JobResult:
         arrivals = generate_arrivals(pods, nodes, job.seed, job.inflation)
     spec = get_policy(job.policy)
     workload = target_workload(spec, pods)
-    result = replay(nodes, arrivals, spec, workload, job.seed)
+    result = replay(nodes, arrivals, spec, workload, job.seed, card_choice=job.card_choice)
     columns = discretise(result)
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return JobResult(
@@ -140,6 +155,21 @@ def parse_policies(text: str) -> list[PolicySpec]:
     return list(dict.fromkeys(specs))
 
 
+def parse_card_choices(text: str) -> list[CardChoice]:
+    """``policy,first-fit,steered`` (any of them, comma-separated) → card choices in order."""
+    choices: list[CardChoice] = []
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        try:
+            choices.append(parse_card_choice(part))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--card-choice'") from None
+    if not choices:
+        raise click.BadParameter("no card choice", param_hint="'--card-choice'")
+    return list(dict.fromkeys(choices))
+
+
 PaperTable = dict[tuple[str, str], dict[int, list[float]]]
 
 
@@ -169,13 +199,11 @@ def _write_allocation(out: Path, results: Sequence[JobResult], inflation: float)
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(["workload", "sc_policy", "tune", "seed", "total_gpus", *COLUMNS])
-        for r in sorted(
-            results, key=lambda r: (r.job.workload, get_policy(r.job.policy).label, r.job.seed)
-        ):
+        for r in sorted(results, key=lambda r: (r.job.workload, r.job.label, r.job.seed)):
             writer.writerow(
                 [
                     r.job.workload,
-                    get_policy(r.job.policy).label,
+                    r.job.label,
                     inflation,
                     r.job.seed,
                     r.total_gpus,
@@ -192,7 +220,7 @@ def _write_allocation(out: Path, results: Sequence[JobResult], inflation: float)
             writer.writerow(
                 [
                     r.job.workload,
-                    get_policy(r.job.policy).label,
+                    r.job.label,
                     r.job.seed,
                     r.failed_pods,
                     f"{r.wall_s:.2f}",
@@ -213,7 +241,7 @@ def _summary(results: Sequence[JobResult], paper: PaperTable) -> None:
 
     grouped: dict[tuple[str, str], list[JobResult]] = defaultdict(list)
     for r in results:
-        grouped[(r.job.workload, get_policy(r.job.policy).label)].append(r)
+        grouped[(r.job.workload, r.job.label)].append(r)
     table = Table(title="GPU allocation ratio (%) at 100 % arrived, mean over seeds")
     for name in ("workload", "policy", "seeds", "ours", "paper", "Δ", "exact rows"):
         table.add_column(name, justify="left" if name in ("workload", "policy") else "right")
@@ -247,7 +275,7 @@ def _plot(out: Path, results: Sequence[JobResult]) -> Path:
         by_policy: dict[str, list[list[float | None]]] = defaultdict(list)
         for r in results:
             if r.job.workload == workload:
-                by_policy[get_policy(r.job.policy).label].append(r.columns)
+                by_policy[r.job.label].append(r.columns)
         for label, curves in sorted(by_policy.items()):
             xs = [x for x in COLUMNS if all(c[x] is not None for c in curves)]
             ys = [_mean([float(c[x] or 0.0) for c in curves]) for x in xs]
@@ -329,6 +357,20 @@ def _plot(out: Path, results: Sequence[JobResult]) -> Path:
     help="Replays run at once, each in its own process (at most the CPU count).",
 )
 @click.option(
+    "--card-choice",
+    "card_choices",
+    default=CardChoice.POLICY.value,
+    show_default=True,
+    callback=lambda _ctx, _param, value: parse_card_choices(value),
+    help="How a GPU share's card is chosen on the policy's node, comma-separated to compare: "
+    "'policy' (the policy's own choice), 'first-fit' (DRA's allocator: the first card in device "
+    "index order that fits) or 'steered' (first fit in the order a steering DRA driver would "
+    "publish: for kubegpu the order minimising the expected cost of the workload's next share, "
+    "for bestfit, dotprod, gpuclustering, gpupacking and spread their own card order; not "
+    "fgd or random). Other than 'policy', sc_policy gets the choice appended, e.g. "
+    "'07-Kubegpu first-fit'.",
+)
+@click.option(
     "--paper",
     "paper_csv",
     type=click.Path(path_type=Path, dir_okay=False, exists=True),
@@ -352,11 +394,18 @@ def simulate(
     arrivals_dir: Path | None,
     out_dir: Path,
     jobs: int,
+    card_choices: list[CardChoice],
     paper_csv: Path | None,
     plot: bool,
 ) -> None:
     """Replay GPU traces through the placement engine by the FGD paper's method."""
     specs, seed_list = policies, seeds
+    if CardChoice.STEERED in card_choices:
+        for spec in specs:
+            try:
+                check_steerable(spec)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint="'--card-choice'") from None
     _prepare_out(out_dir)
     try:
         nodes = load_nodes(nodes_csv)
@@ -383,7 +432,10 @@ def simulate(
                     ctx.exit(2)
                     return
             for spec in specs:
-                work.append(Job(nodes_csv, pods_csv, fixture, spec.name, seed, inflation))
+                for choice in card_choices:
+                    work.append(
+                        Job(nodes_csv, pods_csv, fixture, spec.name, seed, inflation, choice)
+                    )
     log.info(
         "simulating %d runs (%d workloads × %d policies × %d seeds) with %d jobs",
         len(work),

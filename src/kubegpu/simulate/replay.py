@@ -17,6 +17,7 @@ from kubegpu.placement.engine import PlacementEngine
 from kubegpu.placement.fragmentation import ClassKey, TypicalWorkload, class_key
 from kubegpu.placement.model import MILLI_PER_GPU, NodeState, PodRequest
 from kubegpu.placement.policies import POLICIES, PolicySpec
+from kubegpu.placement.policies.device_order import CardChoice, DeviceOrderEngine
 from kubegpu.placement.target import target_workload as workload_for
 from kubegpu.placement.waste import WasteWeights
 from kubegpu.simulate.arrivals import Arrivals
@@ -40,9 +41,15 @@ def ranked_engine(
     workload: TypicalWorkload,
     seed: int,
     waste_weights: WasteWeights | None = None,
+    card_choice: CardChoice = CardChoice.POLICY,
 ) -> PlacementEngine:
-    """An engine over ``nodes`` with the tie-break ranks of this arrival sequence."""
+    """An engine over ``nodes`` with the tie-break ranks of this arrival sequence; a
+    ``card_choice`` other than the policy's picks cards as DRA's allocator would."""
     ranked = [replace(n, rank=arrivals.node_ranks[n.name]) for n in nodes]
+    if card_choice is not CardChoice.POLICY:
+        return DeviceOrderEngine(
+            ranked, policy, workload, seed, waste_weights, card_choice=card_choice
+        )
     return PlacementEngine(ranked, policy, workload, seed=seed, waste_weights=waste_weights)
 
 
@@ -53,10 +60,12 @@ def replay(
     workload: TypicalWorkload,
     seed: int,
     waste_weights: WasteWeights | None = None,
+    card_choice: CardChoice = CardChoice.POLICY,
 ) -> ReplayResult:
     """Place every arriving pod with ``policy``; record the two counters after each.
-    ``waste_weights`` vary our policy's constants (benchmarks only)."""
-    engine = ranked_engine(nodes, arrivals, policy, workload, seed, waste_weights)
+    ``waste_weights`` vary our policy's constants (benchmarks only); ``card_choice`` picks
+    the card as DRA's allocator would (see ``placement.policies.device_order``)."""
+    engine = ranked_engine(nodes, arrivals, policy, workload, seed, waste_weights, card_choice)
     count = len(arrivals.pods)
     arrived = np.zeros(count, dtype=np.int64)
     used = np.zeros(count, dtype=np.int64)
