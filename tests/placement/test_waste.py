@@ -70,6 +70,17 @@ def test_cpu_per_gpu_milli_weighs_classes_by_likelihood_and_ignores_cpu_only_pod
     w = workload((11_000, 1000, 1, 0.5), (3000, 810, 1, 0.25), (32_000, 0, 0, 0.25))
     assert cpu_per_gpu_milli(w) == pytest.approx(6250 / 702.5)
     assert cpu_per_gpu_milli(workload((8000, 0, 0, 1.0))) is None
+    # GPU pods that ask no CPU strand nothing (a ratio of 0 divided by zero).
+    assert cpu_per_gpu_milli(workload((0, 500, 1, 0.5), (0, 1000, 1, 0.5))) is None
+
+
+def test_kubegpu_places_gpu_pods_that_ask_no_cpu() -> None:
+    pods = [PodRequest(0, 0, 1, 500), PodRequest(0, 0, 1, 1000)]
+    target = TypicalWorkload.from_pods(pods, popularity_percent=100.0)
+    engine = PlacementEngine(random_cluster(random.Random(1), 4), "kubegpu", target)
+    for pod in pods * 2:
+        placement = engine.place(pod)
+        assert placement is not None, pod
 
 
 def test_stranded_gpu_is_what_free_cpu_cannot_carry_at_the_workload_ratio() -> None:

@@ -96,10 +96,11 @@ def common_share_sizes(
 
 def cpu_per_gpu_milli(workload: TypicalWorkload) -> float | None:
     """ρ: the GPU pods' CPU milli per milli-GPU, weighted by likelihood; ``None`` without GPU
-    pods (then nothing counts as stranded)."""
+    pods, or when they ask no CPU (then nothing counts as stranded: free CPU carries any GPU,
+    and a ρ of 0 would divide by zero)."""
     cpu = sum(t.weight * t.cpu_milli for t in workload.pods if t.gpu_count)
     gpu = sum(t.weight * t.gpu_count * t.gpu_milli for t in workload.pods if t.gpu_count)
-    return cpu / gpu if gpu > 0 else None
+    return cpu / gpu if gpu > 0 and cpu > 0 else None
 
 
 @dataclass(frozen=True)
