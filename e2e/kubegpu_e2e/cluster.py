@@ -97,8 +97,12 @@ class Cluster:
     bin_dir: Path
     out_dir: Path
     feature_gates: dict[str, bool] = field(default_factory=dict)
+    # A containerd of our own build (e2e/components/containerd) instead of Debian's, with CDI
+    # on and the run's CDI folder as its spec folder: what the DRA scenarios need.
+    containerd_bin_dir: Path | None = None
     run_dir: Path = field(init=False)
     processes: dict[str, HostProcess] = field(init=False, default_factory=dict)
+    stopped: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self.run_dir = Path(tempfile.mkdtemp(prefix="kgpu-e2e-", dir="/tmp"))
@@ -131,6 +135,9 @@ class Cluster:
             **os.environ,
             "PATH": f"{self.bin_dir}:{os.environ.get('PATH', '')}",
         }
+        if self.containerd_bin_dir is not None:
+            # containerd finds its shim (containerd-shim-runc-v2) on PATH: ours, not Debian's.
+            self.env["PATH"] = f"{self.containerd_bin_dir}:{self.env['PATH']}"
 
     # ---------------------------------------------------------------- helpers for scenarios
     def kubectl(
@@ -284,8 +291,11 @@ class Cluster:
         context.load_cert_chain(str(self.admin_client.cert), str(self.admin_client.key))
         return context
 
-    def _start_apiserver(self) -> None:
+    def _gate_flags(self) -> list[str]:
         gates = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(self.feature_gates.items()))
+        return [f"--feature-gates={gates}"] if gates else []
+
+    def _start_apiserver(self) -> None:
         argv = [
             self._bin("kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
@@ -311,8 +321,7 @@ class Cluster:
             "--profiling=false",
             "--v=1",
         ]
-        if gates:
-            argv.append(f"--feature-gates={gates}")
+        argv += self._gate_flags()
         process = self._process("kube-apiserver", argv)
         context = self._tls_context()
         process.wait_until(
@@ -342,6 +351,7 @@ class Cluster:
                 f"--cluster-signing-key-file={self.ca.key}",
                 "--leader-elect=false",
                 "--v=1",
+                *self._gate_flags(),
             ],
         )
         process.wait_until(lambda: component_healthz(port), 120, "controller-manager /healthz")
@@ -357,6 +367,7 @@ class Cluster:
                 f"--secure-port={port}",
                 "--leader-elect=false",
                 "--v=1",
+                *self._gate_flags(),
             ],
         )
         process.wait_until(lambda: component_healthz(port), 120, "kube-scheduler /healthz")
@@ -391,7 +402,7 @@ state = "{d / "state"}"
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
   disable_apparmor = true
-  [plugins."io.containerd.grpc.v1.cri".cni]
+{self._cdi_config()}  [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni_conf}"
     max_conf_num = 1
@@ -404,12 +415,32 @@ state = "{d / "state"}"
         SystemdCgroup = false
 """
         )
-        process = self._process("containerd", ["containerd", "--config", str(config)])
+        process = self._process(
+            "containerd", [self._containerd("containerd"), "--config", str(config)]
+        )
         process.wait_until(self.containerd_socket.exists, 60, "containerd's socket")
+
+    def _containerd(self, name: str) -> str:
+        """containerd or ctr: ours when the cluster has its own build, else the machine's."""
+        return str(self.containerd_bin_dir / name) if self.containerd_bin_dir else name
+
+    def _cdi_config(self) -> str:
+        # A version-2 config, which containerd 2 migrates on load (its CRI section splits into
+        # io.containerd.cri.v1.runtime and .images); the same file then serves both versions.
+        if self.containerd_bin_dir is None:
+            return ""
+        return f'  enable_cdi = true\n  cdi_spec_dirs = ["{self.cdi_dir}"]\n'
 
     def ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["ctr", "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args],
+            [
+                self._containerd("ctr"),
+                "--address",
+                str(self.containerd_socket),
+                "--namespace",
+                "k8s.io",
+                *args,
+            ],
             capture_output=True,
             text=True,
             check=True,
@@ -529,7 +560,11 @@ state = "{d / "state"}"
 
     # ---------------------------------------------------------------- stop
     def stop(self) -> list[str]:
-        """Stop everything and leave nothing behind; returns what had to be cleaned by force."""
+        """Stop everything and leave nothing behind; returns what had to be cleaned by force.
+        A second call does nothing (the DRA scenarios stop the default cluster early)."""
+        if self.stopped:
+            return []
+        self.stopped = True
         leftovers: list[str] = []
         order = [n for n in reversed(self.processes) if n not in ("etcd", "kube-apiserver")]
         for name in order:

@@ -20,11 +20,16 @@ E2E = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(E2E))
 
 from kubegpu_e2e.cluster import Cluster  # noqa: E402
+from kubegpu_e2e.dra import DraDriver, containerd_bin_dir, dra_cluster  # noqa: E402
 from kubegpu_e2e.kubegpu import KubegpuRoles  # noqa: E402
 
 OUT = Path(os.environ.get("KUBEGPU_E2E_OUT", E2E / "out"))
 _results: dict[str, dict[str, Any]] = {}
 _leftovers: list[str] = []
+# The session's default cluster and roles while they run. A machine runs one kubelet at a time
+# (its device-plugin socket is a fixed path), so the DRA scenarios' own cluster
+# (test_10_dra.py, the last module) stops these first: no later scenario may ask for them.
+_running: dict[str, Any] = {}
 
 
 def _bin_dir() -> Path:
@@ -62,19 +67,67 @@ def cluster() -> Iterator[Cluster]:
             "outcome": "passed",
             "duration_s": round(time.monotonic() - started, 1),
         }
+        _running["cluster"] = c
         yield c
     finally:
-        _leftovers.extend(c.stop())
+        _running.pop("cluster", None)
+        _leftovers.extend(c.stop())  # nothing the second time (stop_default_cluster)
 
 
 @pytest.fixture(scope="session")
 def roles(cluster: Cluster) -> Iterator[KubegpuRoles]:
     r = KubegpuRoles(cluster)
     try:
+        _running["roles"] = r
         r.start()
         yield r
     finally:
-        r.stop()
+        if _running.pop("roles", None) is r:
+            r.stop()
+
+
+def stop_default_cluster() -> None:
+    """Stop the default cluster and its roles now, if this session started them."""
+    roles = _running.pop("roles", None)
+    if roles is not None:
+        roles.stop()
+    cluster = _running.pop("cluster", None)
+    if cluster is not None:
+        _leftovers.extend(cluster.stop())
+
+
+@pytest.fixture(scope="module")
+def dra() -> Iterator[tuple[Cluster, DraDriver]]:
+    """The DRA variant of the cluster (kubegpu_e2e/dra.py) for one module: containerd v2 with
+    CDI, the DRA feature gates, `kubegpu dra-driver` beside the kubelet. The default cluster
+    goes first: one kubelet per machine."""
+    stop_default_cluster()
+    started = time.monotonic()
+    c = dra_cluster(_bin_dir(), OUT / "dra")
+    driver = DraDriver(c)
+    try:
+        c.start()
+        driver.install()
+        driver.start()
+        _results["DRA cluster start"] = {
+            "outcome": "passed",
+            "duration_s": round(time.monotonic() - started, 1),
+        }
+        yield c, driver
+    finally:
+        driver.stop()
+        _leftovers.extend(c.stop())
+
+
+@pytest.fixture
+def dra_namespace(dra: tuple[Cluster, DraDriver], request: pytest.FixtureRequest) -> Iterator[str]:
+    cluster = dra[0]
+    name = "e2e-" + request.node.name.replace("_", "-").lower()[:50].strip("-")
+    cluster.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=180s", check=False)
 
 
 @pytest.fixture
@@ -126,6 +179,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             ),
         }
     versions["containerd"] = _version(["containerd", "--version"])
+    if os.environ.get("KUBEGPU_E2E_CONTAINERD"):
+        versions["containerd (DRA scenarios)"] = _version(
+            [str(containerd_bin_dir() / "containerd"), "--version"]
+        )
     versions["runc"] = _version(["runc", "--version"]).splitlines()[0] if versions else ""
     OUT.mkdir(parents=True, exist_ok=True)
     report = {

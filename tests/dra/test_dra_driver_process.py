@@ -205,7 +205,7 @@ def test_serves_the_kubelet_and_stops_cleanly_on_sigterm(
     assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRIVER, str(d.sockets.dra))
 
     uid = "cccccccc-0000-4000-8000-000000000001"
-    api.claims[("team-a", "train")] = claim(uid, "gpu-1", {"memory": "2Gi", "compute": "250m"})
+    api.claims[("team-a", "train")] = claim(uid, "gpu-1", {"memory": "2Gi", "compute": "250"})
     response = prepare(d.sockets.dra, uid)
     assert response.claims[uid].error == ""
     (device,) = response.claims[uid].devices
@@ -269,7 +269,7 @@ def test_enforcement_mps_runs_the_daemon_and_hands_a_share_its_limits(
     assert len(gpus.split(",")) == 4  # every GPU of the node
 
     uid = "dddddddd-0000-4000-8000-000000000001"
-    api.claims[("team-a", "train")] = claim(uid, "gpu-0", {"memory": "4Gi", "compute": "250m"})
+    api.claims[("team-a", "train")] = claim(uid, "gpu-0", {"memory": "4Gi", "compute": "250"})
     assert prepare(d.sockets.dra, uid).claims[uid].error == ""
     edits = json.loads((d.cdi_dir / f"kubegpu-dra-{uid}.json").read_text())["devices"][0][
         "containerEdits"

@@ -38,7 +38,7 @@ def test_whole_device_results_of_our_driver_only() -> None:
 
 def test_a_share_carries_its_share_id_and_consumed_capacity_in_our_units() -> None:
     obj = claim_object(
-        result("gpu-1", shareID="6f1c", consumedCapacity={"memory": "4Gi", "compute": "250m"})
+        result("gpu-1", shareID="6f1c", consumedCapacity={"memory": "4Gi", "compute": "250"})
     )
     (device,) = allocation_from_claim(obj, CLAIM, DRIVER).devices
     assert device == AllocatedDevice(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from kubegpu.dra.slices import (
     build_resource_slices,
     taint_value,
 )
+from kubegpu.sharing.resources import parse_quantity
 
 from .conftest import NODE, gpu
 
@@ -87,13 +89,46 @@ def test_capacities_allow_shares_by_memory_and_compute_and_default_to_the_whole_
             },
         },
         "compute": {
-            "value": "1",
+            "value": "1000",
             "requestPolicy": {
-                "default": "1",
-                "validRange": {"min": "50m", "max": "1", "step": "50m"},
+                "default": "1000",
+                "validRange": {"min": "50", "max": "1000", "step": "50"},
             },
         },
     }
+
+
+def _allocator_round_up(requested: str, valid_range: dict[str, str]) -> int:
+    """kube-scheduler's rounding of a capacity request to a request policy, ported from
+    roundUpRange in k8s.io/dynamic-resource-allocation v0.35.4
+    (structured/internal/experimental/consumable_capacity.go): below min gives min, else
+    min + step * ceil((request - min) / step), all through Quantity.Value(), which rounds a
+    fraction up to the next whole number."""
+
+    def value(quantity: str) -> int:
+        return math.ceil(parse_quantity(quantity))
+
+    if parse_quantity(requested) < parse_quantity(valid_range["min"]):
+        return value(valid_range["min"])
+    low, step = value(valid_range["min"]), value(valid_range["step"])
+    return low + step * math.ceil((value(requested) - low) / step)
+
+
+@pytest.mark.parametrize(
+    ("share", "per_card"), [(("20Gi", "250"), 4), (("8Gi", "100"), 10), (("256Mi", "50"), 20)]
+)
+def test_the_real_allocator_fits_as_many_shares_on_a_card_as_the_share_says(
+    share: tuple[str, str], per_card: int
+) -> None:
+    # On the real kube-scheduler a compute policy in cards ("1", steps of "50m") made every
+    # share consume the whole "1": one share per card (e2e/tests/test_10_dra.py).
+    capacity = only_slice(NodeInventory(gpus=(gpu(0, memory_mib=81920),)))["spec"]["devices"][0][
+        "capacity"
+    ]
+    for name, requested in zip(("memory", "compute"), share, strict=True):
+        consumed = _allocator_round_up(requested, capacity[name]["requestPolicy"]["validRange"])
+        assert consumed == math.ceil(parse_quantity(requested)), name
+        assert consumed * per_card <= parse_quantity(capacity[name]["value"]), name
 
 
 def test_a_card_smaller_than_one_step_gets_no_memory_policy() -> None:

@@ -28,7 +28,12 @@ MAX_DEVICES_PER_SLICE = 64
 # Memory shares come in steps of 256 MiB (also the smallest share): finer steps only fragment a
 # card, and every share's memory limit stays a whole number of MiB.
 MEMORY_STEP_BYTES = 256 * 2**20
-# Compute is in cards ("1" = the whole card, "500m" = half); shares in 50 milli-card steps.
+# Compute is in milli-cards as whole numbers ("1000" = the whole card, "250" = a quarter), the
+# unit of kubegpu.io/gpu-compute; shares in steps of 50. Not cards with milli suffixes ("250m"):
+# kube-scheduler's allocator (k8s.io/dynamic-resource-allocation v0.35, roundUpRange) rounds a
+# request to the policy's step with Quantity.Value(), which rounds a fraction up to 1, so every
+# "250m" share consumed the whole card's "1" and a card took one share only (docs/e2e.md).
+COMPUTE_MILLI_PER_CARD = 1000
 COMPUTE_STEP_MILLI = 50
 
 UNHEALTHY_TAINT_SUFFIX = "unhealthy"
@@ -77,8 +82,8 @@ def _memory_policy(total_mib: int) -> dict[str, Any] | None:
 
 
 def _compute_policy() -> dict[str, Any]:
-    step = f"{COMPUTE_STEP_MILLI}m"
-    return {"default": "1", "validRange": {"min": step, "max": "1", "step": step}}
+    step, whole = str(COMPUTE_STEP_MILLI), str(COMPUTE_MILLI_PER_CARD)
+    return {"default": whole, "validRange": {"min": step, "max": whole, "step": step}}
 
 
 def taint_value(reason: str) -> str:
@@ -114,7 +119,10 @@ def device_entry(
         "attributes": attributes,
         "capacity": {
             CAPACITY_MEMORY: memory,
-            CAPACITY_COMPUTE: {"value": "1", "requestPolicy": _compute_policy()},
+            CAPACITY_COMPUTE: {
+                "value": str(COMPUTE_MILLI_PER_CARD),
+                "requestPolicy": _compute_policy(),
+            },
         },
         "allowMultipleAllocations": True,
     }

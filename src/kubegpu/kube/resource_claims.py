@@ -66,7 +66,8 @@ def allocation_from_claim(obj: Mapping[str, Any], claim: ClaimRef, driver: str) 
                 device=str(result.get("device", "")),
                 share_id=str(result["shareID"]) if result.get("shareID") else None,
                 memory_bytes=_consumed(claim, consumed, CAPACITY_MEMORY, 1),
-                compute_milli=_consumed(claim, consumed, CAPACITY_COMPUTE, 1000),
+                # The slice publishes compute in milli-cards already (dra/slices.py).
+                compute_milli=_consumed(claim, consumed, CAPACITY_COMPUTE, 1),
             )
         )
     return ClaimAllocation(claim, tuple(devices))

@@ -1,0 +1,364 @@
+"""`kubegpu dra-driver` on the real kubelet, kube-scheduler, kube-controller-manager and API
+server (DRA v1 with DRAConsumableCapacity and DRADeviceTaints on), with containerd v2 applying
+the driver's CDI specs: each container's own view (its environment and its /dev) shows exactly
+the card and share its claim was allocated; the scheduler's allocator never puts more on a card
+than its slice offers. Runs on its own cluster (the `dra` fixture), after every other module."""
+
+from __future__ import annotations
+
+import json
+import time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubegpu_e2e.cluster import Cluster
+from kubegpu_e2e.dra import DRIVER, DraDriver
+from kubegpu_e2e.images import WORKLOAD_IMAGE
+from kubegpu_e2e.workloads import ENV_END, container_env, pending_reason, wait_running
+
+from kubegpu.inventory.fake import send_fake_gpu_command
+from kubegpu.sharing.resources import parse_quantity
+
+pytestmark = pytest.mark.e2e
+
+Dra = tuple[Cluster, DraDriver]
+WHOLE_CLASS = "gpu.kubegpu.io"
+SHARE_CLASS = "gpu-share.kubegpu.io"
+# The container prints its environment and the NVIDIA device nodes it was given, then idles.
+PRINT_ENV_DEVICES_AND_IDLE = (
+    'trap "exit 0" TERM; env | sort; '
+    "echo KUBEGPU_E2E_DEV=$(ls /dev | grep nvidia | sort | tr '\\n' ' '); "
+    f"echo {ENV_END}; while :; do sleep 1; done"
+)
+
+
+def workload(name: str, claims: list[str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": WORKLOAD_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["/bin/sh", "-c", PRINT_ENV_DEVICES_AND_IDLE],
+        "resources": {"claims": [{"name": c} for c in claims]},
+    }
+
+
+def claim_pod(
+    name: str,
+    namespace: str,
+    *,
+    template: str | None = None,
+    claim: str | None = None,
+    containers: int = 1,
+) -> dict[str, Any]:
+    source = {"resourceClaimTemplateName": template} if template else {"resourceClaimName": claim}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "containers": [workload(f"c{i}", ["gpu"]) for i in range(containers)],
+            "resourceClaims": [{"name": "gpu", **source}],
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 2,
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "hostNetwork": True,  # the loopback-only CNI (docs/e2e.md, item 3)
+            "dnsPolicy": "Default",
+        },
+    }
+
+
+def request_spec(
+    device_class: str, *, cel: str | None = None, capacity: dict[str, str] | None = None
+) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": device_class}
+    if cel:
+        exactly["selectors"] = [{"cel": {"expression": cel}}]
+    if capacity:
+        exactly["capacity"] = {"requests": capacity}
+    return {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+
+
+def claim_object(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def template_object(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": spec},
+    }
+
+
+def create(cluster: Cluster, *objects: dict[str, Any]) -> None:
+    for o in objects:
+        cluster.kubectl("create", "-f", "-", input=json.dumps(o))
+
+
+def pod_claim(cluster: Cluster, namespace: str, pod: str) -> dict[str, Any]:
+    """The claim a pod's `gpu` entry resolved to (for a template: the one the
+    controller-manager made)."""
+    status = cluster.get("pod", "-n", namespace, pod)["status"]
+    for entry in status.get("resourceClaimStatuses", []):
+        if entry["name"] == "gpu":
+            return dict(cluster.get("resourceclaim", "-n", namespace, entry["resourceClaimName"]))
+    spec = cluster.get("pod", "-n", namespace, pod)["spec"]
+    name = spec["resourceClaims"][0]["resourceClaimName"]
+    return dict(cluster.get("resourceclaim", "-n", namespace, name))
+
+
+def results(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    allocation = claim.get("status", {}).get("allocation") or {}
+    return list(allocation.get("devices", {}).get("results", []))
+
+
+def env_of(cluster: Cluster, namespace: str, pod: str, container: str = "c0") -> dict[str, str]:
+    env = container_env(cluster, namespace, pod, container)
+    assert env, f"{namespace}/{pod}/{container} printed no environment"
+    return env
+
+
+def nvidia_cards(env: dict[str, str]) -> list[str]:
+    """The card nodes (/dev/nvidiaN) the container was given, control nodes left out."""
+    return [n for n in env.get("KUBEGPU_E2E_DEV", "").split() if n[len("nvidia") :].isdigit()]
+
+
+def assert_sees_exactly(driver: DraDriver, env: dict[str, str], device: str, where: str) -> None:
+    published = driver.devices()[device]
+    attributes = published["attributes"]
+    uuid = attributes["uuid"]["string"]
+    index = attributes["index"]["int"]
+    assert env.get("NVIDIA_VISIBLE_DEVICES") == uuid, (where, env.get("NVIDIA_VISIBLE_DEVICES"))
+    assert env.get("KUBEGPU_GPU_UUID") == uuid, where
+    # The runtime applied the CDI spec: the card's node and the control nodes, nothing else.
+    assert nvidia_cards(env) == [f"nvidia{index}"], (where, env.get("KUBEGPU_E2E_DEV"))
+    assert "nvidiactl" in env["KUBEGPU_E2E_DEV"].split(), where
+
+
+def assert_no_card_overcommitted(cluster: Cluster, driver: DraDriver) -> None:
+    """Every allocated claim in the cluster against the slice: per card, the consumed memory
+    and compute sum to at most what the card offers (a result without consumed capacity is
+    the whole card)."""
+    devices = driver.devices()
+    used: dict[str, list[Decimal]] = {name: [Decimal(0), Decimal(0)] for name in devices}
+    for claim in cluster.get("resourceclaims", "-A")["items"]:
+        for r in results(claim):
+            if r["driver"] != DRIVER:
+                continue
+            capacity = devices[r["device"]]["capacity"]
+            consumed = r.get("consumedCapacity") or {
+                k: capacity[k]["value"] for k in ("memory", "compute")
+            }
+            used[r["device"]][0] += parse_quantity(consumed.get("memory", "0"))
+            used[r["device"]][1] += parse_quantity(consumed.get("compute", "0"))
+    for name, (memory, compute) in used.items():
+        capacity = devices[name]["capacity"]
+        assert memory <= parse_quantity(capacity["memory"]["value"]), (name, memory)
+        assert compute <= parse_quantity(capacity["compute"]["value"]), (name, compute)
+
+
+def cdi_spec(cluster: Cluster, claim_uid: str) -> Path:
+    return cluster.cdi_dir / f"kubegpu-dra-{claim_uid}.json"
+
+
+def delete_pod(cluster: Cluster, namespace: str, name: str) -> None:
+    cluster.kubectl("delete", "pod", "-n", namespace, name, "--wait=true", "--timeout=120s")
+
+
+def wait_pending_with_reason(cluster: Cluster, namespace: str, pod: str) -> str:
+    reason: str = cluster.wait_for(
+        f"{namespace}/{pod} refused by kube-scheduler",
+        lambda: pending_reason(cluster, namespace, pod),
+        timeout=60,
+    )
+    assert cluster.get("pod", "-n", namespace, pod)["status"].get("phase") == "Pending"
+    return reason
+
+
+# ------------------------------------------------------------------------------ scenarios
+def test_driver_registers_and_publishes_its_gpus(dra: Dra) -> None:
+    cluster, driver = dra
+    devices = driver.devices()
+    assert sorted(devices) == [f"gpu-{i}" for i in range(8)]
+    uuids = set()
+    for name, device in devices.items():
+        attributes = device["attributes"]
+        assert "A100" in attributes["productName"]["string"], name
+        assert attributes["index"]["int"] == int(name.split("-")[1])
+        uuids.add(attributes["uuid"]["string"])
+        # Kept by the API server only with DRAConsumableCapacity on (it drops a disabled
+        # gate's fields): the gate reached kube-apiserver.
+        assert device.get("allowMultipleAllocations") is True, device
+        assert parse_quantity(device["capacity"]["memory"]["value"]) >= 80 * 2**30 * 99 // 100
+        assert "requestPolicy" in device["capacity"]["memory"], device["capacity"]
+    assert len(uuids) == 8
+    # The kubelet's plugin watcher took the registration (the DRA socket is what it dials).
+    kubelet_log = (cluster.logs / "kubelet.log").read_text()
+    assert DRIVER in kubelet_log
+
+
+def test_whole_gpu_claim_from_a_template(dra: Dra, dra_namespace: str) -> None:
+    cluster, driver = dra
+    ns = dra_namespace
+    create(
+        cluster,
+        template_object("one-gpu", ns, request_spec(WHOLE_CLASS)),
+        claim_pod("whole", ns, template="one-gpu"),
+    )
+    wait_running(cluster, ns, "whole", timeout=120)
+    claim = pod_claim(cluster, ns, "whole")
+    # The controller-manager made the claim from the template, for this pod.
+    owners = claim["metadata"].get("ownerReferences", [])
+    assert [o["name"] for o in owners] == ["whole"], owners
+    (result,) = results(claim)
+    assert_sees_exactly(driver, env_of(cluster, ns, "whole"), result["device"], "whole")
+    spec = cdi_spec(cluster, claim["metadata"]["uid"])
+    assert spec.exists()
+    assert_no_card_overcommitted(cluster, driver)
+    # Pod deletion unprepares: the kubelet calls NodeUnprepareResources, the spec goes.
+    delete_pod(cluster, ns, "whole")
+    cluster.wait_for(f"{spec} removed", lambda: not spec.exists(), timeout=60)
+
+
+def test_shares_by_memory_fill_one_card_and_the_next_waits(dra: Dra, dra_namespace: str) -> None:
+    cluster, driver = dra
+    ns = dra_namespace
+    on_card_3 = 'device.attributes["gpu.kubegpu.io"].index == 3'
+    share = request_spec(SHARE_CLASS, cel=on_card_3, capacity={"memory": "20Gi", "compute": "250"})
+    create(cluster, template_object("quarter", ns, share))
+    names = [f"share-{i}" for i in range(4)]
+    create(cluster, *(claim_pod(n, ns, template="quarter") for n in names))
+    wait_running(cluster, ns, *names, timeout=180)
+    share_ids = set()
+    for n in names:
+        (result,) = results(pod_claim(cluster, ns, n))
+        assert result["device"] == "gpu-3"
+        env = env_of(cluster, ns, n)
+        assert_sees_exactly(driver, env, "gpu-3", n)
+        assert env.get("KUBEGPU_GPU_MEMORY_LIMIT_MIB") == "20480", (n, env)
+        assert env.get("KUBEGPU_GPU_COMPUTE_MILLI") == "250", (n, env)
+        share_ids.add(env.get("KUBEGPU_DRA_SHARE_ID"))
+    assert len(share_ids) == 4 and None not in share_ids, share_ids
+    assert_no_card_overcommitted(cluster, driver)
+    create(cluster, claim_pod("share-4", ns, template="quarter"))
+    reason = wait_pending_with_reason(cluster, ns, "share-4")
+    assert "claim" in reason, reason
+    print(f"kube-scheduler on the fifth share: {reason}")
+    assert_no_card_overcommitted(cluster, driver)
+
+
+def test_cel_selector_on_model_and_memory(dra: Dra, dra_namespace: str) -> None:
+    cluster, driver = dra
+    ns = dra_namespace
+    a100 = (
+        'device.attributes["gpu.kubegpu.io"].productName.contains("A100") && '
+        'device.capacity["gpu.kubegpu.io"].memory.compareTo(quantity("40Gi")) >= 0'
+    )
+    h100 = 'device.attributes["gpu.kubegpu.io"].productName.contains("H100")'
+    capacity = {"memory": "4Gi", "compute": "100"}
+    create(
+        cluster,
+        claim_object("a100", ns, request_spec(SHARE_CLASS, cel=a100, capacity=capacity)),
+        claim_object("h100", ns, request_spec(SHARE_CLASS, cel=h100, capacity=capacity)),
+        claim_pod("on-a100", ns, claim="a100"),
+        claim_pod("on-h100", ns, claim="h100"),
+    )
+    wait_running(cluster, ns, "on-a100", timeout=120)
+    (result,) = results(pod_claim(cluster, ns, "on-a100"))
+    env = env_of(cluster, ns, "on-a100")
+    assert_sees_exactly(driver, env, result["device"], "on-a100")
+    assert env.get("KUBEGPU_GPU_MEMORY_LIMIT_MIB") == "4096"
+    reason = wait_pending_with_reason(cluster, ns, "on-h100")
+    print(f"kube-scheduler on the H100 selector: {reason}")
+    assert not results(cluster.get("resourceclaim", "-n", ns, "h100"))
+    assert_no_card_overcommitted(cluster, driver)
+
+
+def test_one_claim_shared_by_two_containers_is_one_share(dra: Dra, dra_namespace: str) -> None:
+    cluster, driver = dra
+    ns = dra_namespace
+    capacity = {"memory": "8Gi", "compute": "100"}
+    create(
+        cluster,
+        claim_object("pair", ns, request_spec(SHARE_CLASS, capacity=capacity)),
+        claim_pod("pair", ns, claim="pair", containers=2),
+    )
+    wait_running(cluster, ns, "pair", timeout=120)
+    claim = cluster.get("resourceclaim", "-n", ns, "pair")
+    (result,) = results(claim)
+    first, second = env_of(cluster, ns, "pair", "c0"), env_of(cluster, ns, "pair", "c1")
+    for name, env in (("c0", first), ("c1", second)):
+        assert_sees_exactly(driver, env, result["device"], name)
+        assert env.get("KUBEGPU_GPU_MEMORY_LIMIT_MIB") == "8192", (name, env)
+    assert first["KUBEGPU_DRA_SHARE_ID"] == second["KUBEGPU_DRA_SHARE_ID"]
+    # Prepared once: one CDI spec for the claim, whatever the number of containers.
+    specs = sorted(p.name for p in cluster.cdi_dir.glob("kubegpu-dra-*.json"))
+    assert f"kubegpu-dra-{claim['metadata']['uid']}.json" in specs
+    assert_no_card_overcommitted(cluster, driver)
+
+
+def test_driver_and_kubelet_restarts_keep_prepared_claims(dra: Dra, dra_namespace: str) -> None:
+    cluster, driver = dra
+    ns = dra_namespace
+    create(
+        cluster,
+        template_object("one-gpu", ns, request_spec(WHOLE_CLASS)),
+        claim_pod("before", ns, template="one-gpu"),
+    )
+    wait_running(cluster, ns, "before", timeout=120)
+    claim = pod_claim(cluster, ns, "before")
+    spec = cdi_spec(cluster, claim["metadata"]["uid"])
+    assert spec.exists()
+
+    driver.stop()
+    driver.start()
+    assert spec.exists()
+    cluster.stop_kubelet()
+    cluster.start_kubelet()
+    assert cluster.get("pod", "-n", ns, "before")["status"]["phase"] == "Running"
+    # The restarted driver serves new claims, the kubelet reaches it again, and the claim
+    # prepared before both restarts is unprepared from the checkpoint when its pod goes.
+    create(cluster, claim_pod("after", ns, template="one-gpu"))
+    wait_running(cluster, ns, "after", timeout=180)
+    (after,) = results(pod_claim(cluster, ns, "after"))
+    (before,) = results(pod_claim(cluster, ns, "before"))
+    assert after["device"] != before["device"]
+    assert_sees_exactly(driver, env_of(cluster, ns, "after"), after["device"], "after")
+    delete_pod(cluster, ns, "before")
+    cluster.wait_for(f"{spec} removed", lambda: not spec.exists(), timeout=60)
+    assert_no_card_overcommitted(cluster, driver)
+
+
+def test_an_xid_taints_the_gpu_and_no_new_claim_lands_on_it(dra: Dra, dra_namespace: str) -> None:
+    cluster, driver = dra
+    ns = dra_namespace
+    reply = send_fake_gpu_command(driver.fake_control, "xid", gpu=6, xid=48)
+    assert reply.get("ok"), reply
+
+    def tainted() -> list[dict[str, Any]]:
+        return list(driver.devices()["gpu-6"].get("taints", []))
+
+    taints = cluster.wait_for("gpu-6 tainted in the ResourceSlice", tainted, timeout=30)
+    assert [(t["key"], t["effect"]) for t in taints] == [
+        ("gpu.kubegpu.io/unhealthy", "NoSchedule")
+    ], taints
+    on_card_6 = 'device.attributes["gpu.kubegpu.io"].index == 6'
+    create(
+        cluster,
+        claim_object("six", ns, request_spec(WHOLE_CLASS, cel=on_card_6)),
+        claim_pod("on-six", ns, claim="six"),
+    )
+    reason = wait_pending_with_reason(cluster, ns, "on-six")
+    print(f"kube-scheduler on the tainted GPU: {reason}")
+    time.sleep(5)  # and it stays so: no allocation appears on the tainted card
+    assert not results(cluster.get("resourceclaim", "-n", ns, "six"))
+    assert_no_card_overcommitted(cluster, driver)
