@@ -23,6 +23,7 @@ from kubegpu.config.model import AgentConfig
 from kubegpu.core.backend import GpuBackend
 from kubegpu.core.dra import DEFAULT_DRIVER_NAME
 from kubegpu.core.dra_ports import ResourceClaimSource, ResourceSliceSink
+from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.health_feed import HealthFeed
 from kubegpu.dra.cdi import MpsDirs
 from kubegpu.dra.checkpoint import CheckpointError
@@ -105,14 +106,15 @@ async def run_with_ports(
     feed = HealthFeed(policy=health_policy(config.health, settings.env))
     changed = asyncio.Event()
 
-    def on_health_change() -> None:
-        # Called on the monitor's thread; the loop republishes.
+    def on_verdict_flip(gpu: GpuUuid, healthy: bool, reason: str) -> None:
+        # Called on the monitor's thread for a GPU turning (un)healthy, not for every Xid it
+        # counts; the loop republishes the slices with the taints ``unhealthy()`` now gives.
         loop.call_soon_threadsafe(changed.set)
 
     def unhealthy() -> dict[str, str]:
         return {str(uuid): reason for uuid, reason in feed.unhealthy().items()}
 
-    feed.add_listener(on_health_change)
+    feed.subscribe(on_verdict_flip)
     judge_health(feed, backend, inventory, node_name=node)
     mps_daemon = None
     mps: MpsDirs | None = None
