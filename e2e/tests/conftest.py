@@ -121,20 +121,26 @@ def dra() -> Iterator[tuple[Cluster, DraDriver]]:
 
 @pytest.fixture
 def dra_namespace(dra: tuple[Cluster, DraDriver], request: pytest.FixtureRequest) -> Iterator[str]:
-    cluster = dra[0]
-    name = "e2e-" + request.node.name.replace("_", "-").lower()[:50].strip("-")
-    cluster.kubectl("create", "namespace", name)
-    try:
-        yield name
-    finally:
-        cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=180s", check=False)
+    yield from _test_namespace(dra[0], request)
 
 
 @pytest.fixture
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from _test_namespace(cluster, request)
+
+
+def _test_namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace of the scenario's own, ready for pods: the API server refuses a pod until
+    kube-controller-manager has made the namespace's ``default`` ServiceAccount, which a fast
+    scenario once beat ("serviceaccount "default" not found")."""
     name = "e2e-" + request.node.name.replace("_", "-").lower()[:50].strip("-")
     cluster.kubectl("create", "namespace", name)
     try:
+        cluster.wait_for(
+            f"the default ServiceAccount of namespace {name}",
+            lambda: cluster.get("serviceaccount", "default", "-n", name),
+            timeout=60,
+        )
         yield name
     finally:
         cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=180s", check=False)
