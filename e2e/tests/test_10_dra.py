@@ -527,7 +527,7 @@ def test_a_plain_nvidia_gpu_pod_is_served_by_the_dra_driver(dra: Dra, dra_namesp
         # A whole GPU: the request names no capacity, so it consumes the request policy's
         # default, the whole card (or, recorded without consumed capacity, the device).
         consumed = result.get("consumedCapacity") or {}
-        assert consumed.get("compute", "1000") == "1000", result
+        assert parse_quantity(consumed.get("compute", "1000")) == 1000, result
         env = env_of(cluster, ns, "plain")
         assert_sees_exactly(driver, env, result["device"], "plain")
         print(f"plain nvidia.com/gpu pod: claim {claim_name} on {result['device']}")
