@@ -1,10 +1,10 @@
 """The DRA variant of the real cluster (docs/dra.md, issue 16): containerd v2 of our own build
-with CDI on, the feature gates for shares by capacity and device taints on every component, and
-`kubegpu dra-driver` (fake backend, 8xA100-80GB-NVLink) beside the real kubelet, with the
-ServiceAccount, ClusterRole and DeviceClasses of deploy/components/dra-driver. Fake GPUs get
-real device nodes (character devices made with mknod under the run folder, the driver's
---dev-root), so the runtime's CDI injection is checked for real: a container sees exactly the
-/dev/nvidiaN of its claim."""
+with CDI on, the feature gates for shares by capacity, device taints and extended-resource
+requests on every component, and `kubegpu dra-driver` (fake backend, 8xA100-80GB-NVLink) beside
+the real kubelet, with the ServiceAccount, ClusterRole and DeviceClasses of
+deploy/components/dra-driver. Fake GPUs get real device nodes (character devices made with
+mknod under the run folder, the driver's --dev-root), so the runtime's CDI injection is checked
+for real: a container sees exactly the /dev/nvidiaN of its claim."""
 
 from __future__ import annotations
 
@@ -25,9 +25,14 @@ FAKE_GPUS = "8xA100-80GB-NVLink"
 GPU_COUNT = 8
 NAMESPACE = "kubegpu"
 ACCOUNT = "kubegpu-dra-driver"
-# Alpha in 1.35 and off by default (docs/dra.md): shares by capacity and the unhealthy taint.
-# DRA itself (DynamicResourceAllocation) is GA and on.
-FEATURE_GATES = {"DRAConsumableCapacity": True, "DRADeviceTaints": True}
+# Alpha in 1.35 and off by default (docs/dra.md): shares by capacity, the unhealthy taint, and
+# plain extended-resource requests (nvidia.com/gpu) served through a DeviceClass that names
+# one. DRA itself (DynamicResourceAllocation) is GA and on.
+FEATURE_GATES = {
+    "DRAConsumableCapacity": True,
+    "DRADeviceTaints": True,
+    "DRAExtendedResource": True,
+}
 # NVIDIA's character-device majors: 195 for the cards (minor = index) and nvidiactl (255);
 # nvidia-uvm's major is dynamic on a real host, any free one does here.
 _NVIDIA_MAJOR = 195
@@ -102,7 +107,8 @@ class DraDriver:
         )
         make_device_nodes(self.dev_root, GPU_COUNT)
 
-    def start(self) -> HostProcess:
+    def start(self, config: Path | None = None) -> HostProcess:
+        """Start the driver with ``config`` (default: the component's shipped config)."""
         c = self.cluster
         env = dict(c.env)
         env.pop("KUBECONFIG", None)
@@ -113,7 +119,7 @@ class DraDriver:
             "--backend=fake",
             f"--fake-gpus={FAKE_GPUS}",
             f"--fake-control={self.fake_control}",
-            f"--config={COMPONENT / 'dra-driver-config.yaml'}",
+            f"--config={config or COMPONENT / 'dra-driver-config.yaml'}",
             f"--node-name={NODE_NAME}",
             f"--kubeconfig={self.kubeconfig}",
             f"--kubelet-dir={c.kubelet_root}",

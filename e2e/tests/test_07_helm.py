@@ -57,6 +57,11 @@ COMBINATIONS: list[tuple[str, list[str], list[str]]] = [
     ),
     ("nfd-labels", ["nodeAgent.labeller.sink=nfd"], ["examples/nfd-labels"]),
     ("dra-driver", ["draDriver.enabled=true"], ["examples/dra"]),
+    (
+        "dra-extended-resource",
+        ["draDriver.enabled=true", "draDriver.extendedResource=true"],
+        ["examples/dra-extended-resource"],
+    ),
     ("peer-compat", ["peerCompat.enabled=true"], ["examples/peer-compat"]),
     (
         "quota-example",

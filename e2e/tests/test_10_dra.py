@@ -7,18 +7,24 @@ than its slice offers. Runs on its own cluster (the `dra` fixture), after every 
 from __future__ import annotations
 
 import json
+import os
 import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubegpu_e2e.cluster import Cluster
-from kubegpu_e2e.dra import DRIVER, DraDriver
+import yaml
+from kubegpu_e2e.cluster import NODE_NAME, Cluster
+from kubegpu_e2e.dra import COMPONENT, DRIVER, FAKE_GPUS, DraDriver
 from kubegpu_e2e.images import WORKLOAD_IMAGE
 from kubegpu_e2e.workloads import ENV_END, container_env, pending_reason, wait_running
 
+from kubegpu.config.extender import load_workload
+from kubegpu.dra.steering import card_free_milli, steered_order
 from kubegpu.inventory.fake import send_fake_gpu_command
+from kubegpu.inventory.select import open_backend
+from kubegpu.kube.resource_claims import pool_devices_from_claims
 from kubegpu.sharing.resources import parse_quantity
 
 pytestmark = pytest.mark.e2e
@@ -362,3 +368,172 @@ def test_an_xid_taints_the_gpu_and_no_new_claim_lands_on_it(dra: Dra, dra_namesp
     time.sleep(5)  # and it stays so: no allocation appears on the tainted card
     assert not results(cluster.get("resourceclaim", "-n", ns, "six"))
     assert_no_card_overcommitted(cluster, driver)
+
+
+# ------------------------------------------------------------------ steering (dra.steering)
+# 80 % half-card shares, 20 % of 30 %: a 40 %-used card is a bad home for the common share (it
+# would leave a sliver no share fits), a free one a good one (tests/dra/test_steering.py).
+STEERING_WORKLOAD = {
+    "pods": [
+        {"cpuMilli": 1000, "gpuMilli": 500, "gpuCount": 1, "weight": 8},
+        {"cpuMilli": 1000, "gpuMilli": 300, "gpuCount": 1, "weight": 2},
+    ]
+}
+
+
+def share_capacity(milli: int) -> dict[str, str]:
+    """A share of ``milli`` thousandths of an 80 GiB card, in memory and compute alike."""
+    return {"memory": f"{80 * 1024 * milli // 1000}Mi", "compute": str(milli)}
+
+
+def published_order(driver: DraDriver) -> list[str]:
+    return list(driver.devices())
+
+
+def expected_order(cluster: Cluster, workload_file: Path) -> list[str]:
+    """The order the driver should publish now, from the claims the API server holds, by the
+    same pure functions (the driver's CPU count is this machine's: it runs here)."""
+    backend = open_backend("fake", fake_gpus=FAKE_GPUS)
+    try:
+        inventory = backend.snapshot()
+    finally:
+        backend.close()
+    claims = cluster.get("resourceclaims", "-A")["items"]
+    free = card_free_milli(
+        inventory, NODE_NAME, pool_devices_from_claims(claims, DRIVER, NODE_NAME)
+    )
+    order = steered_order(
+        inventory, free, load_workload(workload_file), (os.cpu_count() or 1) * 1000
+    )
+    return [f"gpu-{i}" for i in order]
+
+
+def first_fitting(driver: DraDriver, cluster: Cluster, milli: int) -> str:
+    """The first device of the published order with ``milli`` free: where DRA's first fit
+    puts a share of that size."""
+    used = {name: Decimal(0) for name in driver.devices()}
+    for claim in cluster.get("resourceclaims", "-A")["items"]:
+        for r in results(claim):
+            if r["driver"] == DRIVER:
+                used[r["device"]] += parse_quantity(
+                    (r.get("consumedCapacity") or {}).get("compute", "1000")
+                )
+    return next(n for n in published_order(driver) if 1000 - used[n] >= milli)
+
+
+def test_steering_orders_the_slice_so_first_fit_lands_where_our_policy_would(
+    dra: Dra, dra_namespace: str
+) -> None:
+    cluster, driver = dra
+    ns = dra_namespace
+    workload_file = cluster.run_dir / "steering-workload.yaml"
+    workload_file.write_text(json.dumps(STEERING_WORKLOAD))
+    config = yaml.safe_load((COMPONENT / "dra-driver-config.yaml").read_text())
+    config["dra"]["steering"] = {"workloadFile": str(workload_file), "intervalS": 1}
+    config_file = cluster.run_dir / "dra-driver-steering.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    driver.stop()
+    driver.start(config_file)
+    try:
+        # Nothing allocated: every card free, index order.
+        cluster.wait_for(
+            "the steered order of a free node",
+            lambda: published_order(driver) == [f"gpu-{i}" for i in range(8)],
+            timeout=30,
+        )
+        # A 40 % share pinned to gpu-0. Then first fit in index order would put the next
+        # half-card share on gpu-0 (600 left), leaving a 100-milli sliver; the driver moves
+        # gpu-0 behind the free cards.
+        on_card_0 = 'device.attributes["gpu.kubegpu.io"].index == 0'
+        create(
+            cluster,
+            claim_object(
+                "forty", ns, request_spec(SHARE_CLASS, cel=on_card_0, capacity=share_capacity(400))
+            ),
+            claim_pod("forty", ns, claim="forty"),
+        )
+        wait_running(cluster, ns, "forty", timeout=120)
+        want = expected_order(cluster, workload_file)
+        assert want[0] != "gpu-0" and want[-1] == "gpu-0", want
+        cluster.wait_for(
+            f"the slice re-published in the steered order {want}",
+            lambda: published_order(driver) == want,
+            timeout=30,
+        )
+        # A half-card share: the real allocator's first fit takes the first device of the
+        # published order, not gpu-0 (which index order would have given it).
+        create(
+            cluster,
+            claim_object("half", ns, request_spec(SHARE_CLASS, capacity=share_capacity(500))),
+            claim_pod("half", ns, claim="half"),
+        )
+        wait_running(cluster, ns, "half", timeout=120)
+        (half,) = results(cluster.get("resourceclaim", "-n", ns, "half"))
+        assert half["device"] == want[0] != "gpu-0", (half["device"], want)
+        assert_sees_exactly(driver, env_of(cluster, ns, "half"), half["device"], "half")
+        # The order follows the new state; a 30 % share lands on its first fitting device.
+        want = expected_order(cluster, workload_file)
+        cluster.wait_for(
+            f"the slice re-published in the steered order {want}",
+            lambda: published_order(driver) == want,
+            timeout=30,
+        )
+        target = first_fitting(driver, cluster, 300)
+        create(
+            cluster,
+            claim_object("thirty", ns, request_spec(SHARE_CLASS, capacity=share_capacity(300))),
+            claim_pod("thirty", ns, claim="thirty"),
+        )
+        wait_running(cluster, ns, "thirty", timeout=120)
+        (thirty,) = results(cluster.get("resourceclaim", "-n", ns, "thirty"))
+        assert thirty["device"] == target, (thirty["device"], want)
+        print(f"steered: orders {want}; half-card share on {half['device']}, 30 % on {target}")
+        assert_no_card_overcommitted(cluster, driver)
+    finally:
+        driver.stop()
+        driver.start()
+
+
+# ------------------------------------------------- plain nvidia.com/gpu (DRAExtendedResource)
+def test_a_plain_nvidia_gpu_pod_is_served_by_the_dra_driver(dra: Dra, dra_namespace: str) -> None:
+    cluster, driver = dra
+    ns = dra_namespace
+    cluster.kubectl(
+        "apply",
+        "--server-side",
+        "-f",
+        str(COMPONENT / "extended-resource" / "deviceclass.yaml"),
+    )
+    try:
+        mapped = cluster.get("deviceclass", "gpu-extended-resource.kubegpu.io")
+        # Kept by the API server only with DRAExtendedResource on.
+        assert mapped["spec"].get("extendedResourceName") == "nvidia.com/gpu", mapped["spec"]
+        container = workload("c0", [])
+        del container["resources"]["claims"]
+        container["resources"]["limits"] = {"nvidia.com/gpu": "1"}
+        pod = claim_pod("plain", ns, template="unused")
+        del pod["spec"]["resourceClaims"]
+        pod["spec"]["containers"] = [container]
+        create(cluster, pod)
+        wait_running(cluster, ns, "plain", timeout=120)
+        # kube-scheduler made a claim for the pod and allocated one whole device of ours.
+        status = cluster.get("pod", "-n", ns, "plain")["status"]
+        extended = status.get("extendedResourceClaimStatus") or {}
+        claim_name = extended.get("resourceClaimName")
+        assert claim_name, status
+        claim = cluster.get("resourceclaim", "-n", ns, claim_name)
+        (result,) = results(claim)
+        assert result["driver"] == DRIVER, result
+        # A whole GPU: the request names no capacity, so it consumes the request policy's
+        # default, the whole card (or, recorded without consumed capacity, the device).
+        consumed = result.get("consumedCapacity") or {}
+        assert parse_quantity(consumed.get("compute", "1000")) == 1000, result
+        env = env_of(cluster, ns, "plain")
+        assert_sees_exactly(driver, env, result["device"], "plain")
+        print(f"plain nvidia.com/gpu pod: claim {claim_name} on {result['device']}")
+        assert_no_card_overcommitted(cluster, driver)
+        spec = cdi_spec(cluster, claim["metadata"]["uid"])
+        delete_pod(cluster, ns, "plain")
+        cluster.wait_for(f"{spec} removed", lambda: not spec.exists(), timeout=60)
+    finally:
+        cluster.kubectl("delete", "deviceclass", "gpu-extended-resource.kubegpu.io", check=False)

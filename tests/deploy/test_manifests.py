@@ -60,6 +60,7 @@ def test_every_kustomization_is_known() -> None:
     assert set(ALL) == {
         "base",
         "examples/dra",
+        "examples/dra-extended-resource",
         "examples/nfd-labels",
         "examples/peer-compat",
         "examples/quota",
@@ -72,7 +73,7 @@ def test_every_kustomization_is_known() -> None:
 
 # Kustomizations with the DRA driver: resource.k8s.io/v1 (DeviceClass) exists from 1.34 on, so
 # they are checked against that version's schemas instead of the oldest supported one.
-DRA_KUSTOMIZATIONS = frozenset({"examples/dra"})
+DRA_KUSTOMIZATIONS = frozenset({"examples/dra", "examples/dra-extended-resource"})
 DRA_OLDEST = "1.34.0"
 
 

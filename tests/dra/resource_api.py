@@ -50,6 +50,7 @@ class ResourceApi:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get(PREFIX + "/namespaces/{ns}/resourceclaims/{name}", self._get_claim)
+        app.router.add_get(PREFIX + "/resourceclaims", self._list_claims)
         app.router.add_get(PREFIX + "/resourceslices", self._list_slices)
         app.router.add_post(PREFIX + "/resourceslices", self._create_slice)
         app.router.add_put(PREFIX + "/resourceslices/{name}", self._replace_slice)
@@ -67,6 +68,17 @@ class ResourceApi:
         if key not in self.claims:
             return _status(404, "NotFound", f"resourceclaims {key[1]!r} not found")
         return _json(self.claims[key])
+
+    async def _list_claims(self, request: web.Request) -> web.Response:
+        self.requests.append(("list", "resourceclaims"))
+        return _json(
+            {
+                "kind": "ResourceClaimList",
+                "apiVersion": "resource.k8s.io/v1",
+                "items": list(self.claims.values()),
+                "metadata": {"resourceVersion": "1"},
+            }
+        )
 
     async def _list_slices(self, request: web.Request) -> web.Response:
         self.requests.append(("list", "resourceslices"))

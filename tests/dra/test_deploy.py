@@ -124,13 +124,15 @@ async def test_the_cluster_role_grants_exactly_what_the_driver_calls(
     api.slices["stale"] = stale
     async with serve(api) as client:
         # Everything the driver does with the API: publish (list, create, delete a stale
-        # slice), republish on a health change (update), read a claim to prepare it (get).
+        # slice), republish on a health change (update), read a claim to prepare it (get),
+        # read the claims allocated from the pool to steer (list).
         publisher = ResourceSlicePublisher(
             NODE, DEFAULT_DRIVER_NAME, LightkubeResourceSliceSink(client)
         )
         await publisher.publish(inventory)
         await publisher.publish(inventory, {inventory.gpus[0].uuid: "Xid 48"})
         await LightkubeResourceClaimSource(client).allocation(claim, DEFAULT_DRIVER_NAME)
+        await LightkubeResourceClaimSource(client).pool_allocations(DEFAULT_DRIVER_NAME, NODE)
     used: dict[str, set[str]] = {}
     for verb, resource in api.requests:
         used.setdefault(resource, set()).add(verb)

@@ -7,7 +7,10 @@ from typing import Any
 
 import yaml
 
+from kubegpu.config.model import AgentConfig
 from kubegpu.core.dra import DEFAULT_DRIVER_NAME
+
+from ..deploy.manifests import render
 
 DEPLOY_DRA = Path(__file__).resolve().parents[2] / "deploy" / "components" / "dra-driver"
 
@@ -31,3 +34,40 @@ def test_each_class_selects_on_the_driver_name_with_cel() -> None:
         (selector,) = doc["spec"]["selectors"]
         assert set(selector) == {"cel"}
         assert selector["cel"]["expression"] == f'device.driver == "{DEFAULT_DRIVER_NAME}"'
+
+
+# --------------------------------------------------------- extended-resource mapping (opt-in)
+EXTENDED = "examples/dra-extended-resource"
+
+
+def device_classes(example: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in render(example) if o["kind"] == "DeviceClass"}
+
+
+def test_the_extended_resource_class_maps_nvidia_gpu_to_our_devices() -> None:
+    found = device_classes(EXTENDED)
+    assert set(found) == {
+        "gpu.kubegpu.io",
+        "gpu-share.kubegpu.io",
+        "gpu-extended-resource.kubegpu.io",
+    }
+    mapped = found["gpu-extended-resource.kubegpu.io"]
+    assert mapped["apiVersion"] == "resource.k8s.io/v1"
+    assert mapped["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    (selector,) = mapped["spec"]["selectors"]
+    assert selector == {"cel": {"expression": f'device.driver == "{DEFAULT_DRIVER_NAME}"'}}
+    # No config and no capacity request: each device consumes the request policy's default,
+    # the whole card, so `nvidia.com/gpu: 1` stays an exclusive GPU.
+    assert set(mapped["spec"]) == {"selectors", "extendedResourceName"}
+    assert mapped["metadata"]["labels"]["app.kubernetes.io/part-of"] == "kubegpu"
+    # The name a pod asks for is the device plugin's: the node agent's whole-GPU resource.
+    assert (
+        mapped["spec"]["extendedResourceName"]
+        == AgentConfig().sharing.gpu_share.whole_resource_name
+    )
+
+
+def test_the_mapping_is_opt_in() -> None:
+    # extendedResourceName needs an alpha gate in 1.35: the default DRA install does not set it.
+    for name, cls in device_classes("examples/dra").items():
+        assert "extendedResourceName" not in cls["spec"], name

@@ -348,3 +348,50 @@ def test_a_checkpoint_it_cannot_trust_exits_1_naming_the_file(
     assert not d.sockets.registration.exists() and not d.sockets.dra.exists()
     assert checkpoint.read_text().startswith('{"version": 1')  # left for the operator
     assert d.group_is_gone()
+
+
+STEERING_WORKLOAD = {
+    # 80 % shares of half a card, 20 % of 30 %: a 40 %-used card is a bad home for the common
+    # share (it would leave a sliver no share fits), a full one a good one.
+    "pods": [
+        {"cpuMilli": 1000, "gpuMilli": 500, "gpuCount": 1, "weight": 8},
+        {"cpuMilli": 1000, "gpuMilli": 300, "gpuCount": 1, "weight": 2},
+    ]
+}
+
+
+def test_steers_its_devices_from_the_claims_allocated_from_its_pool(
+    driver: Callable[[dict[str, Any]], Driver], api: ResourceApi, short_dir: Path
+) -> None:
+    workload = short_dir / "workload.yaml"
+    workload.write_text(yaml.safe_dump(STEERING_WORKLOAD))
+    d = driver(
+        {
+            "gpuAllocation": "dra",
+            "dra": {"steering": {"workloadFile": str(workload), "intervalS": 0.1}},
+        }
+    )
+    d.wait(lambda: node_devices(api), "ResourceSlice")
+    assert list(node_devices(api)) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    # The scheduler allocated 40 % of gpu-0 (T4: 15360 MiB): first fit in index order would
+    # put the next half-card share there; the driver moves gpu-0 to the end.
+    uid = "cccccccc-0000-4000-8000-000000000002"
+    api.claims[("team-a", "train")] = claim(uid, "gpu-0", {"memory": "6144Mi", "compute": "400"})
+    d.wait(lambda: list(node_devices(api)) == ["gpu-1", "gpu-2", "gpu-3", "gpu-0"], "steered order")
+    del api.claims[("team-a", "train")]
+    d.wait(lambda: list(node_devices(api)) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"], "index order")
+    assert d.stop() == 0, d.log.read_text()
+    assert "steered device order gpu-1,gpu-2,gpu-3,gpu-0" in d.log.read_text()
+
+
+def test_a_bad_steering_workload_file_is_a_usage_error_naming_the_setting(
+    driver: Callable[[dict[str, Any]], Driver], short_dir: Path
+) -> None:
+    workload = short_dir / "workload.yaml"
+    workload.write_text("pods: []\n")
+    d = driver({"gpuAllocation": "dra", "dra": {"steering": {"workloadFile": str(workload)}}})
+    assert d.proc.wait(WAIT_S) == 2
+    out = d.log.read_text()
+    assert "dra.steering.workloadFile" in out and "non-empty 'pods' list" in out
+    assert "Traceback" not in out
+    assert not d.sockets.registration.exists()

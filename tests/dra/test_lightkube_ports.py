@@ -67,6 +67,33 @@ async def test_claim_source_reads_our_results_and_reports_a_missing_claim() -> N
     )
 
 
+async def test_claim_source_lists_the_pools_allocations_across_namespaces() -> None:
+    api = ResourceApi()
+    for namespace, name, device, pool in (
+        ("team-a", "train", "gpu-0", NODE),
+        ("team-b", "infer", "gpu-1", NODE),
+        ("team-b", "elsewhere", "gpu-1", "node-b"),
+    ):
+        api.claims[(namespace, name)] = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"request": "gpu", "driver": DRIVER, "pool": pool, "device": device}
+                        ]
+                    }
+                }
+            },
+        }
+    async with serve(api) as client:
+        devices = await LightkubeResourceClaimSource(client).pool_allocations(DRIVER, NODE)
+    assert sorted(d.device for d in devices) == ["gpu-0", "gpu-1"]
+    assert api.requests == [("list", "resourceclaims")]
+
+
 async def test_slice_sink_creates_replaces_and_deletes_only_this_nodes_slices(
     inventory: NodeInventory,
 ) -> None:

@@ -111,6 +111,14 @@ def dra_driver(
         _usage(str(err))
     if not node_name:
         _usage("--node-name (or NODE_NAME) is required: it names this node's ResourceSlice pool")
+    workload = None
+    if config.dra.steering.workload_file is not None:
+        from kubegpu.config.extender import ExtenderConfigError, load_workload
+
+        try:
+            workload = load_workload(Path(config.dra.steering.workload_file))
+        except ExtenderConfigError as err:
+            _usage(f"dra.steering.workloadFile: {err}")
     sockets = socket_paths(kubelet_dir)
     try:
         for path in (sockets.registration, sockets.dra):
@@ -147,6 +155,8 @@ def dra_driver(
         state_dir=state_dir,
         dev_root=dev_root,
         env=dict(os.environ),
+        steering_workload=workload,
+        cpu_milli=(os.cpu_count() or 1) * 1000,
     )
     try:
         sys.exit(asyncio.run(run_dra_driver(settings, config, gpu_backend, kube_config)))

@@ -331,6 +331,20 @@ class Exporter(_Model):
         return value
 
 
+class DraSteering(_Model):
+    """Steering DRA's first fit (docs/dra.md, "Steering"): the driver lists its devices in the
+    order that serves the target workload's shares best under 07-Kubegpu's card choice."""
+
+    # The target workload, the same YAML file as the extender's `workload-file` (`pods:
+    # [{cpuMilli, gpuMilli, gpuCount, weight}]`; its single-card shares are what the order
+    # serves). Unset: no steering, devices in GPU index order.
+    workload_file: str | None = None
+    # How often the driver reads the claims allocated from its pool (one list of all
+    # ResourceClaims) and re-publishes its ResourceSlice if the order changed: at most once
+    # per interval.
+    interval_s: float = Field(default=5.0, gt=0)
+
+
 class Dra(_Model):
     """The DRA driver (`kubegpu dra-driver`, docs/dra.md), used with `gpuAllocation: dra`."""
 
@@ -340,6 +354,7 @@ class Dra(_Model):
     # The DRA driver's own MPS daemon, one per node for all its GPUs; same keys as
     # sharing.gpuShare.mps, whose daemon it replaces on a DRA node.
     mps: MpsSettings = Field(default_factory=MpsSettings)
+    steering: DraSteering = Field(default_factory=DraSteering)
 
 
 class AgentConfig(_Model):

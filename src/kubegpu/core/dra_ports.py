@@ -23,6 +23,17 @@ class ResourceClaimSource(Protocol):
         ...
 
 
+class PoolAllocationSource(Protocol):
+    async def pool_allocations(self, driver: str, pool: str) -> list[AllocatedDevice]:
+        """Every device of ``pool`` allocated to a claim now (all namespaces), each with the
+        capacity it consumed: what the allocator counts as taken from the pool."""
+        ...
+
+
+class ResourceClaimReader(ResourceClaimSource, PoolAllocationSource, Protocol):
+    """Both claim reads of a driver: one claim to prepare, all of its pool's to steer."""
+
+
 class ResourceSliceSink(Protocol):
     async def current_generation(self, node_name: str, driver: str) -> int:
         """The highest pool generation among the node's slices of ``driver``; 0 when none."""
@@ -42,6 +53,8 @@ class FakeResourceClaimSource:
     def __init__(self) -> None:
         self.claims: dict[str, tuple[ClaimRef, tuple[AllocatedDevice, ...]]] = {}
         self.lookups = 0
+        self.pool_lists = 0
+        self.fail_lists = False  # set: pool_allocations raises, as an unreachable API server
 
     def allocate(self, claim: ClaimRef, *devices: AllocatedDevice) -> None:
         self.claims[claim.uid] = (claim, tuple(devices))
@@ -52,6 +65,15 @@ class FakeResourceClaimSource:
         if found is None or (found[0].namespace, found[0].name) != (claim.namespace, claim.name):
             raise ClaimLookupError(f"resourceclaim {claim} not found")
         return ClaimAllocation(claim, found[1])
+
+    async def pool_allocations(self, driver: str, pool: str) -> list[AllocatedDevice]:
+        self.pool_lists += 1
+        if self.fail_lists:
+            raise ConnectionError("the fake API server is away")
+        return [d for _, devices in self.claims.values() for d in devices if d.pool == pool]
+
+    def deallocate(self, uid: str) -> None:
+        self.claims.pop(uid, None)
 
 
 class FakeResourceSliceSink:

@@ -2,13 +2,14 @@
 
 The generation must grow across driver restarts (consumers trust only the highest generation of
 a pool), so the first publish starts above whatever the API server holds. A publish that would
-not change the devices is skipped.
+not change the devices (their order included) is skipped, so a steered order is re-published
+only when it changes.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubegpu.core.dra_ports import ResourceSliceSink
@@ -27,9 +28,13 @@ class ResourceSlicePublisher:
         self._published: list[dict[str, Any]] | None = None
 
     async def publish(
-        self, inventory: NodeInventory, unhealthy: Mapping[str, str] | None = None
+        self,
+        inventory: NodeInventory,
+        unhealthy: Mapping[str, str] | None = None,
+        order: Sequence[int] | None = None,
     ) -> bool:
-        """Write the slices if they differ from the last ones written; True when written."""
+        """Write the slices if they differ from the last ones written (a new device order is a
+        difference); True when written."""
         if self.generation is None:
             self.generation = await self.sink.current_generation(self.node_name, self.driver)
         candidate = build_resource_slices(
@@ -38,6 +43,7 @@ class ResourceSlicePublisher:
             driver=self.driver,
             generation=self.generation + 1,
             unhealthy=unhealthy,
+            order=order,
         )
         if self._published is not None and _devices(candidate) == _devices(self._published):
             return False
@@ -45,12 +51,14 @@ class ResourceSlicePublisher:
         self.generation += 1
         self._published = candidate
         log.info(
-            "published %d ResourceSlice(s) for node %s, driver %s, generation %d (%d unhealthy)",
+            "published %d ResourceSlice(s) for node %s, driver %s, generation %d (%d unhealthy, "
+            "devices in order %s)",
             len(candidate),
             self.node_name,
             self.driver,
             self.generation,
             len(unhealthy or {}),
+            ",".join(str(d["name"]) for s in candidate for d in s["spec"]["devices"]),
         )
         return True
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -236,6 +236,8 @@ class DraPluginServer:
 
 # After a failed republish (API server away), try again this often until one succeeds.
 REPUBLISH_RETRY_S = 5.0
+# How often a steering driver reads the claims allocated from its pool (dra.steering.intervalS).
+DEFAULT_STEER_INTERVAL_S = 5.0
 
 
 class SlicePublishError(RuntimeError):
@@ -264,6 +266,8 @@ async def serve_dra_driver(
     started: asyncio.Event | None = None,
     health_changed: asyncio.Event | None = None,
     retry_s: float = REPUBLISH_RETRY_S,
+    steer: Callable[[], Awaitable[Sequence[int]]] | None = None,
+    steer_interval_s: float = DEFAULT_STEER_INTERVAL_S,
 ) -> bool:
     """Run the DRA driver of one node until ``stop`` is set: publish the node's ResourceSlices,
     serve the kubelet, republish whenever ``health_changed`` is set (a GPU tainted or
@@ -276,6 +280,12 @@ async def serve_dra_driver(
     (``NotifyRegistrationStatus(false)``) sets ``stop``: registration is not retried by the
     kubelet until the socket is re-created, so the supervisor should restart us; then True is
     returned. ``started`` is set once the slices are published and both sockets answer.
+
+    With ``steer`` (:meth:`kubegpu.dra.steering.DeviceSteerer.order`), the devices are listed
+    in the order it returns, asked at start and then every ``steer_interval_s``: the slices
+    are re-published only when that order changed (the publisher skips identical devices), so
+    at most once per interval. A failing ``steer`` is logged and the last order kept: the
+    order steers DRA's first fit, the allocator's own accounting decides what fits.
     """
     preparer = ClaimPreparer(settings, inventory, claims)
     publisher = ResourceSlicePublisher(settings.node_name, settings.driver, slices)
@@ -283,8 +293,30 @@ async def serve_dra_driver(
     def current() -> Mapping[str, str] | None:
         return unhealthy() if unhealthy is not None else None
 
+    order: Sequence[int] | None = None
+    loop = asyncio.get_running_loop()
+    next_steer = loop.time()
+
+    async def steered() -> Sequence[int] | None:
+        nonlocal next_steer
+        if steer is None or loop.time() < next_steer:
+            return order
+        next_steer = loop.time() + steer_interval_s
+        try:
+            return await steer()
+        except Exception as exc:  # the API edge's errors vary (HTTP, lightkube, OS)
+            log.warning(
+                "node %s: cannot read the claims allocated from its pool (device order "
+                "kept): %s: %s",
+                settings.node_name,
+                type(exc).__name__,
+                exc,
+            )
+            return order
+
+    order = await steered()
     try:
-        await publisher.publish(inventory, current())
+        await publisher.publish(inventory, current(), order)
     except Exception as exc:  # the API edge's errors vary (HTTP, lightkube, OS)
         raise SlicePublishError(
             f"cannot publish the ResourceSlices of node {settings.node_name}: "
@@ -310,14 +342,19 @@ async def serve_dra_driver(
             started.set()
         pending = False  # a republish failed and is due again
         while not stop.is_set():
-            await _wait_any((stop, changed), retry_s if pending else None)
+            waits = [retry_s] if pending else []
+            if steer is not None:
+                waits.append(max(0.0, next_steer - loop.time()))
+            await _wait_any((stop, changed), min(waits) if waits else None)
             if stop.is_set():
                 break
-            if not (changed.is_set() or pending):
+            steer_due = steer is not None and loop.time() >= next_steer
+            if not (changed.is_set() or pending or steer_due):
                 continue
             changed.clear()
+            order = await steered()
             try:
-                await publisher.publish(inventory, current())
+                await publisher.publish(inventory, current(), order)
                 pending = False
             except Exception as exc:  # the API edge's errors vary (HTTP, lightkube, OS)
                 log.warning(

@@ -13,7 +13,7 @@ the API server takes, built here so it can be checked without a cluster.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubegpu.core.dra import CAPACITY_COMPUTE, CAPACITY_MEMORY, device_name
@@ -145,8 +145,12 @@ def build_resource_slices(
     driver: str,
     generation: int,
     unhealthy: Mapping[str, str] | None = None,
+    order: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
-    """The node's pool at ``generation``: every slice of it, devices in GPU index order.
+    """The node's pool at ``generation``: every slice of it, devices in GPU index order, or in
+    ``order`` (GPU indices, a steered order: :mod:`kubegpu.dra.steering`) where given; GPUs
+    that ``order`` leaves out follow in index order, indices it names that the node lacks are
+    ignored. DRA's allocator takes the first device that fits in this order.
 
     ``unhealthy`` maps a GPU UUID to why it is unhealthy; those devices carry a NoSchedule taint so
     no new claim lands on them (claims already allocated keep running).
@@ -154,9 +158,12 @@ def build_resource_slices(
     if generation < 1:
         raise ValueError(f"generation must be >= 1, got {generation}")
     unhealthy = unhealthy or {}
+    position = {index: p for p, index in enumerate(order or ())}
     devices = [
         device_entry(gpu, driver, inventory.driver_version, unhealthy.get(gpu.uuid))
-        for gpu in sorted(inventory.gpus, key=lambda g: g.index)
+        for gpu in sorted(
+            inventory.gpus, key=lambda g: (position.get(g.index, len(position)), g.index)
+        )
     ]
     chunks = [
         devices[i : i + MAX_DEVICES_PER_SLICE]

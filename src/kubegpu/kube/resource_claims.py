@@ -8,8 +8,9 @@ capacity (KEP-5075) converted to bytes and milli-cards.
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -25,6 +26,8 @@ from kubegpu.core.dra import (
 )
 from kubegpu.core.dra_ports import ClaimLookupError
 from kubegpu.sharing.resources import RequestError, parse_quantity
+
+log = logging.getLogger(__name__)
 
 ResourceClaim = create_namespaced_resource(
     "resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"
@@ -53,6 +56,12 @@ def allocation_from_claim(obj: Mapping[str, Any], claim: ClaimRef, driver: str) 
     allocation = (obj.get("status") or {}).get("allocation")
     if not allocation:
         raise ClaimLookupError(f"resourceclaim {claim} is not allocated")
+    return ClaimAllocation(claim, tuple(_our_results(allocation, claim, driver)))
+
+
+def _our_results(
+    allocation: Mapping[str, Any], claim: ClaimRef, driver: str
+) -> list[AllocatedDevice]:
     results = ((allocation.get("devices") or {}).get("results")) or []
     devices: list[AllocatedDevice] = []
     for result in results:
@@ -70,7 +79,31 @@ def allocation_from_claim(obj: Mapping[str, Any], claim: ClaimRef, driver: str) 
                 compute_milli=_consumed(claim, consumed, CAPACITY_COMPUTE, 1),
             )
         )
-    return ClaimAllocation(claim, tuple(devices))
+    return devices
+
+
+def pool_devices_from_claims(
+    objs: Iterable[Mapping[str, Any]], driver: str, pool: str
+) -> list[AllocatedDevice]:
+    """The devices of ``pool`` allocated by ``driver`` in any of ``objs`` (ResourceClaim JSON);
+    an unallocated claim has none. A claim whose consumed capacity cannot be read is skipped
+    with a warning: it cannot be prepared either, and one bad object must not stop the rest."""
+    found: list[AllocatedDevice] = []
+    for obj in objs:
+        allocation = (obj.get("status") or {}).get("allocation")
+        if not allocation:
+            continue
+        meta = obj.get("metadata") or {}
+        claim = ClaimRef(
+            str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", ""))
+        )
+        try:
+            devices = _our_results(allocation, claim, driver)
+        except ClaimLookupError as exc:
+            log.warning("steering: ignoring a claim whose allocation cannot be read: %s", exc)
+            continue
+        found.extend(d for d in devices if d.pool == pool)
+    return found
 
 
 class LightkubeResourceClaimSource:
@@ -85,3 +118,8 @@ class LightkubeResourceClaimSource:
                 raise ClaimLookupError(f"resourceclaim {claim} not found") from None
             raise
         return allocation_from_claim(dict(obj), claim, driver)
+
+    async def pool_allocations(self, driver: str, pool: str) -> list[AllocatedDevice]:
+        # Claims carry no field that selects them by node or pool: list them all.
+        objs = [dict(obj) async for obj in self.client.list(ResourceClaim, namespace="*")]
+        return pool_devices_from_claims(objs, driver, pool)

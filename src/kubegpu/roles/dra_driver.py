@@ -22,13 +22,16 @@ from kubegpu.config.health import health_policy
 from kubegpu.config.model import AgentConfig
 from kubegpu.core.backend import GpuBackend
 from kubegpu.core.dra import DEFAULT_DRIVER_NAME
-from kubegpu.core.dra_ports import ResourceClaimSource, ResourceSliceSink
+from kubegpu.core.dra_ports import ResourceClaimReader, ResourceSliceSink
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.health_feed import HealthFeed
 from kubegpu.dra.cdi import MpsDirs
 from kubegpu.dra.checkpoint import CheckpointError
 from kubegpu.dra.driver import DriverSettings
 from kubegpu.dra.server import SlicePublishError, SocketPaths, serve_dra_driver
+from kubegpu.dra.slices import pool_name
+from kubegpu.dra.steering import DeviceSteerer
+from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.roles.health import judge_health
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,10 @@ class DraDriverSettings:
     dev_root: str = "/"
     driver: str = DEFAULT_DRIVER_NAME
     env: Mapping[str, str] = field(default_factory=dict)
+    # Set (from dra.steering.workloadFile): the devices are published in the steered order.
+    steering_workload: TypicalWorkload | None = None
+    # The node's CPU, all taken as free by the steering cost (the driver sees no pods' CPU).
+    cpu_milli: int = 1000
 
     @property
     def sockets(self) -> SocketPaths:
@@ -91,7 +98,7 @@ async def run_with_ports(
     settings: DraDriverSettings,
     config: AgentConfig,
     backend: GpuBackend,
-    claims: ResourceClaimSource,
+    claims: ResourceClaimReader,
     slices: ResourceSliceSink,
     *,
     stop: asyncio.Event | None = None,
@@ -115,6 +122,16 @@ async def run_with_ports(
         return {str(uuid): reason for uuid, reason in feed.unhealthy().items()}
 
     feed.subscribe(on_verdict_flip)
+    steerer = None
+    if settings.steering_workload is not None:
+        steerer = DeviceSteerer(
+            inventory,
+            settings.driver,
+            pool_name(node),
+            claims,
+            settings.steering_workload,
+            settings.cpu_milli,
+        )
     judge_health(feed, backend, inventory, node_name=node)
     mps_daemon = None
     mps: MpsDirs | None = None
@@ -135,11 +152,12 @@ async def run_with_ports(
             await mps_daemon.start()
             mps = MpsDirs(str(spec.pipe_dir), str(spec.log_dir))
         log.info(
-            "node %s: DRA driver %s for %d GPU(s), enforcement %s, sockets %s and %s",
+            "node %s: DRA driver %s for %d GPU(s), enforcement %s, %s, sockets %s and %s",
             node,
             settings.driver,
             len(inventory.gpus),
             config.dra.enforcement,
+            "devices steered" if steerer is not None else "devices in index order",
             settings.sockets.registration,
             settings.sockets.dra,
         )
@@ -152,6 +170,8 @@ async def run_with_ports(
             stop,
             unhealthy=unhealthy,
             health_changed=changed,
+            steer=steerer.order if steerer is not None else None,
+            steer_interval_s=config.dra.steering.interval_s,
         )
     except CheckpointError as exc:
         log.error("node %s: %s; move the file away to start afresh", node, exc)
