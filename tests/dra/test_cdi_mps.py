@@ -66,3 +66,16 @@ def test_the_mps_folders_are_mounted_at_the_same_path() -> None:
         (MPS.pipe_dir, MPS.pipe_dir),
         (MPS.log_dir, MPS.log_dir),
     ]
+
+
+def test_mps_memory_limits_name_every_card_of_the_request() -> None:
+    # Two shares of one request on two cards: the runtime keeps one value per variable, so
+    # each device's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT lists both cards' limits.
+    first = cdi.ClaimDevice("gpu-0", GPU, "s-1", memory_bytes=2**30, requests=frozenset({"g"}))
+    second = cdi.ClaimDevice("gpu-1", gpu(1), "s-2", memory_bytes=2**31, requests=frozenset({"g"}))
+    spec = cdi.claim_spec("uid-1", [second, first], "gpu.kubegpu.io/claim", mps=MPS)
+    both = f"{GPU.uuid}=1024M,{gpu(1).uuid}=2048M"
+    for device in spec["devices"]:
+        env = dict(e.split("=", 1) for e in device["containerEdits"]["env"])
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == both
+        assert env["NVIDIA_VISIBLE_DEVICES"] == f"{GPU.uuid},{gpu(1).uuid}"

@@ -188,6 +188,47 @@ async def test_one_claim_with_two_shares_of_one_card_is_one_cdi_device(
     assert (env[ENV_MEMORY_LIMIT], env[ENV_COMPUTE]) == ("2048", "150")
 
 
+def envs_by_device(spec: dict[str, Any], claim: ClaimRef) -> dict[str, dict[str, str]]:
+    """Each CDI device's environment by the slice device it stands for."""
+    return {
+        d["name"].removeprefix(f"{claim.uid}-"): dict(
+            line.split("=", 1) for line in d["containerEdits"]["env"]
+        )
+        for d in spec["devices"]
+    }
+
+
+async def test_every_device_of_a_request_names_all_the_gpus_the_container_gets(
+    node: Node, served: DraPluginServer
+) -> None:
+    # The runtime applies each CDI device's env in turn, the last value winning: a two-GPU
+    # request whose devices each named only themselves showed the container one GPU.
+    node.claims.allocate(
+        WHOLE, AllocatedDevice("gpu", NODE, "gpu-1"), AllocatedDevice("gpu", NODE, "gpu-0")
+    )
+    await prepare(node, WHOLE)
+    both = ",".join(g.uuid for g in node.inventory.gpus[:2])  # in GPU index order
+    envs = envs_by_device(cdi_spec(node, WHOLE), WHOLE)
+    assert sorted(envs) == ["gpu-0", "gpu-1"]
+    for env in envs.values():
+        assert env["NVIDIA_VISIBLE_DEVICES"] == both
+        assert env[ENV_UUID] == both
+
+
+async def test_devices_of_different_requests_name_only_their_own_request_gpus(
+    node: Node, served: DraPluginServer
+) -> None:
+    # A container that names request "a" gets gpu-0 alone and must be told of gpu-0 alone.
+    node.claims.allocate(
+        WHOLE, AllocatedDevice("a", NODE, "gpu-0"), AllocatedDevice("b/first", NODE, "gpu-1")
+    )
+    await prepare(node, WHOLE)
+    envs = envs_by_device(cdi_spec(node, WHOLE), WHOLE)
+    for index in (0, 1):
+        uuid = node.inventory.gpus[index].uuid
+        assert envs[f"gpu-{index}"]["NVIDIA_VISIBLE_DEVICES"] == uuid
+
+
 async def test_a_claim_that_cannot_be_prepared_fails_alone(
     node: Node, served: DraPluginServer
 ) -> None:

@@ -52,6 +52,9 @@ class ClaimDevice:
     share_id: str | None = None
     memory_bytes: int | None = None
     compute_milli: int | None = None
+    # The claim's requests that got this device (a container may name one request, and then
+    # only that request's devices are injected): empty = one request for the whole claim.
+    requests: frozenset[str] = frozenset()
 
     @property
     def is_share(self) -> bool:
@@ -86,10 +89,39 @@ def _node(dev_root: str, path: str) -> dict[str, str]:
     return entry
 
 
-def device_env(device: ClaimDevice, mps: MpsDirs | None = None) -> list[str]:
-    """The container's environment for one device; ``mps`` only under ``enforcement: mps``."""
-    env: dict[str, str] = {ENV_VISIBLE_DEVICES: device.gpu.uuid, ENV_UUID: device.gpu.uuid}
-    memory_mib = device.memory_bytes // 2**20 if device.memory_bytes is not None else None
+def devices_together(device: ClaimDevice, devices: Sequence[ClaimDevice]) -> list[ClaimDevice]:
+    """The devices a container gets together with ``device``, in GPU index order: those of the
+    claim that share a request with it. The runtime sets each CDI device's environment in turn,
+    the last value winning, so every device of a request must name all of them, or a container
+    of a two-GPU claim would be told of one GPU only. A container naming the whole claim of
+    several requests is told of the last request's GPUs (docs/dra.md, "Not done yet")."""
+    together = [
+        d
+        for d in devices
+        if d.name == device.name
+        or not (d.requests or device.requests)
+        or d.requests & device.requests
+    ]
+    return sorted(together, key=lambda d: d.gpu.index)
+
+
+def _mib(device: ClaimDevice) -> int | None:
+    return device.memory_bytes // 2**20 if device.memory_bytes is not None else None
+
+
+def device_env(
+    device: ClaimDevice,
+    mps: MpsDirs | None = None,
+    together: Sequence[ClaimDevice] | None = None,
+) -> list[str]:
+    """The container's environment for one device; ``mps`` only under ``enforcement: mps``;
+    ``together``: the devices it comes with (:func:`devices_together`), itself alone by
+    default. The GPU list and MPS's per-GPU memory limits name all of them; the share's own
+    limits (``KUBEGPU_GPU_*``) are this device's."""
+    together = together or [device]
+    uuids = ",".join(d.gpu.uuid for d in together)
+    env: dict[str, str] = {ENV_VISIBLE_DEVICES: uuids, ENV_UUID: uuids}
+    memory_mib = _mib(device)
     if memory_mib is not None:
         env[ENV_MEMORY_LIMIT] = str(memory_mib)
     if device.compute_milli is not None:
@@ -101,17 +133,20 @@ def device_env(device: ClaimDevice, mps: MpsDirs | None = None) -> list[str]:
     if device.is_share and mps is not None:
         env[ENV_MPS_PIPE] = mps.pipe_dir
         env[ENV_MPS_LOG] = mps.log_dir
-        if memory_mib is not None:
-            env[ENV_MPS_MEMORY] = f"{device.gpu.uuid}={memory_mib}M"
+        limits = [f"{d.gpu.uuid}={_mib(d)}M" for d in together if _mib(d) is not None]
+        if limits:
+            env[ENV_MPS_MEMORY] = ",".join(limits)
         if device.compute_milli is not None:
             env[ENV_MPS_THREADS] = str(mps_thread_percentage(device.compute_milli))
     return [f"{key}={value}" for key, value in env.items()]
 
 
-def _device_edits(device: ClaimDevice, dev_root: str, mps: MpsDirs | None) -> dict[str, Any]:
+def _device_edits(
+    device: ClaimDevice, dev_root: str, mps: MpsDirs | None, together: Sequence[ClaimDevice]
+) -> dict[str, Any]:
     edits: dict[str, Any] = {
         "deviceNodes": [_node(dev_root, device.gpu.device_node)],
-        "env": device_env(device, mps),
+        "env": device_env(device, mps, together),
     }
     if device.is_share and mps is not None:
         # The MPS client talks to the daemon through these folders: the same path inside.
@@ -135,7 +170,7 @@ def claim_spec(
         "devices": [
             {
                 "name": cdi_device_name(claim_uid, d.name),
-                "containerEdits": _device_edits(d, dev_root, mps),
+                "containerEdits": _device_edits(d, dev_root, mps, devices_together(d, devices)),
             }
             for d in devices
         ],

@@ -146,6 +146,7 @@ class ClaimPreparer:
                     share_id=result.share_id,
                     memory_bytes=result.memory_bytes,
                     compute_milli=result.compute_milli,
+                    requests=frozenset({base_request(result.request)}),
                 )
             )
         # The same card twice in one claim (two requests, two shares of it) is one CDI device
@@ -168,6 +169,7 @@ def _merge(a: cdi.ClaimDevice, b: cdi.ClaimDevice) -> cdi.ClaimDevice:
         share_id=a.share_id or b.share_id,
         memory_bytes=_sum(a.memory_bytes, b.memory_bytes),
         compute_milli=_sum(a.compute_milli, b.compute_milli),
+        requests=a.requests | b.requests,
     )
 
 
