@@ -289,6 +289,42 @@ def test_cel_selector_on_model_and_memory(dra: Dra, dra_namespace: str) -> None:
     assert_no_card_overcommitted(cluster, driver)
 
 
+def test_two_gpus_of_one_nvlink_island_by_constraint_and_peer_selector(
+    dra: Dra, dra_namespace: str
+) -> None:
+    """The NVLink attributes go through the real API server (string, int) and the real
+    allocator: a claim for two whole GPUs that must share one NVLink island (matchAttribute on
+    nvlinkDomain) and be NVLink peers of GPU 0 (CEL split on nvlinkPeers) gets two cards
+    other than gpu-0, and each container sees them."""
+    cluster, driver = dra
+    ns = dra_namespace
+    # The preset joins every pair by NVLink (NVSwitch): one island, seven peers per GPU.
+    for name, device in driver.devices().items():
+        attributes = device["attributes"]
+        index = attributes["index"]["int"]
+        assert attributes["nvlinkDomain"] == {"int": 0}, name
+        assert attributes["nvlinkPeerCount"] == {"int": 7}, name
+        peers = attributes["nvlinkPeers"]["string"].split(",")
+        assert peers == [str(i) for i in range(8) if i != index], name
+    peer_of_0 = '"0" in device.attributes["gpu.kubegpu.io"].nvlinkPeers.split(",")'
+    spec = request_spec(WHOLE_CLASS, cel=peer_of_0)
+    spec["devices"]["requests"][0]["exactly"]["count"] = 2
+    spec["devices"]["constraints"] = [
+        {"requests": ["gpu"], "matchAttribute": f"{DRIVER}/nvlinkDomain"}
+    ]
+    create(cluster, claim_object("pair", ns, spec), claim_pod("pair", ns, claim="pair"))
+    wait_running(cluster, ns, "pair", timeout=120)
+    devices = sorted(r["device"] for r in results(pod_claim(cluster, ns, "pair")))
+    assert len(devices) == 2 and "gpu-0" not in devices, devices
+    env = env_of(cluster, ns, "pair")
+    published = driver.devices()
+    uuids = {published[d]["attributes"]["uuid"]["string"] for d in devices}
+    assert set(env.get("NVIDIA_VISIBLE_DEVICES", "").split(",")) == uuids, env
+    cards = sorted(f"nvidia{published[d]['attributes']['index']['int']}" for d in devices)
+    assert sorted(nvidia_cards(env)) == cards, env.get("KUBEGPU_E2E_DEV")
+    assert_no_card_overcommitted(cluster, driver)
+
+
 def test_one_claim_shared_by_two_containers_is_one_share(dra: Dra, dra_namespace: str) -> None:
     cluster, driver = dra
     ns = dra_namespace

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from kubegpu.core.dra import DEFAULT_DRIVER_NAME
-from kubegpu.core.gpu import NodeInventory
+from kubegpu.core.gpu import GpuLink, NodeInventory, PcieLink
 from kubegpu.dra.slices import (
     MAX_DEVICES_PER_SLICE,
     build_resource_slices,
@@ -178,3 +178,53 @@ def test_node_without_gpus_still_publishes_its_empty_pool() -> None:
 def test_generation_must_be_positive(inventory: NodeInventory) -> None:
     with pytest.raises(ValueError, match="generation must be >= 1, got 0"):
         build_resource_slices(NODE, inventory, driver=DRIVER, generation=0)
+
+
+def _linked(count: int, lanes: dict[tuple[int, int], int]) -> NodeInventory:
+    gpus = tuple(gpu(i) for i in range(count))
+    links = {
+        (gpus[a].uuid, gpus[b].uuid): GpuLink(pcie=PcieLink.SYS, nvlinks=n)
+        for (a, b), n in lanes.items()
+    }
+    return NodeInventory(gpus=gpus, links=links)
+
+
+def _nvlink_of(inventory: NodeInventory) -> list[dict[str, Any]]:
+    return [
+        {k: v for k, v in device["attributes"].items() if k.startswith("nvlink")}
+        for device in only_slice(inventory)["spec"]["devices"]
+    ]
+
+
+def test_nvlink_peers_and_islands_are_attributes_of_the_linked_gpus_only() -> None:
+    # Two islands: 0-1-2 (a chain: 0 and 2 reach each other through 1) and 4-5; GPU 3 has only
+    # PCIe, and a pair with 0 lanes is no NVLink.
+    inventory = _linked(6, {(0, 1): 12, (2, 1): 4, (5, 4): 2, (3, 4): 0, (0, 3): 0})
+    assert _nvlink_of(inventory) == [
+        {"nvlinkPeerCount": {"int": 1}, "nvlinkDomain": {"int": 0}, "nvlinkPeers": {"string": "1"}},
+        {
+            "nvlinkPeerCount": {"int": 2},
+            "nvlinkDomain": {"int": 0},
+            "nvlinkPeers": {"string": "0,2"},
+        },
+        {"nvlinkPeerCount": {"int": 1}, "nvlinkDomain": {"int": 0}, "nvlinkPeers": {"string": "1"}},
+        {},
+        {"nvlinkPeerCount": {"int": 1}, "nvlinkDomain": {"int": 4}, "nvlinkPeers": {"string": "5"}},
+        {"nvlinkPeerCount": {"int": 1}, "nvlinkDomain": {"int": 4}, "nvlinkPeers": {"string": "4"}},
+    ]
+
+
+def test_no_topology_means_no_nvlink_attributes(inventory: NodeInventory) -> None:
+    assert _nvlink_of(inventory) == [{}, {}]
+
+
+def test_a_peer_list_past_the_api_limit_is_left_out_but_count_and_island_stay() -> None:
+    # 32 GPUs all joined: "1,2,…,31" is 84 characters, over the 64 the API server accepts.
+    everyone = {(a, b): 1 for a in range(32) for b in range(a + 1, 32)}
+    devices = only_slice(_linked(32, everyone))["spec"]["devices"]
+    for device in devices:
+        attributes = device["attributes"]
+        assert "nvlinkPeers" not in attributes
+        assert attributes["nvlinkPeerCount"] == {"int": 31}
+        assert attributes["nvlinkDomain"] == {"int": 0}
+        assert all(len(v.get("string", "")) <= 64 for v in attributes.values())

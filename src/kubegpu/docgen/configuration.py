@@ -1001,9 +1001,10 @@ def render() -> str:
         "see [install.md](install.md), [sharing.md](sharing.md) and",
         "[architecture.md](architecture.md).",
         "",
-        "Not implemented, so not configurable: MIG strategies other than `none` (MIG GPUs are",
-        "advertised whole) and Dynamic Resource Allocation (DRA); kubegpu is a device plugin",
-        "plus a scheduler extender.",
+        "The node agent's `gpuAllocation` picks how a node's GPUs are handed out: the device",
+        "plugin with the scheduler extender (`devicePlugin`), or Dynamic Resource Allocation",
+        "(`dra`, `kubegpu dra-driver`, [dra.md](dra.md)). Not implemented, so not configurable:",
+        "MIG strategies other than `none` (MIG GPUs are advertised whole).",
         "",
     ]
     lines += _agent_part()

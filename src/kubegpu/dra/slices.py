@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubegpu.core.dra import CAPACITY_COMPUTE, CAPACITY_MEMORY, device_name
-from kubegpu.core.gpu import GpuDevice, NodeInventory
+from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
 
 API_VERSION = "resource.k8s.io/v1"
 
@@ -35,6 +35,9 @@ MEMORY_STEP_BYTES = 256 * 2**20
 # "250m" share consumed the whole card's "1" and a card took one share only (docs/e2e.md).
 COMPUTE_MILLI_PER_CARD = 1000
 COMPUTE_STEP_MILLI = 50
+
+# resource.k8s.io/v1 DeviceAttributeMaxValueLength: a longer string is refused by the API server.
+MAX_ATTRIBUTE_STRING = 64
 
 UNHEALTHY_TAINT_SUFFIX = "unhealthy"
 _LABEL_VALUE_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -92,8 +95,57 @@ def taint_value(reason: str) -> str:
     return value
 
 
+def nvlink_attributes(inventory: NodeInventory) -> dict[GpuUuid, dict[str, dict[str, Any]]]:
+    """The NVLink attributes of each GPU joined to at least one other by NVLink (GPUs without
+    NVLink, or whose topology could not be read, get none, so a selector or constraint on them
+    never matches such a GPU):
+
+    * ``nvlinkPeers``: the indices of the GPUs it shares a lane with, ascending, comma-separated
+      (``"1,3"``), for ``"3" in device.attributes[...].nvlinkPeers.split(",")``; left out when the
+      list would pass the API's 64-character limit (more than ~25 peers);
+    * ``nvlinkPeerCount``: how many such GPUs;
+    * ``nvlinkDomain``: the smallest index of the GPUs reachable over NVLink from it (directly or
+      through others): equal on every GPU of one NVLink island, so a claim for several GPUs with
+      ``constraints: [{matchAttribute: gpu.kubegpu.io/nvlinkDomain}]`` gets them from one island.
+    """
+    index_of = {gpu.uuid: gpu.index for gpu in inventory.gpus}
+    peers: dict[int, set[int]] = {}
+    for (a, b), link in inventory.links.items():
+        if link.nvlinks > 0 and a in index_of and b in index_of and a != b:
+            peers.setdefault(index_of[a], set()).add(index_of[b])
+            peers.setdefault(index_of[b], set()).add(index_of[a])
+    domain: dict[int, int] = {}
+    for start in sorted(peers):  # ascending, so each island is first reached from its smallest
+        if start in domain:
+            continue
+        island, frontier = {start}, [start]
+        while frontier:
+            for peer in peers[frontier.pop()]:
+                if peer not in island:
+                    island.add(peer)
+                    frontier.append(peer)
+        domain.update((member, start) for member in island)
+    found: dict[GpuUuid, dict[str, dict[str, Any]]] = {}
+    for uuid, index in index_of.items():
+        if index not in peers:
+            continue
+        listed = ",".join(str(peer) for peer in sorted(peers[index]))
+        attributes: dict[str, dict[str, Any]] = {
+            "nvlinkPeerCount": {"int": len(peers[index])},
+            "nvlinkDomain": {"int": domain[index]},
+        }
+        if len(listed) <= MAX_ATTRIBUTE_STRING:
+            attributes["nvlinkPeers"] = {"string": listed}
+        found[uuid] = attributes
+    return found
+
+
 def device_entry(
-    gpu: GpuDevice, driver: str, driver_version: str | None, unhealthy_reason: str | None
+    gpu: GpuDevice,
+    driver: str,
+    driver_version: str | None,
+    unhealthy_reason: str | None,
+    nvlink: Mapping[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     attributes: dict[str, dict[str, Any]] = {
         "uuid": {"string": gpu.uuid},
@@ -109,6 +161,7 @@ def device_entry(
     version = _semver(driver_version)
     if version is not None:
         attributes["driverVersion"] = {"version": version}
+    attributes.update(nvlink or {})
 
     memory: dict[str, Any] = {"value": _quantity_mib(gpu.memory_total_mib)}
     policy = _memory_policy(gpu.memory_total_mib)
@@ -159,8 +212,11 @@ def build_resource_slices(
         raise ValueError(f"generation must be >= 1, got {generation}")
     unhealthy = unhealthy or {}
     position = {index: p for p, index in enumerate(order or ())}
+    nvlink = nvlink_attributes(inventory)
     devices = [
-        device_entry(gpu, driver, inventory.driver_version, unhealthy.get(gpu.uuid))
+        device_entry(
+            gpu, driver, inventory.driver_version, unhealthy.get(gpu.uuid), nvlink.get(gpu.uuid)
+        )
         for gpu in sorted(
             inventory.gpus, key=lambda g: (position.get(g.index, len(position)), g.index)
         )
