@@ -3,8 +3,8 @@
 # module, pinned in go.mod beside this script, into a cache folder keyed by version:
 #   ${KUBEGPU_E2E_CACHE:-$HOME/.cache/kubegpu-e2e}/helm-<version>/bin/helm
 # Nothing is rebuilt when that folder already holds the binary for this version. Needs only the
-# Go module proxy. Prints the binary's path on the last line of stdout. About two minutes on two
-# cores cold; instant warm.
+# Go module proxy. Prints the binary's path on the last line of stdout. About 1.5 minutes on two
+# cores after the components' build (which compiles the k8s.io packages it shares); instant warm.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
@@ -21,7 +21,7 @@ fi
 
 # The version `helm version` reports and the Kubernetes version `helm lint`/`helm template`
 # assume (.Capabilities.KubeVersion), set the way helm's own Makefile does: otherwise helm says
-# v3.22 with no patch level and assumes Kubernetes v1.20.
+# v3.20 with no patch level and assumes Kubernetes v1.20.
 client_go="$(go list -m -f '{{.Version}}' k8s.io/client-go)"   # v0.35.x
 k8s_minor="${client_go#v0.}"; k8s_minor="${k8s_minor%%.*}"
 ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"
