@@ -226,7 +226,12 @@ def test_whole_gpu_claim_from_a_template(dra: Dra, dra_namespace: str) -> None:
     owners = claim["metadata"].get("ownerReferences", [])
     assert [o["name"] for o in owners] == ["whole"], owners
     (result,) = results(claim)
-    assert_sees_exactly(driver, env_of(cluster, ns, "whole"), result["device"], "whole")
+    env = env_of(cluster, ns, "whole")
+    assert_sees_exactly(driver, env, result["device"], "whole")
+    # The allocator records the policies' defaults (the whole card) as consumed capacity:
+    # the container is told of a whole GPU, with no share limits.
+    print(f"whole claim's consumed capacity: {result.get('consumedCapacity')}")
+    assert not {"KUBEGPU_GPU_MEMORY_LIMIT_MIB", "KUBEGPU_GPU_COMPUTE_MILLI"} & env.keys(), env
     spec = cdi_spec(cluster, claim["metadata"]["uid"])
     assert spec.exists()
     assert_no_card_overcommitted(cluster, driver)

@@ -144,6 +144,38 @@ async def test_prepare_share_puts_its_memory_and_compute_in_the_environment(
     assert env[ENV_COMPUTE] == "250"
 
 
+async def test_a_claim_that_consumed_the_whole_card_is_a_whole_gpu_not_a_share(
+    node: Node, served: DraPluginServer
+) -> None:
+    # What the real allocator records for a request naming no capacity: the policies'
+    # defaults, i.e. all of the card's usable memory and compute "1000", with a share ID.
+    node.claims.allocate(
+        WHOLE,
+        AllocatedDevice(
+            "gpu", NODE, "gpu-0", share_id="s-w", memory_bytes=81920 * 2**20, compute_milli=1000
+        ),
+    )
+    await prepare(node, WHOLE)
+    env = env_of(cdi_spec(node, WHOLE))
+    assert env[ENV_UUID] == node.inventory.gpus[0].uuid
+    assert ENV_MEMORY_LIMIT not in env and ENV_COMPUTE not in env
+    assert "KUBEGPU_GPU_ENFORCEMENT" not in env
+
+
+async def test_a_share_one_step_short_of_the_card_stays_a_share(
+    node: Node, served: DraPluginServer
+) -> None:
+    node.claims.allocate(
+        SHARE,
+        AllocatedDevice(
+            "gpu", NODE, "gpu-0", share_id="s-1", memory_bytes=81664 * 2**20, compute_milli=1000
+        ),
+    )
+    await prepare(node, SHARE)
+    env = env_of(cdi_spec(node, SHARE))
+    assert (env[ENV_MEMORY_LIMIT], env[ENV_COMPUTE]) == ("81664", "1000")
+
+
 async def test_v1beta1_serves_the_same_claims_without_share_id(
     node: Node, served: DraPluginServer
 ) -> None:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kubegpu.core.dra import (
@@ -27,7 +27,7 @@ from kubegpu.core.dra_ports import ClaimLookupError, ResourceClaimSource
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.dra import cdi
 from kubegpu.dra.checkpoint import Checkpoint
-from kubegpu.dra.slices import pool_name
+from kubegpu.dra.slices import holds_whole_card, pool_name
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,17 @@ class ClaimPreparer:
         for device in devices:
             seen = merged.get(device.name)
             merged[device.name] = device if seen is None else _merge(seen, device)
-        return list(merged.values())
+        return [_as_whole_if_all_consumed(d) for d in merged.values()]
+
+
+def _as_whole_if_all_consumed(device: cdi.ClaimDevice) -> cdi.ClaimDevice:
+    """The real allocator records a request that names no capacity with the policies' defaults
+    as consumed capacity (the whole card): that is a whole GPU, not a share of all of it."""
+    if not device.is_share or not holds_whole_card(
+        device.gpu, device.memory_bytes, device.compute_milli
+    ):
+        return device
+    return replace(device, memory_bytes=None, compute_milli=None)
 
 
 def _sum(a: int | None, b: int | None) -> int | None:

@@ -84,6 +84,16 @@ def _memory_policy(total_mib: int) -> dict[str, Any] | None:
     }
 
 
+def holds_whole_card(gpu: GpuDevice, memory_bytes: int | None, compute_milli: int | None) -> bool:
+    """Whether consumed capacity is all the device offers: what a request that names no
+    capacity consumes (the request policies' defaults). Such a claim has the card to itself
+    and is a whole GPU, not a share (no share limits, never an MPS client)."""
+    usable_mib = gpu.memory_total_mib - gpu.memory_total_mib % (MEMORY_STEP_BYTES // 2**20)
+    memory_whole = memory_bytes is None or memory_bytes >= usable_mib * 2**20
+    compute_whole = compute_milli is None or compute_milli >= COMPUTE_MILLI_PER_CARD
+    return memory_whole and compute_whole
+
+
 def _compute_policy() -> dict[str, Any]:
     step, whole = str(COMPUTE_STEP_MILLI), str(COMPUTE_MILLI_PER_CARD)
     return {"default": whole, "validRange": {"min": step, "max": whole, "step": step}}
