@@ -3,11 +3,15 @@ their watches, relists on 410, and starts only when asked."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kubegpu.core.dra import AllocatedDevice
 from kubegpu.dra.slices import pool_name
 from kubegpu.kube.dra_view import DraClusterView
 from kubegpu.kube.view import Backoff
+from kubegpu.testing.apiserver.server import RequestRecord
 from kubegpu.testing.waiting import wait_until_async
+from tests.deploy.rbac import allowed, rbac_rules
 from tests.extender.dra_api import DraApi, serve
 from tests.extender.dra_cluster import (
     DRIVER,
@@ -82,3 +86,16 @@ async def test_lists_then_follows_slices_and_claims_by_watch() -> None:
             assert view.allocated_in(pool_name("n1")) == []
         finally:
             await view.close()
+    # Every call it made is one the extender's ClusterRole grants (every overlay binds it).
+    made = [
+        RequestRecord(verb, kind, None, None)
+        for verb, calls in (("list", api.lists), ("watch", api.watches))
+        for kind, _ in calls
+    ]
+    assert {r.resource for r in made} == {"resourceslices", "resourceclaims"}
+    role = Path(__file__).resolve().parents[2] / "deploy" / "base" / "extender-clusterrole.yaml"
+    rules = list(rbac_rules(role))
+    assert [r for r in made if not allowed(rules, r)] == []
+    # The check can fail: without the resource.k8s.io rule none of them is granted.
+    core_only = [(ns, rule) for ns, rule in rules if rule["apiGroups"] != ["resource.k8s.io"]]
+    assert not any(allowed(core_only, r) for r in made)
