@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from kubegpu.core.dra import AllocatedDevice, ClaimRef
-from kubegpu.core.dra_cluster import DeviceRequest, DraClaim, NodeSlices, SliceDevice
+from kubegpu.core.dra_cluster import (
+    DeviceRequest,
+    DraClaim,
+    NodeSlices,
+    SliceDevice,
+    newest_devices,
+)
 from kubegpu.dra.slices import pool_name
 from kubegpu.extender.dra_rank import (
     DemandError,
@@ -432,3 +438,16 @@ def test_an_allocation_changes_the_ranking_at_the_next_call() -> None:
     after = rank.rank(pod, ["dra-a", "dra-b"])
     assert before["dra-a"] > before["dra-b"]
     assert after["dra-b"] > after["dra-a"]
+
+
+def test_only_the_newest_generation_of_a_pool_counts() -> None:
+    # A pool being rewritten may briefly have slices of two generations; the allocator uses
+    # only the newest, so the ranking does too.
+    old = slice_devices(node_slice("n1", 4, generation=1), DRIVER)
+    new = slice_devices(node_slice("n1", 2, generation=2), DRIVER)
+    assert old is not None and new is not None
+    dra = FakeDraCluster()
+    dra.publish("n1-old", old)
+    dra.publish("n1-new", new)
+    assert [d.name for d in dra.devices_on("n1")] == ["gpu-0", "gpu-1"]
+    assert newest_devices([old]) == old.devices
