@@ -166,6 +166,20 @@ CLAIM_CASES = {
             REF, problem="resourceclaim default/c: request g: allocationMode All is not ranked"
         ),
     ),
+    "a capacity that is not an object names the request": (
+        claim(
+            "c",
+            [
+                {
+                    "name": "g",
+                    "exactly": {"deviceClassName": "gpu-share.kubegpu.io", "capacity": "4Gi"},
+                }
+            ],
+        ),
+        DraClaim(
+            REF, problem="resourceclaim default/c: request g: capacity.requests is not an object"
+        ),
+    ),
     "a bad quantity names the request": (
         claim("c", [share_request("lots", "250")]),
         DraClaim(REF, problem="resourceclaim default/c: 'lots' is not a Kubernetes quantity"),

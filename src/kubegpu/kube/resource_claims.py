@@ -134,7 +134,8 @@ def _device_request(request: Mapping[str, Any], classes: frozenset[str]) -> Devi
     count = exactly.get("count", 1)
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise RequestError(f"request {name}: count {count!r} is not a positive integer")
-    wanted = (exactly.get("capacity") or {}).get("requests") or {}
+    capacity = exactly.get("capacity") or {}
+    wanted = (capacity.get("requests") if isinstance(capacity, Mapping) else capacity) or {}
     if not isinstance(wanted, Mapping):
         raise RequestError(f"request {name}: capacity.requests is not an object")
     return DeviceRequest(
