@@ -14,7 +14,11 @@ from kubegpu.testing.apiserver.server import RequestRecord
 
 # The API group of each resource a component may touch that is not in the core group (RBAC
 # rules name groups; the request log names only resources).
-API_GROUPS = {"leases": "coordination.k8s.io"}
+API_GROUPS = {
+    "leases": "coordination.k8s.io",
+    "resourceslices": "resource.k8s.io",
+    "resourceclaims": "resource.k8s.io",
+}
 Rule = tuple[str, dict[str, Any]]  # (namespace of a Role, "" for a ClusterRole; the rule)
 
 

@@ -160,6 +160,12 @@ CLUSTER_RULES: dict[tuple[str, str], list[dict[str, Any]]] = {
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+        # Ranking DRA nodes (/prioritize-dra): kube/dra_view.py lists and watches both.
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceslices", "resourceclaims"],
+            "verbs": ["list", "watch"],
+        },
     ],
 }
 # overlay -> every Role and ClusterRole it renders, with exactly these rules.
@@ -772,13 +778,17 @@ def test_the_scheduler_calls_the_extender_where_it_listens(
     overlay: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = _extender_config(overlay, tmp_path, monkeypatch)
-    (extender,) = _scheduler_config(overlay)["extenders"]
+    # The main entry first; the second scheduler's DRA ranking entry (prioritize-dra) calls
+    # the same extender, so every entry must reach it the same way.
+    entries = _scheduler_config(overlay)["extenders"]
+    extender = entries[0]
     scheme = "https" if config.tls else "http"
-    assert extender["urlPrefix"].rstrip("/") == f"{scheme}://{config.host}:{config.port}"
-    assert bool(extender.get("enableHTTPS")) == config.tls
-    # A client certificate is sent exactly when the extender demands one.
-    sends_certificate = "certFile" in extender.get("tlsConfig", {})
-    assert sends_certificate == (config.client_ca_file is not None)
+    for entry in entries:
+        assert entry["urlPrefix"].rstrip("/") == f"{scheme}://{config.host}:{config.port}"
+        assert bool(entry.get("enableHTTPS")) == config.tls
+        # A client certificate is sent exactly when the extender demands one.
+        sends_certificate = "certFile" in entry.get("tlsConfig", {})
+        assert sends_certificate == (config.client_ca_file is not None)
     names = config.names
     assert config.names == ResourceNames()
     managed = {m["name"]: m["ignoredByScheduler"] for m in extender["managedResources"]}

@@ -57,7 +57,7 @@ def test_scheduler_config_wires_the_extender_verbs_and_resources(name: str) -> N
         "KubeSchedulerConfiguration",
     )
     assert doc["percentageOfNodesToScore"] == 100
-    (extender,) = doc["extenders"]
+    extender = doc["extenders"][0]
     paths = served_post_paths()
     prefix = extender["urlPrefix"]
     assert not prefix.endswith("/")
@@ -85,6 +85,29 @@ def test_scheduler_config_wires_the_extender_verbs_and_resources(name: str) -> N
         tls_cert_file=Path("s.crt") if scheme == "https" else None,
         tls_key_file=Path("s.key") if scheme == "https" else None,
     ).validate()
+
+
+def test_the_second_profile_also_asks_the_extender_to_rank_dra_nodes() -> None:
+    # kube-scheduler sends an extender only the pods requesting one of its managedResources,
+    # or every pod when it lists none: DRA pods request none of ours, so the extender is named
+    # again without any, to score only. Not in the default scheduler's config (opt-in there:
+    # every pod of the cluster would be sent, docs/dra.md).
+    doc = load("kubegpu-scheduler.yaml")
+    main, dra = doc["extenders"]
+    assert f"/{dra['prioritizeVerb']}" in served_post_paths()
+    assert dra["prioritizeVerb"] == "prioritize-dra"
+    assert dra["urlPrefix"] == main["urlPrefix"]
+    assert dra["enableHTTPS"] is main["enableHTTPS"]
+    assert dra["nodeCacheCapable"] is main["nodeCacheCapable"]
+    # Scores only: the one bind stays with the main entry (kube-scheduler allows one binder),
+    # and no filter, since DRA's allocator decides what fits.
+    assert "bindVerb" not in dra and "filterVerb" not in dra and "preemptVerb" not in dra
+    assert "managedResources" not in dra
+    assert dra["ignorable"] is True and dra["weight"] == main["weight"]
+    assert re.fullmatch(r"\d+s", dra["httpTimeout"])
+    assert [e["prioritizeVerb"] for e in load("default-scheduler.yaml")["extenders"]] == [
+        "prioritize"
+    ]
 
 
 def test_second_profile_is_named_kubegpu_scheduler_and_default_config_keeps_the_default() -> None:
@@ -150,6 +173,10 @@ def test_rbac_grants_only_reads_pod_patches_and_bindings() -> None:
         ("pods", "watch"),
         ("pods", "patch"),
         ("pods/binding", "create"),
+        ("resourceslices", "list"),
+        ("resourceslices", "watch"),
+        ("resourceclaims", "list"),
+        ("resourceclaims", "watch"),
     }
 
 

@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kubegpu.config.extender import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_INFLIGHT_BODY_BYTES
+from kubegpu.extender.dra_rank import DraRanker
 from kubegpu.extender.intake import BODY_KEY, BodyBudget, BodyIntake
 from kubegpu.extender.leader import LeaderGate
 from kubegpu.extender.pending import PendingGpuPods
@@ -41,6 +42,7 @@ from kubegpu.extender.wire import (
     filter_result,
     parse_binding_args,
     parse_extender_body,
+    priority_list,
 )
 from kubegpu.sharing.accounting import ReservationHeld
 from kubegpu.sharing.annotations import AllocationDecision
@@ -186,9 +188,11 @@ class ExtenderApp:
         body_timeout_s: float = 30.0,
         bind_attempts: int = 5,
         leader: LeaderGate | None = None,
+        dra: DraRanker | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.leader = leader
+        self.dra = dra
         self.view = scheduler.view
         self.pods = pods
         self.metrics = ExtenderMetrics(registry or CollectorRegistry())
@@ -220,6 +224,9 @@ class ExtenderApp:
         )
         app.router.add_post("/filter", self._timed("filter", self.handle_filter))
         app.router.add_post("/prioritize", self._timed("prioritize", self.handle_prioritize))
+        app.router.add_post(
+            "/prioritize-dra", self._timed("prioritize-dra", self.handle_prioritize_dra)
+        )
         app.router.add_post("/bind", self._timed("bind", self.handle_bind))
         app.router.add_get("/healthz", self.handle_healthz)
         app.router.add_get("/readyz", self.handle_readyz)
@@ -353,6 +360,20 @@ class ExtenderApp:
         return web.Response(
             body=self._priorities.encode(rows, scores), content_type="application/json"
         )
+
+    async def handle_prioritize_dra(self, request: web.Request) -> web.Response:
+        """The second extender entry's verb (no managed resources, so kube-scheduler sends
+        every pod): a score per node for a pod that asks for our GPUs through ResourceClaims,
+        0 everywhere for any other pod (``kubegpu.extender.dra_rank``)."""
+        try:
+            args = await self._extender_args(request, "prioritize-dra")
+        except WireError as exc:
+            return self._bad("prioritize-dra", exc)
+        if self.dra is None:
+            scores = dict.fromkeys(args.node_names, 0)
+        else:
+            scores = self.dra.rank(args.pod, args.node_names)
+        return _reply(priority_list(list(scores.items())))
 
     # ------------------------------------------------------------------ bind
     async def handle_bind(self, request: web.Request) -> web.Response:

@@ -24,6 +24,7 @@ from kubegpu.core.dra import (
     ClaimAllocation,
     ClaimRef,
 )
+from kubegpu.core.dra_cluster import KUBEGPU_DEVICE_CLASSES, DeviceRequest, DraClaim
 from kubegpu.core.dra_ports import ClaimLookupError
 from kubegpu.sharing.resources import RequestError, parse_quantity
 
@@ -104,6 +105,78 @@ def pool_devices_from_claims(
             continue
         found.extend(d for d in devices if d.pool == pool)
     return found
+
+
+def _request_quantity(raw: Mapping[str, Any], name: str) -> int | None:
+    if name not in raw:
+        return None
+    return _ceil(parse_quantity(raw[name]))
+
+
+def _device_request(request: Mapping[str, Any], classes: frozenset[str]) -> DeviceRequest | None:
+    """One ``spec.devices.requests`` entry as a :class:`DeviceRequest`, None when it asks for
+    none of ``classes``; raises :class:`RequestError` for a request of ours that cannot be
+    ranked."""
+    name = str(request.get("name", ""))
+    exactly = request.get("exactly")
+    if not isinstance(exactly, Mapping):
+        alternatives = request.get("firstAvailable") or []
+        if any(
+            isinstance(a, Mapping) and a.get("deviceClassName") in classes for a in alternatives
+        ):
+            raise RequestError(f"request {name}: firstAvailable is not ranked")
+        return None
+    if exactly.get("deviceClassName") not in classes:
+        return None
+    mode = exactly.get("allocationMode") or "ExactCount"
+    if mode != "ExactCount":
+        raise RequestError(f"request {name}: allocationMode {mode} is not ranked")
+    count = exactly.get("count", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise RequestError(f"request {name}: count {count!r} is not a positive integer")
+    capacity = exactly.get("capacity") or {}
+    wanted = (capacity.get("requests") if isinstance(capacity, Mapping) else capacity) or {}
+    if not isinstance(wanted, Mapping):
+        raise RequestError(f"request {name}: capacity.requests is not an object")
+    return DeviceRequest(
+        name,
+        count,
+        # Bytes, and milli-cards already (the slice publishes compute in milli, dra/slices.py).
+        memory_bytes=_request_quantity(wanted, CAPACITY_MEMORY),
+        compute_milli=_request_quantity(wanted, CAPACITY_COMPUTE),
+    )
+
+
+def claim_from_object(
+    obj: Mapping[str, Any], driver: str, classes: frozenset[str] = KUBEGPU_DEVICE_CLASSES
+) -> DraClaim:
+    """A ResourceClaim as the extender ranks with it: its requests for ``classes`` and, when
+    allocated, ``driver``'s results (the same decoding prepare and steering use). A request
+    that cannot be ranked leaves the claim with a ``problem`` naming it, never an exception."""
+    meta = obj.get("metadata") or {}
+    ref = ClaimRef(
+        str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", ""))
+    )
+    allocation = (obj.get("status") or {}).get("allocation")
+    problem = ""
+    devices: tuple[AllocatedDevice, ...] = ()
+    if allocation:
+        try:
+            devices = tuple(_our_results(allocation, ref, driver))
+        except ClaimLookupError as exc:
+            problem = str(exc)
+    requests: list[DeviceRequest] = []
+    for raw in ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        if not isinstance(raw, Mapping):
+            continue
+        try:
+            request = _device_request(raw, classes)
+        except RequestError as exc:
+            problem = problem or f"resourceclaim {ref.namespace}/{ref.name}: {exc}"
+            continue
+        if request is not None:
+            requests.append(request)
+    return DraClaim(ref, tuple(requests), bool(allocation), devices, problem)
 
 
 class LightkubeResourceClaimSource:

@@ -8,13 +8,77 @@ concurrent writer is a conflict, not a lost update), delete the rest.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import lightkube
 from lightkube.generic_resource import create_global_resource
 
+from kubegpu.core.dra import CAPACITY_COMPUTE, CAPACITY_MEMORY
+from kubegpu.core.dra_cluster import NodeSlices, SliceDevice
+from kubegpu.core.names import model_key
+from kubegpu.sharing.resources import RequestError, parse_quantity
+
+log = logging.getLogger(__name__)
+
 ResourceSlice = create_global_resource("resource.k8s.io", "v1", "ResourceSlice", "resourceslices")
+
+# Taint effects that keep the allocator from giving a device to a new claim.
+_BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+
+def _capacity(device: Mapping[str, Any], name: str) -> int:
+    raw = (device.get("capacity") or {}).get(name) or {}
+    value = raw.get("value") if isinstance(raw, Mapping) else None
+    if value is None:
+        raise RequestError(f"capacity {name} is missing")
+    return int(parse_quantity(value))
+
+
+def slice_devices(obj: Mapping[str, Any], driver: str) -> NodeSlices | None:
+    """The GPUs one ResourceSlice of ``driver`` publishes, as the extender ranks them (the
+    inverse of :func:`kubegpu.dra.slices.device_entry` for what ranking needs: memory and
+    compute capacity, product name, taints). None for a slice of another driver or of no
+    node; a device whose capacity cannot be read is left out with a warning (the allocator
+    cannot share it by capacity either)."""
+    spec = obj.get("spec") or {}
+    node = spec.get("nodeName")
+    if spec.get("driver") != driver or not isinstance(node, str) or not node:
+        return None
+    pool = spec.get("pool") or {}
+    pool_name = str(pool.get("name") or "")
+    try:
+        generation = int(pool.get("generation") or 0)
+    except (TypeError, ValueError):
+        generation = 0
+    devices: list[SliceDevice] = []
+    for device in spec.get("devices") or []:
+        if not isinstance(device, Mapping):
+            continue
+        name = str(device.get("name") or "")
+        try:
+            memory = _capacity(device, CAPACITY_MEMORY)
+            compute = _capacity(device, CAPACITY_COMPUTE)
+        except RequestError as exc:
+            log.warning("resourceslice on %s: device %s: %s; not ranked", node, name, exc)
+            continue
+        product = ((device.get("attributes") or {}).get("productName") or {}).get("string")
+        taints = device.get("taints") or []
+        devices.append(
+            SliceDevice(
+                node=node,
+                pool=pool_name,
+                name=name,
+                memory_bytes=memory,
+                compute_milli=compute,
+                model=model_key(product) if isinstance(product, str) else "",
+                tainted=any(
+                    isinstance(t, Mapping) and t.get("effect") in _BLOCKING_EFFECTS for t in taints
+                ),
+            )
+        )
+    return NodeSlices(node, pool_name, generation, tuple(devices))
 
 
 class LightkubeResourceSliceSink:

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from kubegpu.config.extender import ExtenderConfig, ExtenderConfigError, load_workload
 from kubegpu.core.version_skew import parse_version, server_minor, skew_problem
+from kubegpu.extender.dra_rank import DraRanker
 from kubegpu.extender.leader import LeaderGate, default_identity
 from kubegpu.extender.scheduler import GpuScheduler
 from kubegpu.extender.server import ExtenderApp
@@ -30,6 +31,7 @@ from kubegpu.kube.client import (
     load_kubeconfig,
     server_version,
 )
+from kubegpu.kube.dra_view import DraClusterView
 from kubegpu.kube.leases import LightkubeLeases, unavailable_as_core
 from kubegpu.kube.view import Backoff, ClusterView
 from kubegpu.tls import TlsFileError, server_context
@@ -87,6 +89,8 @@ class ExtenderService:
             workload=workload,
             workload_refresh_s=config.workload_refresh_s,
         )
+        # Watches slices and claims only once kube-scheduler first calls /prioritize-dra.
+        self.dra_view = DraClusterView(self.client, backoff=backoff)
         leader = None
         if config.leader_lease:
             leader = LeaderGate(
@@ -104,6 +108,7 @@ class ExtenderService:
             body_timeout_s=config.request_body_timeout_s,
             bind_attempts=config.bind_attempts,
             leader=leader,
+            dra=DraRanker(self.scheduler, self.dra_view),
         )
         self._runner: web.AppRunner | None = None
         self._metrics_runner: web.AppRunner | None = None
@@ -221,6 +226,7 @@ class ExtenderService:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        await self.dra_view.close()
         if self._view_task is not None:
             self._view_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -1,0 +1,302 @@
+"""Ranking DRA nodes for DRA pods: the simulator's node choice on the cluster's DRA card state.
+
+kube-scheduler sends a pod to an extender only when it requests one of the extender's managed
+resources, or when the extender manages none; a pod that asks for GPUs through ResourceClaims
+requests none of ours. So the scheduler config names the extender a second time, with no
+managed resources and only ``prioritizeVerb: prioritize-dra`` (ignorable, no filter, no bind),
+and that verb lands here. DRA's allocator still picks the card and does the accounting; this
+only says which node the pod is best placed on, so a wrong or stale view costs placement
+quality, never correctness.
+
+The pure part, table-tested:
+
+* :func:`card_states`: a node's cards from its slice devices (memory capacity, compute in
+  milli-cards) minus what the allocated claims' results consumed (a result without consumed
+  capacity takes the whole card), as the engine's :class:`~kubegpu.placement.model.GpuState`.
+* :func:`pod_claim_names` and :func:`dra_demand`: the pod's claims (``status.
+  resourceClaimStatuses`` names the ones made from templates) and what their requests for our
+  DeviceClasses ask, as one :class:`~kubegpu.placement.model.PodRequest`: whole cards, or
+  one share (compute milli, memory MiB).
+
+:class:`DraRanker` then scores the candidate nodes that publish a slice with the extender's
+own policy and target workload on a :class:`~kubegpu.placement.engine.PlacementEngine` of
+those nodes: the engine ``kubegpu simulate`` places with, so the best-ranked node is the node
+the simulator would choose on the same state (``tests/extender/test_dra_rank.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kubegpu.core.dra import AllocatedDevice, device_index
+from kubegpu.core.dra_cluster import DraClaim, SliceDevice
+from kubegpu.extender.dra_view import DraClusterState
+from kubegpu.extender.scheduler import MAX_EXTENDER_PRIORITY, GpuScheduler
+from kubegpu.placement.engine import PlacementEngine
+from kubegpu.placement.fragmentation import TypicalWorkload
+from kubegpu.placement.model import MILLI_PER_GPU, GpuState, NodeState, PodRequest
+from kubegpu.placement.policies import NodeScore, PolicySpec
+from kubegpu.sharing.accounting import node_state
+from kubegpu.sharing.claim import read_claim
+from kubegpu.sharing.resources import pod_key
+
+log = logging.getLogger(__name__)
+
+_MIB = 2**20
+
+
+class DemandError(ValueError):
+    """The pod's DRA demand cannot be ranked; the message says why."""
+
+
+def card_states(
+    devices: Sequence[SliceDevice], allocated: Iterable[AllocatedDevice]
+) -> tuple[GpuState, ...]:
+    """The node's cards as the engine sees them, in device index order: free compute milli and
+    free memory MiB after ``allocated`` (results of other pools or devices are ignored). A
+    tainted device has nothing free (the allocator gives it to no new claim); a device not
+    named ``gpu-<index>`` is not ours to rank and is left out."""
+    mine = {(d.pool, d.name) for d in devices}
+    used: dict[tuple[str, str], list[int]] = {}
+    whole: set[tuple[str, str]] = set()
+    for result in allocated:
+        key = (result.pool, result.device)
+        if key not in mine:
+            continue
+        if result.memory_bytes is None and result.compute_milli is None:
+            whole.add(key)  # no consumed capacity: the whole card
+            continue
+        slot = used.setdefault(key, [0, 0])
+        slot[0] += result.compute_milli or 0
+        slot[1] += result.memory_bytes or 0
+    cards: list[GpuState] = []
+    for device in devices:
+        index = device_index(device.name)
+        if index is None:
+            continue
+        key = (device.pool, device.name)
+        compute_used, memory_used = used.get(key, (0, 0))
+        if device.tainted or key in whole or device.compute_milli <= 0:
+            cards.append(GpuState(index, 0, 0, device.model))
+            continue
+        compute_left = max(0, device.compute_milli - compute_used)
+        free_milli = min(MILLI_PER_GPU, compute_left * MILLI_PER_GPU // device.compute_milli)
+        free_memory = max(0, device.memory_bytes - memory_used) // _MIB
+        cards.append(GpuState(index, free_milli, free_memory, device.model))
+    return tuple(sorted(cards, key=lambda g: g.index))
+
+
+@dataclass(frozen=True)
+class PodClaims:
+    """The claims a pod names: ``names`` of the ResourceClaim objects to read, ``unknown`` the
+    pod's claim entries whose generated claim is not named yet."""
+
+    names: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()
+
+
+def pod_claim_names(pod: Mapping[str, Any]) -> PodClaims:
+    """``spec.resourceClaims[].resourceClaimName``, or for one made from a template the name
+    ``status.resourceClaimStatuses`` gives it. A status entry without a name means no claim
+    was needed (Kubernetes' rule), not an unknown one."""
+    entries = (pod.get("spec") or {}).get("resourceClaims") or []
+    generated: dict[str, str | None] = {}
+    for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+        if isinstance(status, Mapping) and isinstance(status.get("name"), str):
+            named = status.get("resourceClaimName")
+            generated[status["name"]] = named if isinstance(named, str) and named else None
+    names: list[str] = []
+    unknown: list[str] = []
+    for entry in entries:
+        if not isinstance(entry, Mapping):
+            continue
+        direct = entry.get("resourceClaimName")
+        if isinstance(direct, str) and direct:
+            names.append(direct)
+            continue
+        entry_name = str(entry.get("name", ""))
+        if entry_name not in generated:
+            unknown.append(entry_name)
+        elif generated[entry_name] is not None:
+            names.append(str(generated[entry_name]))
+    return PodClaims(tuple(names), tuple(unknown))
+
+
+def dra_demand(
+    claims: Sequence[DraClaim], cpu_milli: int, memory_mib: int, name: str = ""
+) -> PodRequest | None:
+    """What the pod's not yet allocated claims ask of our driver, as one request: whole cards
+    (requests naming no capacity, or the whole compute) or one share. None when they ask for
+    nothing of ours; :class:`DemandError` for what one request cannot express (several shares,
+    or shares beside whole cards: the engine places one shape per pod).
+
+    A request naming no compute is charged the request policy's default, the whole card's
+    compute (dra/slices.py), so it takes a card of its own. Memory left unnamed is not
+    constrained here (the allocator charges it the default all the same)."""
+    whole = 0
+    shares: list[tuple[int, int | None]] = []
+    for claim in claims:
+        if claim.allocated:
+            continue  # holds its devices already; nothing left to place
+        if claim.problem:
+            raise DemandError(claim.problem)
+        for request in claim.requests:
+            compute = MILLI_PER_GPU if request.compute_milli is None else request.compute_milli
+            if request.whole or compute >= MILLI_PER_GPU:
+                whole += request.count
+                continue
+            memory = (
+                None if request.memory_bytes is None else math.ceil(request.memory_bytes / _MIB)
+            )
+            shares.extend([(compute, memory)] * request.count)
+    if not whole and not shares:
+        return None
+    if shares and (whole or len(shares) > 1):
+        raise DemandError(
+            f"{len(shares)} share(s) and {whole} whole GPU(s) in one pod: only whole GPUs or a "
+            "single share are ranked"
+        )
+    if whole:
+        return PodRequest(cpu_milli, memory_mib, whole, MILLI_PER_GPU, name=name)
+    compute, memory = shares[0]
+    return PodRequest(cpu_milli, memory_mib, 1, max(1, compute), memory, name=name)
+
+
+def needs_workload(policy: PolicySpec) -> bool:
+    return policy.node_score in (NodeScore.FGD, NodeScore.KUBEGPU)
+
+
+def ranking_engine(
+    nodes: Sequence[NodeState], policy: PolicySpec, workload: TypicalWorkload | None
+) -> PlacementEngine:
+    """The engine DRA nodes are ranked on: ``nodes`` in name order, ranked by that order (the
+    tie-break), with the extender's policy and target workload."""
+    ranked = [replace(n, rank=i) for i, n in enumerate(sorted(nodes, key=lambda n: n.name))]
+    return PlacementEngine(ranked, policy, workload if needs_workload(policy) else None)
+
+
+def scaled(score: int) -> int:
+    """An engine score 0..100 as an extender priority 0..10, as /prioritize scales it."""
+    return (score * MAX_EXTENDER_PRIORITY + 50) // 100
+
+
+class DraRanker:
+    """``/prioritize-dra``: each candidate node's score for a DRA pod.
+
+    The engine is rebuilt only when the ranked nodes' state or the workload changed (DRA nodes
+    are few, and kube-scheduler asks once per pod per scheduling cycle)."""
+
+    def __init__(
+        self,
+        scheduler: GpuScheduler,
+        dra: DraClusterState,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.scheduler = scheduler
+        self.view = scheduler.view
+        self.dra = dra
+        self.clock = clock
+        self._workload: TypicalWorkload | None = None
+        self._workload_at = -math.inf
+        self._engine_states: tuple[NodeState, ...] | None = None
+        self._engine_workload: TypicalWorkload | None = None
+        self._engine: PlacementEngine | None = None
+
+    def workload(self) -> TypicalWorkload | None:
+        """The extender's target workload, the same definition /prioritize scores against,
+        refreshed as often as the scheduler refreshes its own."""
+        if not needs_workload(self.scheduler.engine_policy):
+            return None
+        if self.scheduler.configured_workload is not None:
+            return self.scheduler.configured_workload
+        now = self.clock()
+        if self._workload is None or now - self._workload_at > self.scheduler.workload_refresh_s:
+            self._workload = self.scheduler.current_workload()
+            self._workload_at = now
+        return self._workload
+
+    def node_states(self, node_names: Iterable[str]) -> list[NodeState]:
+        """The DRA card state of each of ``node_names`` that publishes our slice and that the
+        node watch knows (its CPU and memory come from there, as for /prioritize)."""
+        states: list[NodeState] = []
+        for name in dict.fromkeys(node_names):
+            devices = self.dra.devices_on(name)
+            info = self.view.nodes.get(name)
+            if not devices or info is None:
+                continue
+            pools = {d.pool for d in devices}
+            allocated = [a for pool in sorted(pools) for a in self.dra.allocated_in(pool)]
+            cards = card_states(devices, allocated)
+            models = {g.model for g in cards}
+            base = node_state(info, self.view.usages_on(name))
+            states.append(
+                replace(base, gpu_model=models.pop() if len(models) == 1 else "", gpus=cards)
+            )
+        return states
+
+    def demand(self, pod: Mapping[str, Any]) -> PodRequest | None:
+        """The pod's DRA demand; None when it asks nothing of our driver; raises
+        :class:`DemandError` naming why it cannot be read."""
+        names = pod_claim_names(pod)
+        if not names.names and not names.unknown:
+            return None
+        if names.unknown:
+            raise DemandError(
+                f"claim(s) {', '.join(names.unknown)} made from a template are not named in "
+                "status.resourceClaimStatuses yet"
+            )
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+        claims: list[DraClaim] = []
+        for claim_name in names.names:
+            claim = self.dra.claim(namespace, claim_name)
+            if claim is None:
+                raise DemandError(f"resourceclaim {namespace}/{claim_name} is not known (yet)")
+            claims.append(claim)
+        request = read_claim(pod, self.view.names).request
+        cpu, memory = (request.cpu_milli, request.host_memory_mib) if request else (0, 0)
+        return dra_demand(claims, cpu, memory, pod_key(pod))
+
+    def rank(self, pod: Mapping[str, Any], node_names: Sequence[str]) -> dict[str, int]:
+        """Score 0..10 of every one of ``node_names``: 0 for a pod without our DRA claims,
+        one whose claims cannot be read (logged), a node without our slice, or one the pod
+        does not fit by our accounting."""
+        scores = dict.fromkeys(node_names, 0)
+        if not (pod.get("spec") or {}).get("resourceClaims"):
+            return scores  # the common case, answered without looking at anything else
+        self.dra.start()
+        if not self.dra.synced.is_set() or not self.view.synced.is_set():
+            return scores
+        try:
+            request = self.demand(pod)
+        except DemandError as exc:
+            log.info("pod %s: DRA nodes not ranked: %s", pod_key(pod), exc)
+            return scores
+        if request is None:
+            return scores
+        states = self.node_states(node_names)
+        if not states:
+            return scores
+        engine = self._engine_for(states)
+        rows = engine.feasible_rows(request)
+        for row, score in zip(rows.tolist(), engine.scores(request, rows).tolist(), strict=True):
+            scores[engine.names[row]] = scaled(score)
+        return scores
+
+    def _engine_for(self, states: list[NodeState]) -> PlacementEngine:
+        workload = self.workload()
+        ordered = tuple(sorted(states, key=lambda n: n.name))
+        if (
+            self._engine is None
+            or ordered != self._engine_states
+            or workload is not self._engine_workload
+        ):
+            self._engine = ranking_engine(ordered, self.scheduler.engine_policy, workload)
+            self._engine_states = ordered
+            self._engine_workload = workload
+        return self._engine
