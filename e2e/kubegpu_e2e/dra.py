@@ -32,6 +32,9 @@ FEATURE_GATES = {
     "DRAConsumableCapacity": True,
     "DRADeviceTaints": True,
     "DRAExtendedResource": True,
+    # The kubelet's device-health stream and the pod status field it fills
+    # (containerStatuses[].allocatedResourcesStatus): alpha in 1.35, off by default.
+    "ResourceHealthStatus": True,
 }
 # NVIDIA's character-device majors: 195 for the cards (minor = index) and nvidiactl (255);
 # nvidia-uvm's major is dynamic on a real host, any free one does here.

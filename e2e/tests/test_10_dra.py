@@ -411,6 +411,46 @@ def test_an_xid_taints_the_gpu_and_no_new_claim_lands_on_it(dra: Dra, dra_namesp
     assert_no_card_overcommitted(cluster, driver)
 
 
+def test_the_pod_status_shows_its_gpu_turning_unhealthy(dra: Dra, dra_namespace: str) -> None:
+    """The driver's DRAResourceHealth stream reaches the real kubelet (ResourceHealthStatus
+    on): a running pod's container status names its claim's device, Healthy, and Unhealthy
+    once a fatal Xid hits that GPU."""
+    cluster, driver = dra
+    ns = dra_namespace
+    on_card_5 = 'device.attributes["gpu.kubegpu.io"].index == 5'
+    create(
+        cluster,
+        template_object("card-5", ns, request_spec(WHOLE_CLASS, cel=on_card_5)),
+        claim_pod("on-five", ns, template="card-5"),
+    )
+    wait_running(cluster, ns, "on-five", timeout=120)
+    claim = pod_claim(cluster, ns, "on-five")
+    resource_id = f"{DRIVER}/claim={claim['metadata']['uid']}-gpu-5"
+
+    def health() -> dict[str, str]:
+        statuses = cluster.get("pod", "-n", ns, "on-five")["status"]["containerStatuses"]
+        return {
+            (entry["name"], resource["resourceID"]): resource.get("health", "")
+            for status in statuses
+            for entry in status.get("allocatedResourcesStatus") or []
+            for resource in entry.get("resources") or []
+        }
+
+    key = ("claim:gpu", resource_id)
+    cluster.wait_for(
+        "the pod status to show gpu-5 Healthy", lambda: health().get(key) == "Healthy", 60
+    )
+    reply = send_fake_gpu_command(driver.fake_control, "xid", gpu=5, xid=48)
+    assert reply.get("ok"), reply
+    cluster.wait_for(
+        "the pod status to show gpu-5 Unhealthy", lambda: health().get(key) == "Unhealthy", 60
+    )
+    print(f"on-five's allocatedResourcesStatus: {health()}")
+    # The slice taints it too, and the pod keeps running (the taint is NoSchedule).
+    cluster.wait_for("gpu-5 tainted", lambda: driver.devices()["gpu-5"].get("taints"), 30)
+    assert cluster.get("pod", "-n", ns, "on-five")["status"]["phase"] == "Running"
+
+
 # ------------------------------------------------------------------ steering (dra.steering)
 # 80 % half-card shares, 20 % of 30 %: a 40 %-used card is a bad home for the common share (it
 # would leave a sliver no share fits), a free one a good one (tests/dra/test_steering.py).

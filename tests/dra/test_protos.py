@@ -9,6 +9,7 @@ import pytest
 
 from kubegpu.dra.api.dra.v1 import api_pb2 as dra_v1
 from kubegpu.dra.api.dra.v1beta1 import api_pb2 as dra_v1beta1
+from kubegpu.dra.api.dra_health.v1alpha1 import api_pb2 as health
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg
 from kubegpu.kubelet import protogen
 
@@ -18,6 +19,7 @@ OFFICIAL_SHA256 = {
     "dra/v1": "b3066ad7f6abcfd0003c47b06ceb801d76997d78d6be505597478d3905b9cc57",
     "dra/v1beta1": "7900b11793ad897d0375d67b3bbae675869b574e21dfb1bf5334cc1556138c42",
     "pluginregistration/v1": "7a67a0000a1a167c155286834bc9ccb489f8bcdb394e006daba270189c272afa",
+    "dra_health/v1alpha1": "43edf7c6922305a273cb7fdc5aac40f1aaeeb53c82ec39d538f6324f38b51293",
 }
 
 
@@ -32,7 +34,8 @@ def test_committed_proto_has_the_recorded_official_sha256(api: str) -> None:
 
 @pytest.mark.parametrize("api", sorted(OFFICIAL_SHA256))
 def test_recorded_sha256_is_that_of_the_module_cache_file(api: str) -> None:
-    official = KUBELET_MODULE / api / "api.proto"
+    # Python packages cannot have a dash: our dra_health is the module's dra-health.
+    official = KUBELET_MODULE / api.replace("_", "-") / "api.proto"
     if not official.exists():
         pytest.skip(f"{official} not in the Go module cache (go mod download k8s.io/kubelet)")
     assert hashlib.sha256(official.read_bytes()).hexdigest() == OFFICIAL_SHA256[api]
@@ -58,3 +61,6 @@ def test_wire_names_are_the_kubelets() -> None:
     assert dra_v1.Device.DESCRIPTOR.fields_by_name["share_id"].number == 5
     assert dra_v1.Device.DESCRIPTOR.fields_by_name["share_id"].has_presence
     assert "share_id" not in dra_v1beta1.Device.DESCRIPTOR.fields_by_name
+    assert health.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name == (
+        "v1alpha1.DRAResourceHealth"
+    )

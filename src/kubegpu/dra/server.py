@@ -7,7 +7,8 @@ and removed on stop, since deleting the registration socket is how a plugin de-r
   plugin watcher finds it, calls ``GetInfo`` (type ``DRAPlugin``, our driver name, the DRA
   socket, the services we serve, ``v1`` first since the kubelet takes the first it knows) and
   reports the outcome through ``NotifyRegistrationStatus``.
-* ``<plugins>/<driver>/dra.sock``: ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin``. The handlers
+* ``<plugins>/<driver>/dra.sock``: ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin``, and
+  ``v1alpha1.DRAResourceHealth`` (:mod:`kubegpu.dra.health_stream`). The handlers
   are thin: convert, call :class:`~kubegpu.dra.driver.ClaimPreparer`, convert back. A claim
   that cannot be prepared is reported in its own ``error``; the call as a whole fails only on a
   bug.
@@ -32,10 +33,13 @@ from kubegpu.dra.api.dra.v1 import api_pb2 as dra_v1
 from kubegpu.dra.api.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from kubegpu.dra.api.dra.v1beta1 import api_pb2 as dra_v1beta1
 from kubegpu.dra.api.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from kubegpu.dra.api.dra_health.v1alpha1 import api_pb2_grpc as health_grpc
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg_pb
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from kubegpu.dra.driver import ClaimPreparer, DriverSettings, PrepareError
+from kubegpu.dra.health_stream import DeviceHealthServicer
 from kubegpu.dra.publisher import ResourceSlicePublisher
+from kubegpu.dra.slices import pool_name
 
 log = logging.getLogger(__name__)
 
@@ -188,9 +192,11 @@ class DraPluginServer:
         preparer: ClaimPreparer,
         sockets: SocketPaths,
         on_status: Callable[[RegistrationStatus], None] | None = None,
+        health: DeviceHealthServicer | None = None,
     ) -> None:
         self.preparer = preparer
         self.sockets = sockets
+        self.health = health
         self.registration = RegistrationServicer(
             preparer.settings.driver, sockets.dra, on_status=on_status
         )
@@ -201,6 +207,8 @@ class DraPluginServer:
         dra = aio.server()
         dra_v1_grpc.add_DRAPluginServicer_to_server(_V1Servicer(self.preparer), dra)
         dra_v1beta1_grpc.add_DRAPluginServicer_to_server(_V1Beta1Servicer(self.preparer), dra)
+        if self.health is not None:
+            health_grpc.add_DRAResourceHealthServicer_to_server(self.health, dra)
         dra.add_insecure_port(f"unix://{self.sockets.dra}")
         await dra.start()
         self._servers.append(dra)
@@ -219,6 +227,8 @@ class DraPluginServer:
         )
 
     async def stop(self, grace_s: float = 5.0) -> None:
+        if self.health is not None:
+            self.health.close()
         # Registration socket first: the kubelet de-registers before the endpoint goes.
         for server in reversed(self._servers):
             await server.stop(grace_s)
@@ -325,6 +335,12 @@ async def serve_dra_driver(
 
     refused = False
     changed = health_changed or asyncio.Event()
+    health = DeviceHealthServicer(
+        settings.node_name,
+        pool_name(settings.node_name),
+        inventory,
+        lambda: current() or {},
+    )
 
     def on_status(status: RegistrationStatus) -> None:
         nonlocal refused
@@ -337,7 +353,7 @@ async def serve_dra_driver(
         publisher.forget()
         changed.set()
 
-    async with DraPluginServer(preparer, sockets, on_status=on_status):
+    async with DraPluginServer(preparer, sockets, on_status=on_status, health=health):
         if started is not None:
             started.set()
         pending = False  # a republish failed and is due again
@@ -351,6 +367,8 @@ async def serve_dra_driver(
             steer_due = steer is not None and loop.time() >= next_steer
             if not (changed.is_set() or pending or steer_due):
                 continue
+            if changed.is_set():
+                health.notify()  # the kubelet's health streams hear of a flip at once
             changed.clear()
             order = await steered()
             try:

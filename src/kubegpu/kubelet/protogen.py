@@ -36,6 +36,7 @@ PROTO_FILES: tuple[str, ...] = (
     "kubegpu/dra/api/pluginregistration/v1/api.proto",
     "kubegpu/dra/api/dra/v1/api.proto",
     "kubegpu/dra/api/dra/v1beta1/api.proto",
+    "kubegpu/dra/api/dra_health/v1alpha1/api.proto",
 )
 
 # What protoc writes for each proto: the message module, the gRPC module and their stubs.

@@ -1,0 +1,1 @@
+"""DRA resource health API (proto package ``v1alpha1``, ``k8s.io/kubelet/pkg/apis/dra-health``)."""
