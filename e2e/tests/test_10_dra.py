@@ -6,6 +6,7 @@ than its slice offers. Runs on its own cluster (the `dra` fixture), after every 
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import time
@@ -18,6 +19,7 @@ import yaml
 from kubegpu_e2e.cluster import NODE_NAME, Cluster
 from kubegpu_e2e.dra import COMPONENT, DRIVER, FAKE_GPUS, DraDriver
 from kubegpu_e2e.images import WORKLOAD_IMAGE
+from kubegpu_e2e.kubegpu import KubegpuRoles
 from kubegpu_e2e.workloads import ENV_END, container_env, pending_reason, wait_running
 
 from kubegpu.config.extender import load_workload
@@ -618,3 +620,63 @@ def test_a_plain_nvidia_gpu_pod_is_served_by_the_dra_driver(dra: Dra, dra_namesp
         cluster.wait_for(f"{spec} removed", lambda: not spec.exists(), timeout=60)
     finally:
         cluster.kubectl("delete", "deviceclass", "gpu-extended-resource.kubegpu.io", check=False)
+
+
+# ------------------------------------------------------------ the extender ranks DRA nodes
+def unscheduled(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["spec"]["schedulerName"] = "kubegpu-e2e-nobody"
+    return pod
+
+
+def test_the_extender_ranks_the_dra_node_from_the_real_slice_and_claims(
+    dra: Dra, dra_namespace: str
+) -> None:
+    """`kubegpu extender` with the second-scheduler overlay's settings and RBAC reads the real
+    API server's ResourceSlices and ResourceClaims and answers `/prioritize-dra` as
+    kube-scheduler's second extender entry would ask it. (The real scheduler never asks on
+    this one-node cluster: with a single feasible node it skips scoring.) The pods name a
+    scheduler that does not exist, so they stay unallocated while the controller-manager still
+    makes their claims from the templates."""
+    cluster, _ = dra
+    ns = dra_namespace
+    roles = KubegpuRoles(cluster)
+    roles.apply_rbac()
+    roles.start_extender()
+    try:
+        fits = request_spec(SHARE_CLASS, capacity={"memory": "20Gi", "compute": "250"})
+        too_big = request_spec(SHARE_CLASS, capacity={"memory": "200Gi", "compute": "250"})
+        create(
+            cluster,
+            template_object("fits", ns, fits),
+            template_object("too-big", ns, too_big),
+            unscheduled(claim_pod("fits", ns, template="fits")),
+            unscheduled(claim_pod("too-big", ns, template="too-big")),
+        )
+
+        def prioritize(pod: str) -> dict[str, int]:
+            obj = cluster.get("pod", "-n", ns, pod)
+            body = json.dumps({"Pod": obj, "NodeNames": [NODE_NAME, "no-such-node"]})
+            connection = http.client.HTTPConnection("127.0.0.1", roles.extender_port, timeout=10)
+            try:
+                connection.request(
+                    "POST", "/prioritize-dra", body, {"Content-Type": "application/json"}
+                )
+                reply = connection.getresponse()
+                assert reply.status == 200, reply.read()
+                return {h["Host"]: h["Score"] for h in json.loads(reply.read())}
+            finally:
+                connection.close()
+
+        # Once its watches have synced and the claim exists, the node that can take the share
+        # gets a score; a node without our slice gets 0.
+        scores = cluster.wait_for(
+            "the extender to rank the DRA node for the share that fits",
+            lambda: (s := prioritize("fits"))[NODE_NAME] > 0 and s,
+            timeout=60,
+        )
+        assert scores["no-such-node"] == 0, scores
+        # 200Gi fits no 80Gi card: 0, by the same accounting.
+        assert prioritize("too-big") == {NODE_NAME: 0, "no-such-node": 0}
+        print(f"/prioritize-dra for the fitting share: {scores}")
+    finally:
+        roles.stop()
