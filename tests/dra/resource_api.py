@@ -18,9 +18,8 @@ from typing import Any
 
 import lightkube
 from aiohttp import web
-from lightkube.config.kubeconfig import KubeConfig
 
-from kubegpu.testing.kubeconfig import kubeconfig_dict
+from kubegpu.testing.local_api import lightkube_client_for
 
 PREFIX = "/apis/resource.k8s.io/v1"
 
@@ -134,15 +133,5 @@ class ResourceApi:
 
 @asynccontextmanager
 async def serve(api: ResourceApi) -> AsyncIterator[lightkube.AsyncClient]:
-    runner = web.AppRunner(api.app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    config = KubeConfig.from_dict(kubeconfig_dict(f"http://127.0.0.1:{port}"))
-    client = lightkube.AsyncClient(config, field_manager="kubegpu-test", trust_env=False)
-    try:
+    async with lightkube_client_for(api.app()) as client:
         yield client
-    finally:
-        await client.close()
-        await runner.cleanup()

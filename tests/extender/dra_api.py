@@ -20,9 +20,8 @@ from typing import Any
 
 import lightkube
 from aiohttp import web
-from lightkube.config.kubeconfig import KubeConfig
 
-from kubegpu.testing.kubeconfig import kubeconfig_dict
+from kubegpu.testing.local_api import lightkube_client_for
 
 PREFIX = "/apis/resource.k8s.io/v1"
 KINDS = {"resourceslices": "ResourceSlice", "resourceclaims": "ResourceClaim"}
@@ -133,16 +132,7 @@ class DraApi:
 
 @asynccontextmanager
 async def serve(api: DraApi) -> AsyncIterator[lightkube.AsyncClient]:
-    runner = web.AppRunner(api.app(), shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    config = KubeConfig.from_dict(kubeconfig_dict(f"http://127.0.0.1:{port}"))
-    client = lightkube.AsyncClient(config, field_manager="kubegpu-test", trust_env=False)
-    try:
+    async with lightkube_client_for(
+        api.app(), before_close=api.expire_watches, shutdown_timeout_s=0.1
+    ) as client:
         yield client
-    finally:
-        api.expire_watches()
-        await client.close()
-        await runner.cleanup()

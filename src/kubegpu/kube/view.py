@@ -25,11 +25,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx2 as httpx
 import lightkube
-from lightkube import ApiError
 from lightkube.resources.core_v1 import Node, Pod
 
+from kubegpu.kube.list_watch import keep_listing_and_watching
 from kubegpu.sharing.accounting import (
     ClusterSnapshot,
     NodeInfo,
@@ -269,31 +268,16 @@ class ClusterView:
             group.create_task(self._loop(Pod, "pods"))
 
     async def _loop(self, kind: type[Node] | type[Pod], label: str) -> None:
-        failures = 0
-        while True:
-            try:
-                if self._versions.get(label) is None:
-                    self._versions[label] = await self._relist(kind, label)
-                    failures = 0
-                await self._watch(kind, label)
-            except asyncio.CancelledError:
-                raise
-            except httpx.HTTPStatusError as exc:
-                code = exc.status.code if isinstance(exc, ApiError) else exc.response.status_code
-                if code == 410:
-                    log.info("%s watch expired at %s; relisting", label, self._versions.get(label))
-                    self._versions[label] = None
-                    continue
-                failures += 1
-                await self._pause(label, failures, f"API error {code}: {exc}")
-            except (httpx.HTTPError, OSError, ValueError) as exc:
-                failures += 1
-                await self._pause(label, failures, f"{type(exc).__name__}: {exc}")
-            except Exception as exc:  # a bug must not end the watch and leave the view stale
-                log.exception("%s watch loop failed; relisting", label)
-                self._versions[label] = None
-                failures += 1
-                await self._pause(label, failures, f"{type(exc).__name__}: {exc}")
+        async def pause(failures: int, why: str) -> None:
+            await self._pause(label, failures, why)
+
+        await keep_listing_and_watching(
+            label,
+            self._versions,
+            lambda: self._relist(kind, label),
+            lambda: self._watch(kind, label),
+            pause,
+        )
 
     async def _pause(self, label: str, failures: int, why: str) -> None:
         delay = self.backoff.delay(failures)

@@ -1,0 +1,54 @@
+"""The one list-then-watch loop of every cluster view the extender keeps (nodes and pods in
+:mod:`kubegpu.kube.view`, ResourceSlices and ResourceClaims in :mod:`kubegpu.kube.dra_view`).
+
+Relist when there is no resource version yet (the start, a 410 Gone, a bug), otherwise watch
+from it; failures back off, a successful relist resets the count. The view supplies what to
+do: list (returning the version), watch (returning when the stream ends), and how to wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+
+import httpx2 as httpx
+from lightkube import ApiError
+
+log = logging.getLogger(__name__)
+
+
+async def keep_listing_and_watching(
+    label: str,
+    versions: MutableMapping[str, str | None],
+    relist: Callable[[], Awaitable[str]],
+    watch: Callable[[], Awaitable[None]],
+    pause: Callable[[int, str], Awaitable[None]],
+) -> None:
+    """Until cancelled. ``versions[label]`` is the resource version a watch resumes from,
+    ``None`` to list first; ``pause(failures, why)`` waits before the next try."""
+    failures = 0
+    while True:
+        try:
+            if versions.get(label) is None:
+                versions[label] = await relist()
+                failures = 0
+            await watch()
+        except asyncio.CancelledError:
+            raise
+        except httpx.HTTPStatusError as exc:
+            code = exc.status.code if isinstance(exc, ApiError) else exc.response.status_code
+            if code == 410:
+                log.info("%s watch expired at %s; relisting", label, versions.get(label))
+                versions[label] = None
+                continue
+            failures += 1
+            await pause(failures, f"API error {code}: {exc}")
+        except (httpx.HTTPError, OSError, ValueError) as exc:
+            failures += 1
+            await pause(failures, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # a bug must not end the watch and leave the view stale
+            log.exception("%s watch loop failed; relisting", label)
+            versions[label] = None
+            failures += 1
+            await pause(failures, f"{type(exc).__name__}: {exc}")
