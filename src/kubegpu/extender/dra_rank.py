@@ -36,7 +36,7 @@ from typing import Any
 from kubegpu.core.dra import AllocatedDevice, device_index
 from kubegpu.core.dra_cluster import DraClaim, SliceDevice
 from kubegpu.extender.dra_view import DraClusterState
-from kubegpu.extender.scheduler import MAX_EXTENDER_PRIORITY, GpuScheduler
+from kubegpu.extender.scheduler import GpuScheduler, extender_priorities
 from kubegpu.placement.engine import PlacementEngine
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import MILLI_PER_GPU, GpuState, NodeState, PodRequest
@@ -180,11 +180,6 @@ def ranking_engine(
     return PlacementEngine(ranked, policy, workload if needs_workload(policy) else None)
 
 
-def scaled(score: int) -> int:
-    """An engine score 0..100 as an extender priority 0..10, as /prioritize scales it."""
-    return (score * MAX_EXTENDER_PRIORITY + 50) // 100
-
-
 class DraRanker:
     """``/prioritize-dra``: each candidate node's score for a DRA pod.
 
@@ -284,8 +279,9 @@ class DraRanker:
             return scores
         engine = self._engine_for(states)
         rows = engine.feasible_rows(request)
-        for row, score in zip(rows.tolist(), engine.scores(request, rows).tolist(), strict=True):
-            scores[engine.names[row]] = scaled(score)
+        priorities = extender_priorities(engine.scores(request, rows))
+        for row, priority in zip(rows.tolist(), priorities.tolist(), strict=True):
+            scores[engine.names[row]] = priority
         return scores
 
     def _engine_for(self, states: list[NodeState]) -> PlacementEngine:

@@ -59,6 +59,12 @@ POLICY_ALIASES = {"binpack": "bestfit", "spread": "spread", "fgd": "fgd", "kubeg
 MAX_EXTENDER_PRIORITY = 10
 
 
+def extender_priorities(scores: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Engine scores 0..100 as extender priorities 0..10 (rounded half up): the one scaling of
+    /prioritize and /prioritize-dra."""
+    return (scores * MAX_EXTENDER_PRIORITY + 50) // 100
+
+
 class Unschedulable(Exception):
     """The pod does not fit the node; the message is the actionable reason."""
 
@@ -321,8 +327,7 @@ class GpuScheduler:
         ordered = rows[wanted][by_row]
         scores = np.empty(wanted.size, dtype=np.int64)
         scores[by_row] = engine.scores(pod, ordered)
-        scaled = (scores * MAX_EXTENDER_PRIORITY + 50) // 100
-        return wanted, rows[wanted], scaled
+        return wanted, rows[wanted], extender_priorities(scores)
 
     def decide(self, pod: dict[str, Any], request: GpuRequest, node: str) -> AllocationDecision:
         """Choose the cards on ``node`` and reserve them in the view (undo with
