@@ -26,6 +26,10 @@ from kubegpu.placement.waste import ModelWaste
 GROWTH_BUCKET_MILLI = 300.0
 # ... and whole-card pods against the classes covering this share of the target workload.
 POPULAR_PERCENT = 95.0
+# Up to this many rows, a missing first key is priced one node at a time in Python floats
+# (the same operations as the vectorised pricing, in the same order): numpy's fixed cost per
+# call is most of the work on the one or two nodes whose state is new.
+SCALAR_ROWS = 4
 
 # One sort key over rows, in the dtype it is kept in: bucket tables are float32, FGD's score
 # an integer; every value is a whole number or ±inf, so comparisons are exact in any of them.
@@ -72,6 +76,18 @@ class KubegpuScorer:
         on the nodes tied on the earlier ones (the same node as sorting by all keys, since
         rows are in rank order). FGD's score, the costly key, runs only on the nodes tied on
         the waste bucket: on openb about two thirds of the feasible ones."""
+        if pod.gpu_count and pod.gpu_memory_mib is None:
+            # A GPU pod's two keys, spelt out (the loop below, without its per-pod closures
+            # and negations): the first maximum of FGD's score among the nodes tied on the
+            # least bucket is the first minimum of its negation there.
+            if pod.is_gpu_share:
+                first = self._share_key(pod, rows)
+            else:
+                first = self._per_state("stranded", pod, rows, self._stranded_bucket)
+            tied = np.flatnonzero(first == first.min())
+            if tied.size == 1:
+                return int(tied[0])
+            return int(tied[self.fgd.scores(pod, rows[tied]).argmax()])
         stages = self.key_stages(pod)
         # The first key runs on every row: no index array to build or gather through.
         values = stages[0](rows)
@@ -152,6 +168,8 @@ class KubegpuScorer:
         CPU-stranded GPU (weighted); the best card has the least bucket, then the least free
         milli (best fit), then the lowest index."""
         state = self.state
+        if rows.size <= SCALAR_ROWS and pod.gpu_memory_mib is None:
+            return self._share_choice_scalar(pod, rows)
         free = state.card_free[rows]
         bucket = self.waste.share_buckets(
             self.waste_entry[rows],
@@ -167,6 +185,41 @@ class KubegpuScorer:
         # (cards that do not fit have an infinite bucket whatever their free milli).
         cols = (bucket * (2 * MILLI_PER_GPU + 2) + free).argmin(axis=1)
         return bucket[np.arange(rows.size), cols], cols.astype(np.int64)
+
+    def _share_choice_scalar(self, pod: PodRequest, rows: IntArray) -> tuple[FloatArray, IntArray]:
+        """:meth:`share_choice` on a few rows, priced one node at a time in Python floats
+        (:meth:`ModelWaste.share_buckets_one`); the card is the first of the least
+        (bucket × stride + free milli), as ``argmin`` picks it."""
+        state = self.state
+        waste = self.waste
+        stride = 2 * MILLI_PER_GPU + 2
+        cards = (
+            state.model_selection(pod.gpu_models).cards if pod.gpu_models else None
+        )  # per-card model limits, only where a row mixes models
+        buckets: list[float] = []
+        cols: list[int] = []
+        for i in rows.tolist():
+            free = state.card_free[i, : state.gpu_count[i]].tolist()
+            bucket = waste.share_buckets_one(
+                int(self.waste_entry[i]),
+                free,
+                float(state.gpu_free_total[i]),
+                float(state.cpu_free[i]),
+                pod.gpu_milli,
+                pod.cpu_milli,
+            )
+            if cards is not None:
+                allowed = cards[i].tolist()
+                bucket = [b if allowed[c] else np.inf for c, b in enumerate(bucket)]
+            # The real cards only: missing slots (free -1) price +inf, argmin never picks one.
+            best_col, best_value = 0, np.inf
+            for col, (b, f) in enumerate(zip(bucket, free, strict=True)):
+                value = b * stride + f
+                if value < best_value:
+                    best_col, best_value = col, value
+            buckets.append(bucket[best_col])
+            cols.append(best_col)
+        return np.array(buckets, dtype=np.float64), np.array(cols, dtype=np.int64)
 
     # ----------------------------------------------------------------- the keys
     def _share_key(self, pod: PodRequest, rows: IntArray) -> KeyArray:
@@ -195,6 +248,21 @@ class KubegpuScorer:
     def _stranded_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
         """Per row, the cost bucket of a pod taking no share (it leaves no card gap)."""
         state = self.state
+        if rows.size <= SCALAR_ROWS:
+            one = self.waste.stranded_bucket_one
+            return np.array(
+                [
+                    one(
+                        int(self.waste_entry[i]),
+                        float(state.gpu_free_total[i]),
+                        float(state.cpu_free[i]),
+                        pod.total_gpu_milli,
+                        pod.cpu_milli,
+                    )
+                    for i in rows.tolist()
+                ],
+                dtype=np.float64,
+            )
         return self.waste.stranded_buckets(
             self.waste_entry[rows],
             state.gpu_free_total[rows].astype(np.float64),
