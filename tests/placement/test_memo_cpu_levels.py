@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from kubegpu.placement import engine as engine_module
@@ -17,6 +18,8 @@ from kubegpu.placement.fragmentation import (
     TypicalWorkload,
     node_fragment_milli,
 )
+from kubegpu.placement.model import GpuState, NodeState, PodRequest
+from kubegpu.placement.policies.fgd import FgdScorer
 from tests.placement.test_kubegpu_caches import random_node, random_pod
 
 MODELS = ("T4", "G2", "P100")
@@ -118,3 +121,92 @@ def test_ours_with_cpu_levels_places_every_pod_as_with_exact_keys(
         assert got == exact.place(pod), pod
         placed += got is not None
     assert placed >= 40
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_scores_and_growth_looked_up_by_level_are_the_exact_ones(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # FGD's score (our tie-break) and a CPU-only pod's growth bucket are kept per (level
+    # before, level after, free milli, model): every row's value equals what an engine with
+    # exact keys computes, and the levels did serve states first met under another free CPU.
+    rng = random.Random(700 + seed)
+    # A dozen pod classes, each coming many times (the tables are per class), among them
+    # CPU-only pods that move a node's free CPU within a level.
+    pool = [random_pod(rng, i) for i in range(10)] + [PodRequest(500, 1024, name="cpu")]
+    pods = [rng.choice(pool) for _ in range(250)]
+    workload = TypicalWorkload.from_pods(pods[:60])
+    nodes = [random_node(rng, i) for i in range(40)]
+    levelled = PlacementEngine(nodes, "kubegpu", workload)
+
+    class ExactMemo(FragmentationMemo):
+        def __init__(self, workload: TypicalWorkload, *, cpu_levels: bool = False) -> None:
+            super().__init__(workload)
+
+    monkeypatch.setattr(engine_module, "FragmentationMemo", ExactMemo)
+    exact = PlacementEngine(nodes, "kubegpu", workload)
+    ours, theirs = levelled._kubegpu, exact._kubegpu
+    assert ours is not None and theirs is not None
+    compared = 0
+    for pod in pods:
+        rows = levelled.feasible_rows(pod)
+        assert rows.tolist() == exact.feasible_rows(pod).tolist()
+        if rows.size and pod.gpu_count:
+            assert ours.fgd.scores(pod, rows).tolist() == theirs.fgd.scores(pod, rows).tolist()
+            compared += 1
+        elif rows.size:
+            got = ours._growth_bucket(pod, rows).tolist()
+            assert got == theirs._growth_bucket(pod, rows).tolist()
+            compared += 1
+        assert levelled.place(pod) == exact.place(pod)
+    assert compared >= 100
+
+
+def test_a_node_whose_cpu_moved_within_its_level_is_scored_by_lookup(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Class CPU requests 0 and 4000: free CPU 96000 and 95000 are one level, and so are
+    # both less the pod's 4000. The second node's score is the first's, not computed again.
+    workload = TypicalWorkload(
+        (
+            TypicalPod(4000, 500, 1, frozenset(), 0.5),
+            TypicalPod(0, 0, 0, frozenset(), 0.5),
+        )
+    )
+    nodes = [
+        NodeState(f"n{i}", 96000, cpu, 262144, "T4", (GpuState(0, 1000), GpuState(1, 300)), rank=i)
+        for i, cpu in enumerate([96000, 95000, 3000, 9000, 5000])
+    ]
+    engine = PlacementEngine(nodes, "kubegpu", workload)
+    fgd = engine._fgd
+    assert fgd is not None
+    computed: list[int] = []
+    score = fgd.state_score
+    monkeypatch.setattr(
+        fgd, "state_score", lambda key, pod: computed.append(key[0]) or score(key, pod)
+    )
+    pod = PodRequest(4000, 1024, 1, 500, name="share")
+    first = fgd.scores(pod, np.array([0]))
+    assert computed == [96000]
+    assert fgd.scores(pod, np.array([1])).tolist() == first.tolist()
+    assert computed == [96000]  # looked up
+    exact = FgdScorer(engine, FragmentationMemo(workload))
+    assert exact.scores(pod, np.array([0, 1])).tolist() == [first[0], first[0]]
+    # Another level (3000 < 4000: the share's CPU no longer fits) is computed.
+    fgd.scores(pod, np.array([2]))
+    assert computed == [96000, 3000]
+    # 9000 and 5000 are 96000's level, but less the pod's 4000 only 9000 is (5000 against
+    # 1000): 9000 is a lookup, 5000 is computed, and scores differently.
+    scores = fgd.scores(pod, np.array([3, 4]))
+    assert computed == [96000, 3000, 5000]
+    assert scores.tolist() == exact.scores(pod, np.array([3, 4])).tolist()
+    assert scores[0] == first[0] != scores[1]
+    # So does a CPU-only pod's growth bucket (ours' third key) on those two.
+    scorer = engine._kubegpu
+    assert scorer is not None
+    cpu_pod = PodRequest(4000, 1024, name="cpu")
+    growth = scorer._growth_bucket(cpu_pod, np.array([0, 1, 3, 4])).tolist()
+    assert growth[0] == growth[1] != growth[3]
+    cold = PlacementEngine(nodes, "kubegpu", workload)._kubegpu
+    assert cold is not None
+    assert growth == [cold._growth_bucket(cpu_pod, np.array([i])).tolist()[0] for i in (0, 1, 3, 4)]

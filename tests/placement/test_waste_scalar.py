@@ -120,14 +120,14 @@ def test_rounding_to_six_places_is_numpys_not_pythons() -> None:
     # np.round multiplies by 10⁶ and rounds half to even in binary; Python's round(x, 6)
     # rounds the decimal value correctly. They differ on halfway cases such as these, and
     # the vectorised pricing uses numpy's.
-    from kubegpu.placement.waste import _floor, _round6
+    from kubegpu.placement.waste import numpy_floor, numpy_round6
 
     rng = random.Random(7)
     values = [32.7937315, -52.3894505, 12.6513965, 0.0, -0.0, np.inf, -np.inf]
     values += [rng.randrange(-(10**9), 10**9) / 10**7 + 5e-7 for _ in range(20000)]
     differs = 0
     for x in values:
-        assert _round6(x) == np.round(x, 6), x
+        assert numpy_round6(x) == np.round(x, 6), x
         differs += round(x, 6) != np.round(x, 6)
-        assert _floor(x / 40.0) == np.floor(x / 40.0), x
+        assert numpy_floor(x / 40.0) == np.floor(x / 40.0), x
     assert differs > 100  # the cases that matter are in the sample

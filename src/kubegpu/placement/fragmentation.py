@@ -266,14 +266,24 @@ class FragmentationMemo:
         self._cpu_levels: list[int] | None = (
             sorted({t.cpu_milli for t in workload.pods}) if cpu_levels else None
         )
+        self._level_of: dict[int, int] = {}  # free CPU -> its level, as met
+
+    @property
+    def cpu_levels(self) -> bool:
+        """Whether the free CPU is keyed by its level."""
+        return self._cpu_levels is not None
 
     def cpu_key(self, cpu_free_milli: int) -> int:
         """The free CPU as the cache keys it: itself, or with ``cpu_levels`` its level."""
         levels = self._cpu_levels
         if levels is None:
             return cpu_free_milli
-        below = bisect.bisect_right(levels, cpu_free_milli)
-        return levels[below - 1] if below else -1
+        level = self._level_of.get(cpu_free_milli)
+        if level is None:
+            below = bisect.bisect_right(levels, cpu_free_milli)
+            level = levels[below - 1] if below else -1
+            self._level_of[cpu_free_milli] = level
+        return level
 
     def fragment(
         self, cpu_free_milli: int, sorted_free: tuple[int, ...], model: str | tuple[str, ...]

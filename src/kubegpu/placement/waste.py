@@ -382,7 +382,7 @@ class ModelWaste:
         cost = self.weights.cpu_weight * growth
         if len(self.potentials) > 1:
             cost = cost + self._pressure_list[entry] * gpu_taken
-        return _floor(_round6(cost) / self.weights.bucket_milli)
+        return numpy_floor(numpy_round6(cost) / self.weights.bucket_milli)
 
     def share_buckets_one(
         self,
@@ -405,18 +405,18 @@ class ModelWaste:
         else:
             gap = gaps[entry]
             other = other + self._pressure_list[entry] * share_milli
-        rounded = _round6(other)
+        rounded = numpy_round6(other)
         bucket = self.weights.bucket_milli
-        return [_floor((gap[free + 1] + rounded) / bucket) for free in card_free]
+        return [numpy_floor((gap[free + 1] + rounded) / bucket) for free in card_free]
 
 
-def _round6(value: float) -> float:
+def numpy_round6(value: float) -> float:
     """``np.round(value, 6)``: numpy multiplies by 10⁶, rounds half to even and divides back
     (Python's ``round`` of a float to an integer rounds half to even too, exactly)."""
     scaled = value * 1e6
     return float(round(scaled)) / 1e6 if math.isfinite(scaled) else scaled
 
 
-def _floor(value: float) -> float:
+def numpy_floor(value: float) -> float:
     """``np.floor(value)`` (±inf stay as they are)."""
     return float(math.floor(value)) if math.isfinite(value) else value

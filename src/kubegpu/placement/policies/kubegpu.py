@@ -19,7 +19,7 @@ from kubegpu.placement.fragmentation import FragmentationMemo
 from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
 from kubegpu.placement.policies.fgd import FgdScorer, PodKey
 from kubegpu.placement.state import ClusterState, FloatArray, FloatArray32, IntArray, StateKey
-from kubegpu.placement.waste import ModelWaste
+from kubegpu.placement.waste import ModelWaste, numpy_floor, numpy_round6
 
 # Our policy breaks ties of CPU-only pods by fragmentation growth in buckets of this many
 # milli-GPU (see KubegpuScorer.keys for why not the exact value).
@@ -63,6 +63,9 @@ class KubegpuScorer:
             dtype=np.int64,
         )
         self._delta_tables: dict[PodKey, FloatArray] = {}
+        # Per CPU-only pod class: growth bucket per (level before, level after, free milli,
+        # model) (see _growth_bucket).
+        self._levelled_growth: dict[PodKey, dict[tuple[int, int, tuple[int, ...], Any], float]] = {}
         self._bucket_tables: dict[StageKey, FloatArray32] = {}
         # Per share class: the free milli of the best card per node state (NaN: not yet).
         self._best_free_tables: dict[StageKey, FloatArray32] = {}
@@ -87,7 +90,7 @@ class KubegpuScorer:
             tied = np.flatnonzero(first == first.min())
             if tied.size == 1:
                 return int(tied[0])
-            return int(tied[self.fgd.scores(pod, rows[tied]).argmax()])
+            return int(tied[self.fgd.first_best(pod, rows[tied])])
         stages = self.key_stages(pod)
         # The first key runs on every row: no index array to build or gather through.
         values = stages[0](rows)
@@ -300,11 +303,30 @@ class KubegpuScorer:
         out = table[ids]
         missing = np.isnan(out)
         if missing.any():
-            sids = sorted(set(ids[missing].tolist()))  # few: cheaper than np.unique
-            self.fgd.prefetch_states(pod, [state.state_keys[sid] for sid in sids])
-            growth = np.array([self._cpu_pod_growth(state.state_keys[sid], pod) for sid in sids])
-            # Rounded first: float noise must not move a growth across a bucket boundary.
-            table[sids] = np.floor(np.round(growth, 6) / GROWTH_BUCKET_MILLI)
+            # The growth reads the free CPU only through the fragments at it and at it less
+            # the pod's, so (with the memo keyed by CPU level) it is one value per (level
+            # before, level after, free milli, model): a state met before under another
+            # free CPU of the same levels is a lookup.
+            levelled = self._levelled_growth.setdefault(key, {})
+            level = self.memo.cpu_key
+            todo: list[tuple[int, tuple[int, int, tuple[int, ...], Any]]] = []
+            for sid in sorted(set(ids[missing].tolist())):  # few: cheaper than np.unique
+                cpu, free, model = state.state_keys[sid]
+                coarse = (level(cpu), level(cpu - pod.cpu_milli), free, model)
+                known = levelled.get(coarse)
+                if known is None:
+                    todo.append((sid, coarse))
+                else:
+                    table[sid] = known
+            if todo:
+                self.fgd.prefetch_states(pod, [state.state_keys[sid] for sid, _ in todo])
+                for sid, coarse in todo:
+                    growth = self._cpu_pod_growth(state.state_keys[sid], pod)
+                    # Rounded first: float noise must not move a growth across a bucket
+                    # boundary (numpy's rounding, as the vectorised keys use).
+                    bucket = numpy_floor(numpy_round6(growth) / GROWTH_BUCKET_MILLI)
+                    table[sid] = bucket
+                    levelled[coarse] = bucket
             out = table[ids]
         return out
 
