@@ -19,7 +19,7 @@ from kubegpu.placement.fragmentation import (
     node_fragment_milli,
 )
 from kubegpu.placement.model import GpuState, NodeState, PodRequest
-from kubegpu.placement.policies.fgd import FgdScorer
+from kubegpu.placement.policies.fgd import FgdScorer, LevelledKey
 from tests.placement.test_kubegpu_caches import random_node, random_pod
 
 MODELS = ("T4", "G2", "P100")
@@ -180,25 +180,29 @@ def test_a_node_whose_cpu_moved_within_its_level_is_scored_by_lookup(
     engine = PlacementEngine(nodes, "kubegpu", workload)
     fgd = engine._fgd
     assert fgd is not None
-    computed: list[int] = []
-    score = fgd.state_score
-    monkeypatch.setattr(
-        fgd, "state_score", lambda key, pod: computed.append(key[0]) or score(key, pod)
-    )
+    # (level before, level after) of each state whose fragments are computed.
+    computed: list[tuple[int, int]] = []
+    fragments = fgd.fragments_at_levels
+
+    def counted(pod: PodRequest, keys: list[LevelledKey]) -> list[tuple[float, list[float]]]:
+        computed.extend((before, after) for before, after, _, _ in keys)
+        return fragments(pod, keys)
+
+    monkeypatch.setattr(fgd, "fragments_at_levels", counted)
     pod = PodRequest(4000, 1024, 1, 500, name="share")
     first = fgd.scores(pod, np.array([0]))
-    assert computed == [96000]
+    assert computed == [(4000, 4000)]
     assert fgd.scores(pod, np.array([1])).tolist() == first.tolist()
-    assert computed == [96000]  # looked up
+    assert computed == [(4000, 4000)]  # looked up
     exact = FgdScorer(engine, FragmentationMemo(workload))
     assert exact.scores(pod, np.array([0, 1])).tolist() == [first[0], first[0]]
     # Another level (3000 < 4000: the share's CPU no longer fits) is computed.
     fgd.scores(pod, np.array([2]))
-    assert computed == [96000, 3000]
+    assert computed == [(4000, 4000), (0, -1)]
     # 9000 and 5000 are 96000's level, but less the pod's 4000 only 9000 is (5000 against
     # 1000): 9000 is a lookup, 5000 is computed, and scores differently.
     scores = fgd.scores(pod, np.array([3, 4]))
-    assert computed == [96000, 3000, 5000]
+    assert computed == [(4000, 4000), (0, -1), (4000, 0)]
     assert scores.tolist() == exact.scores(pod, np.array([3, 4])).tolist()
     assert scores[0] == first[0] != scores[1]
     # So does a CPU-only pod's growth bucket (ours' third key) on those two.

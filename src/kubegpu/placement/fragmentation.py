@@ -296,13 +296,21 @@ class FragmentationMemo:
             model = tuple(m for _, m in pairs)
         if self._cpu_levels is not None:
             cpu_free_milli = self.cpu_key(cpu_free_milli)
-        key = (cpu_free_milli, sorted_free, model)
+        return self.fragment_at_key(cpu_free_milli, sorted_free, model)
+
+    def fragment_at_key(
+        self, cpu_key: int, sorted_free: tuple[int, ...], model: str | tuple[str, ...]
+    ) -> float:
+        """:meth:`fragment` with the free CPU already as the cache keys it (:meth:`cpu_key`)
+        and, on a node mixing models, the cards already in key order. F(n) at a CPU level
+        is F(n) at any free CPU of that level: the level is one of them, or below all."""
+        key = (cpu_key, sorted_free, model)
         value = self._cache.get(key)
         if value is None:
             if isinstance(model, str) and self._classes is not None:
-                value = self._classes.fragment(cpu_free_milli, sorted_free, model)
+                value = self._classes.fragment(cpu_key, sorted_free, model)
             else:
-                value = node_fragment_milli(cpu_free_milli, sorted_free, model, self.workload)
+                value = node_fragment_milli(cpu_key, sorted_free, model, self.workload)
             self._cache[key] = value
         return value
 
@@ -313,6 +321,10 @@ class FragmentationMemo:
         if self._cpu_levels is not None:
             level = self.cpu_key
             keys = [(level(cpu), free, model) for cpu, free, model in keys]
+        self.prefetch_at_keys(keys)
+
+    def prefetch_at_keys(self, keys: Iterable[tuple[int, tuple[int, ...], str]]) -> None:
+        """:meth:`prefetch` with each free CPU already as the cache keys it."""
         missing = list(dict.fromkeys(k for k in keys if k not in self._cache))
         if len(missing) * max(len(self.workload.pods), 1) < PREFETCH_MIN_CELLS:
             return

@@ -17,7 +17,7 @@ import numpy.typing as npt
 from kubegpu.placement.feasibility import eligible_cards
 from kubegpu.placement.fragmentation import FragmentationMemo
 from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
-from kubegpu.placement.policies.fgd import FgdScorer, PodKey
+from kubegpu.placement.policies.fgd import FgdScorer, LevelledKey, PodKey
 from kubegpu.placement.state import ClusterState, FloatArray, FloatArray32, IntArray, StateKey
 from kubegpu.placement.waste import ModelWaste, numpy_floor, numpy_round6
 
@@ -65,7 +65,7 @@ class KubegpuScorer:
         self._delta_tables: dict[PodKey, FloatArray] = {}
         # Per CPU-only pod class: growth bucket per (level before, level after, free milli,
         # model) (see _growth_bucket).
-        self._levelled_growth: dict[PodKey, dict[tuple[int, int, tuple[int, ...], Any], float]] = {}
+        self._levelled_growth: dict[PodKey, dict[LevelledKey, float]] = {}
         self._bucket_tables: dict[StageKey, FloatArray32] = {}
         # Per share class: the free milli of the best card per node state (NaN: not yet).
         self._best_free_tables: dict[StageKey, FloatArray32] = {}
@@ -80,17 +80,7 @@ class KubegpuScorer:
         rows are in rank order). FGD's score, the costly key, runs only on the nodes tied on
         the waste bucket: on openb about two thirds of the feasible ones."""
         if pod.gpu_count and pod.gpu_memory_mib is None:
-            # A GPU pod's two keys, spelt out (the loop below, without its per-pod closures
-            # and negations): the first maximum of FGD's score among the nodes tied on the
-            # least bucket is the first minimum of its negation there.
-            if pod.is_gpu_share:
-                first = self._share_key(pod, rows)
-            else:
-                first = self._per_state("stranded", pod, rows, self._stranded_bucket)
-            tied = np.flatnonzero(first == first.min())
-            if tied.size == 1:
-                return int(tied[0])
-            return int(tied[self.fgd.first_best(pod, rows[tied])])
+            return self._best_gpu_pod(pod, rows)
         stages = self.key_stages(pod)
         # The first key runs on every row: no index array to build or gather through.
         values = stages[0](rows)
@@ -101,6 +91,38 @@ class KubegpuScorer:
             values = key(rows[positions])
             positions = positions[values == values.min()]
         return int(positions[0])
+
+    def _best_gpu_pod(self, pod: PodRequest, rows: IntArray) -> int:
+        """:meth:`best` for a GPU pod whose card memory does not matter: the loop over
+        :meth:`key_stages` spelt out for its two keys, with the fewest numpy calls (this
+        runs for every GPU pod). The first key is :meth:`_share_key`'s or the stranded
+        bucket of :meth:`_per_state`, from the same tables; the first maximum of FGD's
+        score among the nodes tied on the least bucket is the first minimum of its
+        negation there."""
+        state = self.state
+        ids = state.state_id[rows]
+        share = pod.is_gpu_share
+        key = _class_key("share" if share else "stranded", pod)
+        table: FloatArray32 = self._state_table(self._bucket_tables, key, np.float32)
+        first = table[ids]
+        low = first.min()
+        if low != low:  # NaN: some states not priced yet for this pod class
+            missing = np.isnan(first)
+            missing_rows = rows[missing]
+            missing_ids = ids[missing]
+            if share:
+                bucket, cols = self.share_choice(pod, missing_rows)
+                best_free = self._state_table(self._best_free_tables, key, np.float32)
+                best_free[missing_ids] = state.card_free[missing_rows, cols]
+            else:
+                bucket = self._stranded_bucket(pod, missing_rows)
+            table[missing_ids] = bucket
+            first[missing] = bucket
+            low = first.min()
+        tied = (first == low).nonzero()[0]
+        if tied.size == 1:
+            return int(tied[0])
+        return int(tied[self.fgd.first_best_of_states(pod, ids[tied])])
 
     def scores(self, pod: PodRequest, rows: IntArray) -> IntArray:
         # Live scores for the extender: the order above mapped onto 100 … 0 (equal keys, equal
@@ -309,7 +331,7 @@ class KubegpuScorer:
             # free CPU of the same levels is a lookup.
             levelled = self._levelled_growth.setdefault(key, {})
             level = self.memo.cpu_key
-            todo: list[tuple[int, tuple[int, int, tuple[int, ...], Any]]] = []
+            todo: list[tuple[int, LevelledKey]] = []
             for sid in sorted(set(ids[missing].tolist())):  # few: cheaper than np.unique
                 cpu, free, model = state.state_keys[sid]
                 coarse = (level(cpu), level(cpu - pod.cpu_milli), free, model)
@@ -318,15 +340,19 @@ class KubegpuScorer:
                     todo.append((sid, coarse))
                 else:
                     table[sid] = known
-            if todo:
-                self.fgd.prefetch_states(pod, [state.state_keys[sid] for sid, _ in todo])
-                for sid, coarse in todo:
-                    growth = self._cpu_pod_growth(state.state_keys[sid], pod)
-                    # Rounded first: float noise must not move a growth across a bucket
-                    # boundary (numpy's rounding, as the vectorised keys use).
-                    bucket = numpy_floor(numpy_round6(growth) / GROWTH_BUCKET_MILLI)
-                    table[sid] = bucket
-                    levelled[coarse] = bucket
+            plain = [(sid, coarse) for sid, coarse in todo if isinstance(coarse[3], str)]
+            fragments = self.fgd.fragments_at_levels(pod, [coarse for _, coarse in plain])
+            growths = [after[0] - before for before, after in fragments]
+            for sid, coarse in todo:
+                if not isinstance(coarse[3], str):  # a node mixing models
+                    growths.append(self._cpu_pod_growth(state.state_keys[sid], pod))
+                    plain.append((sid, coarse))
+            for (sid, coarse), growth in zip(plain, growths, strict=True):
+                # Rounded first: float noise must not move a growth across a bucket
+                # boundary (numpy's rounding, as the vectorised keys use).
+                bucket = numpy_floor(numpy_round6(growth) / GROWTH_BUCKET_MILLI)
+                table[sid] = bucket
+                levelled[coarse] = bucket
             out = table[ids]
         return out
 
