@@ -81,6 +81,8 @@ class KubegpuScorer:
         the waste bucket: on openb about two thirds of the feasible ones."""
         if pod.gpu_count and pod.gpu_memory_mib is None:
             return self._best_gpu_pod(pod, rows)
+        if not pod.gpu_count:
+            return self._best_cpu_pod(pod, rows)
         stages = self.key_stages(pod)
         # The first key runs on every row: no index array to build or gather through.
         values = stages[0](rows)
@@ -123,6 +125,19 @@ class KubegpuScorer:
         if tied.size == 1:
             return int(tied[0])
         return int(tied[self.fgd.first_best_of_states(pod, ids[tied])])
+
+    def _best_cpu_pod(self, pod: PodRequest, rows: IntArray) -> int:
+        """:meth:`best` for a CPU-only pod: its three keys (:meth:`key_stages`) spelt out,
+        each on the rows tied on the ones before."""
+        first = self._per_state("stranded", pod, rows, self._stranded_bucket)
+        tied = (first == first.min()).nonzero()[0]
+        if tied.size > 1:
+            growth = self._growth_bucket(pod, rows[tied])
+            tied = tied[growth == growth.min()]
+        if tied.size > 1:
+            free = self.state.gpu_free_total[rows[tied]]
+            tied = tied[free == free.min()]
+        return int(tied[0])
 
     def scores(self, pod: PodRequest, rows: IntArray) -> IntArray:
         # Live scores for the extender: the order above mapped onto 100 … 0 (equal keys, equal
