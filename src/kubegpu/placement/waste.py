@@ -407,7 +407,15 @@ class ModelWaste:
             other = other + self._pressure_list[entry] * share_milli
         rounded = numpy_round6(other)
         bucket = self.weights.bucket_milli
-        return [numpy_floor((gap[free + 1] + rounded) / bucket) for free in card_free]
+        # Cards of equal free milli price alike: each value once.
+        by_free: dict[int, float] = {}
+        out: list[float] = []
+        for free in card_free:
+            value = by_free.get(free)
+            if value is None:
+                value = by_free[free] = numpy_floor((gap[free + 1] + rounded) / bucket)
+            out.append(value)
+        return out
 
 
 def numpy_round6(value: float) -> float:

@@ -110,16 +110,32 @@ class KubegpuScorer:
         low = first.min()
         if low != low:  # NaN: some states not priced yet for this pod class
             missing = np.isnan(first)
-            missing_rows = rows[missing]
-            missing_ids = ids[missing]
-            if share:
-                bucket, cols = self.share_choice(pod, missing_rows)
-                best_free = self._state_table(self._best_free_tables, key, np.float32)
-                best_free[missing_ids] = state.card_free[missing_rows, cols]
+            # A share's best card, by its free milli, for card(); whole cards need none.
+            best_free: FloatArray32 | None = (
+                self._state_table(self._best_free_tables, key, np.float32) if share else None
+            )
+            if np.count_nonzero(missing) <= SCALAR_ROWS:
+                # One or two nodes, as a rule: priced and stored one at a time in Python,
+                # without the gathers and scatters numpy would spend on so few.
+                for at in missing.nonzero()[0].tolist():
+                    i = int(rows[at])
+                    if best_free is not None:
+                        value, col = self._share_choice_one(pod, i)
+                        best_free[ids[at]] = state.card_free[i, col]
+                    else:
+                        value = self._stranded_bucket_one(pod, i)
+                    table[ids[at]] = value
+                    first[at] = value
             else:
-                bucket = self._stranded_bucket(pod, missing_rows)
-            table[missing_ids] = bucket
-            first[missing] = bucket
+                missing_rows = rows[missing]
+                missing_ids = ids[missing]
+                if best_free is not None:
+                    bucket, cols = self.share_choice(pod, missing_rows)
+                    best_free[missing_ids] = state.card_free[missing_rows, cols]
+                else:
+                    bucket = self._stranded_bucket(pod, missing_rows)
+                table[missing_ids] = bucket
+                first[missing] = bucket
             low = first.min()
         tied = (first == low).nonzero()[0]
         if tied.size == 1:
@@ -228,38 +244,42 @@ class KubegpuScorer:
 
     def _share_choice_scalar(self, pod: PodRequest, rows: IntArray) -> tuple[FloatArray, IntArray]:
         """:meth:`share_choice` on a few rows, priced one node at a time in Python floats
-        (:meth:`ModelWaste.share_buckets_one`); the card is the first of the least
-        (bucket × stride + free milli), as ``argmin`` picks it."""
-        state = self.state
-        waste = self.waste
-        stride = 2 * MILLI_PER_GPU + 2
-        cards = (
-            state.model_selection(pod.gpu_models).cards if pod.gpu_models else None
-        )  # per-card model limits, only where a row mixes models
+        (:meth:`_share_choice_one`)."""
         buckets: list[float] = []
         cols: list[int] = []
         for i in rows.tolist():
-            free = state.card_free[i, : state.gpu_count[i]].tolist()
-            bucket = waste.share_buckets_one(
-                int(self.waste_entry[i]),
-                free,
-                float(state.gpu_free_total[i]),
-                float(state.cpu_free[i]),
-                pod.gpu_milli,
-                pod.cpu_milli,
-            )
-            if cards is not None:
+            bucket, col = self._share_choice_one(pod, i)
+            buckets.append(bucket)
+            cols.append(col)
+        return np.array(buckets, dtype=np.float64), np.array(cols, dtype=np.int64)
+
+    def _share_choice_one(self, pod: PodRequest, i: int) -> tuple[float, int]:
+        """:meth:`share_choice` on row ``i`` in Python floats
+        (:meth:`ModelWaste.share_buckets_one`): the card is the first of the least
+        (bucket × stride + free milli), as ``argmin`` picks it."""
+        state = self.state
+        free = state.card_free[i, : state.gpu_count[i]].tolist()
+        bucket = self.waste.share_buckets_one(
+            int(self.waste_entry[i]),
+            free,
+            float(state.gpu_free_total[i]),
+            float(state.cpu_free[i]),
+            pod.gpu_milli,
+            pod.cpu_milli,
+        )
+        if pod.gpu_models:
+            cards = state.model_selection(pod.gpu_models).cards
+            if cards is not None:  # per-card model limits, only where a row mixes models
                 allowed = cards[i].tolist()
                 bucket = [b if allowed[c] else np.inf for c, b in enumerate(bucket)]
-            # The real cards only: missing slots (free -1) price +inf, argmin never picks one.
-            best_col, best_value = 0, np.inf
-            for col, (b, f) in enumerate(zip(bucket, free, strict=True)):
-                value = b * stride + f
-                if value < best_value:
-                    best_col, best_value = col, value
-            buckets.append(bucket[best_col])
-            cols.append(best_col)
-        return np.array(buckets, dtype=np.float64), np.array(cols, dtype=np.int64)
+        # The real cards only: missing slots (free -1) price +inf, argmin never picks one.
+        stride = 2 * MILLI_PER_GPU + 2
+        best_col, best_value = 0, np.inf
+        for col, (b, f) in enumerate(zip(bucket, free, strict=True)):
+            value = b * stride + f
+            if value < best_value:
+                best_col, best_value = col, value
+        return bucket[best_col], best_col
 
     # ----------------------------------------------------------------- the keys
     def _share_key(self, pod: PodRequest, rows: IntArray) -> KeyArray:
@@ -289,24 +309,24 @@ class KubegpuScorer:
         """Per row, the cost bucket of a pod taking no share (it leaves no card gap)."""
         state = self.state
         if rows.size <= SCALAR_ROWS:
-            one = self.waste.stranded_bucket_one
             return np.array(
-                [
-                    one(
-                        int(self.waste_entry[i]),
-                        float(state.gpu_free_total[i]),
-                        float(state.cpu_free[i]),
-                        pod.total_gpu_milli,
-                        pod.cpu_milli,
-                    )
-                    for i in rows.tolist()
-                ],
-                dtype=np.float64,
+                [self._stranded_bucket_one(pod, i) for i in rows.tolist()], dtype=np.float64
             )
         return self.waste.stranded_buckets(
             self.waste_entry[rows],
             state.gpu_free_total[rows].astype(np.float64),
             state.cpu_free[rows].astype(np.float64),
+            pod.total_gpu_milli,
+            pod.cpu_milli,
+        )
+
+    def _stranded_bucket_one(self, pod: PodRequest, i: int) -> float:
+        """:meth:`_stranded_bucket` of row ``i`` in Python floats."""
+        state = self.state
+        return self.waste.stranded_bucket_one(
+            int(self.waste_entry[i]),
+            float(state.gpu_free_total[i]),
+            float(state.cpu_free[i]),
             pod.total_gpu_milli,
             pod.cpu_milli,
         )
