@@ -375,13 +375,21 @@ class KubegpuScorer:
                     todo.append((sid, coarse))
                 else:
                     table[sid] = known
-            plain = [(sid, coarse) for sid, coarse in todo if isinstance(coarse[3], str)]
+            # One level before and after: the same fragment twice, a growth of exactly 0.
+            flat = [(sid, coarse) for sid, coarse in todo if coarse[0] == coarse[1]]
+            plain = [
+                (sid, coarse)
+                for sid, coarse in todo
+                if isinstance(coarse[3], str) and coarse[0] != coarse[1]
+            ]
             fragments = self.fgd.fragments_at_levels(pod, [coarse for _, coarse in plain])
             growths = [after[0] - before for before, after in fragments]
             for sid, coarse in todo:
-                if not isinstance(coarse[3], str):  # a node mixing models
+                if not isinstance(coarse[3], str) and coarse[0] != coarse[1]:  # mixed models
                     growths.append(self._cpu_pod_growth(state.state_keys[sid], pod))
                     plain.append((sid, coarse))
+            growths.extend(0.0 for _ in flat)
+            plain.extend(flat)
             for (sid, coarse), growth in zip(plain, growths, strict=True):
                 # Rounded first: float noise must not move a growth across a bucket
                 # boundary (numpy's rounding, as the vectorised keys use).
