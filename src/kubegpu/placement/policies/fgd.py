@@ -127,13 +127,14 @@ class FgdScorer:
     ) -> None:
         """Score the node states ``ids`` (some repeated) into ``table``."""
         state = self.state
-        sids = sorted(set(ids.tolist()))  # few: cheaper than np.unique
         memo = self.whole_card_memo if pod.gpu_count and not pod.is_gpu_share else self.memo
         if not memo.cpu_levels:
+            sids = sorted(set(ids.tolist()))  # few: cheaper than np.unique
             self.prefetch_states(pod, [state.state_keys[sid] for sid in sids])
             for sid in sids:
                 table[sid] = self.state_score(state.state_keys[sid], pod)
             return
+        sids = list(dict.fromkeys(ids.tolist()))  # distinct; the order does not matter
         # A memo keyed by CPU level (ours'): the score reads the free CPU only through the
         # fragments before (free CPU) and after (free CPU − the pod's), so it is one value
         # per (level before, level after, free milli, model); states met before under

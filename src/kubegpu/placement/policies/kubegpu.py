@@ -79,9 +79,9 @@ class KubegpuScorer:
         on the nodes tied on the earlier ones (the same node as sorting by all keys, since
         rows are in rank order). FGD's score, the costly key, runs only on the nodes tied on
         the waste bucket: on openb about two thirds of the feasible ones."""
-        if pod.gpu_count and pod.gpu_memory_mib is None:
-            return self._best_gpu_pod(pod, rows)
-        if not pod.gpu_count:
+        if pod.gpu_memory_mib is None:  # card memory is not part of the per-state tables
+            if pod.gpu_count:
+                return self._best_gpu_pod(pod, rows)
             return self._best_cpu_pod(pod, rows)
         stages = self.key_stages(pod)
         # The first key runs on every row: no index array to build or gather through.
@@ -114,17 +114,19 @@ class KubegpuScorer:
             best_free: FloatArray32 | None = (
                 self._state_table(self._best_free_tables, key, np.float32) if share else None
             )
-            if np.count_nonzero(missing) <= SCALAR_ROWS:
+            where = missing.nonzero()[0]
+            if where.size <= SCALAR_ROWS:
                 # One or two nodes, as a rule: priced and stored one at a time in Python,
                 # without the gathers and scatters numpy would spend on so few.
-                for at in missing.nonzero()[0].tolist():
+                for at in where.tolist():
                     i = int(rows[at])
+                    sid = int(ids[at])
                     if best_free is not None:
                         value, col = self._share_choice_one(pod, i)
-                        best_free[ids[at]] = state.card_free[i, col]
+                        best_free[sid] = state.card_free[i, col]
                     else:
                         value = self._stranded_bucket_one(pod, i)
-                    table[ids[at]] = value
+                    table[sid] = value
                     first[at] = value
             else:
                 missing_rows = rows[missing]
@@ -144,9 +146,28 @@ class KubegpuScorer:
 
     def _best_cpu_pod(self, pod: PodRequest, rows: IntArray) -> int:
         """:meth:`best` for a CPU-only pod: its three keys (:meth:`key_stages`) spelt out,
-        each on the rows tied on the ones before."""
-        first = self._per_state("stranded", pod, rows, self._stranded_bucket)
-        tied = (first == first.min()).nonzero()[0]
+        each on the rows tied on the ones before; the first is :meth:`_per_state`'s
+        stranded bucket, from the same table, priced as in :meth:`_best_gpu_pod`."""
+        state = self.state
+        ids = state.state_id[rows]
+        table: FloatArray32 = self._state_table(
+            self._bucket_tables, _class_key("stranded", pod), np.float32
+        )
+        first = table[ids]
+        low = first.min()
+        if low != low:  # NaN: as in _best_gpu_pod
+            where = np.isnan(first).nonzero()[0]
+            if where.size <= SCALAR_ROWS:
+                for at in where.tolist():
+                    value = self._stranded_bucket_one(pod, int(rows[at]))
+                    table[int(ids[at])] = value
+                    first[at] = value
+            else:
+                values = self._stranded_bucket(pod, rows[where])
+                table[ids[where]] = values
+                first[where] = values
+            low = first.min()
+        tied = (first == low).nonzero()[0]
         if tied.size > 1:
             growth = self._growth_bucket(pod, rows[tied])
             tied = tied[growth == growth.min()]
@@ -367,7 +388,7 @@ class KubegpuScorer:
             levelled = self._levelled_growth.setdefault(key, {})
             level = self.memo.cpu_key
             todo: list[tuple[int, LevelledKey]] = []
-            for sid in sorted(set(ids[missing].tolist())):  # few: cheaper than np.unique
+            for sid in dict.fromkeys(ids[missing].tolist()):  # distinct, cheaper than np.unique
                 cpu, free, model = state.state_keys[sid]
                 coarse = (level(cpu), level(cpu - pod.cpu_milli), free, model)
                 known = levelled.get(coarse)
