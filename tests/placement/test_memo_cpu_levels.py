@@ -214,3 +214,24 @@ def test_a_node_whose_cpu_moved_within_its_level_is_scored_by_lookup(
     cold = PlacementEngine(nodes, "kubegpu", workload)._kubegpu
     assert cold is not None
     assert growth == [cold._growth_bucket(cpu_pod, np.array([i])).tolist()[0] for i in (0, 1, 3, 4)]
+
+
+@pytest.mark.parametrize("classes", [2, 40, 91, 200])
+def test_one_missing_state_is_computed_by_the_single_state_pass_bit_for_bit(
+    classes: int,
+) -> None:
+    # A prefetch that finds one state missing computes it with _ClassArrays.fragment (the
+    # single-state numpy pass), whatever the class count: the same bits as the loop.
+    rnd = random.Random(classes)
+    workload = random_workload(rnd, classes)
+    for _ in range(200):
+        memo = FragmentationMemo(workload)
+        cards = rnd.choice([1, 2, 4, 8])
+        free = tuple(sorted(rnd.choice([0, 1, 60, 230, 500, 1000]) for _ in range(cards)))
+        cpu = rnd.choice([0, 999, 1000, 4000, 12000, 40000])
+        model = rnd.choice(MODELS)
+        memo.prefetch([(cpu, free, model)])
+        exact = node_fragment_milli(cpu, free, model, workload)
+        if classes >= 64:  # enough cells for numpy: computed by the prefetch
+            assert memo._cache[(cpu, free, model)] == exact
+        assert memo.fragment(cpu, free, model) == exact
