@@ -296,7 +296,16 @@ class FragmentationMemo:
             model = tuple(m for _, m in pairs)
         if self._cpu_levels is not None:
             cpu_free_milli = self.cpu_key(cpu_free_milli)
-        return self.fragment_at_key(cpu_free_milli, sorted_free, model)
+        # fragment_at_key's body, inline: FGD calls this for every state it scores.
+        key = (cpu_free_milli, sorted_free, model)
+        value = self._cache.get(key)
+        if value is None:
+            if isinstance(model, str) and self._classes is not None:
+                value = self._classes.fragment(cpu_free_milli, sorted_free, model)
+            else:
+                value = node_fragment_milli(cpu_free_milli, sorted_free, model, self.workload)
+            self._cache[key] = value
+        return value
 
     def fragment_at_key(
         self, cpu_key: int, sorted_free: tuple[int, ...], model: str | tuple[str, ...]
