@@ -82,10 +82,13 @@ class PlacementEngine(ClusterState):
         self._fgd: FgdScorer | None = None
         self._kubegpu: KubegpuScorer | None = None
         if workload is not None:
-            memo = FragmentationMemo(workload)
-            if self.policy.node_score is NodeScore.KUBEGPU:
+            # Ours' memos key the free CPU by its level (FragmentationMemo): the same values,
+            # computed less often. FGD's keeps the exact key it has always had.
+            ours = self.policy.node_score is NodeScore.KUBEGPU
+            memo = FragmentationMemo(workload, cpu_levels=ours)
+            if ours:
                 # Ours scores whole-card pods against FGD's popular classes only.
-                popular = FragmentationMemo(workload.popular(POPULAR_PERCENT))
+                popular = FragmentationMemo(workload.popular(POPULAR_PERCENT), cpu_levels=True)
                 self._fgd = FgdScorer(self, memo, popular)
             else:
                 self._fgd = FgdScorer(self, memo)

@@ -13,6 +13,7 @@ lookup is a hit. On a node mixing card models the multiset is of (free milli, mo
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -244,17 +245,45 @@ class FragmentationMemo:
     """Caches :func:`node_fragment_milli` on (free CPU, sorted free milli, model), or on a node
     mixing models on (free CPU, sorted (free milli, model) pairs).
 
+    ``cpu_levels``: key the free CPU by its *level* instead, the largest class CPU request it
+    covers (−1 below all of them). F(n) reads the free CPU only through "does this class's
+    CPU fit" (``cpu ≥ t.cpu_milli``), which is the same answer for every free CPU of one
+    level, so every state of one level has F(n) bit for bit: a node whose free CPU moved
+    within a level (a CPU-only pod, or a share asking little CPU) is a cache hit, where an
+    exact key would have to compute it again.
+
     Holds only plain data; it is a cache, so sharing one across calls is safe as long as the
     workload does not change (it is fixed at construction).
     """
 
-    def __init__(self, workload: TypicalWorkload) -> None:
+    def __init__(self, workload: TypicalWorkload, *, cpu_levels: bool = False) -> None:
         self.workload = workload
         self._cache: dict[tuple[int, tuple[int, ...], str | tuple[str, ...]], float] = {}
         # Numpy's fixed cost per call beats the loop only with many classes (constrained
         # traces: hundreds; openb's unconstrained ones: 30-90).
         self._arrays = _ClassArrays(workload)
         self._classes = self._arrays if len(workload.pods) >= VECTOR_CLASSES else None
+        self._cpu_levels: list[int] | None = (
+            sorted({t.cpu_milli for t in workload.pods}) if cpu_levels else None
+        )
+        self._level_of: dict[int, int] = {}  # free CPU -> its level, as met
+
+    @property
+    def cpu_levels(self) -> bool:
+        """Whether the free CPU is keyed by its level."""
+        return self._cpu_levels is not None
+
+    def cpu_key(self, cpu_free_milli: int) -> int:
+        """The free CPU as the cache keys it: itself, or with ``cpu_levels`` its level."""
+        levels = self._cpu_levels
+        if levels is None:
+            return cpu_free_milli
+        level = self._level_of.get(cpu_free_milli)
+        if level is None:
+            below = bisect.bisect_right(levels, cpu_free_milli)
+            level = levels[below - 1] if below else -1
+            self._level_of[cpu_free_milli] = level
+        return level
 
     def fragment(
         self, cpu_free_milli: int, sorted_free: tuple[int, ...], model: str | tuple[str, ...]
@@ -265,6 +294,9 @@ class FragmentationMemo:
             pairs = sorted(zip(sorted_free, model, strict=True))
             sorted_free = tuple(f for f, _ in pairs)
             model = tuple(m for _, m in pairs)
+        if self._cpu_levels is not None:
+            cpu_free_milli = self.cpu_key(cpu_free_milli)
+        # fragment_at_key's body, inline: FGD calls this for every state it scores.
         key = (cpu_free_milli, sorted_free, model)
         value = self._cache.get(key)
         if value is None:
@@ -275,12 +307,41 @@ class FragmentationMemo:
             self._cache[key] = value
         return value
 
+    def fragment_at_key(
+        self, cpu_key: int, sorted_free: tuple[int, ...], model: str | tuple[str, ...]
+    ) -> float:
+        """:meth:`fragment` with the free CPU already as the cache keys it (:meth:`cpu_key`)
+        and, on a node mixing models, the cards already in key order. F(n) at a CPU level
+        is F(n) at any free CPU of that level: the level is one of them, or below all."""
+        key = (cpu_key, sorted_free, model)
+        value = self._cache.get(key)
+        if value is None:
+            if isinstance(model, str) and self._classes is not None:
+                value = self._classes.fragment(cpu_key, sorted_free, model)
+            else:
+                value = node_fragment_milli(cpu_key, sorted_free, model, self.workload)
+            self._cache[key] = value
+        return value
+
     def prefetch(self, keys: Iterable[tuple[int, tuple[int, ...], str]]) -> None:
         """Compute the missing ones of these (free CPU, sorted free milli, model) states in
         one numpy pass (the same values :meth:`fragment` would compute one by one): a pod's
         new states come in dozens, and one pass costs about what one state does."""
+        if self._cpu_levels is not None:
+            level = self.cpu_key
+            keys = [(level(cpu), free, model) for cpu, free, model in keys]
+        self.prefetch_at_keys(keys)
+
+    def prefetch_at_keys(self, keys: Iterable[tuple[int, tuple[int, ...], str]]) -> None:
+        """:meth:`prefetch` with each free CPU already as the cache keys it."""
         missing = list(dict.fromkeys(k for k in keys if k not in self._cache))
         if len(missing) * max(len(self.workload.pods), 1) < PREFETCH_MIN_CELLS:
+            return
+        if len(missing) == 1:
+            # One state: the single-state numpy pass costs about two thirds of a batch of
+            # one (fewer calls; the same running sums, so the same bits).
+            cpu, free, model = missing[0]
+            self._cache[missing[0]] = self._arrays.fragment(cpu, free, model)
             return
         for start in range(0, len(missing), PREFETCH_CHUNK):
             chunk = missing[start : start + PREFETCH_CHUNK]

@@ -29,8 +29,10 @@ Pure and numpy-only, like the rest of the placement core.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
@@ -213,6 +215,9 @@ class ModelWaste:
     _gap_tables: dict[int, FloatArray] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    _gap_lists: dict[int, list[list[float]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def build(
@@ -336,3 +341,90 @@ class ModelWaste:
             (gap + np.round(other, 6)[:, None]) / self.weights.bucket_milli
         )
         return bucket
+
+    # ------------------------------------------------------------- one node, in Python floats
+    # The engine prices the one or two nodes whose state is new since a pod class last came
+    # with these: numpy's fixed cost per call is most of the work on so few. Each does the
+    # vectorised method's IEEE operations in the same order on Python floats (a float64 each),
+    # so it gives the same values (tests/placement/test_waste_scalar.py holds them equal).
+
+    @cached_property
+    def _rho_list(self) -> list[float]:
+        return [float(r) for r in self.rho.tolist()]
+
+    @cached_property
+    def _pressure_list(self) -> list[float]:
+        return [float(p) for p in self.pressure.tolist()]
+
+    def stranded_one(self, entry: int, gpu_free: float, cpu_free: float) -> float:
+        """:meth:`stranded` of one node."""
+        rho = self._rho_list[0 if len(self.potentials) == 1 else entry]
+        if math.isnan(rho):
+            return 0.0
+        # np.maximum(a, b) is ``a if a >= b else b`` (NaN cannot occur here; a zero of
+        # either sign compares, buckets and sorts as any other zero).
+        carried = (cpu_free if cpu_free >= 0.0 else 0.0) / rho
+        left = gpu_free - carried
+        return 0.0 if left <= 0.0 else left
+
+    def stranded_growth_one(
+        self, entry: int, gpu_free: float, cpu_free: float, gpu_taken: int, cpu_taken: int
+    ) -> float:
+        """:meth:`stranded_growth` of one node."""
+        after = self.stranded_one(entry, gpu_free - gpu_taken, cpu_free - cpu_taken)
+        return after - self.stranded_one(entry, gpu_free, cpu_free)
+
+    def stranded_bucket_one(
+        self, entry: int, gpu_free: float, cpu_free: float, gpu_taken: int, cpu_taken: int
+    ) -> float:
+        """:meth:`stranded_buckets` of one node."""
+        growth = self.stranded_growth_one(entry, gpu_free, cpu_free, gpu_taken, cpu_taken)
+        cost = self.weights.cpu_weight * growth
+        if len(self.potentials) > 1:
+            cost = cost + self._pressure_list[entry] * gpu_taken
+        return numpy_floor(numpy_round6(cost) / self.weights.bucket_milli)
+
+    def share_buckets_one(
+        self,
+        entry: int,
+        card_free: list[int],
+        gpu_free: float,
+        cpu_free: float,
+        share_milli: int,
+        cpu_taken: int,
+    ) -> list[float]:
+        """:meth:`share_buckets` of one node's cards (``card_free`` in column order)."""
+        stranded = self.stranded_growth_one(entry, gpu_free, cpu_free, share_milli, cpu_taken)
+        other = self.weights.cpu_weight * stranded
+        gaps = self._gap_lists.get(share_milli)
+        if gaps is None:
+            gaps = [[float(v) for v in row] for row in self.gap_growth(share_milli).tolist()]
+            self._gap_lists[share_milli] = gaps
+        if len(self.potentials) == 1:
+            gap = gaps[0]
+        else:
+            gap = gaps[entry]
+            other = other + self._pressure_list[entry] * share_milli
+        rounded = numpy_round6(other)
+        bucket = self.weights.bucket_milli
+        # Cards of equal free milli price alike: each value once.
+        by_free: dict[int, float] = {}
+        out: list[float] = []
+        for free in card_free:
+            value = by_free.get(free)
+            if value is None:
+                value = by_free[free] = numpy_floor((gap[free + 1] + rounded) / bucket)
+            out.append(value)
+        return out
+
+
+def numpy_round6(value: float) -> float:
+    """``np.round(value, 6)``: numpy multiplies by 10⁶, rounds half to even and divides back
+    (Python's ``round`` of a float to an integer rounds half to even too, exactly)."""
+    scaled = value * 1e6
+    return float(round(scaled)) / 1e6 if math.isfinite(scaled) else scaled
+
+
+def numpy_floor(value: float) -> float:
+    """``np.floor(value)`` (±inf stay as they are)."""
+    return float(math.floor(value)) if math.isfinite(value) else value

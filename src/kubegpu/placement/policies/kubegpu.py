@@ -17,15 +17,19 @@ import numpy.typing as npt
 from kubegpu.placement.feasibility import eligible_cards
 from kubegpu.placement.fragmentation import FragmentationMemo
 from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
-from kubegpu.placement.policies.fgd import FgdScorer, PodKey
+from kubegpu.placement.policies.fgd import FgdScorer, LevelledKey, PodKey
 from kubegpu.placement.state import ClusterState, FloatArray, FloatArray32, IntArray, StateKey
-from kubegpu.placement.waste import ModelWaste
+from kubegpu.placement.waste import ModelWaste, numpy_floor, numpy_round6
 
 # Our policy breaks ties of CPU-only pods by fragmentation growth in buckets of this many
 # milli-GPU (see KubegpuScorer.keys for why not the exact value).
 GROWTH_BUCKET_MILLI = 300.0
 # ... and whole-card pods against the classes covering this share of the target workload.
 POPULAR_PERCENT = 95.0
+# Up to this many rows, a missing first key is priced one node at a time in Python floats
+# (the same operations as the vectorised pricing, in the same order): numpy's fixed cost per
+# call is most of the work on the one or two nodes whose state is new.
+SCALAR_ROWS = 4
 
 # One sort key over rows, in the dtype it is kept in: bucket tables are float32, FGD's score
 # an integer; every value is a whole number or ±inf, so comparisons are exact in any of them.
@@ -59,6 +63,9 @@ class KubegpuScorer:
             dtype=np.int64,
         )
         self._delta_tables: dict[PodKey, FloatArray] = {}
+        # Per CPU-only pod class: growth bucket per (level before, level after, free milli,
+        # model) (see _growth_bucket).
+        self._levelled_growth: dict[PodKey, dict[LevelledKey, float]] = {}
         self._bucket_tables: dict[StageKey, FloatArray32] = {}
         # Per share class: the free milli of the best card per node state (NaN: not yet).
         self._best_free_tables: dict[StageKey, FloatArray32] = {}
@@ -72,6 +79,10 @@ class KubegpuScorer:
         on the nodes tied on the earlier ones (the same node as sorting by all keys, since
         rows are in rank order). FGD's score, the costly key, runs only on the nodes tied on
         the waste bucket: on openb about two thirds of the feasible ones."""
+        if pod.gpu_memory_mib is None:  # card memory is not part of the per-state tables
+            if pod.gpu_count:
+                return self._best_gpu_pod(pod, rows)
+            return self._best_cpu_pod(pod, rows)
         stages = self.key_stages(pod)
         # The first key runs on every row: no index array to build or gather through.
         values = stages[0](rows)
@@ -82,6 +93,88 @@ class KubegpuScorer:
             values = key(rows[positions])
             positions = positions[values == values.min()]
         return int(positions[0])
+
+    def _best_gpu_pod(self, pod: PodRequest, rows: IntArray) -> int:
+        """:meth:`best` for a GPU pod whose card memory does not matter: the loop over
+        :meth:`key_stages` spelt out for its two keys, with the fewest numpy calls (this
+        runs for every GPU pod). The first key is :meth:`_share_key`'s or the stranded
+        bucket of :meth:`_per_state`, from the same tables; the first maximum of FGD's
+        score among the nodes tied on the least bucket is the first minimum of its
+        negation there."""
+        state = self.state
+        ids = state.state_id[rows]
+        share = pod.is_gpu_share
+        key = _class_key("share" if share else "stranded", pod)
+        table: FloatArray32 = self._state_table(self._bucket_tables, key, np.float32)
+        first = table[ids]
+        low = first.min()
+        if low != low:  # NaN: some states not priced yet for this pod class
+            missing = np.isnan(first)
+            # A share's best card, by its free milli, for card(); whole cards need none.
+            best_free: FloatArray32 | None = (
+                self._state_table(self._best_free_tables, key, np.float32) if share else None
+            )
+            where = missing.nonzero()[0]
+            if where.size <= SCALAR_ROWS:
+                # One or two nodes, as a rule: priced and stored one at a time in Python,
+                # without the gathers and scatters numpy would spend on so few.
+                for at in where.tolist():
+                    i = int(rows[at])
+                    sid = int(ids[at])
+                    if best_free is not None:
+                        value, col = self._share_choice_one(pod, i)
+                        best_free[sid] = state.card_free[i, col]
+                    else:
+                        value = self._stranded_bucket_one(pod, i)
+                    table[sid] = value
+                    first[at] = value
+            else:
+                missing_rows = rows[missing]
+                missing_ids = ids[missing]
+                if best_free is not None:
+                    bucket, cols = self.share_choice(pod, missing_rows)
+                    best_free[missing_ids] = state.card_free[missing_rows, cols]
+                else:
+                    bucket = self._stranded_bucket(pod, missing_rows)
+                table[missing_ids] = bucket
+                first[missing] = bucket
+            low = first.min()
+        tied = (first == low).nonzero()[0]
+        if tied.size == 1:
+            return int(tied[0])
+        return int(tied[self.fgd.first_best_of_states(pod, ids[tied])])
+
+    def _best_cpu_pod(self, pod: PodRequest, rows: IntArray) -> int:
+        """:meth:`best` for a CPU-only pod: its three keys (:meth:`key_stages`) spelt out,
+        each on the rows tied on the ones before; the first is :meth:`_per_state`'s
+        stranded bucket, from the same table, priced as in :meth:`_best_gpu_pod`."""
+        state = self.state
+        ids = state.state_id[rows]
+        table: FloatArray32 = self._state_table(
+            self._bucket_tables, _class_key("stranded", pod), np.float32
+        )
+        first = table[ids]
+        low = first.min()
+        if low != low:  # NaN: as in _best_gpu_pod
+            where = np.isnan(first).nonzero()[0]
+            if where.size <= SCALAR_ROWS:
+                for at in where.tolist():
+                    value = self._stranded_bucket_one(pod, int(rows[at]))
+                    table[int(ids[at])] = value
+                    first[at] = value
+            else:
+                values = self._stranded_bucket(pod, rows[where])
+                table[ids[where]] = values
+                first[where] = values
+            low = first.min()
+        tied = (first == low).nonzero()[0]
+        if tied.size > 1:
+            growth = self._growth_bucket(pod, rows[tied])
+            tied = tied[growth == growth.min()]
+        if tied.size > 1:
+            free = self.state.gpu_free_total[rows[tied]]
+            tied = tied[free == free.min()]
+        return int(tied[0])
 
     def scores(self, pod: PodRequest, rows: IntArray) -> IntArray:
         # Live scores for the extender: the order above mapped onto 100 … 0 (equal keys, equal
@@ -152,6 +245,8 @@ class KubegpuScorer:
         CPU-stranded GPU (weighted); the best card has the least bucket, then the least free
         milli (best fit), then the lowest index."""
         state = self.state
+        if rows.size <= SCALAR_ROWS and pod.gpu_memory_mib is None:
+            return self._share_choice_scalar(pod, rows)
         free = state.card_free[rows]
         bucket = self.waste.share_buckets(
             self.waste_entry[rows],
@@ -167,6 +262,45 @@ class KubegpuScorer:
         # (cards that do not fit have an infinite bucket whatever their free milli).
         cols = (bucket * (2 * MILLI_PER_GPU + 2) + free).argmin(axis=1)
         return bucket[np.arange(rows.size), cols], cols.astype(np.int64)
+
+    def _share_choice_scalar(self, pod: PodRequest, rows: IntArray) -> tuple[FloatArray, IntArray]:
+        """:meth:`share_choice` on a few rows, priced one node at a time in Python floats
+        (:meth:`_share_choice_one`)."""
+        buckets: list[float] = []
+        cols: list[int] = []
+        for i in rows.tolist():
+            bucket, col = self._share_choice_one(pod, i)
+            buckets.append(bucket)
+            cols.append(col)
+        return np.array(buckets, dtype=np.float64), np.array(cols, dtype=np.int64)
+
+    def _share_choice_one(self, pod: PodRequest, i: int) -> tuple[float, int]:
+        """:meth:`share_choice` on row ``i`` in Python floats
+        (:meth:`ModelWaste.share_buckets_one`): the card is the first of the least
+        (bucket × stride + free milli), as ``argmin`` picks it."""
+        state = self.state
+        free = state.card_free[i, : state.gpu_count[i]].tolist()
+        bucket = self.waste.share_buckets_one(
+            int(self.waste_entry[i]),
+            free,
+            float(state.gpu_free_total[i]),
+            float(state.cpu_free[i]),
+            pod.gpu_milli,
+            pod.cpu_milli,
+        )
+        if pod.gpu_models:
+            cards = state.model_selection(pod.gpu_models).cards
+            if cards is not None:  # per-card model limits, only where a row mixes models
+                allowed = cards[i].tolist()
+                bucket = [b if allowed[c] else np.inf for c, b in enumerate(bucket)]
+        # The real cards only: missing slots (free -1) price +inf, argmin never picks one.
+        stride = 2 * MILLI_PER_GPU + 2
+        best_col, best_value = 0, np.inf
+        for col, (b, f) in enumerate(zip(bucket, free, strict=True)):
+            value = b * stride + f
+            if value < best_value:
+                best_col, best_value = col, value
+        return bucket[best_col], best_col
 
     # ----------------------------------------------------------------- the keys
     def _share_key(self, pod: PodRequest, rows: IntArray) -> KeyArray:
@@ -195,10 +329,25 @@ class KubegpuScorer:
     def _stranded_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
         """Per row, the cost bucket of a pod taking no share (it leaves no card gap)."""
         state = self.state
+        if rows.size <= SCALAR_ROWS:
+            return np.array(
+                [self._stranded_bucket_one(pod, i) for i in rows.tolist()], dtype=np.float64
+            )
         return self.waste.stranded_buckets(
             self.waste_entry[rows],
             state.gpu_free_total[rows].astype(np.float64),
             state.cpu_free[rows].astype(np.float64),
+            pod.total_gpu_milli,
+            pod.cpu_milli,
+        )
+
+    def _stranded_bucket_one(self, pod: PodRequest, i: int) -> float:
+        """:meth:`_stranded_bucket` of row ``i`` in Python floats."""
+        state = self.state
+        return self.waste.stranded_bucket_one(
+            int(self.waste_entry[i]),
+            float(state.gpu_free_total[i]),
+            float(state.cpu_free[i]),
             pod.total_gpu_milli,
             pod.cpu_milli,
         )
@@ -232,11 +381,42 @@ class KubegpuScorer:
         out = table[ids]
         missing = np.isnan(out)
         if missing.any():
-            sids = sorted(set(ids[missing].tolist()))  # few: cheaper than np.unique
-            self.fgd.prefetch_states(pod, [state.state_keys[sid] for sid in sids])
-            growth = np.array([self._cpu_pod_growth(state.state_keys[sid], pod) for sid in sids])
-            # Rounded first: float noise must not move a growth across a bucket boundary.
-            table[sids] = np.floor(np.round(growth, 6) / GROWTH_BUCKET_MILLI)
+            # The growth reads the free CPU only through the fragments at it and at it less
+            # the pod's, so (with the memo keyed by CPU level) it is one value per (level
+            # before, level after, free milli, model): a state met before under another
+            # free CPU of the same levels is a lookup.
+            levelled = self._levelled_growth.setdefault(key, {})
+            level = self.memo.cpu_key
+            todo: list[tuple[int, LevelledKey]] = []
+            for sid in dict.fromkeys(ids[missing].tolist()):  # distinct, cheaper than np.unique
+                cpu, free, model = state.state_keys[sid]
+                coarse = (level(cpu), level(cpu - pod.cpu_milli), free, model)
+                known = levelled.get(coarse)
+                if known is None:
+                    todo.append((sid, coarse))
+                else:
+                    table[sid] = known
+            # One level before and after: the same fragment twice, a growth of exactly 0.
+            flat = [(sid, coarse) for sid, coarse in todo if coarse[0] == coarse[1]]
+            plain = [
+                (sid, coarse)
+                for sid, coarse in todo
+                if isinstance(coarse[3], str) and coarse[0] != coarse[1]
+            ]
+            fragments = self.fgd.fragments_at_levels(pod, [coarse for _, coarse in plain])
+            growths = [after[0] - before for before, after in fragments]
+            for sid, coarse in todo:
+                if not isinstance(coarse[3], str) and coarse[0] != coarse[1]:  # mixed models
+                    growths.append(self._cpu_pod_growth(state.state_keys[sid], pod))
+                    plain.append((sid, coarse))
+            growths.extend(0.0 for _ in flat)
+            plain.extend(flat)
+            for (sid, coarse), growth in zip(plain, growths, strict=True):
+                # Rounded first: float noise must not move a growth across a bucket
+                # boundary (numpy's rounding, as the vectorised keys use).
+                bucket = numpy_floor(numpy_round6(growth) / GROWTH_BUCKET_MILLI)
+                table[sid] = bucket
+                levelled[coarse] = bucket
             out = table[ids]
         return out
 
