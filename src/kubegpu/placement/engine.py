@@ -82,10 +82,11 @@ class PlacementEngine(ClusterState):
         self._fgd: FgdScorer | None = None
         self._kubegpu: KubegpuScorer | None = None
         if workload is not None:
-            # Ours' memos key the free CPU by its level (FragmentationMemo): the same values,
-            # computed less often. FGD's keeps the exact key it has always had.
+            # Every memo keys the free CPU by its level (FragmentationMemo): the same values,
+            # computed less often. FGD gets it too: a baseline kept slow on purpose would only
+            # flatter our policy's speed against it.
             ours = self.policy.node_score is NodeScore.KUBEGPU
-            memo = FragmentationMemo(workload, cpu_levels=ours)
+            memo = FragmentationMemo(workload, cpu_levels=True)
             if ours:
                 # Ours scores whole-card pods against FGD's popular classes only.
                 popular = FragmentationMemo(workload.popular(POPULAR_PERCENT), cpu_levels=True)
