@@ -8,7 +8,7 @@ state's id (:attr:`ClusterState.state_id`) to its score, computed once per state
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,31 @@ PodKey = tuple[int, int, int, frozenset[str]]
 # A node state as a value keyed by CPU level reads it: (level of its free CPU, level of its
 # free CPU less the pod's, free milli, model).
 LevelledKey = tuple[int, int, tuple[int, ...], Any]
+
+
+def fill_from_levelled(
+    sids: Iterable[int],
+    state_keys: Sequence[tuple[int, tuple[int, ...], Any]],
+    pod_cpu_milli: int,
+    level: Callable[[int], int],
+    levelled: Mapping[LevelledKey, Any],
+    table: Any,
+) -> list[tuple[int, LevelledKey]]:
+    """For a value that reads a node's free CPU only through the fragments before and after a
+    pod of ``pod_cpu_milli`` lands (FGD's score, a CPU-only pod's growth): set
+    ``table[sid]`` for each state of ``sids`` whose (level before, level after, free milli,
+    model) is in ``levelled``, a state met before under another free CPU of the same levels,
+    and return the others with their key, to compute."""
+    todo: list[tuple[int, LevelledKey]] = []
+    for sid in sids:
+        cpu, free, model = state_keys[sid]
+        coarse = (level(cpu), level(cpu - pod_cpu_milli), free, model)
+        known = levelled.get(coarse)
+        if known is None:
+            todo.append((sid, coarse))
+        else:
+            table[sid] = known
+    return todo
 
 
 class FgdScorer:
@@ -134,22 +159,18 @@ class FgdScorer:
             for sid in sids:
                 table[sid] = self.state_score(state.state_keys[sid], pod)
             return
-        sids = list(dict.fromkeys(ids.tolist()))  # distinct; the order does not matter
-        # A memo keyed by CPU level (ours'): the score reads the free CPU only through the
-        # fragments before (free CPU) and after (free CPU − the pod's), so it is one value
-        # per (level before, level after, free milli, model); states met before under
-        # another free CPU of the same levels are lookups.
+        # A memo keyed by CPU level: the score reads the free CPU only through the fragments
+        # before (free CPU) and after (free CPU − the pod's), so it is one value per (level
+        # before, level after, free milli, model).
         levelled = self._levelled.setdefault(key, {})
-        level = memo.cpu_key
-        todo: list[tuple[int, LevelledKey]] = []
-        for sid in sids:
-            cpu, free, model = state.state_keys[sid]
-            coarse = (level(cpu), level(cpu - pod.cpu_milli), free, model)
-            known = levelled.get(coarse)
-            if known is None:
-                todo.append((sid, coarse))
-            else:
-                table[sid] = known
+        todo = fill_from_levelled(
+            dict.fromkeys(ids.tolist()),  # distinct; the order does not matter
+            state.state_keys,
+            pod.cpu_milli,
+            memo.cpu_key,
+            levelled,
+            table,
+        )
         if not todo:
             return
         plain = [(sid, coarse) for sid, coarse in todo if isinstance(coarse[3], str)]

@@ -17,7 +17,7 @@ import numpy.typing as npt
 from kubegpu.placement.feasibility import eligible_cards
 from kubegpu.placement.fragmentation import FragmentationMemo
 from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
-from kubegpu.placement.policies.fgd import FgdScorer, LevelledKey, PodKey
+from kubegpu.placement.policies.fgd import FgdScorer, LevelledKey, PodKey, fill_from_levelled
 from kubegpu.placement.state import ClusterState, FloatArray, FloatArray32, IntArray, StateKey
 from kubegpu.placement.waste import ModelWaste, numpy_floor, numpy_round6
 
@@ -386,16 +386,14 @@ class KubegpuScorer:
             # before, level after, free milli, model): a state met before under another
             # free CPU of the same levels is a lookup.
             levelled = self._levelled_growth.setdefault(key, {})
-            level = self.memo.cpu_key
-            todo: list[tuple[int, LevelledKey]] = []
-            for sid in dict.fromkeys(ids[missing].tolist()):  # distinct, cheaper than np.unique
-                cpu, free, model = state.state_keys[sid]
-                coarse = (level(cpu), level(cpu - pod.cpu_milli), free, model)
-                known = levelled.get(coarse)
-                if known is None:
-                    todo.append((sid, coarse))
-                else:
-                    table[sid] = known
+            todo = fill_from_levelled(
+                dict.fromkeys(ids[missing].tolist()),  # distinct, cheaper than np.unique
+                state.state_keys,
+                pod.cpu_milli,
+                self.memo.cpu_key,
+                levelled,
+                table,
+            )
             # One level before and after: the same fragment twice, a growth of exactly 0.
             flat = [(sid, coarse) for sid, coarse in todo if coarse[0] == coarse[1]]
             plain = [
