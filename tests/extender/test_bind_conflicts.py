@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from kubegpu.kube.view import Backoff
+from kubegpu.kube.list_watch import Backoff
 from kubegpu.roles.extender import ExtenderService
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, decode_allocation
 from kubegpu.sharing.resources import GPU_MODELS_ANNOTATION

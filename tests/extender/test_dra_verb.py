@@ -12,7 +12,7 @@ import pytest
 
 from kubegpu.extender.dra_rank import DraRanker
 from kubegpu.kube.dra_view import DraClusterView
-from kubegpu.kube.view import Backoff
+from kubegpu.kube.list_watch import Backoff
 from kubegpu.roles.extender import ExtenderService
 from kubegpu.testing.apiserver import FakeApiServer, make_node
 from kubegpu.testing.waiting import wait_until_async

@@ -8,7 +8,7 @@ from pathlib import Path
 from kubegpu.core.dra import AllocatedDevice
 from kubegpu.dra.slices import pool_name
 from kubegpu.kube.dra_view import DraClusterView
-from kubegpu.kube.view import Backoff
+from kubegpu.kube.list_watch import Backoff
 from kubegpu.testing.apiserver.server import RequestRecord
 from kubegpu.testing.waiting import wait_until_async
 from tests.deploy.rbac import allowed, rbac_rules

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kubegpu.config.extender import ExtenderConfig
-from kubegpu.kube.view import Backoff
+from kubegpu.kube.list_watch import Backoff
 from kubegpu.roles.extender import ExtenderService
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, INVENTORY_ANNOTATION
 from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node

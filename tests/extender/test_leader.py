@@ -17,7 +17,7 @@ import pytest
 from kubegpu.config.extender import ExtenderConfig, ExtenderConfigError
 from kubegpu.extender.leader import LeaderGate, holds
 from kubegpu.kube.leases import LightkubeLeases
-from kubegpu.kube.view import Backoff
+from kubegpu.kube.list_watch import Backoff
 from kubegpu.roles.extender import ExtenderService
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION
 from kubegpu.testing.apiserver import FakeApiServer

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from kubegpu.config.extender import ExtenderConfig
-from kubegpu.kube.view import Backoff
+from kubegpu.kube.list_watch import Backoff
 from kubegpu.roles.extender import ExtenderService
 from kubegpu.testing.apiserver import FakeApiServer, Store
 from tests.extender.cluster import filter_args, gpu_node, http_session, post, shared_pod

@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from kubegpu.kube.view import Backoff, ClusterView, ReservationHeld
+from kubegpu.kube.list_watch import Backoff
+from kubegpu.kube.view import ClusterView, ReservationHeld
 from kubegpu.sharing.accounting import CardShare, PodUsage
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION
 from kubegpu.testing.apiserver import FakeApiServer, make_pod

@@ -25,10 +25,9 @@ import lightkube
 
 from kubegpu.core.dra import DEFAULT_DRIVER_NAME, AllocatedDevice
 from kubegpu.core.dra_cluster import DraClaim, NodeSlices, SliceDevice, newest_devices
-from kubegpu.kube.list_watch import keep_listing_and_watching
+from kubegpu.kube.list_watch import Backoff, keep_listing_and_watching
 from kubegpu.kube.resource_claims import ResourceClaim, claim_from_object
 from kubegpu.kube.resource_slices import ResourceSlice, slice_devices
-from kubegpu.kube.view import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -134,21 +133,14 @@ class DraClusterView:
         return {"namespace": "*"}
 
     async def _loop(self, kind: _Kind, label: str) -> None:
-        async def pause(failures: int, why: str) -> None:
-            await self._pause(label, failures, why)
-
         await keep_listing_and_watching(
             label,
             self._versions,
             lambda: self._relist(kind, label),
             lambda: self._watch(kind, label),
-            pause,
+            self.backoff,
+            self._sleep,
         )
-
-    async def _pause(self, label: str, failures: int, why: str) -> None:
-        delay = self.backoff.delay(failures)
-        log.warning("%s watch failed (%s); retrying in %.1f s", label, why, delay)
-        await self._sleep(delay)
 
     async def _relist(self, kind: _Kind, label: str) -> str:
         listing = self.client.list(kind, **self._selector(label))

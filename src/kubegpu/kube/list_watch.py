@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 
 import httpx2 as httpx
 from lightkube import ApiError
@@ -18,15 +19,36 @@ from lightkube import ApiError
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Backoff:
+    """Retry delays as data: ``initial_s`` doubling (``factor``) up to ``max_s``; ``delay(n)``
+    after ``n`` failures in a row, counted from 1 (the node agent's
+    :class:`kubegpu.kubelet.retry.RetryBackoff` counts retries from 0)."""
+
+    initial_s: float = 0.5
+    max_s: float = 30.0
+    factor: float = 2.0
+
+    def delay(self, attempt: int) -> float:
+        return float(min(self.max_s, self.initial_s * self.factor ** max(0, attempt - 1)))
+
+
 async def keep_listing_and_watching(
     label: str,
     versions: MutableMapping[str, str | None],
     relist: Callable[[], Awaitable[str]],
     watch: Callable[[], Awaitable[None]],
-    pause: Callable[[int, str], Awaitable[None]],
+    backoff: Backoff,
+    sleep: Callable[[float], Awaitable[None]],
 ) -> None:
     """Until cancelled. ``versions[label]`` is the resource version a watch resumes from,
-    ``None`` to list first; ``pause(failures, why)`` waits before the next try."""
+    ``None`` to list first; after a failure the loop logs why and sleeps ``backoff``'s delay."""
+
+    async def pause(failures: int, why: str) -> None:
+        delay = backoff.delay(failures)
+        log.warning("%s watch failed (%s); retrying in %.1f s", label, why, delay)
+        await sleep(delay)
+
     failures = 0
     while True:
         try:

@@ -22,13 +22,12 @@ import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import lightkube
 from lightkube.resources.core_v1 import Node, Pod
 
-from kubegpu.kube.list_watch import keep_listing_and_watching
+from kubegpu.kube.list_watch import Backoff, keep_listing_and_watching
 from kubegpu.sharing.accounting import (
     ClusterSnapshot,
     NodeInfo,
@@ -43,20 +42,6 @@ from kubegpu.sharing.resources import RequestError, ResourceNames, parse_quantit
 log = logging.getLogger(__name__)
 
 _MIB = 2**20
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Retry delays as data: ``initial_s`` doubling (``factor``) up to ``max_s``; ``delay(n)``
-    after ``n`` failures in a row, counted from 1 (the node agent's
-    :class:`kubegpu.kubelet.retry.RetryBackoff` counts retries from 0)."""
-
-    initial_s: float = 0.5
-    max_s: float = 30.0
-    factor: float = 2.0
-
-    def delay(self, attempt: int) -> float:
-        return float(min(self.max_s, self.initial_s * self.factor ** max(0, attempt - 1)))
 
 
 def node_info(node: Mapping[str, Any]) -> NodeInfo:
@@ -125,7 +110,6 @@ class ClusterView:
         self._listed: set[str] = set()
         self._versions: dict[str, str | None] = {}
         self.relists = 0
-        self.watch_restarts = 0
         self.problems: dict[str, str] = {}  # uid -> last problem logged, to log each once
 
     # ------------------------------------------------------------------ reading
@@ -268,22 +252,14 @@ class ClusterView:
             group.create_task(self._loop(Pod, "pods"))
 
     async def _loop(self, kind: type[Node] | type[Pod], label: str) -> None:
-        async def pause(failures: int, why: str) -> None:
-            await self._pause(label, failures, why)
-
         await keep_listing_and_watching(
             label,
             self._versions,
             lambda: self._relist(kind, label),
             lambda: self._watch(kind, label),
-            pause,
+            self.backoff,
+            self._sleep,
         )
-
-    async def _pause(self, label: str, failures: int, why: str) -> None:
-        delay = self.backoff.delay(failures)
-        self.watch_restarts += 1
-        log.warning("%s watch failed (%s); retrying in %.1f s", label, why, delay)
-        await self._sleep(delay)
 
     async def _relist(self, kind: type[Node] | type[Pod], label: str) -> str:
         listing = self.client.list(kind, **_every_namespace(kind))

@@ -33,7 +33,8 @@ from kubegpu.kube.client import (
 )
 from kubegpu.kube.dra_view import DraClusterView
 from kubegpu.kube.leases import LightkubeLeases, unavailable_as_core
-from kubegpu.kube.view import Backoff, ClusterView
+from kubegpu.kube.list_watch import Backoff
+from kubegpu.kube.view import ClusterView
 from kubegpu.tls import TlsFileError, server_context
 
 log = logging.getLogger(__name__)
