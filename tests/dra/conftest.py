@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kubegpu.core.dra import DEFAULT_DRIVER_NAME
-from kubegpu.core.dra_ports import FakeResourceClaimSource
+from kubegpu.core.dra_ports import FakeResourceClaimSource, ResourceSliceSink
 from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
 from kubegpu.dra.driver import ClaimPreparer, DriverSettings
-from kubegpu.dra.server import DraPluginServer, SocketPaths
+from kubegpu.dra.server import DraPluginServer, SocketPaths, serve_dra_driver
 
 NODE = "node-a"
 
@@ -88,3 +90,30 @@ def node(short_dir: Path, inventory: NodeInventory) -> Node:
 async def served(node: Node) -> AsyncIterator[DraPluginServer]:
     async with DraPluginServer(node.preparer(), node.sockets) as server:
         yield server
+
+
+async def serve_node(
+    node: Node,
+    sink: ResourceSliceSink,
+    *,
+    inventory: NodeInventory | None = None,
+    **options: Any,
+) -> tuple[asyncio.Task[bool], asyncio.Event]:
+    """``serve_dra_driver`` for ``node`` (its inventory unless ``inventory``) in a task, handed
+    back once its slices are published and both sockets answer, with the event that stops it.
+    ``options``: the rest of ``serve_dra_driver``'s keyword arguments."""
+    stop, started = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(
+        serve_dra_driver(
+            node.settings,
+            inventory or node.inventory,
+            node.claims,
+            sink,
+            node.sockets,
+            stop,
+            started=started,
+            **options,
+        )
+    )
+    await started.wait()
+    return task, stop

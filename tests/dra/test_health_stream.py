@@ -15,10 +15,9 @@ from kubegpu.core.gpu import NodeInventory
 from kubegpu.dra.api.dra_health.v1alpha1 import api_pb2 as health_pb
 from kubegpu.dra.api.dra_health.v1alpha1 import api_pb2_grpc as health_grpc
 from kubegpu.dra.health_stream import DeviceHealthServicer, health_response
-from kubegpu.dra.server import serve_dra_driver
 from kubegpu.kubelet.channels import unix_aio_channel
 
-from .conftest import NODE, Node, gpu
+from .conftest import NODE, Node, gpu, serve_node
 
 HEALTHY = health_pb.HealthStatus.HEALTHY
 UNHEALTHY = health_pb.HealthStatus.UNHEALTHY
@@ -49,22 +48,11 @@ def test_the_timeout_spans_several_heartbeats_and_a_bad_heartbeat_is_refused(
 
 
 async def test_the_stream_sends_at_once_on_a_flip_and_on_each_heartbeat(node: Node) -> None:
-    stop, started, changed = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    changed = asyncio.Event()
     sick: dict[str, str] = {}
-    task = asyncio.create_task(
-        serve_dra_driver(
-            node.settings,
-            node.inventory,
-            node.claims,
-            FakeResourceSliceSink(),
-            node.sockets,
-            stop,
-            unhealthy=lambda: dict(sick),
-            started=started,
-            health_changed=changed,
-        )
+    task, stop = await serve_node(
+        node, FakeResourceSliceSink(), unhealthy=lambda: dict(sick), health_changed=changed
     )
-    await started.wait()
     async with unix_aio_channel(node.sockets.dra) as channel:
         stream = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
             health_pb.NodeWatchResourcesRequest()

@@ -12,11 +12,10 @@ from kubegpu.dra.api.dra.v1 import api_pb2 as v1
 from kubegpu.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from kubegpu.dra.server import serve_dra_driver
 from kubegpu.kubelet.channels import unix_aio_channel
 from kubegpu.testing.waiting import wait_until_async
 
-from .conftest import NODE, Node
+from .conftest import NODE, Node, serve_node
 
 WAIT_S = 20.0
 
@@ -25,21 +24,8 @@ CLAIM = ClaimRef("team-a", "train", "bbbbbbbb-0000-4000-8000-000000000001")
 
 async def test_publishes_serves_and_cleans_up_on_stop(node: Node) -> None:
     sink = FakeResourceSliceSink()
-    stop, started = asyncio.Event(), asyncio.Event()
     sick = node.inventory.gpus[0].uuid
-    task = asyncio.create_task(
-        serve_dra_driver(
-            node.settings,
-            node.inventory,
-            node.claims,
-            sink,
-            node.sockets,
-            stop,
-            unhealthy=lambda: {sick: "xid-79"},
-            started=started,
-        )
-    )
-    await started.wait()
+    task, stop = await serve_node(node, sink, unhealthy=lambda: {sick: "xid-79"})
     (published,) = sink.slices[(NODE, node.settings.driver)]
     assert "taints" in published["spec"]["devices"][0]
 
@@ -60,19 +46,7 @@ async def test_publishes_serves_and_cleans_up_on_stop(node: Node) -> None:
 
 
 async def test_a_kubelet_refusal_ends_the_driver(node: Node) -> None:
-    stop, started = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(
-        serve_dra_driver(
-            node.settings,
-            node.inventory,
-            node.claims,
-            FakeResourceSliceSink(),
-            node.sockets,
-            stop,
-            started=started,
-        )
-    )
-    await started.wait()
+    task, stop = await serve_node(node, FakeResourceSliceSink())
     async with unix_aio_channel(node.sockets.registration) as channel:
         stub = reg_grpc.RegistrationStub(channel)
         await stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True))
@@ -93,22 +67,9 @@ async def test_republishes_the_taint_when_health_changes_and_drops_it_on_recover
     node: Node,
 ) -> None:
     sink = FakeResourceSliceSink()
-    stop, started, changed = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    changed = asyncio.Event()
     sick: dict[str, str] = {}
-    task = asyncio.create_task(
-        serve_dra_driver(
-            node.settings,
-            node.inventory,
-            node.claims,
-            sink,
-            node.sockets,
-            stop,
-            unhealthy=lambda: dict(sick),
-            started=started,
-            health_changed=changed,
-        )
-    )
-    await started.wait()
+    task, stop = await serve_node(node, sink, unhealthy=lambda: dict(sick), health_changed=changed)
 
     def taints() -> list[str]:
         (published,) = sink.slices[(NODE, node.settings.driver)]
@@ -147,23 +108,11 @@ class FlakySink(FakeResourceSliceSink):
 
 async def test_a_failed_republish_is_retried_until_it_goes_through(node: Node) -> None:
     sink = FlakySink()
-    stop, started, changed = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    changed = asyncio.Event()
     sick: dict[str, str] = {}
-    task = asyncio.create_task(
-        serve_dra_driver(
-            node.settings,
-            node.inventory,
-            node.claims,
-            sink,
-            node.sockets,
-            stop,
-            unhealthy=lambda: dict(sick),
-            started=started,
-            health_changed=changed,
-            retry_s=0.01,
-        )
+    task, stop = await serve_node(
+        node, sink, unhealthy=lambda: dict(sick), health_changed=changed, retry_s=0.01
     )
-    await started.wait()
     sink.failures = 3
     sick[node.inventory.gpus[0].uuid] = "Xid 79"
     changed.set()  # one change only: the retries come from the driver, not from new events
@@ -179,19 +128,7 @@ async def test_slices_the_kubelet_wiped_are_written_again_when_it_registers_the_
     node: Node,
 ) -> None:
     sink = FakeResourceSliceSink()
-    stop, started = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(
-        serve_dra_driver(
-            node.settings,
-            node.inventory,
-            node.claims,
-            sink,
-            node.sockets,
-            stop,
-            started=started,
-        )
-    )
-    await started.wait()
+    task, stop = await serve_node(node, sink)
     (first,) = sink.slices.pop((NODE, node.settings.driver))  # a starting kubelet's wipe
     async with unix_aio_channel(node.sockets.registration) as channel:
         stub = reg_grpc.RegistrationStub(channel)

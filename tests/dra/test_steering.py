@@ -4,7 +4,6 @@ publish, and the driver's loop re-publishing its ResourceSlice only when that or
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 import pytest
@@ -13,7 +12,6 @@ from kubegpu.core.dra import AllocatedDevice, ClaimRef
 from kubegpu.core.dra_ports import FakeResourceClaimSource, FakeResourceSliceSink
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.dra.publisher import ResourceSlicePublisher
-from kubegpu.dra.server import serve_dra_driver
 from kubegpu.dra.slices import build_resource_slices
 from kubegpu.dra.steering import DeviceSteerer, card_free_milli, steered_order
 from kubegpu.placement.fragmentation import TypicalWorkload
@@ -21,7 +19,7 @@ from kubegpu.placement.model import GpuState, NodeState, PodRequest
 from kubegpu.placement.policies.device_order import CardChoice, DeviceOrderEngine
 from kubegpu.testing.waiting import wait_until_async
 
-from .conftest import NODE, Node, gpu
+from .conftest import NODE, Node, gpu, serve_node
 
 GIB = 2**30
 CPU = 64_000
@@ -172,22 +170,10 @@ async def test_the_driver_republishes_its_slice_in_the_steered_order_when_it_cha
 ) -> None:
     inventory = two_cards()
     sink = FakeResourceSliceSink()
-    stop, started = asyncio.Event(), asyncio.Event()
     steerer = DeviceSteerer(inventory, node.settings.driver, NODE, node.claims, WORKLOAD, CPU)
-    task = asyncio.create_task(
-        serve_dra_driver(
-            node.settings,
-            inventory,
-            node.claims,
-            sink,
-            node.sockets,
-            stop,
-            started=started,
-            steer=steerer.order,
-            steer_interval_s=0.01,
-        )
+    task, stop = await serve_node(
+        node, sink, inventory=inventory, steer=steerer.order, steer_interval_s=0.01
     )
-    await started.wait()
     key = (NODE, node.settings.driver)
     assert names(sink.slices[key]) == ["gpu-0", "gpu-1"]
     assert sink.applies == 1
@@ -218,13 +204,7 @@ async def test_the_driver_republishes_its_slice_in_the_steered_order_when_it_cha
 
 async def test_without_steering_the_driver_never_reads_the_pools_claims(node: Node) -> None:
     sink = FakeResourceSliceSink()
-    stop, started = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(
-        serve_dra_driver(
-            node.settings, node.inventory, node.claims, sink, node.sockets, stop, started=started
-        )
-    )
-    await started.wait()
+    task, stop = await serve_node(node, sink)
     stop.set()
     await task
     assert node.claims.pool_lists == 0
