@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from kubegpu.core.container import MpsDirs
 from kubegpu.dra import cdi
 
 from .conftest import gpu
 
-MPS = cdi.MpsDirs("/run/kubegpu/mps/pipe", "/run/kubegpu/mps/log")
+MPS = MpsDirs("/run/kubegpu/mps/pipe", "/run/kubegpu/mps/log")
 GPU = gpu(0)
 
 
-def env_of(device: cdi.ClaimDevice, mps: cdi.MpsDirs | None) -> dict[str, str]:
+def env_of(device: cdi.ClaimDevice, mps: MpsDirs | None) -> dict[str, str]:
     spec = cdi.claim_spec("uid-1", [device], "gpu.kubegpu.io/claim", mps=mps)
     return dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
 

@@ -8,13 +8,13 @@ from dataclasses import replace
 import pytest
 
 from kubegpu.config.model import AgentConfig
+from kubegpu.core.container import MpsDirs
 from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2
 from kubegpu.kubelet.plugin import _device_message
 from kubegpu.kubelet.records import follow_share_holdings, follow_whole_holdings
 from kubegpu.kubelet.resources import PlanError, build_plans, card_of, slot_id
 from kubegpu.kubelet.shares import (
-    MpsPaths,
     NodePod,
     pending_share_pods,
     preferred_whole_cards,
@@ -430,7 +430,7 @@ def test_ledger_round_trips_and_rejects_garbage() -> None:
 
 def test_share_env_rounds_the_thread_percentage_up_and_names_the_card_in_mps_limits() -> None:
     share = CardShare(UUID0, 0, 5, 2048)
-    env = share_env(UUID0, share, "mps", MpsPaths("/run/p", "/run/l"))
+    env = share_env(UUID0, share, "mps", MpsDirs("/run/p", "/run/l"))
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "1"
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{UUID0}=2048M"
     trust = share_env(UUID0, share, "none", None)

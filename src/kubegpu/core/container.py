@@ -4,6 +4,8 @@ Both edges take them from here, so a pod sees one set of names whichever path se
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 # Environment every sharing container gets (docs/sharing.md).
 ENV_UUID = "KUBEGPU_GPU_UUID"
 ENV_MEMORY_LIMIT = "KUBEGPU_GPU_MEMORY_LIMIT_MIB"
@@ -32,3 +34,12 @@ def host_path(dev_root: str, path: str) -> str:
 def mps_thread_percentage(compute_milli: int) -> int:
     """MPS takes whole percents; round up so a 5-milli share still gets 1 %."""
     return max(1, min(100, -(-compute_milli // 10)))
+
+
+@dataclass(frozen=True)
+class MpsDirs:
+    """Where the node's MPS control daemon listens (``enforcement: mps``): host paths, mounted
+    at the same path in a sharing container (by the device plugin and the DRA driver alike)."""
+
+    pipe_dir: str
+    log_dir: str

@@ -31,6 +31,7 @@ from kubegpu.core.container import (
     ENV_MPS_PIPE,
     ENV_MPS_THREADS,
     ENV_UUID,
+    MpsDirs,
     host_path,
     mps_thread_percentage,
 )
@@ -59,15 +60,6 @@ class ClaimDevice:
     @property
     def is_share(self) -> bool:
         return self.memory_bytes is not None or self.compute_milli is not None
-
-
-@dataclass(frozen=True)
-class MpsDirs:
-    """Where the driver's MPS control daemon listens (``enforcement: mps``): host paths, mounted
-    at the same path in the container, as the device plugin does."""
-
-    pipe_dir: str
-    log_dir: str
 
 
 def default_kind(driver: str) -> str:

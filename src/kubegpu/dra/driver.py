@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kubegpu.core.container import MpsDirs
 from kubegpu.core.dra import (
     ClaimAllocation,
     ClaimRef,
@@ -48,7 +49,7 @@ class DriverSettings:
     cdi_kind: str | None = None  # default: "<driver>/claim"
     dev_root: str = "/"
     # Set under `enforcement: mps`: shares are prepared as clients of the driver's MPS daemon.
-    mps: cdi.MpsDirs | None = None
+    mps: MpsDirs | None = None
 
     @property
     def kind(self) -> str:

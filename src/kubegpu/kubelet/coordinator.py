@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from kubegpu.config.model import AgentConfig
+from kubegpu.core.container import MpsDirs
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.kubelet.board import DeviceBoard
 from kubegpu.kubelet.cluster import ConflictError, NodeApi, PodResourcesApi
@@ -52,7 +53,6 @@ from kubegpu.kubelet.resources import (
     card_of,
 )
 from kubegpu.kubelet.shares import (
-    MpsPaths,
     NodePod,
     describe_pending,
     pending_share_pods,
@@ -93,7 +93,7 @@ class SharingCoordinator:
         board: DeviceBoard,
         *,
         pod_resources: PodResourcesApi | None = None,
-        mps: MpsPaths | None = None,
+        mps: MpsDirs | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.node = node

@@ -33,6 +33,7 @@ from kubegpu.core.container import (
     ENV_MPS_PIPE,
     ENV_MPS_THREADS,
     ENV_UUID,
+    MpsDirs,
     mps_thread_percentage,
 )
 from kubegpu.sharing.annotations import AllocationDecision, CardShare
@@ -352,15 +353,7 @@ def preferred_whole_cards(
 
 
 # --------------------------------------------------------------------------- the answer
-@dataclass(frozen=True)
-class MpsPaths:
-    pipe_dir: str
-    log_dir: str
-
-
-def share_env(
-    uuid: str, share: CardShare, enforcement: str, mps: MpsPaths | None
-) -> dict[str, str]:
+def share_env(uuid: str, share: CardShare, enforcement: str, mps: MpsDirs | None) -> dict[str, str]:
     """What a sharing container is told about its share (and held to, with MPS)."""
     env = {
         ENV_UUID: uuid,

@@ -54,9 +54,9 @@ class SharingRuntime:
         share = config.sharing.gpu_share
         if not share.enabled:
             return
+        from kubegpu.core.container import MpsDirs
         from kubegpu.enforcement.mps import MpsDaemon, mps_spec_for
         from kubegpu.kubelet.coordinator import SharingCoordinator
-        from kubegpu.kubelet.shares import MpsPaths
 
         slot_cards = [str(g.uuid) for p in plans if p.share_slots for g in p.gpus]
         paths = None
@@ -69,7 +69,7 @@ class SharingRuntime:
                 share.mps.restart_initial_s,
                 share.mps.restart_max_s,
             )
-            paths = MpsPaths(str(spec.pipe_dir), str(spec.log_dir))
+            paths = MpsDirs(str(spec.pipe_dir), str(spec.log_dir))
             if self.mps is not None and self.mps.spec != spec:
                 await self._stop_mps()
             if self.mps is None:

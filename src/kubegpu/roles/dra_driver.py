@@ -21,11 +21,11 @@ from typing import Any
 from kubegpu.config.health import health_policy
 from kubegpu.config.model import AgentConfig
 from kubegpu.core.backend import GpuBackend
+from kubegpu.core.container import MpsDirs
 from kubegpu.core.dra import DEFAULT_DRIVER_NAME
 from kubegpu.core.dra_ports import ResourceClaimReader, ResourceSliceSink
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.health_feed import HealthFeed
-from kubegpu.dra.cdi import MpsDirs
 from kubegpu.dra.checkpoint import CheckpointError
 from kubegpu.dra.driver import DriverSettings
 from kubegpu.dra.server import SlicePublishError, SocketPaths, serve_dra_driver
