@@ -148,10 +148,19 @@ def test_the_exporter_inside_the_agent_reads_the_real_gpus_and_survives_a_reload
             assert 0 <= samples[("kubegpu_gpu_memory_total_bytes", uuid)] - total * 2**20 < 2**20
             assert samples[("kubegpu_gpu_temperature_celsius", uuid)] > 0
         config.write_text("version: v1\n" + exporter.format(interval=0.7))
+        before_reload = node.kubelet.update_count(RESOURCE)
         node.plugin.send(signal.SIGHUP)
         samples = scrape_until_every_gpu(url(1))
         assert all(samples[("kubegpu_gpu_healthy", u)] == 1.0 for u in uuids)
         node.kubelet.wait_for_registration(RESOURCE, timeout_s=60, count=2)
+        # The old stream's end marks every device unhealthy (as the kubelet does) before the
+        # new stream lists them again: allocate once that list has come.
+        node.kubelet.wait_for_devices(
+            RESOURCE,
+            lambda d: sorted(d) == uuids and all(x.healthy for x in d.values()),
+            timeout_s=60,
+            after_sequence=before_reload,
+        )
         allocation = node.kubelet.allocate(RESOURCE, 1, pod_name="after-reload")
         assert allocation.device_ids[0] in uuids
         node.kubelet.release(allocation.pod_uid)
