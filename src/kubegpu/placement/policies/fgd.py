@@ -122,17 +122,17 @@ class FgdScorer:
             out = table[ids]
         return out.astype(np.int64)
 
-    def first_best_of_states(self, pod: PodRequest, ids: IntArray) -> int:
-        """``int(scores(pod, rows).argmax())`` given the rows' state ids (``ids``), for a
-        pod whose card memory does not matter: the first of the best-scoring rows, with
-        fewer numpy calls (no int64 copy; one reduction finds a missing score)."""
+    def scores_of_states(self, pod: PodRequest, ids: IntArray) -> npt.NDArray[np.int16]:
+        """FGD's score of each node state ``ids`` (state ids, repeats allowed) for a pod
+        whose card memory does not matter: :meth:`scores` given the rows' states, in the
+        table's own dtype (one reduction finds a missing score)."""
         key: PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
         table = self._score_table(key)
         out = table[ids]
         if out.min() < 0:
             self._fill(pod, key, table, ids[out < 0])
             out = table[ids]
-        return int(out.argmax())
+        return out
 
     def _score_table(self, key: PodKey) -> npt.NDArray[np.int16]:
         """Pod class ``key``'s score per node state (-1: not computed yet), grown (doubling)
