@@ -17,7 +17,14 @@ import numpy.typing as npt
 from kubegpu.placement.feasibility import eligible_cards
 from kubegpu.placement.fragmentation import FragmentationMemo
 from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
-from kubegpu.placement.policies.fgd import FgdScorer, LevelledKey, PodKey, fill_from_levelled
+from kubegpu.placement.policies.fgd import (
+    FgdScorer,
+    LevelledKey,
+    PodKey,
+    ShapeKey,
+    fill_from_levelled,
+    shape_key,
+)
 from kubegpu.placement.state import ClusterState, FloatArray, FloatArray32, IntArray, StateKey
 from kubegpu.placement.waste import ModelWaste, numpy_floor, numpy_round6
 
@@ -71,9 +78,9 @@ class KubegpuScorer:
             dtype=np.int64,
         )
         self._delta_tables: dict[PodKey, FloatArray] = {}
-        # Per CPU-only pod class: growth bucket per (level before, level after, free milli,
-        # model) (see _growth_bucket).
-        self._levelled_growth: dict[PodKey, dict[LevelledKey, float]] = {}
+        # Per CPU-only pod shape: growth bucket per (level before, level after, free milli,
+        # model) (see _growth_bucket), shared by CPU-only classes as FGD's levelled scores.
+        self._levelled_growth: dict[ShapeKey, dict[LevelledKey, float]] = {}
         # Per pod class and stage: order value per node state (NaN: not priced yet).
         self._order_tables: dict[StageKey, FloatArray] = {}
         # Per share class: the free milli of the best card per node state (NaN: not yet).
@@ -424,8 +431,8 @@ class KubegpuScorer:
             # The growth reads the free CPU only through the fragments at it and at it less
             # the pod's, so (with the memo keyed by CPU level) it is one value per (level
             # before, level after, free milli, model): a state met before under another
-            # free CPU of the same levels is a lookup.
-            levelled = self._levelled_growth.setdefault(key, {})
+            # free CPU of the same levels is a lookup, whatever CPU the pod asks.
+            levelled = self._levelled_growth.setdefault(shape_key(pod), {})
             todo = fill_from_levelled(
                 dict.fromkeys(ids[missing].tolist()),  # distinct, cheaper than np.unique
                 state.state_keys,
