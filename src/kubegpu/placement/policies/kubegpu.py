@@ -46,8 +46,9 @@ SCALAR_ROWS = 4
 ORDER_STRIDE = 128.0
 UNSCORED = ORDER_STRIDE - 1.0  # an unscored value's remainder modulo the stride
 
-# One sort key over rows, in the dtype it is kept in: bucket tables are float32, FGD's score
-# an integer; every value is a whole number or ±inf, so comparisons are exact in any of them.
+# One sort key over rows, in the dtype it is kept in: buckets and growths are floats, FGD's
+# score and free milli integers; every value is a whole number or ±inf, so comparisons are
+# exact in any of them.
 KeyArray = npt.NDArray[np.float32] | npt.NDArray[np.float64] | npt.NDArray[np.int64]
 
 # A key stage and a pod class, as the per-state tables of our keys are keyed.
