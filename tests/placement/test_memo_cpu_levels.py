@@ -235,3 +235,65 @@ def test_one_missing_state_is_computed_by_the_single_state_pass_bit_for_bit(
         if classes >= 64:  # enough cells for numpy: computed by the prefetch
             assert memo._cache[(cpu, free, model)] == exact
         assert memo.fragment(cpu, free, model) == exact
+
+
+def test_classes_of_one_shape_share_their_levelled_scores_and_growths(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A levelled value reads the pod's CPU only through the level after it lands, so a class
+    # of the same shape asking other CPU but meeting the same (before, after) levels is
+    # served by a lookup; one whose CPU moves the after level is computed. Every value is
+    # the one an engine with exact keys computes. Class CPU requests 0 and 4000: levels 0
+    # and 4000 (-1 below).
+    workload = TypicalWorkload(
+        (
+            TypicalPod(4000, 500, 1, frozenset(), 0.5),
+            TypicalPod(0, 0, 0, frozenset(), 0.5),
+        )
+    )
+    nodes = [
+        NodeState("big", 96000, 96000, 262144, "T4", (GpuState(0, 1000), GpuState(1, 300))),
+        NodeState("small", 96000, 6000, 262144, "T4", (GpuState(0, 1000), GpuState(1, 700))),
+    ]
+    engine = PlacementEngine(nodes, "kubegpu", workload)
+    fgd, scorer = engine._fgd, engine._kubegpu
+    assert fgd is not None and scorer is not None
+    computed: list[tuple[int, int]] = []
+    fragments = fgd.fragments_at_levels
+
+    def counted(pod: PodRequest, keys: list[LevelledKey]) -> list[tuple[float, list[float]]]:
+        computed.extend((before, after) for before, after, _, _ in keys)
+        return fragments(pod, keys)
+
+    monkeypatch.setattr(fgd, "fragments_at_levels", counted)
+    exact = FgdScorer(engine, FragmentationMemo(workload))
+    both = np.array([0, 1])
+
+    def share(cpu: int) -> list[int]:
+        pod = PodRequest(cpu, 1024, 1, 500, name=f"share-{cpu}")
+        got = fgd.scores(pod, both).tolist()
+        assert got == exact.scores(pod, both).tolist(), cpu
+        return got
+
+    share(1000)  # both nodes: levels (4000, 4000)
+    assert computed == [(4000, 4000), (4000, 4000)]
+    share(2000)  # 94000 and 4000 free after: level 4000 again, both looked up
+    assert computed == [(4000, 4000), (4000, 4000)]
+    share(3000)  # small: 3000 free after is level 0, computed; big is looked up
+    assert computed == [(4000, 4000), (4000, 4000), (4000, 0)]
+
+    # A CPU-only pod's growth bucket likewise, per CPU-only shape.
+    computed.clear()
+
+    def growth(cpu: int) -> list[float]:
+        pod = PodRequest(cpu, 1024, name=f"cpu-{cpu}")
+        got = scorer._growth_bucket(pod, both).tolist()
+        fresh = PlacementEngine(nodes, "kubegpu", workload)._kubegpu
+        assert fresh is not None
+        assert got == fresh._growth_bucket(pod, both).tolist(), cpu
+        return got
+
+    growth(3000)  # small: 6000 → 3000 crosses from level 4000 to 0 (big stays: no fragment)
+    assert computed == [(4000, 0)]
+    growth(2500)  # small: 3500, level 0 again: looked up
+    assert computed == [(4000, 0)]

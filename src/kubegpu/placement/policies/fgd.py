@@ -26,6 +26,15 @@ from kubegpu.placement.state import ClusterState, IntArray, StateKey
 
 # A pod's class as the per-state tables key it.
 PodKey = tuple[int, int, int, frozenset[str]]
+# A pod's GPU shape (per-card milli, card count, models): a value keyed by CPU level reads the
+# pod's CPU only through the level after it lands, so pod classes of one shape share it.
+ShapeKey = tuple[int, int, frozenset[str]]
+
+
+def shape_key(pod: PodRequest) -> ShapeKey:
+    return (pod.gpu_milli, pod.gpu_count, pod.gpu_models)
+
+
 # A node state as a value keyed by CPU level reads it: (level of its free CPU, level of its
 # free CPU less the pod's, free milli, model).
 LevelledKey = tuple[int, int, tuple[int, ...], Any]
@@ -74,9 +83,10 @@ class FgdScorer:
         self.memo = memo
         self.whole_card_memo = memo if whole_card_memo is None else whole_card_memo
         self._score_tables: dict[PodKey, npt.NDArray[np.int16]] = {}
-        # Per pod class, with memos keyed by CPU level: score per (level before, level
-        # after, free milli, model) (see _fill).
-        self._levelled: dict[PodKey, dict[LevelledKey, int]] = {}
+        # Per pod shape, with memos keyed by CPU level: score per (level before, level
+        # after, free milli, model) (see _fill). Keyed by shape, not class: classes of one
+        # shape asking different CPU meet the same (before, after) levels on many states.
+        self._levelled: dict[ShapeKey, dict[LevelledKey, int]] = {}
 
     def state_score(self, key: StateKey, pod: PodRequest) -> int:
         """FGD score of a node in state ``key`` for ``pod`` (best card for a share)."""
@@ -122,17 +132,17 @@ class FgdScorer:
             out = table[ids]
         return out.astype(np.int64)
 
-    def first_best_of_states(self, pod: PodRequest, ids: IntArray) -> int:
-        """``int(scores(pod, rows).argmax())`` given the rows' state ids (``ids``), for a
-        pod whose card memory does not matter: the first of the best-scoring rows, with
-        fewer numpy calls (no int64 copy; one reduction finds a missing score)."""
+    def scores_of_states(self, pod: PodRequest, ids: IntArray) -> npt.NDArray[np.int16]:
+        """FGD's score of each node state ``ids`` (state ids, repeats allowed) for a pod
+        whose card memory does not matter: :meth:`scores` given the rows' states, in the
+        table's own dtype (one reduction finds a missing score)."""
         key: PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
         table = self._score_table(key)
         out = table[ids]
         if out.min() < 0:
             self._fill(pod, key, table, ids[out < 0])
             out = table[ids]
-        return int(out.argmax())
+        return out
 
     def _score_table(self, key: PodKey) -> npt.NDArray[np.int16]:
         """Pod class ``key``'s score per node state (-1: not computed yet), grown (doubling)
@@ -162,7 +172,7 @@ class FgdScorer:
         # A memo keyed by CPU level: the score reads the free CPU only through the fragments
         # before (free CPU) and after (free CPU − the pod's), so it is one value per (level
         # before, level after, free milli, model).
-        levelled = self._levelled.setdefault(key, {})
+        levelled = self._levelled.setdefault(shape_key(pod), {})
         todo = fill_from_levelled(
             dict.fromkeys(ids.tolist()),  # distinct; the order does not matter
             state.state_keys,

@@ -17,7 +17,14 @@ import numpy.typing as npt
 from kubegpu.placement.feasibility import eligible_cards
 from kubegpu.placement.fragmentation import FragmentationMemo
 from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
-from kubegpu.placement.policies.fgd import FgdScorer, LevelledKey, PodKey, fill_from_levelled
+from kubegpu.placement.policies.fgd import (
+    FgdScorer,
+    LevelledKey,
+    PodKey,
+    ShapeKey,
+    fill_from_levelled,
+    shape_key,
+)
 from kubegpu.placement.state import ClusterState, FloatArray, FloatArray32, IntArray, StateKey
 from kubegpu.placement.waste import ModelWaste, numpy_floor, numpy_round6
 
@@ -30,9 +37,18 @@ POPULAR_PERCENT = 95.0
 # (the same operations as the vectorised pricing, in the same order): numpy's fixed cost per
 # call is most of the work on the one or two nodes whose state is new.
 SCALAR_ROWS = 4
+# A GPU pod's first two keys in one number per node state and pod class, its *order value*,
+# so that the simulator's choice is one argmin (:meth:`KubegpuScorer._best_gpu_pod`):
+# ``bucket × ORDER_STRIDE + (100 − FGD's score)``, or ``bucket × ORDER_STRIDE − 1`` while FGD's
+# score is not known (an *unscored* value sorts before every scored one of its bucket). Scores
+# are 0 … 100, so any stride above 101 keeps buckets apart; a power of two divides exactly, and
+# every value is a whole number, exact in float64.
+ORDER_STRIDE = 128.0
+UNSCORED = ORDER_STRIDE - 1.0  # an unscored value's remainder modulo the stride
 
-# One sort key over rows, in the dtype it is kept in: bucket tables are float32, FGD's score
-# an integer; every value is a whole number or ±inf, so comparisons are exact in any of them.
+# One sort key over rows, in the dtype it is kept in: buckets and growths are floats, FGD's
+# score and free milli integers; every value is a whole number or ±inf, so comparisons are
+# exact in any of them.
 KeyArray = npt.NDArray[np.float32] | npt.NDArray[np.float64] | npt.NDArray[np.int64]
 
 # A key stage and a pod class, as the per-state tables of our keys are keyed.
@@ -63,10 +79,11 @@ class KubegpuScorer:
             dtype=np.int64,
         )
         self._delta_tables: dict[PodKey, FloatArray] = {}
-        # Per CPU-only pod class: growth bucket per (level before, level after, free milli,
-        # model) (see _growth_bucket).
-        self._levelled_growth: dict[PodKey, dict[LevelledKey, float]] = {}
-        self._bucket_tables: dict[StageKey, FloatArray32] = {}
+        # Per CPU-only pod shape: growth bucket per (level before, level after, free milli,
+        # model) (see _growth_bucket), shared by CPU-only classes as FGD's levelled scores.
+        self._levelled_growth: dict[ShapeKey, dict[LevelledKey, float]] = {}
+        # Per pod class and stage: order value per node state (NaN: not priced yet).
+        self._order_tables: dict[StageKey, FloatArray] = {}
         # Per share class: the free milli of the best card per node state (NaN: not yet).
         self._best_free_tables: dict[StageKey, FloatArray32] = {}
 
@@ -75,14 +92,19 @@ class KubegpuScorer:
         return self.fgd.memo
 
     def best(self, pod: PodRequest, rows: IntArray) -> int:
-        """Position in ``rows`` of the first node of our order, each later key computed only
-        on the nodes tied on the earlier ones (the same node as sorting by all keys, since
-        rows are in rank order). FGD's score, the costly key, runs only on the nodes tied on
-        the waste bucket: on openb about two thirds of the feasible ones."""
+        """Position in ``rows`` of the first node of our order (the same node as sorting by
+        all of :meth:`keys`, since rows are in rank order). FGD's score, the costly key, is
+        computed only on the nodes tied on the waste bucket: on openb about two thirds of the
+        feasible ones."""
         if pod.gpu_memory_mib is None:  # card memory is not part of the per-state tables
             if pod.gpu_count:
                 return self._best_gpu_pod(pod, rows)
             return self._best_cpu_pod(pod, rows)
+        return self._best_by_stages(pod, rows)
+
+    def _best_by_stages(self, pod: PodRequest, rows: IntArray) -> int:
+        """:meth:`best` by :meth:`key_stages`, each later key computed only on the nodes
+        tied on the earlier ones."""
         stages = self.key_stages(pod)
         # The first key runs on every row: no index array to build or gather through.
         values = stages[0](rows)
@@ -95,79 +117,51 @@ class KubegpuScorer:
         return int(positions[0])
 
     def _best_gpu_pod(self, pod: PodRequest, rows: IntArray) -> int:
-        """:meth:`best` for a GPU pod whose card memory does not matter: the loop over
-        :meth:`key_stages` spelt out for its two keys, with the fewest numpy calls (this
-        runs for every GPU pod). The first key is :meth:`_share_key`'s or the stranded
-        bucket of :meth:`_per_state`, from the same tables; the first maximum of FGD's
-        score among the nodes tied on the least bucket is the first minimum of its
-        negation there."""
-        state = self.state
-        ids = state.state_id[rows]
-        share = pod.is_gpu_share
-        key = _class_key("share" if share else "stranded", pod)
-        table: FloatArray32 = self._state_table(self._bucket_tables, key, np.float32)
-        first = table[ids]
-        low = first.min()
-        if low != low:  # NaN: some states not priced yet for this pod class
-            missing = np.isnan(first)
-            # A share's best card, by its free milli, for card(); whole cards need none.
-            best_free: FloatArray32 | None = (
-                self._state_table(self._best_free_tables, key, np.float32) if share else None
-            )
-            where = missing.nonzero()[0]
-            if where.size <= SCALAR_ROWS:
-                # One or two nodes, as a rule: priced and stored one at a time in Python,
-                # without the gathers and scatters numpy would spend on so few.
-                for at in where.tolist():
-                    i = int(rows[at])
-                    sid = int(ids[at])
-                    if best_free is not None:
-                        value, col = self._share_choice_one(pod, i)
-                        best_free[sid] = state.card_free[i, col]
-                    else:
-                        value = self._stranded_bucket_one(pod, i)
-                    table[sid] = value
-                    first[at] = value
-            else:
-                missing_rows = rows[missing]
-                missing_ids = ids[missing]
-                if best_free is not None:
-                    bucket, cols = self.share_choice(pod, missing_rows)
-                    best_free[missing_ids] = state.card_free[missing_rows, cols]
-                else:
-                    bucket = self._stranded_bucket(pod, missing_rows)
-                table[missing_ids] = bucket
-                first[missing] = bucket
-            low = first.min()
-        tied = (first == low).nonzero()[0]
-        if tied.size == 1:
-            return int(tied[0])
-        return int(tied[self.fgd.first_best_of_states(pod, ids[tied])])
+        """:meth:`best` for a GPU pod whose card memory does not matter: one argmin of the
+        rows' order values (:data:`ORDER_STRIDE`), the least bucket, then FGD's best score,
+        then the first row. FGD scores a state only when the argmin lands on an unscored
+        value: its bucket is then the least, and every unscored state of that bucket is
+        scored before the argmin is taken again. An argmin on a scored value needs nothing
+        more, since an unscored state of the same bucket would have sorted before it."""
+        ids = self.state.state_id[rows]
+        key = _class_key("share" if pod.is_gpu_share else "stranded", pod)
+        order = self._order_table(key)
+        values = order[ids]
+        at = int(values.argmin())  # the first NaN, if any: a state not priced yet
+        low = float(values[at])
+        if low != low:
+            values = self._price(pod, key, order, rows, ids, values)
+            at = int(values.argmin())
+            low = float(values[at])
+        if low % ORDER_STRIDE == UNSCORED:
+            # Below the next bucket's least value: the rows of the least bucket.
+            bucket = (values < low + ORDER_STRIDE).nonzero()[0]
+            if bucket.size == 1:  # alone in its bucket: no tie for FGD's score to break
+                return at
+            tied = bucket[values[bucket] == low]
+            tied_ids = ids[tied]
+            # bucket × stride + 100 − score, with low = bucket × stride − 1.
+            scored = (low + 101.0) - self.fgd.scores_of_states(pod, tied_ids)
+            order[tied_ids] = scored
+            values[tied] = scored
+            at = int(values.argmin())
+        elif low == np.inf:  # no finite bucket: FGD's score alone decides, as in keys()
+            return self._best_by_stages(pod, rows)
+        return at
 
     def _best_cpu_pod(self, pod: PodRequest, rows: IntArray) -> int:
         """:meth:`best` for a CPU-only pod: its three keys (:meth:`key_stages`) spelt out,
-        each on the rows tied on the ones before; the first is :meth:`_per_state`'s
-        stranded bucket, from the same table, priced as in :meth:`_best_gpu_pod`."""
-        state = self.state
-        ids = state.state_id[rows]
-        table: FloatArray32 = self._state_table(
-            self._bucket_tables, _class_key("stranded", pod), np.float32
-        )
-        first = table[ids]
-        low = first.min()
+        each on the rows tied on the ones before; the first is the stranded bucket, read
+        from its order values (never scored: a CPU-only pod's second key is its growth)."""
+        ids = self.state.state_id[rows]
+        key = _class_key("stranded", pod)
+        order = self._order_table(key)
+        values = order[ids]
+        low = values.min()
         if low != low:  # NaN: as in _best_gpu_pod
-            where = np.isnan(first).nonzero()[0]
-            if where.size <= SCALAR_ROWS:
-                for at in where.tolist():
-                    value = self._stranded_bucket_one(pod, int(rows[at]))
-                    table[int(ids[at])] = value
-                    first[at] = value
-            else:
-                values = self._stranded_bucket(pod, rows[where])
-                table[ids[where]] = values
-                first[where] = values
-            low = first.min()
-        tied = (first == low).nonzero()[0]
+            values = self._price(pod, key, order, rows, ids, values)
+            low = values.min()
+        tied = (values == low).nonzero()[0]
         if tied.size > 1:
             growth = self._growth_bucket(pod, rows[tied])
             tied = tied[growth == growth.min()]
@@ -175,6 +169,52 @@ class KubegpuScorer:
             free = self.state.gpu_free_total[rows[tied]]
             tied = tied[free == free.min()]
         return int(tied[0])
+
+    def _price(
+        self,
+        pod: PodRequest,
+        key: StageKey,
+        order: FloatArray,
+        rows: IntArray,
+        ids: IntArray,
+        values: FloatArray,
+    ) -> FloatArray:
+        """``values`` (order values of ``rows``, whose states are ``ids``) with each NaN, a
+        state not priced yet for this pod class, priced unscored here and in ``order``; for
+        a share, with its best card's free milli remembered for :meth:`card`."""
+        state = self.state
+        best_free: FloatArray32 | None = (
+            self._state_table(self._best_free_tables, key, np.float32) if pod.is_gpu_share else None
+        )
+        where = np.isnan(values).nonzero()[0]
+        if where.size <= SCALAR_ROWS:
+            # One or two nodes, as a rule: priced and stored one at a time in Python,
+            # without the gathers and scatters numpy would spend on so few.
+            for at in where.tolist():
+                i = int(rows[at])
+                sid = int(ids[at])
+                if best_free is not None:
+                    bucket, col = self._share_choice_one(pod, i)
+                    best_free[sid] = state.card_free[i, col]
+                else:
+                    bucket = self._stranded_bucket_one(pod, i)
+                value = bucket * ORDER_STRIDE - 1.0
+                order[sid] = value
+                values[at] = value
+            return values
+        missing_rows = rows[where]
+        missing_ids = ids[where]
+        if best_free is not None:
+            buckets, cols = self.share_choice(pod, missing_rows)
+            best_free[missing_ids] = state.card_free[missing_rows, cols]
+        else:
+            buckets = self._stranded_bucket(pod, missing_rows)
+        # Equal states give equal values: pricing every missing row (repeats included)
+        # costs numpy less than finding the distinct states first.
+        unscored = buckets * ORDER_STRIDE - 1.0
+        order[missing_ids] = unscored
+        values[where] = unscored
+        return values
 
     def scores(self, pod: PodRequest, rows: IntArray) -> IntArray:
         # Live scores for the extender: the order above mapped onto 100 … 0 (equal keys, equal
@@ -213,9 +253,7 @@ class KubegpuScorer:
                 lambda rows: self._share_key(pod, rows),
                 lambda rows: -self.fgd.scores(pod, rows),
             ]
-        stranded = functools.partial(
-            self._per_state, "stranded", pod, compute=self._stranded_bucket
-        )
+        stranded = functools.partial(self._stranded_key, pod)
         if pod.gpu_count:
             return [stranded, lambda rows: -self.fgd.scores(pod, rows)]
         return [
@@ -305,26 +343,31 @@ class KubegpuScorer:
     # ----------------------------------------------------------------- the keys
     def _share_key(self, pod: PodRequest, rows: IntArray) -> KeyArray:
         """A share's first key on each of ``rows``: the cost bucket of its best card
-        (:meth:`share_choice`), remembered per node state and pod class like
-        :meth:`_per_state`, with the best card's free milli beside it for :meth:`card`."""
+        (:meth:`share_choice`), from the order values (priced once per node state and pod
+        class, with the best card's free milli beside it for :meth:`card`)."""
         if pod.gpu_memory_mib is not None:  # card memory is not part of the state
             return self.share_choice(pod, rows)[0]
-        key = _class_key("share", pod)
-        table: FloatArray32 = self._state_table(self._bucket_tables, key, np.float32)
-        best_free: FloatArray32 = self._state_table(self._best_free_tables, key, np.float32)
+        return self._buckets(pod, _class_key("share", pod), rows)
+
+    def _stranded_key(self, pod: PodRequest, rows: IntArray) -> KeyArray:
+        """The first key of a pod taking no share on each of ``rows``: its stranded cost
+        bucket (:meth:`_stranded_bucket`), from the order values like :meth:`_share_key`."""
+        if pod.gpu_memory_mib is not None:  # card memory is not part of the state
+            return self._stranded_bucket(pod, rows)
+        return self._buckets(pod, _class_key("stranded", pod), rows)
+
+    def _buckets(self, pod: PodRequest, key: StageKey, rows: IntArray) -> FloatArray:
+        """The cost buckets of ``rows`` in their order values for pod class ``key``,
+        pricing the states not priced yet: ``floor((value + 1) / stride)`` is the bucket
+        whether the value is scored (it adds 1 … 101 to bucket × stride) or not (it adds
+        none), and dividing by a power of two is exact."""
         ids = self.state.state_id[rows]
-        out = table[ids]
-        missing = np.isnan(out)
-        if missing.any():
-            # Equal states give equal values: pricing every missing row (repeats included)
-            # costs numpy less than finding the distinct states first.
-            missing_rows = rows[missing]
-            bucket, cols = self.share_choice(pod, missing_rows)
-            missing_ids = ids[missing]
-            table[missing_ids] = bucket
-            best_free[missing_ids] = self.state.card_free[missing_rows, cols]
-            out[missing] = bucket
-        return out
+        order = self._order_table(key)
+        values = order[ids]
+        if np.isnan(values).any():
+            values = self._price(pod, key, order, rows, ids, values)
+        buckets: FloatArray = np.floor((values + 1.0) / ORDER_STRIDE)
+        return buckets
 
     def _stranded_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
         """Per row, the cost bucket of a pod taking no share (it leaves no card gap)."""
@@ -371,6 +414,11 @@ class KubegpuScorer:
             tables[key] = table
         return table
 
+    def _order_table(self, key: StageKey) -> FloatArray:
+        """Pod class ``key``'s order value per node state (see :data:`ORDER_STRIDE`)."""
+        table: FloatArray = self._state_table(self._order_tables, key, np.float64)
+        return table
+
     def _growth_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
         """Fragment growth of a CPU-only ``pod`` on each of ``rows`` in
         :data:`GROWTH_BUCKET_MILLI` buckets (cached per state, bucketed when cached)."""
@@ -384,8 +432,8 @@ class KubegpuScorer:
             # The growth reads the free CPU only through the fragments at it and at it less
             # the pod's, so (with the memo keyed by CPU level) it is one value per (level
             # before, level after, free milli, model): a state met before under another
-            # free CPU of the same levels is a lookup.
-            levelled = self._levelled_growth.setdefault(key, {})
+            # free CPU of the same levels is a lookup, whatever CPU the pod asks.
+            levelled = self._levelled_growth.setdefault(shape_key(pod), {})
             todo = fill_from_levelled(
                 dict.fromkeys(ids[missing].tolist()),  # distinct, cheaper than np.unique
                 state.state_keys,
@@ -416,32 +464,6 @@ class KubegpuScorer:
                 table[sid] = bucket
                 levelled[coarse] = bucket
             out = table[ids]
-        return out
-
-    def _per_state(
-        self,
-        stage: str,
-        pod: PodRequest,
-        rows: IntArray,
-        compute: Callable[[PodRequest, IntArray], FloatArray],
-    ) -> KeyArray:
-        """``compute(pod, rows)``, remembered per node state and pod class: a row's cost
-        bucket depends only on its state (free CPU, free milli per card, model), so each is
-        computed once per state, as FGD's score is."""
-        if pod.gpu_memory_mib is not None:  # card memory is not part of the state
-            return compute(pod, rows)
-        table: FloatArray32 = self._state_table(
-            self._bucket_tables, _class_key(stage, pod), np.float32
-        )
-        ids = self.state.state_id[rows]
-        out = table[ids]
-        missing = np.isnan(out)
-        if missing.any():
-            # Equal states give equal values: computing every missing row (repeats included)
-            # costs numpy less than finding the distinct states first.
-            values = compute(pod, rows[missing])
-            table[ids[missing]] = values
-            out[missing] = values
         return out
 
 
