@@ -25,6 +25,29 @@ from tests.placement.test_kubegpu_caches import random_node, random_pod
 MODELS = ("T4", "G2", "P100")
 
 
+# Class CPU requests 0 and 4000 (levels -1, 0 and 4000): a 500-milli share and a CPU-only pod.
+SHARE_AND_CPU_ONLY = TypicalWorkload(
+    (
+        TypicalPod(4000, 500, 1, frozenset(), 0.5),
+        TypicalPod(0, 0, 0, frozenset(), 0.5),
+    )
+)
+
+
+def levels_computed(fgd: FgdScorer, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The (level before, level after) of every state whose fragments ``fgd`` computes from
+    now on, in order (lookups add none)."""
+    computed: list[tuple[int, int]] = []
+    fragments = fgd.fragments_at_levels
+
+    def counted(pod: PodRequest, keys: list[LevelledKey]) -> list[tuple[float, list[float]]]:
+        computed.extend((before, after) for before, after, _, _ in keys)
+        return fragments(pod, keys)
+
+    monkeypatch.setattr(fgd, "fragments_at_levels", counted)
+    return computed
+
+
 def random_workload(rnd: random.Random, classes: int) -> TypicalWorkload:
     pods = []
     for _ in range(classes):
@@ -167,12 +190,7 @@ def test_a_node_whose_cpu_moved_within_its_level_is_scored_by_lookup(
 ) -> None:
     # Class CPU requests 0 and 4000: free CPU 96000 and 95000 are one level, and so are
     # both less the pod's 4000. The second node's score is the first's, not computed again.
-    workload = TypicalWorkload(
-        (
-            TypicalPod(4000, 500, 1, frozenset(), 0.5),
-            TypicalPod(0, 0, 0, frozenset(), 0.5),
-        )
-    )
+    workload = SHARE_AND_CPU_ONLY
     nodes = [
         NodeState(f"n{i}", 96000, cpu, 262144, "T4", (GpuState(0, 1000), GpuState(1, 300)), rank=i)
         for i, cpu in enumerate([96000, 95000, 3000, 9000, 5000])
@@ -181,14 +199,7 @@ def test_a_node_whose_cpu_moved_within_its_level_is_scored_by_lookup(
     fgd = engine._fgd
     assert fgd is not None
     # (level before, level after) of each state whose fragments are computed.
-    computed: list[tuple[int, int]] = []
-    fragments = fgd.fragments_at_levels
-
-    def counted(pod: PodRequest, keys: list[LevelledKey]) -> list[tuple[float, list[float]]]:
-        computed.extend((before, after) for before, after, _, _ in keys)
-        return fragments(pod, keys)
-
-    monkeypatch.setattr(fgd, "fragments_at_levels", counted)
+    computed = levels_computed(fgd, monkeypatch)
     pod = PodRequest(4000, 1024, 1, 500, name="share")
     first = fgd.scores(pod, np.array([0]))
     assert computed == [(4000, 4000)]
@@ -245,12 +256,7 @@ def test_classes_of_one_shape_share_their_levelled_scores_and_growths(
     # served by a lookup; one whose CPU moves the after level is computed. Every value is
     # the one an engine with exact keys computes. Class CPU requests 0 and 4000: levels 0
     # and 4000 (-1 below).
-    workload = TypicalWorkload(
-        (
-            TypicalPod(4000, 500, 1, frozenset(), 0.5),
-            TypicalPod(0, 0, 0, frozenset(), 0.5),
-        )
-    )
+    workload = SHARE_AND_CPU_ONLY
     nodes = [
         NodeState("big", 96000, 96000, 262144, "T4", (GpuState(0, 1000), GpuState(1, 300))),
         NodeState("small", 96000, 6000, 262144, "T4", (GpuState(0, 1000), GpuState(1, 700))),
@@ -258,14 +264,7 @@ def test_classes_of_one_shape_share_their_levelled_scores_and_growths(
     engine = PlacementEngine(nodes, "kubegpu", workload)
     fgd, scorer = engine._fgd, engine._kubegpu
     assert fgd is not None and scorer is not None
-    computed: list[tuple[int, int]] = []
-    fragments = fgd.fragments_at_levels
-
-    def counted(pod: PodRequest, keys: list[LevelledKey]) -> list[tuple[float, list[float]]]:
-        computed.extend((before, after) for before, after, _, _ in keys)
-        return fragments(pod, keys)
-
-    monkeypatch.setattr(fgd, "fragments_at_levels", counted)
+    computed = levels_computed(fgd, monkeypatch)
     exact = FgdScorer(engine, FragmentationMemo(workload))
     both = np.array([0, 1])
 
