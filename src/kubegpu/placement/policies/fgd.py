@@ -122,24 +122,16 @@ class FgdScorer:
         if pod.gpu_memory_mib is not None:
             # Card memory makes card eligibility row-specific: no shared cache.
             return np.array([self.row_choice(int(i), pod)[0] for i in rows], dtype=np.int64)
-        key: PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
-        table = self._score_table(key)
-        ids = state.state_id[rows]
-        out = table[ids]
-        missing = out < 0
-        if missing.any():
-            self._fill(pod, key, table, ids[missing])
-            out = table[ids]
-        return out.astype(np.int64)
+        return self.scores_of_states(pod, state.state_id[rows]).astype(np.int64)
 
     def scores_of_states(self, pod: PodRequest, ids: IntArray) -> npt.NDArray[np.int16]:
         """FGD's score of each node state ``ids`` (state ids, repeats allowed) for a pod
-        whose card memory does not matter: :meth:`scores` given the rows' states, in the
-        table's own dtype (one reduction finds a missing score)."""
+        whose card memory does not matter, in the table's own dtype, the missing ones
+        computed first (one reduction finds them)."""
         key: PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
         table = self._score_table(key)
         out = table[ids]
-        if out.min() < 0:
+        if out.size and out.min() < 0:
             self._fill(pod, key, table, ids[out < 0])
             out = table[ids]
         return out
