@@ -133,6 +133,11 @@ class KubegpuScorer:
             values = self._price(pod, key, order, rows, ids, values)
             at = int(values.argmin())
             low = float(values[at])
+        if pod.is_gpu_share:
+            # A share's order is its bucket, then the rank: its values stay unscored, so
+            # the first least one is the first row of the least bucket (+inf buckets
+            # included: the rank alone decides, as in keys()).
+            return at
         if low % ORDER_STRIDE == UNSCORED:
             # Below the next bucket's least value: the rows of the least bucket.
             bucket = (values < low + ORDER_STRIDE).nonzero()[0]
@@ -249,10 +254,7 @@ class KubegpuScorer:
         """:meth:`keys` as functions of the rows, most significant first, each in the dtype
         it is kept in (whole numbers or ±inf: comparing them needs no conversion)."""
         if pod.is_gpu_share:
-            return [
-                lambda rows: self._share_key(pod, rows),
-                lambda rows: -self.fgd.scores(pod, rows),
-            ]
+            return [lambda rows: self._share_key(pod, rows)]
         stranded = functools.partial(self._stranded_key, pod)
         if pod.gpu_count:
             return [stranded, lambda rows: -self.fgd.scores(pod, rows)]
