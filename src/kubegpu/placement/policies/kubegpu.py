@@ -1,8 +1,11 @@
-"""Ours: least doomed waste first, then FGD's score, then first fit (the fixed node rank).
+"""Ours: least doomed waste first, then a tie-break per kind of pod, then first fit (the
+fixed node rank).
 
-The waste a placement dooms is :mod:`kubegpu.placement.waste`'s; FGD's score is
-:class:`~kubegpu.placement.policies.fgd.FgdScorer`'s. Every key is cached per node state and
-pod class, as FGD's score is, so a replay computes each once.
+The waste a placement dooms is :mod:`kubegpu.placement.waste`'s. Ties on it are broken by the
+best fit of the share's card (shares), FGD's score (whole cards; the score is
+:class:`~kubegpu.placement.policies.fgd.FgdScorer`'s) or fragmentation growth (CPU-only pods),
+see :meth:`KubegpuScorer.keys`. Every key is cached per node state and pod class, as FGD's
+score is, so a replay computes each once.
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ from kubegpu.placement.policies.fgd import (
     fill_from_levelled,
     shape_key,
 )
-from kubegpu.placement.state import ClusterState, FloatArray, FloatArray32, IntArray, StateKey
+from kubegpu.placement.state import ClusterState, FloatArray, IntArray, StateKey
 from kubegpu.placement.waste import ModelWaste, numpy_floor, numpy_round6
 
 # Our policy breaks ties of CPU-only pods by fragmentation growth in buckets of this many
 # milli-GPU (see KubegpuScorer.keys for why not the exact value).
 GROWTH_BUCKET_MILLI = 300.0
-# ... and whole-card pods against the classes covering this share of the target workload.
+# Fragmentation (FGD's score of whole-card pods, CPU-only pods' growth) is measured against the
+# classes covering this share of the target workload, as FGD measures it.
 POPULAR_PERCENT = 95.0
 # Up to this many rows, a missing first key is priced one node at a time in Python floats
 # (the same operations as the vectorised pricing, in the same order): numpy's fixed cost per
@@ -39,11 +43,12 @@ POPULAR_PERCENT = 95.0
 SCALAR_ROWS = 4
 # A GPU pod's first two keys in one number per node state and pod class, its *order value*,
 # so that the simulator's choice is one argmin (:meth:`KubegpuScorer._best_gpu_pod`):
-# ``bucket × ORDER_STRIDE + (100 − FGD's score)``, or ``bucket × ORDER_STRIDE − 1`` while FGD's
-# score is not known (an *unscored* value sorts before every scored one of its bucket). Scores
-# are 0 … 100, so any stride above 101 keeps buckets apart; a power of two divides exactly, and
-# every value is a whole number, exact in float64.
-ORDER_STRIDE = 128.0
+# ``bucket × ORDER_STRIDE + remainder``. A share's remainder is its best card's free milli
+# (0 … 1000); a whole-card pod's is ``100 − FGD's score``, or −1 while FGD's score is not known
+# (an *unscored* value sorts before every scored one of its bucket). Any stride above 1001
+# keeps buckets apart; a power of two divides exactly, and every value is a whole number,
+# exact in float64. A pod taking no GPU keeps its bucket alone, as an unscored value.
+ORDER_STRIDE = 2048.0
 UNSCORED = ORDER_STRIDE - 1.0  # an unscored value's remainder modulo the stride
 
 # One sort key over rows, in the dtype it is kept in: buckets and growths are floats, FGD's
@@ -84,8 +89,6 @@ class KubegpuScorer:
         self._levelled_growth: dict[ShapeKey, dict[LevelledKey, float]] = {}
         # Per pod class and stage: order value per node state (NaN: not priced yet).
         self._order_tables: dict[StageKey, FloatArray] = {}
-        # Per share class: the free milli of the best card per node state (NaN: not yet).
-        self._best_free_tables: dict[StageKey, FloatArray32] = {}
 
     @property
     def memo(self) -> FragmentationMemo:
@@ -93,9 +96,8 @@ class KubegpuScorer:
 
     def best(self, pod: PodRequest, rows: IntArray) -> int:
         """Position in ``rows`` of the first node of our order (the same node as sorting by
-        all of :meth:`keys`, since rows are in rank order). FGD's score, the costly key, is
-        computed only on the nodes tied on the waste bucket: on openb about two thirds of the
-        feasible ones."""
+        all of :meth:`keys`, since rows are in rank order). FGD's score and the growth, the
+        costly keys, are computed only on the nodes tied on the waste bucket."""
         if pod.gpu_memory_mib is None:  # card memory is not part of the per-state tables
             if pod.gpu_count:
                 return self._best_gpu_pod(pod, rows)
@@ -118,11 +120,12 @@ class KubegpuScorer:
 
     def _best_gpu_pod(self, pod: PodRequest, rows: IntArray) -> int:
         """:meth:`best` for a GPU pod whose card memory does not matter: one argmin of the
-        rows' order values (:data:`ORDER_STRIDE`), the least bucket, then FGD's best score,
-        then the first row. FGD scores a state only when the argmin lands on an unscored
-        value: its bucket is then the least, and every unscored state of that bucket is
-        scored before the argmin is taken again. An argmin on a scored value needs nothing
-        more, since an unscored state of the same bucket would have sorted before it."""
+        rows' order values (:data:`ORDER_STRIDE`), the least bucket, then the least free
+        milli of a share's card or FGD's best score for whole cards, then the first row.
+        FGD scores a state only when the argmin lands on an unscored value: its bucket is
+        then the least, and every unscored state of that bucket is scored before the argmin
+        is taken again. An argmin on a scored value needs nothing more, since an unscored
+        state of the same bucket would have sorted before it."""
         ids = self.state.state_id[rows]
         key = _class_key("share" if pod.is_gpu_share else "stranded", pod)
         order = self._order_table(key)
@@ -133,10 +136,9 @@ class KubegpuScorer:
             values = self._price(pod, key, order, rows, ids, values)
             at = int(values.argmin())
             low = float(values[at])
-        if pod.is_gpu_share:
-            # A share's order is its bucket, then the rank: its values stay unscored, so
-            # the first least one is the first row of the least bucket (+inf buckets
-            # included: the rank alone decides, as in keys()).
+        if low == np.inf:  # no finite bucket: the later keys decide, as in keys()
+            return self._best_by_stages(pod, rows)
+        if pod.is_gpu_share:  # priced in full: bucket, then its best card's free milli
             return at
         if low % ORDER_STRIDE == UNSCORED:
             # Below the next bucket's least value: the rows of the least bucket.
@@ -150,8 +152,6 @@ class KubegpuScorer:
             order[tied_ids] = scored
             values[tied] = scored
             at = int(values.argmin())
-        elif low == np.inf:  # no finite bucket: FGD's score alone decides, as in keys()
-            return self._best_by_stages(pod, rows)
         return at
 
     def _best_cpu_pod(self, pod: PodRequest, rows: IntArray) -> int:
@@ -185,12 +185,10 @@ class KubegpuScorer:
         values: FloatArray,
     ) -> FloatArray:
         """``values`` (order values of ``rows``, whose states are ``ids``) with each NaN, a
-        state not priced yet for this pod class, priced unscored here and in ``order``; for
-        a share, with its best card's free milli remembered for :meth:`card`."""
+        state not priced yet for this pod class, priced here and in ``order``: a share in
+        full (its best card's free milli is the remainder, read back by :meth:`card`), any
+        other pod unscored."""
         state = self.state
-        best_free: FloatArray32 | None = (
-            self._state_table(self._best_free_tables, key, np.float32) if pod.is_gpu_share else None
-        )
         where = np.isnan(values).nonzero()[0]
         if where.size <= SCALAR_ROWS:
             # One or two nodes, as a rule: priced and stored one at a time in Python,
@@ -198,27 +196,25 @@ class KubegpuScorer:
             for at in where.tolist():
                 i = int(rows[at])
                 sid = int(ids[at])
-                if best_free is not None:
+                if pod.is_gpu_share:
                     bucket, col = self._share_choice_one(pod, i)
-                    best_free[sid] = state.card_free[i, col]
+                    value = bucket * ORDER_STRIDE + float(state.card_free[i, col])
                 else:
-                    bucket = self._stranded_bucket_one(pod, i)
-                value = bucket * ORDER_STRIDE - 1.0
+                    value = self._stranded_bucket_one(pod, i) * ORDER_STRIDE - 1.0
                 order[sid] = value
                 values[at] = value
             return values
         missing_rows = rows[where]
         missing_ids = ids[where]
-        if best_free is not None:
+        if pod.is_gpu_share:
             buckets, cols = self.share_choice(pod, missing_rows)
-            best_free[missing_ids] = state.card_free[missing_rows, cols]
+            priced = buckets * ORDER_STRIDE + state.card_free[missing_rows, cols]
         else:
-            buckets = self._stranded_bucket(pod, missing_rows)
+            priced = self._stranded_bucket(pod, missing_rows) * ORDER_STRIDE - 1.0
         # Equal states give equal values: pricing every missing row (repeats included)
         # costs numpy less than finding the distinct states first.
-        unscored = buckets * ORDER_STRIDE - 1.0
-        order[missing_ids] = unscored
-        values[where] = unscored
+        order[missing_ids] = priced
+        values[where] = priced
         return values
 
     def scores(self, pod: PodRequest, rows: IntArray) -> IntArray:
@@ -238,15 +234,20 @@ class KubegpuScorer:
         FGD leaves idle on a full cluster is card slivers no common share fits and cards on
         nodes out of CPU.
 
-        Then FGD's integer score (negated): shares scored against the *whole* target workload,
-        whole-card pods against FGD's classes covering :data:`POPULAR_PERCENT` of it (the rare
-        multi-card classes the whole workload adds cost multi-GPU traces). Its coarse,
-        truncated score lets the fixed rank decide near-ties, i.e. first fit, which
-        consolidates load; exact values scatter it (~1 pp worse on openb's default trace).
+        Then, for a share, its best card's free milli: best fit, so a share closes a card
+        already in use before it breaks a whole one that whole-card pods could take. For
+        whole-card pods, FGD's integer score (negated), against FGD's classes covering
+        :data:`POPULAR_PERCENT` of the workload (the rare multi-card classes the whole
+        workload adds cost multi-GPU traces): it sees the CPU a node keeps for other classes,
+        which the stranded bucket prices only at the workload's mean ratio (~0.3 pp on
+        cpu250). Its coarse, truncated score lets the fixed rank decide near-ties, i.e. first
+        fit, which consolidates load; exact values scatter it (~1 pp worse on openb's default
+        trace). A share's FGD score, measured, buys nothing its best fit does not, and costs
+        a scoring pass per new node state.
 
         CPU-only pods: after the stranded GPU, fragmentation growth in
-        :data:`GROWTH_BUCKET_MILLI` buckets, then the node with the least free GPU: CPU spent
-        where the cards are already allocated strands nothing.
+        :data:`GROWTH_BUCKET_MILLI` buckets (against the same classes), then the node with
+        the least free GPU: CPU spent where the cards are already allocated strands nothing.
         """
         return [key(rows).astype(np.float64) for key in self.key_stages(pod)]
 
@@ -254,7 +255,10 @@ class KubegpuScorer:
         """:meth:`keys` as functions of the rows, most significant first, each in the dtype
         it is kept in (whole numbers or ±inf: comparing them needs no conversion)."""
         if pod.is_gpu_share:
-            return [lambda rows: self._share_key(pod, rows)]
+            return [
+                lambda rows: self._share_key(pod, rows),
+                lambda rows: self._share_fit_key(pod, rows),
+            ]
         stranded = functools.partial(self._stranded_key, pod)
         if pod.gpu_count:
             return [stranded, lambda rows: -self.fgd.scores(pod, rows)]
@@ -268,15 +272,19 @@ class KubegpuScorer:
         """Column of row ``i``'s card for a share (see :meth:`share_choice`).
 
         On a node of one model the chosen card is the first one whose free milli is the best
-        card's (a card's cost depends on its free milli alone there), and that value was
-        remembered per state when the node was ranked (:meth:`_share_key`): the simulator
-        asks for the card of the node it just chose, so it is a lookup, not a re-pricing."""
+        card's (a card's cost depends on its free milli alone there), and that value is the
+        remainder of the state's order value (:data:`ORDER_STRIDE`), priced when the node was
+        ranked: the simulator asks for the card of the node it just chose, so it is a
+        lookup, not a re-pricing."""
         state = self.state
         if pod.gpu_memory_mib is None and not state.mixed[i]:
-            table = self._best_free_tables.get(_class_key("share", pod))
+            table = self._order_tables.get(_class_key("share", pod))
             sid = int(state.state_id[i])
-            if table is not None and sid < table.size and not np.isnan(table[sid]):
-                return int(state.card_free[i].tolist().index(int(table[sid])))
+            if table is not None and sid < table.size:
+                value = float(table[sid])
+                if value == value and value != np.inf:  # priced, and some card fits
+                    free = int(value % ORDER_STRIDE)  # non-negative for a negative bucket too
+                    return int(state.card_free[i].tolist().index(free))
         return int(self.share_choice(pod, np.array([i]))[1][0])
 
     def share_choice(self, pod: PodRequest, rows: IntArray) -> tuple[FloatArray, IntArray]:
@@ -346,10 +354,21 @@ class KubegpuScorer:
     def _share_key(self, pod: PodRequest, rows: IntArray) -> KeyArray:
         """A share's first key on each of ``rows``: the cost bucket of its best card
         (:meth:`share_choice`), from the order values (priced once per node state and pod
-        class, with the best card's free milli beside it for :meth:`card`)."""
+        class)."""
         if pod.gpu_memory_mib is not None:  # card memory is not part of the state
             return self.share_choice(pod, rows)[0]
         return self._buckets(pod, _class_key("share", pod), rows)
+
+    def _share_fit_key(self, pod: PodRequest, rows: IntArray) -> KeyArray:
+        """A share's second key on each of ``rows``: its best card's free milli, the
+        remainder of the order values (finite on a feasible row: some card fits)."""
+        if pod.gpu_memory_mib is not None:
+            cols = self.share_choice(pod, rows)[1]
+            free: KeyArray = self.state.card_free[rows, cols]
+            return free
+        values = self._order_values(pod, _class_key("share", pod), rows)
+        remainder: FloatArray = values - np.floor((values + 1.0) / ORDER_STRIDE) * ORDER_STRIDE
+        return remainder
 
     def _stranded_key(self, pod: PodRequest, rows: IntArray) -> KeyArray:
         """The first key of a pod taking no share on each of ``rows``: its stranded cost
@@ -359,17 +378,22 @@ class KubegpuScorer:
         return self._buckets(pod, _class_key("stranded", pod), rows)
 
     def _buckets(self, pod: PodRequest, key: StageKey, rows: IntArray) -> FloatArray:
-        """The cost buckets of ``rows`` in their order values for pod class ``key``,
-        pricing the states not priced yet: ``floor((value + 1) / stride)`` is the bucket
-        whether the value is scored (it adds 1 … 101 to bucket × stride) or not (it adds
-        none), and dividing by a power of two is exact."""
+        """The cost buckets of ``rows`` in their order values for pod class ``key``:
+        ``floor((value + 1) / stride)`` is the bucket whatever the remainder (−1 … 1000),
+        and dividing by a power of two is exact."""
+        values = self._order_values(pod, key, rows)
+        buckets: FloatArray = np.floor((values + 1.0) / ORDER_STRIDE)
+        return buckets
+
+    def _order_values(self, pod: PodRequest, key: StageKey, rows: IntArray) -> FloatArray:
+        """The order values of ``rows`` for pod class ``key``, pricing the states not
+        priced yet."""
         ids = self.state.state_id[rows]
         order = self._order_table(key)
         values = order[ids]
         if np.isnan(values).any():
             values = self._price(pod, key, order, rows, ids, values)
-        buckets: FloatArray = np.floor((values + 1.0) / ORDER_STRIDE)
-        return buckets
+        return values
 
     def _stranded_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
         """Per row, the cost bucket of a pod taking no share (it leaves no card gap)."""
