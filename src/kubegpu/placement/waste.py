@@ -52,9 +52,10 @@ class WasteWeights:
     # pods' weight.
     common_share_percent: float = 85.0
     # Weight of a milli-GPU stranded by CPU against one left in an unfillable card gap.
-    cpu_weight: float = 0.75
-    # Costs within one bucket tie (then FGD's score and the rank decide): about one point of
-    # FGD's score near zero growth, so equal-looking placements consolidate on low-rank nodes.
+    cpu_weight: float = 0.5
+    # Costs within one bucket tie (then best fit, FGD's score or the growth, and the rank
+    # decide): about one point of FGD's score near zero growth, so equal-looking placements
+    # consolidate on low-rank nodes.
     bucket_milli: float = 40.0
 
 
