@@ -418,6 +418,42 @@ class ModelWaste:
             out.append(value)
         return out
 
+    def share_best_one(
+        self,
+        entry: int,
+        sorted_free: tuple[int, ...],
+        gpu_free: float,
+        cpu_free: float,
+        share_milli: int,
+        cpu_taken: int,
+    ) -> tuple[float, int]:
+        """The least bucket of :meth:`share_buckets_one` on a node of one model, and the
+        least free milli among the cards with it (best fit), from its cards' free milli in
+        ascending order: ``(inf, 0)`` when no card fits."""
+        stranded = self.stranded_growth_one(entry, gpu_free, cpu_free, share_milli, cpu_taken)
+        other = self.weights.cpu_weight * stranded
+        gaps = self._gap_lists.get(share_milli)
+        if gaps is None:
+            gaps = [[float(v) for v in row] for row in self.gap_growth(share_milli).tolist()]
+            self._gap_lists[share_milli] = gaps
+        if len(self.potentials) == 1:
+            gap = gaps[0]
+        else:
+            gap = gaps[entry]
+            other = other + self._pressure_list[entry] * share_milli
+        rounded = numpy_round6(other)
+        bucket = self.weights.bucket_milli
+        best, best_free = math.inf, 0
+        previous = -1
+        for free in sorted_free:
+            if free == previous or free < share_milli:  # equal cards price alike
+                continue
+            previous = free
+            value = numpy_floor((gap[free + 1] + rounded) / bucket)
+            if value < best:  # ascending free: the first of the least is the tightest
+                best, best_free = value, free
+        return best, best_free
+
 
 def numpy_round6(value: float) -> float:
     """``np.round(value, 6)``: numpy multiplies by 10⁶, rounds half to even and divides back

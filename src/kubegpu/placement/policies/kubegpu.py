@@ -23,7 +23,6 @@ from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
 from kubegpu.placement.policies.fgd import (
     FgdScorer,
     LevelledKey,
-    PodKey,
     ShapeKey,
     fill_from_levelled,
     shape_key,
@@ -41,15 +40,18 @@ POPULAR_PERCENT = 95.0
 # (the same operations as the vectorised pricing, in the same order): numpy's fixed cost per
 # call is most of the work on the one or two nodes whose state is new.
 SCALAR_ROWS = 4
-# A GPU pod's first two keys in one number per node state and pod class, its *order value*,
-# so that the simulator's choice is one argmin (:meth:`KubegpuScorer._best_gpu_pod`):
+# A pod's first two keys in one number per node state and pod class, its *order value*, so
+# that the simulator's choice is one argmin (:meth:`KubegpuScorer._best_by_order`):
 # ``bucket × ORDER_STRIDE + remainder``. A share's remainder is its best card's free milli
-# (0 … 1000); a whole-card pod's is ``100 − FGD's score``, or −1 while FGD's score is not known
-# (an *unscored* value sorts before every scored one of its bucket). Any stride above 1001
-# keeps buckets apart; a power of two divides exactly, and every value is a whole number,
-# exact in float64. A pod taking no GPU keeps its bucket alone, as an unscored value.
+# (0 … 1000); a whole-card pod's is ``100 − FGD's score``, a CPU-only pod's its growth bucket
+# plus :data:`GROWTH_OFFSET`; either is −1 while not known (an *unscored* value sorts before
+# every scored one of its bucket). Remainders stay within −1 … stride − 2, so buckets stay
+# apart; a power of two divides exactly, and every value is a whole number, exact in float64.
 ORDER_STRIDE = 2048.0
 UNSCORED = ORDER_STRIDE - 1.0  # an unscored value's remainder modulo the stride
+# Growth buckets are at most a node's free GPU milli over GROWTH_BUCKET_MILLI either way, so
+# below this offset on any node of fewer than 300 cards.
+GROWTH_OFFSET = 1024.0
 
 # One sort key over rows, in the dtype it is kept in: buckets and growths are floats, FGD's
 # score and free milli integers; every value is a whole number or ±inf, so comparisons are
@@ -83,7 +85,7 @@ class KubegpuScorer:
             ],
             dtype=np.int64,
         )
-        self._delta_tables: dict[PodKey, FloatArray] = {}
+        self._entries: list[int] = self.waste_entry.tolist()  # the same, for Python floats
         # Per CPU-only pod shape: growth bucket per (level before, level after, free milli,
         # model) (see _growth_bucket), shared by CPU-only classes as FGD's levelled scores.
         self._levelled_growth: dict[ShapeKey, dict[LevelledKey, float]] = {}
@@ -98,10 +100,9 @@ class KubegpuScorer:
         """Position in ``rows`` of the first node of our order (the same node as sorting by
         all of :meth:`keys`, since rows are in rank order). FGD's score and the growth, the
         costly keys, are computed only on the nodes tied on the waste bucket."""
-        if pod.gpu_memory_mib is None:  # card memory is not part of the per-state tables
-            if pod.gpu_count:
-                return self._best_gpu_pod(pod, rows)
-            return self._best_cpu_pod(pod, rows)
+        if pod.gpu_memory_mib is None or not pod.gpu_count:
+            # Card memory is not part of the per-state tables (a CPU-only pod takes no card).
+            return self._best_by_order(pod, rows)
         return self._best_by_stages(pod, rows)
 
     def _best_by_stages(self, pod: PodRequest, rows: IntArray) -> int:
@@ -118,14 +119,16 @@ class KubegpuScorer:
             positions = positions[values == values.min()]
         return int(positions[0])
 
-    def _best_gpu_pod(self, pod: PodRequest, rows: IntArray) -> int:
-        """:meth:`best` for a GPU pod whose card memory does not matter: one argmin of the
-        rows' order values (:data:`ORDER_STRIDE`), the least bucket, then the least free
-        milli of a share's card or FGD's best score for whole cards, then the first row.
-        FGD scores a state only when the argmin lands on an unscored value: its bucket is
-        then the least, and every unscored state of that bucket is scored before the argmin
-        is taken again. An argmin on a scored value needs nothing more, since an unscored
-        state of the same bucket would have sorted before it."""
+    def _best_by_order(self, pod: PodRequest, rows: IntArray) -> int:
+        """:meth:`best` for a pod whose card memory does not matter: one argmin of the
+        rows' order values (:data:`ORDER_STRIDE`), the least bucket, then the least
+        remainder (a share's best card's free milli, FGD's best score for whole cards, the
+        least growth for CPU-only pods), then the first row; a CPU-only pod's tied rows go
+        on to the least free GPU. A whole-card or CPU-only pod's remainder is computed only
+        when the argmin lands on an unscored value: its bucket is then the least, and every
+        unscored state of that bucket is scored before the argmin is taken again. An argmin
+        on a scored value needs nothing more, since an unscored state of the same bucket
+        would have sorted before it."""
         ids = self.state.state_id[rows]
         key = _class_key("share" if pod.is_gpu_share else "stranded", pod)
         order = self._order_table(key)
@@ -143,37 +146,28 @@ class KubegpuScorer:
         if low % ORDER_STRIDE == UNSCORED:
             # Below the next bucket's least value: the rows of the least bucket.
             bucket = (values < low + ORDER_STRIDE).nonzero()[0]
-            if bucket.size == 1:  # alone in its bucket: no tie for FGD's score to break
+            if bucket.size == 1:  # alone in its bucket: no tie for a remainder to break
                 return at
             tied = bucket[values[bucket] == low]
             tied_ids = ids[tied]
-            # bucket × stride + 100 − score, with low = bucket × stride − 1.
-            scored = (low + 101.0) - self.fgd.scores_of_states(pod, tied_ids)
+            # bucket × stride + remainder, with low = bucket × stride − 1.
+            scored = (low + 1.0) + self._remainders(pod, tied_ids)
             order[tied_ids] = scored
             values[tied] = scored
             at = int(values.argmin())
-        return at
+        if pod.gpu_count:
+            return at
+        tied = (values == values[at]).nonzero()[0]
+        if tied.size == 1:
+            return at
+        return int(tied[self.state.gpu_free_total[rows[tied]].argmin()])
 
-    def _best_cpu_pod(self, pod: PodRequest, rows: IntArray) -> int:
-        """:meth:`best` for a CPU-only pod: its three keys (:meth:`key_stages`) spelt out,
-        each on the rows tied on the ones before; the first is the stranded bucket, read
-        from its order values (never scored: a CPU-only pod's second key is its growth)."""
-        ids = self.state.state_id[rows]
-        key = _class_key("stranded", pod)
-        order = self._order_table(key)
-        values = order[ids]
-        low = values.min()
-        if low != low:  # NaN: as in _best_gpu_pod
-            values = self._price(pod, key, order, rows, ids, values)
-            low = values.min()
-        tied = (values == low).nonzero()[0]
-        if tied.size > 1:
-            growth = self._growth_bucket(pod, rows[tied])
-            tied = tied[growth == growth.min()]
-        if tied.size > 1:
-            free = self.state.gpu_free_total[rows[tied]]
-            tied = tied[free == free.min()]
-        return int(tied[0])
+    def _remainders(self, pod: PodRequest, ids: IntArray) -> FloatArray:
+        """The order values' remainders of a pod taking no share on node states ``ids``."""
+        if pod.gpu_count:
+            remainders: FloatArray = 100.0 - self.fgd.scores_of_states(pod, ids)
+            return remainders
+        return self._growth_of_states(pod, ids) + GROWTH_OFFSET
 
     def _price(
         self,
@@ -193,14 +187,27 @@ class KubegpuScorer:
         if where.size <= SCALAR_ROWS:
             # One or two nodes, as a rule: priced and stored one at a time in Python,
             # without the gathers and scatters numpy would spend on so few.
-            for at in where.tolist():
-                i = int(rows[at])
-                sid = int(ids[at])
-                if pod.is_gpu_share:
+            entries = self._entries
+            for at, i, sid in zip(
+                where.tolist(), rows[where].tolist(), ids[where].tolist(), strict=True
+            ):
+                # The state's key holds what the price reads: free CPU and the cards' free
+                # milli (sorted, on a node of one model).
+                cpu, free, model = state.state_keys[sid]
+                gpu_free = float(sum(free))
+                if not pod.is_gpu_share:
+                    bucket = self.waste.stranded_bucket_one(
+                        entries[i], gpu_free, float(cpu), pod.total_gpu_milli, pod.cpu_milli
+                    )
+                    value = bucket * ORDER_STRIDE - 1.0
+                elif isinstance(model, tuple):  # a node mixing models: per-card limits
                     bucket, col = self._share_choice_one(pod, i)
                     value = bucket * ORDER_STRIDE + float(state.card_free[i, col])
                 else:
-                    value = self._stranded_bucket_one(pod, i) * ORDER_STRIDE - 1.0
+                    bucket, best_free = self.waste.share_best_one(
+                        entries[i], free, gpu_free, float(cpu), pod.gpu_milli, pod.cpu_milli
+                    )
+                    value = bucket * ORDER_STRIDE + best_free
                 order[sid] = value
                 values[at] = value
             return values
@@ -447,50 +454,50 @@ class KubegpuScorer:
 
     def _growth_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
         """Fragment growth of a CPU-only ``pod`` on each of ``rows`` in
-        :data:`GROWTH_BUCKET_MILLI` buckets (cached per state, bucketed when cached)."""
+        :data:`GROWTH_BUCKET_MILLI` buckets."""
+        return self._growth_of_states(pod, self.state.state_id[rows])
+
+    def _growth_of_states(self, pod: PodRequest, ids: IntArray) -> FloatArray:
+        """Fragment growth of a CPU-only ``pod`` on each node state of ``ids`` (repeats
+        allowed) in :data:`GROWTH_BUCKET_MILLI` buckets."""
         state = self.state
-        key: PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
-        table: FloatArray = self._state_table(self._delta_tables, key, np.float64)
-        ids = state.state_id[rows]
-        out = table[ids]
-        missing = np.isnan(out)
-        if missing.any():
-            # The growth reads the free CPU only through the fragments at it and at it less
-            # the pod's, so (with the memo keyed by CPU level) it is one value per (level
-            # before, level after, free milli, model): a state met before under another
-            # free CPU of the same levels is a lookup, whatever CPU the pod asks.
-            levelled = self._levelled_growth.setdefault(shape_key(pod), {})
-            todo = fill_from_levelled(
-                dict.fromkeys(ids[missing].tolist()),  # distinct, cheaper than np.unique
-                state.state_keys,
-                pod.cpu_milli,
-                self.memo.cpu_key,
-                levelled,
-                table,
-            )
-            # One level before and after: the same fragment twice, a growth of exactly 0.
-            flat = [(sid, coarse) for sid, coarse in todo if coarse[0] == coarse[1]]
-            plain = [
-                (sid, coarse)
-                for sid, coarse in todo
-                if isinstance(coarse[3], str) and coarse[0] != coarse[1]
-            ]
-            fragments = self.fgd.fragments_at_levels(pod, [coarse for _, coarse in plain])
-            growths = [after[0] - before for before, after in fragments]
-            for sid, coarse in todo:
-                if not isinstance(coarse[3], str) and coarse[0] != coarse[1]:  # mixed models
-                    growths.append(self._cpu_pod_growth(state.state_keys[sid], pod))
-                    plain.append((sid, coarse))
-            growths.extend(0.0 for _ in flat)
-            plain.extend(flat)
-            for (sid, coarse), growth in zip(plain, growths, strict=True):
-                # Rounded first: float noise must not move a growth across a bucket
-                # boundary (numpy's rounding, as the vectorised keys use).
-                bucket = numpy_floor(numpy_round6(growth) / GROWTH_BUCKET_MILLI)
-                table[sid] = bucket
-                levelled[coarse] = bucket
-            out = table[ids]
-        return out
+        sids = ids.tolist()
+        # The growth reads the free CPU only through the fragments at it and at it less the
+        # pod's, so (with the memo keyed by CPU level) it is one value per (level before,
+        # level after, free milli, model): a state met before under another free CPU of the
+        # same levels is a lookup, whatever CPU the pod asks.
+        levelled = self._levelled_growth.setdefault(shape_key(pod), {})
+        known: dict[int, float] = {}
+        todo = fill_from_levelled(
+            dict.fromkeys(sids),  # distinct, cheaper than np.unique
+            state.state_keys,
+            pod.cpu_milli,
+            self.memo.cpu_key,
+            levelled,
+            known,
+        )
+        # One level before and after: the same fragment twice, a growth of exactly 0.
+        flat = [(sid, coarse) for sid, coarse in todo if coarse[0] == coarse[1]]
+        plain = [
+            (sid, coarse)
+            for sid, coarse in todo
+            if isinstance(coarse[3], str) and coarse[0] != coarse[1]
+        ]
+        fragments = self.fgd.fragments_at_levels(pod, [coarse for _, coarse in plain])
+        growths = [after[0] - before for before, after in fragments]
+        for sid, coarse in todo:
+            if not isinstance(coarse[3], str) and coarse[0] != coarse[1]:  # mixed models
+                growths.append(self._cpu_pod_growth(state.state_keys[sid], pod))
+                plain.append((sid, coarse))
+        growths.extend(0.0 for _ in flat)
+        plain.extend(flat)
+        for (sid, coarse), growth in zip(plain, growths, strict=True):
+            # Rounded first: float noise must not move a growth across a bucket boundary
+            # (numpy's rounding, as the vectorised keys use).
+            bucket = numpy_floor(numpy_round6(growth) / GROWTH_BUCKET_MILLI)
+            known[sid] = bucket
+            levelled[coarse] = bucket
+        return np.array([known[sid] for sid in sids], dtype=np.float64)
 
 
 def order_scores(keys: Sequence[npt.NDArray[np.float64]]) -> IntArray:
