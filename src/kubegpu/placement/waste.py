@@ -371,9 +371,15 @@ class ModelWaste:
     def stranded_growth_one(
         self, entry: int, gpu_free: float, cpu_free: float, gpu_taken: int, cpu_taken: int
     ) -> float:
-        """:meth:`stranded_growth` of one node."""
-        after = self.stranded_one(entry, gpu_free - gpu_taken, cpu_free - cpu_taken)
-        return after - self.stranded_one(entry, gpu_free, cpu_free)
+        """:meth:`stranded_growth` of one node: :meth:`stranded_one` after less before,
+        inline (the engine prices a node's new state with this on most pods)."""
+        rho = self._rho_list[0 if len(self.potentials) == 1 else entry]
+        if math.isnan(rho):
+            return 0.0
+        cpu_after = cpu_free - cpu_taken
+        after = (gpu_free - gpu_taken) - (cpu_after if cpu_after >= 0.0 else 0.0) / rho
+        before = gpu_free - (cpu_free if cpu_free >= 0.0 else 0.0) / rho
+        return (0.0 if after <= 0.0 else after) - (0.0 if before <= 0.0 else before)
 
     def stranded_bucket_one(
         self, entry: int, gpu_free: float, cpu_free: float, gpu_taken: int, cpu_taken: int

@@ -131,7 +131,9 @@ class KubegpuScorer:
         would have sorted before it."""
         ids = self.state.state_id[rows]
         key = _class_key("share" if pod.is_gpu_share else "stranded", pod)
-        order = self._order_table(key)
+        order = self._order_tables.get(key)
+        if order is None or order.size < len(self.state.state_keys):
+            order = self._order_table(key)
         values = order[ids]
         at = int(values.argmin())  # the first NaN, if any: a state not priced yet
         low = float(values[at])
@@ -144,11 +146,9 @@ class KubegpuScorer:
         if pod.is_gpu_share:  # priced in full: bucket, then its best card's free milli
             return at
         if low % ORDER_STRIDE == UNSCORED:
-            # Below the next bucket's least value: the rows of the least bucket.
-            bucket = (values < low + ORDER_STRIDE).nonzero()[0]
-            if bucket.size == 1:  # alone in its bucket: no tie for a remainder to break
-                return at
-            tied = bucket[values[bucket] == low]
+            # The unscored states of the least bucket (scoring one alone in its bucket is
+            # rare, and cheaper than looking for the others on every pod).
+            tied = (values == low).nonzero()[0]
             tied_ids = ids[tied]
             # bucket × stride + remainder, with low = bucket × stride − 1.
             scored = (low + 1.0) + self._remainders(pod, tied_ids)
@@ -165,7 +165,8 @@ class KubegpuScorer:
     def _remainders(self, pod: PodRequest, ids: IntArray) -> FloatArray:
         """The order values' remainders of a pod taking no share on node states ``ids``."""
         if pod.gpu_count:
-            remainders: FloatArray = 100.0 - self.fgd.scores_of_states(pod, ids)
+            scores = self.fgd.scores_of_states(pod, ids)
+            remainders: FloatArray = np.subtract(100.0, scores, dtype=np.float64)
             return remainders
         return self._growth_of_states(pod, ids) + GROWTH_OFFSET
 
@@ -188,9 +189,9 @@ class KubegpuScorer:
             # One or two nodes, as a rule: priced and stored one at a time in Python,
             # without the gathers and scatters numpy would spend on so few.
             entries = self._entries
-            for at, i, sid in zip(
-                where.tolist(), rows[where].tolist(), ids[where].tolist(), strict=True
-            ):
+            for at in where.tolist():
+                i = int(rows[at])
+                sid = int(ids[at])
                 # The state's key holds what the price reads: free CPU and the cards' free
                 # milli (sorted, on a node of one model).
                 cpu, free, model = state.state_keys[sid]
@@ -214,8 +215,7 @@ class KubegpuScorer:
         missing_rows = rows[where]
         missing_ids = ids[where]
         if pod.is_gpu_share:
-            buckets, cols = self.share_choice(pod, missing_rows)
-            priced = buckets * ORDER_STRIDE + state.card_free[missing_rows, cols]
+            priced = self._share_order_values(pod, missing_rows)
         else:
             priced = self._stranded_bucket(pod, missing_rows) * ORDER_STRIDE - 1.0
         # Equal states give equal values: pricing every missing row (repeats included)
@@ -294,6 +294,29 @@ class KubegpuScorer:
                     return int(state.card_free[i].tolist().index(free))
         return int(self.share_choice(pod, np.array([i]))[1][0])
 
+    def _share_order_values(self, pod: PodRequest, rows: IntArray) -> FloatArray:
+        """A share's order value on each of ``rows`` (:data:`ORDER_STRIDE`): per card,
+        bucket × stride + free milli, whose least is the best card's, as :meth:`share_choice`
+        picks it (an infinite bucket where no card fits)."""
+        buckets = self._card_buckets(pod, rows)
+        values: FloatArray = (buckets * ORDER_STRIDE + self.state.card_free[rows]).min(axis=1)
+        return values
+
+    def _card_buckets(self, pod: PodRequest, rows: IntArray) -> FloatArray:
+        """A share's cost bucket on each card of ``rows`` (+inf where it may not go)."""
+        state = self.state
+        bucket = self.waste.share_buckets(
+            self.waste_entry[rows],
+            state.card_free[rows],
+            state.gpu_free_total[rows].astype(np.float64),
+            state.cpu_free[rows].astype(np.float64),
+            pod.gpu_milli,
+            pod.cpu_milli,
+        )
+        if pod.gpu_memory_mib is not None or pod.gpu_models:
+            bucket = np.where(eligible_cards(state, rows, pod), bucket, np.inf)
+        return bucket
+
     def share_choice(self, pod: PodRequest, rows: IntArray) -> tuple[FloatArray, IntArray]:
         """For a GPU share on each of ``rows``: the cost bucket of its best card and that
         card's column. A card's cost is the growth of its unfillable gap plus the node's
@@ -303,16 +326,7 @@ class KubegpuScorer:
         if rows.size <= SCALAR_ROWS and pod.gpu_memory_mib is None:
             return self._share_choice_scalar(pod, rows)
         free = state.card_free[rows]
-        bucket = self.waste.share_buckets(
-            self.waste_entry[rows],
-            free,
-            state.gpu_free_total[rows].astype(np.float64),
-            state.cpu_free[rows].astype(np.float64),
-            pod.gpu_milli,
-            pod.cpu_milli,
-        )
-        if pod.gpu_memory_mib is not None or pod.gpu_models:
-            bucket = np.where(eligible_cards(state, rows, pod), bucket, np.inf)
+        bucket = self._card_buckets(pod, rows)
         # Lexicographic (bucket, free milli) in one number: free milli is below the stride
         # (cards that do not fit have an infinite bucket whatever their free milli).
         cols = (bucket * (2 * MILLI_PER_GPU + 2) + free).argmin(axis=1)
@@ -454,8 +468,21 @@ class KubegpuScorer:
 
     def _growth_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
         """Fragment growth of a CPU-only ``pod`` on each of ``rows`` in
-        :data:`GROWTH_BUCKET_MILLI` buckets."""
-        return self._growth_of_states(pod, self.state.state_id[rows])
+        :data:`GROWTH_BUCKET_MILLI` buckets, read back from its order values (priced and
+        scored here where they are not yet, and kept: the extender asks on every pod)."""
+        key = _class_key("stranded", pod)
+        values = self._order_values(pod, key, rows)
+        unscored = values % ORDER_STRIDE == UNSCORED
+        if unscored.any():
+            ids = self.state.state_id[rows]
+            fresh = ids[unscored]
+            order = self._order_table(key)
+            order[fresh] = values[unscored] + 1.0 + self._remainders(pod, fresh)
+            values = order[ids]
+        growth: FloatArray = (
+            values - np.floor((values + 1.0) / ORDER_STRIDE) * ORDER_STRIDE - GROWTH_OFFSET
+        )
+        return growth
 
     def _growth_of_states(self, pod: PodRequest, ids: IntArray) -> FloatArray:
         """Fragment growth of a CPU-only ``pod`` on each node state of ``ids`` (repeats
