@@ -19,10 +19,13 @@ FGD's measure sees neither well:
   leaves idle at 100 % arrived (``bench/kubegpu_sensitivity.py --breakdown``).
 
 A placement's cost is the growth of both, in milli-GPU: ``Δgap_waste + cpu_weight · Δstranded``.
-The engine orders nodes by that cost in ``bucket_milli`` buckets, then by FGD's own score,
-then by rank (see ``kubegpu.placement.policies.kubegpu.KubegpuScorer.keys``). The three constants of
-:class:`WasteWeights` were measured, not derived: see docs/benchmarks.md, "07-Kubegpu", and
-``bench/kubegpu_sensitivity.py``.
+The engine orders nodes by that cost in ``bucket_milli`` buckets, then by a tie-break per
+kind of pod (a share's tightest card, a whole-card pod's FGD score, a CPU-only pod's
+fragmentation growth), then by rank (see
+``kubegpu.placement.policies.kubegpu.KubegpuScorer.keys``). The bucket is derived; the share
+percentage and the CPU weight of :class:`WasteWeights` are chosen by the protocol in
+docs/benchmarks.md ("Model-constrained traces … and the tuning protocol",
+``bench/model_constrained.py --protocol``).
 
 Pure and numpy-only, like the rest of the placement core.
 """

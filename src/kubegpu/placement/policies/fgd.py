@@ -125,6 +125,16 @@ class FgdScorer:
             out = table[ids]
         return out
 
+    def score_of_state(self, pod: PodRequest, sid: int) -> int:
+        """:meth:`scores_of_states` of one node state."""
+        key: PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
+        table = self._score_table(key)
+        score = int(table[sid])
+        if score < 0:
+            self._fill(pod, key, table, np.array([sid]))
+            score = int(table[sid])
+        return score
+
     def _score_table(self, key: PodKey) -> npt.NDArray[np.int16]:
         """Pod class ``key``'s score per node state (-1: not computed yet), grown (doubling)
         to hold every state seen so far."""

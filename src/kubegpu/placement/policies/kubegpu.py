@@ -149,11 +149,19 @@ class KubegpuScorer:
             # The unscored states of the least bucket (scoring one alone in its bucket is
             # rare, and cheaper than looking for the others on every pod).
             tied = (values == low).nonzero()[0]
-            tied_ids = ids[tied]
-            # bucket × stride + remainder, with low = bucket × stride − 1.
-            scored = (low + 1.0) + self._remainders(pod, tied_ids)
-            order[tied_ids] = scored
-            values[tied] = scored
+            if tied.size == 1 and pod.gpu_count:
+                # One whole-card state, as a rule (the node the pod before filled): its
+                # score as a Python int, without arrays of one.
+                sid = int(ids[at])
+                value = low + 101.0 - self.fgd.score_of_state(pod, sid)
+                order[sid] = value
+                values[at] = value
+            else:
+                tied_ids = ids[tied]
+                # bucket × stride + remainder, with low = bucket × stride − 1.
+                scored = (low + 1.0) + self._remainders(pod, tied_ids)
+                order[tied_ids] = scored
+                values[tied] = scored
             at = int(values.argmin())
         if pod.gpu_count:
             return at
