@@ -360,22 +360,12 @@ class ModelWaste:
     def _pressure_list(self) -> list[float]:
         return [float(p) for p in self.pressure.tolist()]
 
-    def stranded_one(self, entry: int, gpu_free: float, cpu_free: float) -> float:
-        """:meth:`stranded` of one node."""
-        rho = self._rho_list[0 if len(self.potentials) == 1 else entry]
-        if math.isnan(rho):
-            return 0.0
-        # np.maximum(a, b) is ``a if a >= b else b`` (NaN cannot occur here; a zero of
-        # either sign compares, buckets and sorts as any other zero).
-        carried = (cpu_free if cpu_free >= 0.0 else 0.0) / rho
-        left = gpu_free - carried
-        return 0.0 if left <= 0.0 else left
-
     def stranded_growth_one(
         self, entry: int, gpu_free: float, cpu_free: float, gpu_taken: int, cpu_taken: int
     ) -> float:
-        """:meth:`stranded_growth` of one node: :meth:`stranded_one` after less before,
-        inline (the engine prices a node's new state with this on most pods)."""
+        """:meth:`stranded_growth` of one node, :meth:`stranded`'s operations on Python
+        floats (``np.maximum(a, b)`` is ``a if a >= b else b``; NaN cannot occur, and a zero
+        of either sign compares, buckets and sorts as any other zero)."""
         rho = self._rho_list[0 if len(self.potentials) == 1 else entry]
         if math.isnan(rho):
             return 0.0
