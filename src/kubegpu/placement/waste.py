@@ -384,6 +384,23 @@ class ModelWaste:
             cost = cost + self._pressure_list[entry] * gpu_taken
         return numpy_floor(numpy_round6(cost) / self.weights.bucket_milli)
 
+    def _share_terms_one(
+        self, entry: int, gpu_free: float, cpu_free: float, share_milli: int, cpu_taken: int
+    ) -> tuple[list[float], float]:
+        """A share's per-card gap growth by free milli + 1 (the node's entry's row) and its
+        node's other cost, rounded: a card's bucket is ``floor((gap[free + 1] + other) /
+        bucket_milli)``."""
+        stranded = self.stranded_growth_one(entry, gpu_free, cpu_free, share_milli, cpu_taken)
+        other = self.weights.cpu_weight * stranded
+        gaps = self._gap_lists.get(share_milli)
+        if gaps is None:
+            gaps = [[float(v) for v in row] for row in self.gap_growth(share_milli).tolist()]
+            self._gap_lists[share_milli] = gaps
+        if len(self.potentials) == 1:
+            return gaps[0], numpy_round6(other)
+        other = other + self._pressure_list[entry] * share_milli
+        return gaps[entry], numpy_round6(other)
+
     def share_buckets_one(
         self,
         entry: int,
@@ -394,18 +411,7 @@ class ModelWaste:
         cpu_taken: int,
     ) -> list[float]:
         """:meth:`share_buckets` of one node's cards (``card_free`` in column order)."""
-        stranded = self.stranded_growth_one(entry, gpu_free, cpu_free, share_milli, cpu_taken)
-        other = self.weights.cpu_weight * stranded
-        gaps = self._gap_lists.get(share_milli)
-        if gaps is None:
-            gaps = [[float(v) for v in row] for row in self.gap_growth(share_milli).tolist()]
-            self._gap_lists[share_milli] = gaps
-        if len(self.potentials) == 1:
-            gap = gaps[0]
-        else:
-            gap = gaps[entry]
-            other = other + self._pressure_list[entry] * share_milli
-        rounded = numpy_round6(other)
+        gap, rounded = self._share_terms_one(entry, gpu_free, cpu_free, share_milli, cpu_taken)
         bucket = self.weights.bucket_milli
         # Cards of equal free milli price alike: each value once.
         by_free: dict[int, float] = {}
@@ -429,18 +435,7 @@ class ModelWaste:
         """The least bucket of :meth:`share_buckets_one` on a node of one model, and the
         least free milli among the cards with it (best fit), from its cards' free milli in
         ascending order: ``(inf, 0)`` when no card fits."""
-        stranded = self.stranded_growth_one(entry, gpu_free, cpu_free, share_milli, cpu_taken)
-        other = self.weights.cpu_weight * stranded
-        gaps = self._gap_lists.get(share_milli)
-        if gaps is None:
-            gaps = [[float(v) for v in row] for row in self.gap_growth(share_milli).tolist()]
-            self._gap_lists[share_milli] = gaps
-        if len(self.potentials) == 1:
-            gap = gaps[0]
-        else:
-            gap = gaps[entry]
-            other = other + self._pressure_list[entry] * share_milli
-        rounded = numpy_round6(other)
+        gap, rounded = self._share_terms_one(entry, gpu_free, cpu_free, share_milli, cpu_taken)
         bucket = self.weights.bucket_milli
         best, best_free = math.inf, 0
         previous = -1
