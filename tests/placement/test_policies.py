@@ -168,8 +168,8 @@ def test_kubegpu_breaks_equal_waste_by_the_tightest_card() -> None:
 def test_kubegpu_keeps_a_whole_card_free_for_a_rare_whole_card_class() -> None:
     # 19 half-card shares and one whole-card pod: FGD's target (classes covering 95 % of pods)
     # drops the whole-card class, so both nodes score 50 for a share and rank 0 wins, breaking
-    # its only whole card. Ours scores shares against the whole workload: the share closes the
-    # 500-free card on "two-cards" (fragment −25) instead of halving "one-card" (+25).
+    # its only whole card. Ours dooms no waste on either (a 500 gap is a common share's size),
+    # then fits best: the share closes the 500-free card on "two-cards".
     from kubegpu.simulate.replay import target_workload
 
     trace = [PodRequest(1000, 1024, 1, 500)] * 19 + [PodRequest(1000, 1024, 1, 1000)]
@@ -202,19 +202,24 @@ def test_popular_classes_of_a_weighted_workload_match_fgds_cut_of_the_pod_list()
     assert len(whole.popular(95.0).pods) == 2 and len(whole.pods) == 3
 
 
-def test_kubegpu_lets_rank_decide_gpu_pods_whose_waste_and_fgd_scores_tie() -> None:
+def test_kubegpu_breaks_a_shares_waste_tie_by_best_fit_then_rank() -> None:
     # Half whole-card pods, half 250-milli shares. A 100-milli share turns the 330 gap (80
-    # unfillable) into 230 (all of it) and the 300 gap (50) into 200: +150 on both. FGD's
-    # exact growth differs (65 against 50) but both truncate to score 48, so rank 0 wins
-    # (first fit, which consolidates load).
+    # unfillable) into 230 (all of it) and the 300 gap (50) into 200: +150 on both, one bucket.
+    # FGD cannot tell them apart either (both truncate to score 48, rank 0 wins); ours takes
+    # the tighter card, and between equal cards the first in rank (first fit).
     workload = TypicalWorkload.from_weights(
         [(PodRequest(1000, 0, 1, 1000), 0.5), (PodRequest(1000, 0, 1, 250), 0.5)]
     )
     nodes = [node("first", (330,), rank=0), node("tight", (300,), rank=1)]
     ours = engine(nodes, "kubegpu", workload)
-    assert ours._kubegpu_keys(share(100), ours.feasible_rows(share(100)))[0].tolist() == [3, 3]
+    keys = ours._kubegpu_keys(share(100), ours.feasible_rows(share(100)))
+    assert [key.tolist() for key in keys] == [[3, 3], [330, 300]]
     assert engine(nodes, "fgd", workload).score(share(100)) == {"first": 48, "tight": 48}
-    assert ours.choose(share(100)).node == "first"  # type: ignore[union-attr]
+    assert ours.choose(share(100)).node == "tight"  # type: ignore[union-attr]
+    twins = engine(
+        [node("first", (300,), rank=0), node("second", (300,), rank=1)], "kubegpu", workload
+    )
+    assert twins.choose(share(100)).node == "first"  # type: ignore[union-attr]
 
 
 def test_kubegpu_leaves_a_gap_a_common_share_fills_where_best_fit_leaves_a_sliver() -> None:

@@ -1,5 +1,6 @@
 """07-Kubegpu prices the one or two nodes whose state is new since a pod class last came in
-Python floats (``ModelWaste.*_one``, ``KubegpuScorer._share_choice_scalar``); numpy prices
+Python floats (``ModelWaste.*_one``, ``KubegpuScorer._share_choice_scalar``, a share's best
+card from its state's sorted free milli); numpy prices
 the rest. Both must give the same bucket and the same card on every node, or a placement
 would depend on how many nodes happened to be new."""
 
@@ -80,6 +81,10 @@ def test_one_node_in_python_floats_prices_what_numpy_prices(seed: int, constrain
         )[0]
         one_cards = waste.share_buckets_one(entry, free, gpu, cpu, share, taken_cpu)
         assert one_cards == vector_cards[:cards].tolist(), (entry, free, cpu, share)
+        # The best card from the sorted free milli: least bucket, then tightest.
+        fits = [(b, f) for b, f in zip(one_cards, free, strict=True) if b != float("inf")]
+        best = waste.share_best_one(entry, tuple(sorted(free)), gpu, cpu, share, taken_cpu)
+        assert best == (min(fits) if fits else (float("inf"), 0)), (entry, free, cpu, share)
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -85,14 +85,14 @@ class PlacementEngine(ClusterState):
             # Every memo keys the free CPU by its level (FragmentationMemo): the same values,
             # computed less often. FGD gets it too: a baseline kept slow on purpose would only
             # flatter our policy's speed against it.
-            ours = self.policy.node_score is NodeScore.KUBEGPU
-            memo = FragmentationMemo(workload, cpu_levels=True)
-            if ours:
-                # Ours scores whole-card pods against FGD's popular classes only.
-                popular = FragmentationMemo(workload.popular(POPULAR_PERCENT), cpu_levels=True)
-                self._fgd = FgdScorer(self, memo, popular)
+            if self.policy.node_score is NodeScore.KUBEGPU:
+                # Ours measures fragmentation against FGD's popular classes only (see
+                # KubegpuScorer.keys): the rare classes of the whole workload cost
+                # multi-GPU traces.
+                workload_measured = workload.popular(POPULAR_PERCENT)
             else:
-                self._fgd = FgdScorer(self, memo)
+                workload_measured = workload
+            self._fgd = FgdScorer(self, FragmentationMemo(workload_measured, cpu_levels=True))
             if (
                 self.policy.node_score is NodeScore.KUBEGPU
                 or self.policy.gpu_choice is GpuChoice.WASTE

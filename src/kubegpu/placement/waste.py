@@ -19,10 +19,13 @@ FGD's measure sees neither well:
   leaves idle at 100 % arrived (``bench/kubegpu_sensitivity.py --breakdown``).
 
 A placement's cost is the growth of both, in milli-GPU: ``Δgap_waste + cpu_weight · Δstranded``.
-The engine orders nodes by that cost in ``bucket_milli`` buckets, then by FGD's own score,
-then by rank (see ``kubegpu.placement.policies.kubegpu.KubegpuScorer.keys``). The three constants of
-:class:`WasteWeights` were measured, not derived: see docs/benchmarks.md, "07-Kubegpu", and
-``bench/kubegpu_sensitivity.py``.
+The engine orders nodes by that cost in ``bucket_milli`` buckets, then by a tie-break per
+kind of pod (a share's tightest card, a whole-card pod's FGD score, a CPU-only pod's
+fragmentation growth), then by rank (see
+``kubegpu.placement.policies.kubegpu.KubegpuScorer.keys``). The bucket is derived; the share
+percentage and the CPU weight of :class:`WasteWeights` are chosen by the protocol in
+docs/benchmarks.md ("Model-constrained traces … and the tuning protocol",
+``bench/model_constrained.py --protocol``).
 
 Pure and numpy-only, like the rest of the placement core.
 """
@@ -52,9 +55,10 @@ class WasteWeights:
     # pods' weight.
     common_share_percent: float = 85.0
     # Weight of a milli-GPU stranded by CPU against one left in an unfillable card gap.
-    cpu_weight: float = 0.75
-    # Costs within one bucket tie (then FGD's score and the rank decide): about one point of
-    # FGD's score near zero growth, so equal-looking placements consolidate on low-rank nodes.
+    cpu_weight: float = 0.5
+    # Costs within one bucket tie (then best fit, FGD's score or the growth, and the rank
+    # decide): about one point of FGD's score near zero growth, so equal-looking placements
+    # consolidate on low-rank nodes.
     bucket_milli: float = 40.0
 
 
@@ -356,23 +360,19 @@ class ModelWaste:
     def _pressure_list(self) -> list[float]:
         return [float(p) for p in self.pressure.tolist()]
 
-    def stranded_one(self, entry: int, gpu_free: float, cpu_free: float) -> float:
-        """:meth:`stranded` of one node."""
-        rho = self._rho_list[0 if len(self.potentials) == 1 else entry]
-        if math.isnan(rho):
-            return 0.0
-        # np.maximum(a, b) is ``a if a >= b else b`` (NaN cannot occur here; a zero of
-        # either sign compares, buckets and sorts as any other zero).
-        carried = (cpu_free if cpu_free >= 0.0 else 0.0) / rho
-        left = gpu_free - carried
-        return 0.0 if left <= 0.0 else left
-
     def stranded_growth_one(
         self, entry: int, gpu_free: float, cpu_free: float, gpu_taken: int, cpu_taken: int
     ) -> float:
-        """:meth:`stranded_growth` of one node."""
-        after = self.stranded_one(entry, gpu_free - gpu_taken, cpu_free - cpu_taken)
-        return after - self.stranded_one(entry, gpu_free, cpu_free)
+        """:meth:`stranded_growth` of one node, :meth:`stranded`'s operations on Python
+        floats (``np.maximum(a, b)`` is ``a if a >= b else b``; NaN cannot occur, and a zero
+        of either sign compares, buckets and sorts as any other zero)."""
+        rho = self._rho_list[0 if len(self.potentials) == 1 else entry]
+        if math.isnan(rho):
+            return 0.0
+        cpu_after = cpu_free - cpu_taken
+        after = (gpu_free - gpu_taken) - (cpu_after if cpu_after >= 0.0 else 0.0) / rho
+        before = gpu_free - (cpu_free if cpu_free >= 0.0 else 0.0) / rho
+        return (0.0 if after <= 0.0 else after) - (0.0 if before <= 0.0 else before)
 
     def stranded_bucket_one(
         self, entry: int, gpu_free: float, cpu_free: float, gpu_taken: int, cpu_taken: int
@@ -384,6 +384,23 @@ class ModelWaste:
             cost = cost + self._pressure_list[entry] * gpu_taken
         return numpy_floor(numpy_round6(cost) / self.weights.bucket_milli)
 
+    def _share_terms_one(
+        self, entry: int, gpu_free: float, cpu_free: float, share_milli: int, cpu_taken: int
+    ) -> tuple[list[float], float]:
+        """A share's per-card gap growth by free milli + 1 (the node's entry's row) and its
+        node's other cost, rounded: a card's bucket is ``floor((gap[free + 1] + other) /
+        bucket_milli)``."""
+        stranded = self.stranded_growth_one(entry, gpu_free, cpu_free, share_milli, cpu_taken)
+        other = self.weights.cpu_weight * stranded
+        gaps = self._gap_lists.get(share_milli)
+        if gaps is None:
+            gaps = [[float(v) for v in row] for row in self.gap_growth(share_milli).tolist()]
+            self._gap_lists[share_milli] = gaps
+        if len(self.potentials) == 1:
+            return gaps[0], numpy_round6(other)
+        other = other + self._pressure_list[entry] * share_milli
+        return gaps[entry], numpy_round6(other)
+
     def share_buckets_one(
         self,
         entry: int,
@@ -394,18 +411,7 @@ class ModelWaste:
         cpu_taken: int,
     ) -> list[float]:
         """:meth:`share_buckets` of one node's cards (``card_free`` in column order)."""
-        stranded = self.stranded_growth_one(entry, gpu_free, cpu_free, share_milli, cpu_taken)
-        other = self.weights.cpu_weight * stranded
-        gaps = self._gap_lists.get(share_milli)
-        if gaps is None:
-            gaps = [[float(v) for v in row] for row in self.gap_growth(share_milli).tolist()]
-            self._gap_lists[share_milli] = gaps
-        if len(self.potentials) == 1:
-            gap = gaps[0]
-        else:
-            gap = gaps[entry]
-            other = other + self._pressure_list[entry] * share_milli
-        rounded = numpy_round6(other)
+        gap, rounded = self._share_terms_one(entry, gpu_free, cpu_free, share_milli, cpu_taken)
         bucket = self.weights.bucket_milli
         # Cards of equal free milli price alike: each value once.
         by_free: dict[int, float] = {}
@@ -416,6 +422,31 @@ class ModelWaste:
                 value = by_free[free] = numpy_floor((gap[free + 1] + rounded) / bucket)
             out.append(value)
         return out
+
+    def share_best_one(
+        self,
+        entry: int,
+        sorted_free: tuple[int, ...],
+        gpu_free: float,
+        cpu_free: float,
+        share_milli: int,
+        cpu_taken: int,
+    ) -> tuple[float, int]:
+        """The least bucket of :meth:`share_buckets_one` on a node of one model, and the
+        least free milli among the cards with it (best fit), from its cards' free milli in
+        ascending order: ``(inf, 0)`` when no card fits."""
+        gap, rounded = self._share_terms_one(entry, gpu_free, cpu_free, share_milli, cpu_taken)
+        bucket = self.weights.bucket_milli
+        best, best_free = math.inf, 0
+        previous = -1
+        for free in sorted_free:
+            if free == previous or free < share_milli:  # equal cards price alike
+                continue
+            previous = free
+            value = numpy_floor((gap[free + 1] + rounded) / bucket)
+            if value < best:  # ascending free: the first of the least is the tightest
+                best, best_free = value, free
+        return best, best_free
 
 
 def numpy_round6(value: float) -> float:

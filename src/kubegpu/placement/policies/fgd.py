@@ -66,22 +66,12 @@ def fill_from_levelled(
 
 
 class FgdScorer:
-    """FGD's node score and card choice over ``state``.
+    """FGD's node score and card choice over ``state``; ``memo`` measures fragmentation
+    against the target workload."""
 
-    ``memo`` measures fragmentation against the target workload; ``whole_card_memo`` is the
-    one whole-card pods are scored against (the same for FGD; our policy passes FGD's popular
-    classes only, see :mod:`.kubegpu`).
-    """
-
-    def __init__(
-        self,
-        state: ClusterState,
-        memo: FragmentationMemo,
-        whole_card_memo: FragmentationMemo | None = None,
-    ) -> None:
+    def __init__(self, state: ClusterState, memo: FragmentationMemo) -> None:
         self.state = state
         self.memo = memo
-        self.whole_card_memo = memo if whole_card_memo is None else whole_card_memo
         self._score_tables: dict[PodKey, npt.NDArray[np.int16]] = {}
         # Per pod shape, with memos keyed by CPU level: score per (level before, level
         # after, free milli, model) (see _fill). Keyed by shape, not class: classes of one
@@ -93,14 +83,13 @@ class FgdScorer:
         cpu, free, model = key
         cpu_after = cpu - pod.cpu_milli
         if not pod.is_gpu_share:
-            memo = self.whole_card_memo if pod.gpu_count else self.memo
             after = (
                 mixed_whole_after(free, model, pod)
                 if isinstance(model, tuple)
                 else whole_card_sorted_after(free, pod.gpu_count)
             )
-            before_whole = memo.fragment(cpu, free, model)
-            return sigmoid_score(before_whole, memo.fragment(cpu_after, after, model))
+            before_whole = self.memo.fragment(cpu, free, model)
+            return sigmoid_score(before_whole, self.memo.fragment(cpu_after, after, model))
         before = self.memo.fragment(cpu, free, model)
         best = -1
         if isinstance(model, tuple):
@@ -136,6 +125,16 @@ class FgdScorer:
             out = table[ids]
         return out
 
+    def score_of_state(self, pod: PodRequest, sid: int) -> int:
+        """:meth:`scores_of_states` of one node state."""
+        key: PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
+        table = self._score_table(key)
+        score = int(table[sid])
+        if score < 0:
+            self._fill(pod, key, table, np.array([sid]))
+            score = int(table[sid])
+        return score
+
     def _score_table(self, key: PodKey) -> npt.NDArray[np.int16]:
         """Pod class ``key``'s score per node state (-1: not computed yet), grown (doubling)
         to hold every state seen so far."""
@@ -154,7 +153,7 @@ class FgdScorer:
     ) -> None:
         """Score the node states ``ids`` (some repeated) into ``table``."""
         state = self.state
-        memo = self.whole_card_memo if pod.gpu_count and not pod.is_gpu_share else self.memo
+        memo = self.memo
         if not memo.cpu_levels:
             sids = sorted(set(ids.tolist()))  # few: cheaper than np.unique
             self.prefetch_states(pod, [state.state_keys[sid] for sid in sids])
@@ -199,7 +198,7 @@ class FgdScorer:
         whole cards taken; a CPU-only pod's free milli as they are), all fragments missing
         from the memo computed in one batch. :meth:`state_score`'s values, its after-states
         made once instead of once for the batch and once for the score."""
-        memo = self.whole_card_memo if pod.gpu_count and not pod.is_gpu_share else self.memo
+        memo = self.memo
         wanted: list[tuple[int, tuple[int, ...], str]] = []
         options: list[list[tuple[int, ...]]] = []
         milli = pod.gpu_milli
@@ -235,7 +234,7 @@ class FgdScorer:
     def prefetch_states(self, pod: PodRequest, keys: list[StateKey]) -> None:
         """Batch-compute the fragments :meth:`state_score` will look up for ``keys``
         (single-model states; a node mixing models is computed when looked up)."""
-        memo = self.whole_card_memo if pod.gpu_count and not pod.is_gpu_share else self.memo
+        memo = self.memo
         wanted: list[tuple[int, tuple[int, ...], str]] = []
         for cpu, free, model in keys:
             if not isinstance(model, str):

@@ -1,8 +1,11 @@
-"""Ours: least doomed waste first, then FGD's score, then first fit (the fixed node rank).
+"""Ours: least doomed waste first, then a tie-break per kind of pod, then first fit (the
+fixed node rank).
 
-The waste a placement dooms is :mod:`kubegpu.placement.waste`'s; FGD's score is
-:class:`~kubegpu.placement.policies.fgd.FgdScorer`'s. Every key is cached per node state and
-pod class, as FGD's score is, so a replay computes each once.
+The waste a placement dooms is :mod:`kubegpu.placement.waste`'s. Ties on it are broken by the
+best fit of the share's card (shares), FGD's score (whole cards; the score is
+:class:`~kubegpu.placement.policies.fgd.FgdScorer`'s) or fragmentation growth (CPU-only pods),
+see :meth:`KubegpuScorer.keys`. Every key is cached per node state and pod class, as FGD's
+score is, so a replay computes each once.
 """
 
 from __future__ import annotations
@@ -20,31 +23,35 @@ from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
 from kubegpu.placement.policies.fgd import (
     FgdScorer,
     LevelledKey,
-    PodKey,
     ShapeKey,
     fill_from_levelled,
     shape_key,
 )
-from kubegpu.placement.state import ClusterState, FloatArray, FloatArray32, IntArray, StateKey
+from kubegpu.placement.state import ClusterState, FloatArray, IntArray, StateKey
 from kubegpu.placement.waste import ModelWaste, numpy_floor, numpy_round6
 
 # Our policy breaks ties of CPU-only pods by fragmentation growth in buckets of this many
 # milli-GPU (see KubegpuScorer.keys for why not the exact value).
 GROWTH_BUCKET_MILLI = 300.0
-# ... and whole-card pods against the classes covering this share of the target workload.
+# Fragmentation (FGD's score of whole-card pods, CPU-only pods' growth) is measured against the
+# classes covering this share of the target workload, as FGD measures it.
 POPULAR_PERCENT = 95.0
 # Up to this many rows, a missing first key is priced one node at a time in Python floats
 # (the same operations as the vectorised pricing, in the same order): numpy's fixed cost per
 # call is most of the work on the one or two nodes whose state is new.
 SCALAR_ROWS = 4
-# A GPU pod's first two keys in one number per node state and pod class, its *order value*,
-# so that the simulator's choice is one argmin (:meth:`KubegpuScorer._best_gpu_pod`):
-# ``bucket × ORDER_STRIDE + (100 − FGD's score)``, or ``bucket × ORDER_STRIDE − 1`` while FGD's
-# score is not known (an *unscored* value sorts before every scored one of its bucket). Scores
-# are 0 … 100, so any stride above 101 keeps buckets apart; a power of two divides exactly, and
-# every value is a whole number, exact in float64.
-ORDER_STRIDE = 128.0
+# A pod's first two keys in one number per node state and pod class, its *order value*, so
+# that the simulator's choice is one argmin (:meth:`KubegpuScorer._best_by_order`):
+# ``bucket × ORDER_STRIDE + remainder``. A share's remainder is its best card's free milli
+# (0 … 1000); a whole-card pod's is ``100 − FGD's score``, a CPU-only pod's its growth bucket
+# plus :data:`GROWTH_OFFSET`; either is −1 while not known (an *unscored* value sorts before
+# every scored one of its bucket). Remainders stay within −1 … stride − 2, so buckets stay
+# apart; a power of two divides exactly, and every value is a whole number, exact in float64.
+ORDER_STRIDE = 2048.0
 UNSCORED = ORDER_STRIDE - 1.0  # an unscored value's remainder modulo the stride
+# Growth buckets are at most a node's free GPU milli over GROWTH_BUCKET_MILLI either way, so
+# below this offset on any node of fewer than 300 cards.
+GROWTH_OFFSET = 1024.0
 
 # One sort key over rows, in the dtype it is kept in: buckets and growths are floats, FGD's
 # score and free milli integers; every value is a whole number or ±inf, so comparisons are
@@ -78,14 +85,12 @@ class KubegpuScorer:
             ],
             dtype=np.int64,
         )
-        self._delta_tables: dict[PodKey, FloatArray] = {}
+        self._entries: list[int] = self.waste_entry.tolist()  # the same, for Python floats
         # Per CPU-only pod shape: growth bucket per (level before, level after, free milli,
         # model) (see _growth_bucket), shared by CPU-only classes as FGD's levelled scores.
         self._levelled_growth: dict[ShapeKey, dict[LevelledKey, float]] = {}
         # Per pod class and stage: order value per node state (NaN: not priced yet).
         self._order_tables: dict[StageKey, FloatArray] = {}
-        # Per share class: the free milli of the best card per node state (NaN: not yet).
-        self._best_free_tables: dict[StageKey, FloatArray32] = {}
 
     @property
     def memo(self) -> FragmentationMemo:
@@ -93,13 +98,11 @@ class KubegpuScorer:
 
     def best(self, pod: PodRequest, rows: IntArray) -> int:
         """Position in ``rows`` of the first node of our order (the same node as sorting by
-        all of :meth:`keys`, since rows are in rank order). FGD's score, the costly key, is
-        computed only on the nodes tied on the waste bucket: on openb about two thirds of the
-        feasible ones."""
-        if pod.gpu_memory_mib is None:  # card memory is not part of the per-state tables
-            if pod.gpu_count:
-                return self._best_gpu_pod(pod, rows)
-            return self._best_cpu_pod(pod, rows)
+        all of :meth:`keys`, since rows are in rank order). FGD's score and the growth, the
+        costly keys, are computed only on the nodes tied on the waste bucket."""
+        if pod.gpu_memory_mib is None or not pod.gpu_count:
+            # Card memory is not part of the per-state tables (a CPU-only pod takes no card).
+            return self._best_by_order(pod, rows)
         return self._best_by_stages(pod, rows)
 
     def _best_by_stages(self, pod: PodRequest, rows: IntArray) -> int:
@@ -116,16 +119,21 @@ class KubegpuScorer:
             positions = positions[values == values.min()]
         return int(positions[0])
 
-    def _best_gpu_pod(self, pod: PodRequest, rows: IntArray) -> int:
-        """:meth:`best` for a GPU pod whose card memory does not matter: one argmin of the
-        rows' order values (:data:`ORDER_STRIDE`), the least bucket, then FGD's best score,
-        then the first row. FGD scores a state only when the argmin lands on an unscored
-        value: its bucket is then the least, and every unscored state of that bucket is
-        scored before the argmin is taken again. An argmin on a scored value needs nothing
-        more, since an unscored state of the same bucket would have sorted before it."""
+    def _best_by_order(self, pod: PodRequest, rows: IntArray) -> int:
+        """:meth:`best` for a pod whose card memory does not matter: one argmin of the
+        rows' order values (:data:`ORDER_STRIDE`), the least bucket, then the least
+        remainder (a share's best card's free milli, FGD's best score for whole cards, the
+        least growth for CPU-only pods), then the first row; a CPU-only pod's tied rows go
+        on to the least free GPU. A whole-card or CPU-only pod's remainder is computed only
+        when the argmin lands on an unscored value: its bucket is then the least, and every
+        unscored state of that bucket is scored before the argmin is taken again. An argmin
+        on a scored value needs nothing more, since an unscored state of the same bucket
+        would have sorted before it."""
         ids = self.state.state_id[rows]
         key = _class_key("share" if pod.is_gpu_share else "stranded", pod)
-        order = self._order_table(key)
+        order = self._order_tables.get(key)
+        if order is None or order.size < len(self.state.state_keys):
+            order = self._order_table(key)
         values = order[ids]
         at = int(values.argmin())  # the first NaN, if any: a state not priced yet
         low = float(values[at])
@@ -133,42 +141,42 @@ class KubegpuScorer:
             values = self._price(pod, key, order, rows, ids, values)
             at = int(values.argmin())
             low = float(values[at])
-        if low % ORDER_STRIDE == UNSCORED:
-            # Below the next bucket's least value: the rows of the least bucket.
-            bucket = (values < low + ORDER_STRIDE).nonzero()[0]
-            if bucket.size == 1:  # alone in its bucket: no tie for FGD's score to break
-                return at
-            tied = bucket[values[bucket] == low]
-            tied_ids = ids[tied]
-            # bucket × stride + 100 − score, with low = bucket × stride − 1.
-            scored = (low + 101.0) - self.fgd.scores_of_states(pod, tied_ids)
-            order[tied_ids] = scored
-            values[tied] = scored
-            at = int(values.argmin())
-        elif low == np.inf:  # no finite bucket: FGD's score alone decides, as in keys()
+        if low == np.inf:  # no finite bucket: the later keys decide, as in keys()
             return self._best_by_stages(pod, rows)
-        return at
+        if pod.is_gpu_share:  # priced in full: bucket, then its best card's free milli
+            return at
+        if low % ORDER_STRIDE == UNSCORED:
+            # The unscored states of the least bucket (scoring one alone in its bucket is
+            # rare, and cheaper than looking for the others on every pod).
+            tied = (values == low).nonzero()[0]
+            if tied.size == 1 and pod.gpu_count:
+                # One whole-card state, as a rule (the node the pod before filled): its
+                # score as a Python int, without arrays of one.
+                sid = int(ids[at])
+                value = low + 101.0 - self.fgd.score_of_state(pod, sid)
+                order[sid] = value
+                values[at] = value
+            else:
+                tied_ids = ids[tied]
+                # bucket × stride + remainder, with low = bucket × stride − 1.
+                scored = (low + 1.0) + self._remainders(pod, tied_ids)
+                order[tied_ids] = scored
+                values[tied] = scored
+            at = int(values.argmin())
+        if pod.gpu_count:
+            return at
+        tied = (values == values[at]).nonzero()[0]
+        if tied.size == 1:
+            return at
+        return int(tied[self.state.gpu_free_total[rows[tied]].argmin()])
 
-    def _best_cpu_pod(self, pod: PodRequest, rows: IntArray) -> int:
-        """:meth:`best` for a CPU-only pod: its three keys (:meth:`key_stages`) spelt out,
-        each on the rows tied on the ones before; the first is the stranded bucket, read
-        from its order values (never scored: a CPU-only pod's second key is its growth)."""
-        ids = self.state.state_id[rows]
-        key = _class_key("stranded", pod)
-        order = self._order_table(key)
-        values = order[ids]
-        low = values.min()
-        if low != low:  # NaN: as in _best_gpu_pod
-            values = self._price(pod, key, order, rows, ids, values)
-            low = values.min()
-        tied = (values == low).nonzero()[0]
-        if tied.size > 1:
-            growth = self._growth_bucket(pod, rows[tied])
-            tied = tied[growth == growth.min()]
-        if tied.size > 1:
-            free = self.state.gpu_free_total[rows[tied]]
-            tied = tied[free == free.min()]
-        return int(tied[0])
+    def _remainders(self, pod: PodRequest, ids: IntArray) -> FloatArray:
+        """The order values' remainders of a pod taking no share on node states ``ids``."""
+        if pod.gpu_count:
+            scores = self.fgd.scores_of_states(pod, ids)
+            remainders: FloatArray = np.subtract(100.0, scores, dtype=np.float64)
+            return remainders
+        return self._growth_of_states(pod, ids) + GROWTH_OFFSET
 
     def _price(
         self,
@@ -180,40 +188,48 @@ class KubegpuScorer:
         values: FloatArray,
     ) -> FloatArray:
         """``values`` (order values of ``rows``, whose states are ``ids``) with each NaN, a
-        state not priced yet for this pod class, priced unscored here and in ``order``; for
-        a share, with its best card's free milli remembered for :meth:`card`."""
+        state not priced yet for this pod class, priced here and in ``order``: a share in
+        full (its best card's free milli is the remainder, read back by :meth:`card`), any
+        other pod unscored."""
         state = self.state
-        best_free: FloatArray32 | None = (
-            self._state_table(self._best_free_tables, key, np.float32) if pod.is_gpu_share else None
-        )
         where = np.isnan(values).nonzero()[0]
         if where.size <= SCALAR_ROWS:
             # One or two nodes, as a rule: priced and stored one at a time in Python,
             # without the gathers and scatters numpy would spend on so few.
+            entries = self._entries
             for at in where.tolist():
                 i = int(rows[at])
                 sid = int(ids[at])
-                if best_free is not None:
+                # The state's key holds what the price reads: free CPU and the cards' free
+                # milli (sorted, on a node of one model).
+                cpu, free, model = state.state_keys[sid]
+                gpu_free = float(sum(free))
+                if not pod.is_gpu_share:
+                    bucket = self.waste.stranded_bucket_one(
+                        entries[i], gpu_free, float(cpu), pod.total_gpu_milli, pod.cpu_milli
+                    )
+                    value = bucket * ORDER_STRIDE - 1.0
+                elif isinstance(model, tuple):  # a node mixing models: per-card limits
                     bucket, col = self._share_choice_one(pod, i)
-                    best_free[sid] = state.card_free[i, col]
+                    value = bucket * ORDER_STRIDE + float(state.card_free[i, col])
                 else:
-                    bucket = self._stranded_bucket_one(pod, i)
-                value = bucket * ORDER_STRIDE - 1.0
+                    bucket, best_free = self.waste.share_best_one(
+                        entries[i], free, gpu_free, float(cpu), pod.gpu_milli, pod.cpu_milli
+                    )
+                    value = bucket * ORDER_STRIDE + best_free
                 order[sid] = value
                 values[at] = value
             return values
         missing_rows = rows[where]
         missing_ids = ids[where]
-        if best_free is not None:
-            buckets, cols = self.share_choice(pod, missing_rows)
-            best_free[missing_ids] = state.card_free[missing_rows, cols]
+        if pod.is_gpu_share:
+            priced = self._share_order_values(pod, missing_rows)
         else:
-            buckets = self._stranded_bucket(pod, missing_rows)
+            priced = self._stranded_bucket(pod, missing_rows) * ORDER_STRIDE - 1.0
         # Equal states give equal values: pricing every missing row (repeats included)
         # costs numpy less than finding the distinct states first.
-        unscored = buckets * ORDER_STRIDE - 1.0
-        order[missing_ids] = unscored
-        values[where] = unscored
+        order[missing_ids] = priced
+        values[where] = priced
         return values
 
     def scores(self, pod: PodRequest, rows: IntArray) -> IntArray:
@@ -233,15 +249,20 @@ class KubegpuScorer:
         FGD leaves idle on a full cluster is card slivers no common share fits and cards on
         nodes out of CPU.
 
-        Then FGD's integer score (negated): shares scored against the *whole* target workload,
-        whole-card pods against FGD's classes covering :data:`POPULAR_PERCENT` of it (the rare
-        multi-card classes the whole workload adds cost multi-GPU traces). Its coarse,
-        truncated score lets the fixed rank decide near-ties, i.e. first fit, which
-        consolidates load; exact values scatter it (~1 pp worse on openb's default trace).
+        Then, for a share, its best card's free milli: best fit, so a share closes a card
+        already in use before it breaks a whole one that whole-card pods could take. For
+        whole-card pods, FGD's integer score (negated), against FGD's classes covering
+        :data:`POPULAR_PERCENT` of the workload (the rare multi-card classes the whole
+        workload adds cost multi-GPU traces): it sees the CPU a node keeps for other classes,
+        which the stranded bucket prices only at the workload's mean ratio (~0.3 pp on
+        cpu250). Its coarse, truncated score lets the fixed rank decide near-ties, i.e. first
+        fit, which consolidates load; exact values scatter it (~1 pp worse on openb's default
+        trace). A share's FGD score, measured, buys nothing its best fit does not, and costs
+        a scoring pass per new node state.
 
         CPU-only pods: after the stranded GPU, fragmentation growth in
-        :data:`GROWTH_BUCKET_MILLI` buckets, then the node with the least free GPU: CPU spent
-        where the cards are already allocated strands nothing.
+        :data:`GROWTH_BUCKET_MILLI` buckets (against the same classes), then the node with
+        the least free GPU: CPU spent where the cards are already allocated strands nothing.
         """
         return [key(rows).astype(np.float64) for key in self.key_stages(pod)]
 
@@ -251,7 +272,7 @@ class KubegpuScorer:
         if pod.is_gpu_share:
             return [
                 lambda rows: self._share_key(pod, rows),
-                lambda rows: -self.fgd.scores(pod, rows),
+                lambda rows: self._share_fit_key(pod, rows),
             ]
         stranded = functools.partial(self._stranded_key, pod)
         if pod.gpu_count:
@@ -266,16 +287,43 @@ class KubegpuScorer:
         """Column of row ``i``'s card for a share (see :meth:`share_choice`).
 
         On a node of one model the chosen card is the first one whose free milli is the best
-        card's (a card's cost depends on its free milli alone there), and that value was
-        remembered per state when the node was ranked (:meth:`_share_key`): the simulator
-        asks for the card of the node it just chose, so it is a lookup, not a re-pricing."""
+        card's (a card's cost depends on its free milli alone there), and that value is the
+        remainder of the state's order value (:data:`ORDER_STRIDE`), priced when the node was
+        ranked: the simulator asks for the card of the node it just chose, so it is a
+        lookup, not a re-pricing."""
         state = self.state
         if pod.gpu_memory_mib is None and not state.mixed[i]:
-            table = self._best_free_tables.get(_class_key("share", pod))
+            table = self._order_tables.get(_class_key("share", pod))
             sid = int(state.state_id[i])
-            if table is not None and sid < table.size and not np.isnan(table[sid]):
-                return int(state.card_free[i].tolist().index(int(table[sid])))
+            if table is not None and sid < table.size:
+                value = float(table[sid])
+                if value == value and value != np.inf:  # priced, and some card fits
+                    free = int(value % ORDER_STRIDE)  # non-negative for a negative bucket too
+                    return int(state.card_free[i].tolist().index(free))
         return int(self.share_choice(pod, np.array([i]))[1][0])
+
+    def _share_order_values(self, pod: PodRequest, rows: IntArray) -> FloatArray:
+        """A share's order value on each of ``rows`` (:data:`ORDER_STRIDE`): per card,
+        bucket × stride + free milli, whose least is the best card's, as :meth:`share_choice`
+        picks it (an infinite bucket where no card fits)."""
+        buckets = self._card_buckets(pod, rows)
+        values: FloatArray = (buckets * ORDER_STRIDE + self.state.card_free[rows]).min(axis=1)
+        return values
+
+    def _card_buckets(self, pod: PodRequest, rows: IntArray) -> FloatArray:
+        """A share's cost bucket on each card of ``rows`` (+inf where it may not go)."""
+        state = self.state
+        bucket = self.waste.share_buckets(
+            self.waste_entry[rows],
+            state.card_free[rows],
+            state.gpu_free_total[rows].astype(np.float64),
+            state.cpu_free[rows].astype(np.float64),
+            pod.gpu_milli,
+            pod.cpu_milli,
+        )
+        if pod.gpu_memory_mib is not None or pod.gpu_models:
+            bucket = np.where(eligible_cards(state, rows, pod), bucket, np.inf)
+        return bucket
 
     def share_choice(self, pod: PodRequest, rows: IntArray) -> tuple[FloatArray, IntArray]:
         """For a GPU share on each of ``rows``: the cost bucket of its best card and that
@@ -286,16 +334,7 @@ class KubegpuScorer:
         if rows.size <= SCALAR_ROWS and pod.gpu_memory_mib is None:
             return self._share_choice_scalar(pod, rows)
         free = state.card_free[rows]
-        bucket = self.waste.share_buckets(
-            self.waste_entry[rows],
-            free,
-            state.gpu_free_total[rows].astype(np.float64),
-            state.cpu_free[rows].astype(np.float64),
-            pod.gpu_milli,
-            pod.cpu_milli,
-        )
-        if pod.gpu_memory_mib is not None or pod.gpu_models:
-            bucket = np.where(eligible_cards(state, rows, pod), bucket, np.inf)
+        bucket = self._card_buckets(pod, rows)
         # Lexicographic (bucket, free milli) in one number: free milli is below the stride
         # (cards that do not fit have an infinite bucket whatever their free milli).
         cols = (bucket * (2 * MILLI_PER_GPU + 2) + free).argmin(axis=1)
@@ -344,10 +383,21 @@ class KubegpuScorer:
     def _share_key(self, pod: PodRequest, rows: IntArray) -> KeyArray:
         """A share's first key on each of ``rows``: the cost bucket of its best card
         (:meth:`share_choice`), from the order values (priced once per node state and pod
-        class, with the best card's free milli beside it for :meth:`card`)."""
+        class)."""
         if pod.gpu_memory_mib is not None:  # card memory is not part of the state
             return self.share_choice(pod, rows)[0]
         return self._buckets(pod, _class_key("share", pod), rows)
+
+    def _share_fit_key(self, pod: PodRequest, rows: IntArray) -> KeyArray:
+        """A share's second key on each of ``rows``: its best card's free milli, the
+        remainder of the order values (finite on a feasible row: some card fits)."""
+        if pod.gpu_memory_mib is not None:
+            cols = self.share_choice(pod, rows)[1]
+            free: KeyArray = self.state.card_free[rows, cols]
+            return free
+        values = self._order_values(pod, _class_key("share", pod), rows)
+        remainder: FloatArray = values - np.floor((values + 1.0) / ORDER_STRIDE) * ORDER_STRIDE
+        return remainder
 
     def _stranded_key(self, pod: PodRequest, rows: IntArray) -> KeyArray:
         """The first key of a pod taking no share on each of ``rows``: its stranded cost
@@ -357,17 +407,22 @@ class KubegpuScorer:
         return self._buckets(pod, _class_key("stranded", pod), rows)
 
     def _buckets(self, pod: PodRequest, key: StageKey, rows: IntArray) -> FloatArray:
-        """The cost buckets of ``rows`` in their order values for pod class ``key``,
-        pricing the states not priced yet: ``floor((value + 1) / stride)`` is the bucket
-        whether the value is scored (it adds 1 … 101 to bucket × stride) or not (it adds
-        none), and dividing by a power of two is exact."""
+        """The cost buckets of ``rows`` in their order values for pod class ``key``:
+        ``floor((value + 1) / stride)`` is the bucket whatever the remainder (−1 … 1000),
+        and dividing by a power of two is exact."""
+        values = self._order_values(pod, key, rows)
+        buckets: FloatArray = np.floor((values + 1.0) / ORDER_STRIDE)
+        return buckets
+
+    def _order_values(self, pod: PodRequest, key: StageKey, rows: IntArray) -> FloatArray:
+        """The order values of ``rows`` for pod class ``key``, pricing the states not
+        priced yet."""
         ids = self.state.state_id[rows]
         order = self._order_table(key)
         values = order[ids]
         if np.isnan(values).any():
             values = self._price(pod, key, order, rows, ids, values)
-        buckets: FloatArray = np.floor((values + 1.0) / ORDER_STRIDE)
-        return buckets
+        return values
 
     def _stranded_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
         """Per row, the cost bucket of a pod taking no share (it leaves no card gap)."""
@@ -421,50 +476,63 @@ class KubegpuScorer:
 
     def _growth_bucket(self, pod: PodRequest, rows: IntArray) -> FloatArray:
         """Fragment growth of a CPU-only ``pod`` on each of ``rows`` in
-        :data:`GROWTH_BUCKET_MILLI` buckets (cached per state, bucketed when cached)."""
+        :data:`GROWTH_BUCKET_MILLI` buckets, read back from its order values (priced and
+        scored here where they are not yet, and kept: the extender asks on every pod)."""
+        key = _class_key("stranded", pod)
+        values = self._order_values(pod, key, rows)
+        unscored = values % ORDER_STRIDE == UNSCORED
+        if unscored.any():
+            ids = self.state.state_id[rows]
+            fresh = ids[unscored]
+            order = self._order_table(key)
+            order[fresh] = values[unscored] + 1.0 + self._remainders(pod, fresh)
+            values = order[ids]
+        growth: FloatArray = (
+            values - np.floor((values + 1.0) / ORDER_STRIDE) * ORDER_STRIDE - GROWTH_OFFSET
+        )
+        return growth
+
+    def _growth_of_states(self, pod: PodRequest, ids: IntArray) -> FloatArray:
+        """Fragment growth of a CPU-only ``pod`` on each node state of ``ids`` (repeats
+        allowed) in :data:`GROWTH_BUCKET_MILLI` buckets."""
         state = self.state
-        key: PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
-        table: FloatArray = self._state_table(self._delta_tables, key, np.float64)
-        ids = state.state_id[rows]
-        out = table[ids]
-        missing = np.isnan(out)
-        if missing.any():
-            # The growth reads the free CPU only through the fragments at it and at it less
-            # the pod's, so (with the memo keyed by CPU level) it is one value per (level
-            # before, level after, free milli, model): a state met before under another
-            # free CPU of the same levels is a lookup, whatever CPU the pod asks.
-            levelled = self._levelled_growth.setdefault(shape_key(pod), {})
-            todo = fill_from_levelled(
-                dict.fromkeys(ids[missing].tolist()),  # distinct, cheaper than np.unique
-                state.state_keys,
-                pod.cpu_milli,
-                self.memo.cpu_key,
-                levelled,
-                table,
-            )
-            # One level before and after: the same fragment twice, a growth of exactly 0.
-            flat = [(sid, coarse) for sid, coarse in todo if coarse[0] == coarse[1]]
-            plain = [
-                (sid, coarse)
-                for sid, coarse in todo
-                if isinstance(coarse[3], str) and coarse[0] != coarse[1]
-            ]
-            fragments = self.fgd.fragments_at_levels(pod, [coarse for _, coarse in plain])
-            growths = [after[0] - before for before, after in fragments]
-            for sid, coarse in todo:
-                if not isinstance(coarse[3], str) and coarse[0] != coarse[1]:  # mixed models
-                    growths.append(self._cpu_pod_growth(state.state_keys[sid], pod))
-                    plain.append((sid, coarse))
-            growths.extend(0.0 for _ in flat)
-            plain.extend(flat)
-            for (sid, coarse), growth in zip(plain, growths, strict=True):
-                # Rounded first: float noise must not move a growth across a bucket
-                # boundary (numpy's rounding, as the vectorised keys use).
-                bucket = numpy_floor(numpy_round6(growth) / GROWTH_BUCKET_MILLI)
-                table[sid] = bucket
-                levelled[coarse] = bucket
-            out = table[ids]
-        return out
+        sids = ids.tolist()
+        # The growth reads the free CPU only through the fragments at it and at it less the
+        # pod's, so (with the memo keyed by CPU level) it is one value per (level before,
+        # level after, free milli, model): a state met before under another free CPU of the
+        # same levels is a lookup, whatever CPU the pod asks.
+        levelled = self._levelled_growth.setdefault(shape_key(pod), {})
+        known: dict[int, float] = {}
+        todo = fill_from_levelled(
+            dict.fromkeys(sids),  # distinct, cheaper than np.unique
+            state.state_keys,
+            pod.cpu_milli,
+            self.memo.cpu_key,
+            levelled,
+            known,
+        )
+        # One level before and after: the same fragment twice, a growth of exactly 0.
+        flat = [(sid, coarse) for sid, coarse in todo if coarse[0] == coarse[1]]
+        plain = [
+            (sid, coarse)
+            for sid, coarse in todo
+            if isinstance(coarse[3], str) and coarse[0] != coarse[1]
+        ]
+        fragments = self.fgd.fragments_at_levels(pod, [coarse for _, coarse in plain])
+        growths = [after[0] - before for before, after in fragments]
+        for sid, coarse in todo:
+            if not isinstance(coarse[3], str) and coarse[0] != coarse[1]:  # mixed models
+                growths.append(self._cpu_pod_growth(state.state_keys[sid], pod))
+                plain.append((sid, coarse))
+        growths.extend(0.0 for _ in flat)
+        plain.extend(flat)
+        for (sid, coarse), growth in zip(plain, growths, strict=True):
+            # Rounded first: float noise must not move a growth across a bucket boundary
+            # (numpy's rounding, as the vectorised keys use).
+            bucket = numpy_floor(numpy_round6(growth) / GROWTH_BUCKET_MILLI)
+            known[sid] = bucket
+            levelled[coarse] = bucket
+        return np.array([known[sid] for sid in sids], dtype=np.float64)
 
 
 def order_scores(keys: Sequence[npt.NDArray[np.float64]]) -> IntArray:
