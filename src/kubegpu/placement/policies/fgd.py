@@ -31,6 +31,10 @@ PodKey = tuple[int, int, int, frozenset[str]]
 ShapeKey = tuple[int, int, frozenset[str]]
 
 
+def pod_key(pod: PodRequest) -> PodKey:
+    return (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
+
+
 def shape_key(pod: PodRequest) -> ShapeKey:
     return (pod.gpu_milli, pod.gpu_count, pod.gpu_models)
 
@@ -117,7 +121,7 @@ class FgdScorer:
         """FGD's score of each node state ``ids`` (state ids, repeats allowed) for a pod
         whose card memory does not matter, in the table's own dtype, the missing ones
         computed first (one reduction finds them)."""
-        key: PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
+        key = pod_key(pod)
         table = self._score_table(key)
         out = table[ids]
         if out.size and out.min() < 0:
@@ -127,7 +131,7 @@ class FgdScorer:
 
     def score_of_state(self, pod: PodRequest, sid: int) -> int:
         """:meth:`scores_of_states` of one node state."""
-        key: PodKey = (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, pod.gpu_models)
+        key = pod_key(pod)
         table = self._score_table(key)
         score = int(table[sid])
         if score < 0:

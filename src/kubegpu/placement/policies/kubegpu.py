@@ -131,9 +131,7 @@ class KubegpuScorer:
         would have sorted before it."""
         ids = self.state.state_id[rows]
         key = _class_key("share" if pod.is_gpu_share else "stranded", pod)
-        order = self._order_tables.get(key)
-        if order is None or order.size < len(self.state.state_keys):
-            order = self._order_table(key)
+        order = self._order_table(key)
         values = order[ids]
         at = int(values.argmin())  # the first NaN, if any: a state not priced yet
         low = float(values[at])
@@ -157,11 +155,7 @@ class KubegpuScorer:
                 order[sid] = value
                 values[at] = value
             else:
-                tied_ids = ids[tied]
-                # bucket × stride + remainder, with low = bucket × stride − 1.
-                scored = (low + 1.0) + self._remainders(pod, tied_ids)
-                order[tied_ids] = scored
-                values[tied] = scored
+                values[tied] = self._score_unscored(pod, order, ids[tied], low)
             at = int(values.argmin())
         if pod.gpu_count:
             return at
@@ -169,6 +163,15 @@ class KubegpuScorer:
         if tied.size == 1:
             return at
         return int(tied[self.state.gpu_free_total[rows[tied]].argmin()])
+
+    def _score_unscored(
+        self, pod: PodRequest, order: FloatArray, ids: IntArray, unscored: FloatArray | float
+    ) -> FloatArray:
+        """The order values of node states ``ids``, unscored until now (``unscored``, their
+        values: bucket × stride − 1), with their remainders, stored in ``order``."""
+        scored: FloatArray = (unscored + 1.0) + self._remainders(pod, ids)
+        order[ids] = scored
+        return scored
 
     def _remainders(self, pod: PodRequest, ids: IntArray) -> FloatArray:
         """The order values' remainders of a pod taking no share on node states ``ids``."""
@@ -395,9 +398,7 @@ class KubegpuScorer:
             cols = self.share_choice(pod, rows)[1]
             free: KeyArray = self.state.card_free[rows, cols]
             return free
-        values = self._order_values(pod, _class_key("share", pod), rows)
-        remainder: FloatArray = values - np.floor((values + 1.0) / ORDER_STRIDE) * ORDER_STRIDE
-        return remainder
+        return split_order(self._order_values(pod, _class_key("share", pod), rows))[1]
 
     def _stranded_key(self, pod: PodRequest, rows: IntArray) -> KeyArray:
         """The first key of a pod taking no share on each of ``rows``: its stranded cost
@@ -407,12 +408,9 @@ class KubegpuScorer:
         return self._buckets(pod, _class_key("stranded", pod), rows)
 
     def _buckets(self, pod: PodRequest, key: StageKey, rows: IntArray) -> FloatArray:
-        """The cost buckets of ``rows`` in their order values for pod class ``key``:
-        ``floor((value + 1) / stride)`` is the bucket whatever the remainder (−1 … 1000),
-        and dividing by a power of two is exact."""
-        values = self._order_values(pod, key, rows)
-        buckets: FloatArray = np.floor((values + 1.0) / ORDER_STRIDE)
-        return buckets
+        """The cost buckets of ``rows`` in their order values for pod class ``key``
+        (:func:`split_order`)."""
+        return split_order(self._order_values(pod, key, rows))[0]
 
     def _order_values(self, pod: PodRequest, key: StageKey, rows: IntArray) -> FloatArray:
         """The order values of ``rows`` for pod class ``key``, pricing the states not
@@ -482,14 +480,11 @@ class KubegpuScorer:
         values = self._order_values(pod, key, rows)
         unscored = values % ORDER_STRIDE == UNSCORED
         if unscored.any():
-            ids = self.state.state_id[rows]
-            fresh = ids[unscored]
-            order = self._order_table(key)
-            order[fresh] = values[unscored] + 1.0 + self._remainders(pod, fresh)
-            values = order[ids]
-        growth: FloatArray = (
-            values - np.floor((values + 1.0) / ORDER_STRIDE) * ORDER_STRIDE - GROWTH_OFFSET
-        )
+            fresh = self.state.state_id[rows][unscored]
+            values[unscored] = self._score_unscored(
+                pod, self._order_table(key), fresh, values[unscored]
+            )
+        growth: FloatArray = split_order(values)[1] - GROWTH_OFFSET
         return growth
 
     def _growth_of_states(self, pod: PodRequest, ids: IntArray) -> FloatArray:
@@ -533,6 +528,14 @@ class KubegpuScorer:
             known[sid] = bucket
             levelled[coarse] = bucket
         return np.array([known[sid] for sid in sids], dtype=np.float64)
+
+
+def split_order(values: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Order values (:data:`ORDER_STRIDE`) as their buckets and remainders: ``floor((value +
+    1) / stride)`` is the bucket whatever the remainder (−1 … stride − 2), and dividing by a
+    power of two is exact."""
+    buckets: FloatArray = np.floor((values + 1.0) / ORDER_STRIDE)
+    return buckets, values - buckets * ORDER_STRIDE
 
 
 def order_scores(keys: Sequence[npt.NDArray[np.float64]]) -> IntArray:
