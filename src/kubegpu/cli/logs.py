@@ -6,6 +6,12 @@ import json
 import logging
 import sys
 
+# The HTTP clients under the Kubernetes client log every request at INFO: one line every 10 s
+# per role and node (the exporter's pod listing), which buried the lines that name a node,
+# device or pod in the installed node agent's log. Their warnings still show; --log-level
+# debug shows their requests too.
+_CHATTY_AT_INFO = ("httpx", "httpx2", "httpcore", "httpcore2")
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -31,3 +37,5 @@ def configure_logging(level: int, *, json_format: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    for name in _CHATTY_AT_INFO:
+        logging.getLogger(name).setLevel(level if level <= logging.DEBUG else logging.WARNING)
