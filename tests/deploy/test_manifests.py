@@ -647,6 +647,15 @@ def test_every_image_is_pinned_to_a_version(overlay: str) -> None:
                 assert tag == kubegpu.__version__, "the manifests run the version in pyproject"
 
 
+@pytest.mark.parametrize("kustomization", kustomizations())
+def test_no_kubegpu_pod_gets_service_environment_variables(kustomization: str) -> None:
+    """The kubelet's Service variables (KUBEGPU_EXTENDER_METRICS_PORT=tcp://IP:9402 for the
+    Service kubegpu-extender-metrics) share kubegpu's KUBEGPU_* settings prefix: the installed
+    extender read one as its --metrics-port and refused to start."""
+    for workload in workloads(render(kustomization)):
+        assert pod_spec(workload).get("enableServiceLinks") is False, workload["metadata"]
+
+
 def _configmap_text(objs: list[Obj], prefix: str) -> str:
     text: str = find_prefixed(objs, "ConfigMap", prefix)["data"]["config.yaml"]
     return text
