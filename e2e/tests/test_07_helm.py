@@ -257,6 +257,7 @@ def test_values_without_a_kustomize_counterpart_land_where_they_should(
             "nodeAgent.nodeSelector.pool=a100",
             "nodeAgent.runtimeClassName=nvidia",
             "criticalPodsQuota.enabled=false",
+            "testing.fakeGpus=2xA100-80GB",
         ],
     )
     names = {key(o) for o in objects}
@@ -275,6 +276,10 @@ def test_values_without_a_kustomize_counterpart_land_where_they_should(
     assert containers["kube-scheduler"]["image"] == "registry.k8s.io/kube-scheduler:v1.33.5"
     env = {e["name"]: e.get("value") for e in containers["extender"]["env"]}
     assert env["KUBEGPU_EXTENDER_SCHEDULER_VERSION"] == "v1.33.5"
+    # testing.fakeGpus: both roles that read GPUs get the fake backend, nothing else does.
+    for name in ("device-plugin", "labels"):
+        assert containers[name]["args"][-2:] == ["--backend=fake", "--fake-gpus=2xA100-80GB"]
+    assert not any("--backend=fake" in c.get("args", []) for c in [containers["extender"]])
     assert workloads["gpu-node-agent"]["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
     assert workloads["gpu-node-agent"]["spec"]["template"]["spec"]["nodeSelector"] == {
         "pool": "a100"
