@@ -1,7 +1,11 @@
-"""One real Kubernetes cluster on this machine, over loopback only: etcd, kube-apiserver (RBAC,
+"""One real Kubernetes cluster on this machine, inside the network namespace e2e/run makes for
+the suite (nothing in it reaches beyond this machine): etcd, kube-apiserver (RBAC,
 service-account tokens), kube-controller-manager, the default kube-scheduler, containerd with a
-loopback-only CNI, and one kubelet. Every file, socket and mount lives under one run folder in
-/tmp (unix socket paths must stay under 108 bytes), every log under the suite's out folder."""
+point-to-point CNI (each pod its own network namespace, with a veth to the suite's namespace and
+a route to the kubernetes Service only), and one kubelet with its default root folder
+(/var/lib/kubelet, where the chart's host paths point). Every other file, socket and mount lives
+under one run folder in /tmp (unix socket paths must stay under 108 bytes), every log under the
+suite's out folder."""
 
 from __future__ import annotations
 
@@ -27,11 +31,30 @@ from kubegpu_e2e.pki import CertificateAuthority, KeyPair, service_account_keys
 from kubegpu_e2e.processes import HostProcess, StartError, kill_all, pids_mentioning
 
 NODE_NAME = "kubegpu-e2e-node"
-SERVICE_CIDR = "10.96.0.0/24"  # an address range the API server allocates from, never dialled
+SERVICE_CIDR = "10.96.0.0/24"
+# The kubernetes Service's ClusterIP (the first address of SERVICE_CIDR). e2e/run puts it on the
+# suite's namespace's loopback, and the API server listens on every address of that namespace
+# at the Service's port: a pod's in-cluster client (KUBERNETES_SERVICE_HOST/PORT) reaches it
+# over its veth, with no kube-proxy. The serving certificate names this address.
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+KUBERNETES_SERVICE_PORT = 443
+# Pod addresses (host-local IPAM of the ptp plugin); the suite's namespace holds one /32 route
+# per live pod and nothing else of this range. A /22: the churn scenario keeps 200 pods.
+POD_CIDR = "10.244.0.0/22"
+POD_GATEWAY = "10.244.0.1"
 _CGROUP_HIERARCHIES = Path("/sys/fs/cgroup")
 KUBELET_DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 # Host paths the kubelet writes whatever its flags say; created ones are removed at the end.
-_FIXED_HOST_PATHS = (Path("/var/lib/kubelet"), Path("/var/log/containers"))
+# The kubelet's root folder is its default, /var/lib/kubelet, because the chart's DaemonSets
+# mount the kubelet's sockets from there; /var/run/cdi is where the chart's node agent and DRA
+# driver write CDI specs, /var/lib/kubegpu the DRA driver's state (hostPath DirectoryOrCreate).
+KUBELET_ROOT = Path("/var/lib/kubelet")
+_FIXED_HOST_PATHS = (
+    KUBELET_ROOT,
+    Path("/var/log/containers"),
+    Path("/var/run/cdi"),
+    Path("/var/lib/kubegpu"),  # the chart's DRA driver keeps its checkpoint there
+)
 CREATED_HOST_PATHS = "created-host-paths"
 
 
@@ -109,7 +132,7 @@ class Cluster:
         self.logs = self.out_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.pki_dir = self.run_dir / "pki"
-        self.kubelet_root = self.run_dir / "kubelet"
+        self.kubelet_root = KUBELET_ROOT
         # The real kubelet ignores --root-dir for device plugins: its registration socket is
         # always /var/lib/kubelet/device-plugins/kubelet.sock (pluginapi.KubeletSocket).
         self.device_plugin_dir = KUBELET_DEVICE_PLUGINS
@@ -123,13 +146,13 @@ class Cluster:
             for name in (
                 "etcd",
                 "etcd-peer",
-                "apiserver",
                 "controller-manager",
                 "scheduler",
                 "kubelet",
                 "kubelet-healthz",
             )
         }
+        self.ports["apiserver"] = KUBERNETES_SERVICE_PORT
         self.server = f"https://127.0.0.1:{self.ports['apiserver']}"
         self.env = {
             **os.environ,
@@ -182,6 +205,7 @@ class Cluster:
 
     # ---------------------------------------------------------------- start
     def start(self) -> None:
+        _require_own_network_namespace()
         self._claim_host_paths()
         self._pki()
         self._start_etcd()
@@ -215,7 +239,7 @@ class Cluster:
         self.apiserver_serving = ca.issue(
             "apiserver",
             common_name="kube-apiserver",
-            ips=("127.0.0.1", "10.96.0.1"),
+            ips=("127.0.0.1", KUBERNETES_SERVICE_IP),
             dns_names=(
                 "localhost",
                 "kubernetes",
@@ -299,7 +323,9 @@ class Cluster:
         argv = [
             self._bin("kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
-            "--bind-address=127.0.0.1",
+            # Every address of the suite's own network namespace: 127.0.0.1 for the host
+            # processes, the kubernetes Service's address for pods (KUBERNETES_SERVICE_IP).
+            "--bind-address=0.0.0.0",
             "--advertise-address=127.0.0.1",
             f"--secure-port={self.ports['apiserver']}",
             f"--tls-cert-file={self.apiserver_serving.cert}",
@@ -375,16 +401,7 @@ class Cluster:
     def _start_containerd(self) -> None:
         cni_conf = self.run_dir / "cni"
         cni_conf.mkdir()
-        # Pods get their own loopback and nothing else: no interface reaches beyond this host.
-        (cni_conf / "10-loopback.conflist").write_text(
-            json.dumps(
-                {
-                    "cniVersion": "1.0.0",
-                    "name": "kubegpu-e2e-loopback",
-                    "plugins": [{"type": "loopback"}],
-                }
-            )
-        )
+        (cni_conf / "10-kubegpu-e2e.conflist").write_text(json.dumps(self._cni_network()))
         d = self.containerd_dir
         config = d / "config.toml"
         d.mkdir()
@@ -420,6 +437,29 @@ state = "{d / "state"}"
         )
         process.wait_until(self.containerd_socket.exists, 60, "containerd's socket")
 
+    def _cni_network(self) -> dict[str, Any]:
+        """Each pod: its own network namespace with lo and an eth0 (containerd needs one: with
+        lo alone it fails the sandbox, "failed to find network info for sandbox"), the other
+        end of whose veth is in the suite's namespace. The pod's only routes are to the gateway
+        and to the Service range (the API server), none by default: anything else is
+        unreachable from inside the pod, and the suite's namespace has no route out either."""
+        return {
+            "cniVersion": "1.0.0",
+            "name": "kubegpu-e2e",
+            "plugins": [
+                {
+                    "type": "ptp",
+                    "ipMasq": False,
+                    "ipam": {
+                        "type": "host-local",
+                        "dataDir": str(self.run_dir / "cni-ipam"),
+                        "ranges": [[{"subnet": POD_CIDR, "gateway": POD_GATEWAY}]],
+                        "routes": [{"dst": SERVICE_CIDR}],
+                    },
+                }
+            ],
+        }
+
     def _containerd(self, name: str) -> str:
         """containerd or ctr: ours when the cluster has its own build, else the machine's."""
         return str(self.containerd_bin_dir / name) if self.containerd_bin_dir else name
@@ -429,7 +469,8 @@ state = "{d / "state"}"
         # io.containerd.cri.v1.runtime and .images); the same file then serves both versions.
         if self.containerd_bin_dir is None:
             return ""
-        return f'  enable_cdi = true\n  cdi_spec_dirs = ["{self.cdi_dir}"]\n'
+        # The run's folder for the driver as a host process, /var/run/cdi for the chart's.
+        return f'  enable_cdi = true\n  cdi_spec_dirs = ["{self.cdi_dir}", "/var/run/cdi"]\n'
 
     def ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -453,6 +494,10 @@ state = "{d / "state"}"
         pause_source = _pause_source()
         for tar in (images.build_pause(build, pause_source), images.build_workload(build)):
             self.ctr("images", "import", "--no-unpack=false", str(tar))
+
+    def import_image(self, archive: Path) -> None:
+        """An OCI archive into the cluster's containerd (namespace k8s.io): no registry."""
+        self.ctr("images", "import", "--no-unpack=false", str(archive))
 
     def _kubelet_config(self) -> Path:
         config = {
@@ -591,12 +636,30 @@ state = "{d / "state"}"
             if name in self.processes:
                 self.processes[name].stop(grace=10)
         leftovers += unmount_all(self.run_dir)
+        leftovers += unmount_all(self.kubelet_root)
         leftovers += remove_cgroups(self.run_dir.name)
         leftovers += remove_created_host_paths(self.run_dir)
         shutil.rmtree(self.run_dir, ignore_errors=True)
         if self.run_dir.exists():
             leftovers.append(f"could not remove {self.run_dir}")
         return leftovers
+
+
+def _require_own_network_namespace() -> None:
+    """The cluster binds the API server to every address of its network namespace and gives
+    pods routes into it: that must be the namespace e2e/run makes, with no route out of this
+    machine and the kubernetes Service's address on its loopback, never the machine's own."""
+    routes = Path("/proc/self/net/route").read_text().splitlines()[1:]
+    default = [line for line in routes if line.split()[1] == "00000000"]
+    addresses = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show", "dev", "lo"], capture_output=True, text=True
+    ).stdout
+    if default or f" {KUBERNETES_SERVICE_IP}/32 " not in addresses:
+        raise StartError(
+            "the e2e cluster runs only inside the network namespace e2e/run makes for it, "
+            "with no default route and the kubernetes Service's address on lo (run the suite "
+            "as e2e/run [pytest args], not pytest directly)"
+        )
 
 
 def cgroup_pids(run_name: str) -> list[int]:

@@ -1,7 +1,9 @@
 """Container images built here, without a registry: an OCI image layout written as a tar that
-`ctr images import` takes. Two images: the pod sandbox's pause (Kubernetes' own pause.c from
-the k8s.io/kubernetes module, compiled statically) and the test workload (Debian's
-busybox-static)."""
+`ctr images import` takes. Three images: the pod sandbox's pause (Kubernetes' own pause.c from
+the k8s.io/kubernetes module, compiled statically), the test workload (Debian's
+busybox-static) and kube-scheduler (the static binary e2e/components/build.sh made, named as the
+chart names it). kubegpu's own image is built from the Dockerfile by a real builder
+(e2e/components/image/build.sh), not here."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+# The chart's scheduler.kubeSchedulerImage.repository; the tag is the suite's version.
+KUBE_SCHEDULER_REPOSITORY = "registry.k8s.io/kube-scheduler"
 WORKLOAD_IMAGE = "kubegpu.local/e2e-busybox:1"
 _BUSYBOX_APPLETS = ("sh", "env", "sleep", "cat", "echo", "ls", "printenv", "true")
 
@@ -56,6 +60,7 @@ def write_image(
     files: dict[str, tuple[bytes, int]],
     links: dict[str, str],
     entrypoint: list[str],
+    user: str = "",
 ) -> Path:
     """An OCI image layout tar holding one single-layer linux/amd64 image named `reference`."""
     layer = _blob(_layer(files, links))
@@ -66,8 +71,9 @@ def write_image(
                 "os": "linux",
                 "config": {
                     "Entrypoint": entrypoint,
-                    "Env": ["PATH=/bin"],
+                    "Env": ["PATH=/usr/local/bin:/bin"],
                     "WorkingDir": "/",
+                    **({"User": user} if user else {}),
                 },
                 "rootfs": {"type": "layers", "diff_ids": [layer.digest]},
             },
@@ -156,4 +162,17 @@ def build_workload(out_dir: Path, busybox: Path = Path("/bin/busybox")) -> Path:
         {"bin/busybox": (busybox.read_bytes(), 0o755)},
         links,
         ["/bin/sh"],
+    )
+
+
+def build_kube_scheduler(out_dir: Path, binary: Path, version: str) -> Path:
+    """kube-scheduler as the chart runs it (/usr/local/bin/kube-scheduler, uid 65532), tagged
+    with the suite's Kubernetes version: one layer, the static binary."""
+    return write_image(
+        out_dir / "kube-scheduler.tar",
+        f"{KUBE_SCHEDULER_REPOSITORY}:{version}",
+        {"usr/local/bin/kube-scheduler": (binary.read_bytes(), 0o755)},
+        {},
+        ["/usr/local/bin/kube-scheduler"],
+        user="65532:65532",
     )

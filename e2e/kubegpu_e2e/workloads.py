@@ -60,10 +60,6 @@ def pod(
         "terminationGracePeriodSeconds": 2,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        # containerd 1.6 refuses a sandbox whose CNI result has no eth0 ("failed to find network
-        # info for sandbox"), so a loopback-only CNI cannot start pods: they share the host's
-        # network namespace instead, and the workload sends nothing anywhere.
-        "hostNetwork": True,
         # No cluster DNS here, and the kubelet gives pods no resolv.conf (resolvConf: "").
         "dnsPolicy": "Default",
     }

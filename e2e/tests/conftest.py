@@ -22,13 +22,23 @@ sys.path.insert(0, str(E2E))
 from kubegpu_e2e.cluster import Cluster  # noqa: E402
 from kubegpu_e2e.dra import DraDriver, containerd_bin_dir, dra_cluster  # noqa: E402
 from kubegpu_e2e.kubegpu import KubegpuRoles  # noqa: E402
+from kubegpu_e2e.release import (  # noqa: E402
+    FIXES_FORCED,
+    Release,
+    archive_tag,
+    helm_binary,
+    image_archive,
+    kubernetes_version,
+    prepare,
+)
 
 OUT = Path(os.environ.get("KUBEGPU_E2E_OUT", E2E / "out"))
 _results: dict[str, dict[str, Any]] = {}
 _leftovers: list[str] = []
 # The session's default cluster and roles while they run. A machine runs one kubelet at a time
-# (its device-plugin socket is a fixed path), so the DRA scenarios' own cluster
-# (test_10_dra.py, the last module) stops these first: no later scenario may ask for them.
+# (its device-plugin socket is a fixed path), so the installed chart's own cluster
+# (test_10_install.py) and the DRA scenarios' (test_11_dra.py, the last module) stop these
+# first: no later scenario may ask for them.
 _running: dict[str, Any] = {}
 
 
@@ -117,6 +127,44 @@ def dra() -> Iterator[tuple[Cluster, DraDriver]]:
     finally:
         driver.stop()
         _leftovers.extend(c.stop())
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Release]]:
+    """A cluster of its own with kubegpu installed by the real helm from the chart, every role
+    a pod of the release (kubegpu_e2e/release.py). The default cluster goes first."""
+    stop_default_cluster()
+    started = time.monotonic()
+    c = Cluster(bin_dir=_bin_dir(), out_dir=OUT / "install")
+    version = kubernetes_version()
+    release = Release(c, helm_binary(), tmp_path_factory.mktemp("helm-home"), version)
+    record: dict[str, Any] = {"outcome": "failed"}
+    _results["installed release"] = record
+    try:
+        c.start()
+        record["cluster_start_s"] = round(time.monotonic() - started, 1)
+        record["images"] = prepare(c, version)
+        record["helm_install_wait_s"] = release.install(archive_tag(image_archive()))
+        record["ready_after_s"] = release.ready_times()
+        record["outcome"] = "passed"
+        record["duration_s"] = round(time.monotonic() - started, 1)
+        yield c, release
+    finally:
+        record["helm"] = release.history
+        record["fixes_forced_by_the_real_install"] = list(FIXES_FORCED)
+        _leftovers.extend(c.stop())
+
+
+def record_install(key: str, value: Any) -> None:
+    """A figure of the installed release's scenarios, for report.json."""
+    _results.setdefault("installed release", {})[key] = value
+
+
+@pytest.fixture
+def install_namespace(
+    installed: tuple[Cluster, Release], request: pytest.FixtureRequest
+) -> Iterator[str]:
+    yield from _test_namespace(installed[0], request)
 
 
 @pytest.fixture

@@ -16,10 +16,19 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import record_install
 from kubegpu_e2e.cluster import NODE_NAME, Cluster
 from kubegpu_e2e.dra import COMPONENT, DRIVER, FAKE_GPUS, DraDriver
 from kubegpu_e2e.images import WORKLOAD_IMAGE
 from kubegpu_e2e.kubegpu import KubegpuRoles
+from kubegpu_e2e.release import (
+    Release,
+    archive_tag,
+    helm_binary,
+    image_archive,
+    kubernetes_version,
+    prepare,
+)
 from kubegpu_e2e.workloads import ENV_END, container_env, pending_reason, wait_running
 
 from kubegpu.config.extender import load_workload
@@ -72,7 +81,6 @@ def claim_pod(
             "terminationGracePeriodSeconds": 2,
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
-            "hostNetwork": True,  # the loopback-only CNI (docs/e2e.md, item 3)
             "dnsPolicy": "Default",
         },
     }
@@ -680,3 +688,61 @@ def test_the_extender_ranks_the_dra_node_from_the_real_slice_and_claims(
         print(f"/prioritize-dra for the fitting share: {scores}")
     finally:
         roles.stop()
+
+
+# ------------------------------------------------------------ the DRA driver from the chart
+def test_the_chart_installed_dra_driver_serves_a_share(
+    dra: Dra, dra_namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Last: the host-process driver gives way to the chart's DaemonSet (`draDriver.enabled`,
+    the image built from the Dockerfile, the fake GPUs and their device nodes through the
+    testing values), whose pod alone then prepares a share claim: it registered with the real
+    kubelet from inside its pod and published its slice through its in-cluster client."""
+    cluster, driver = dra
+    ns = dra_namespace
+    driver.stop()
+    # What the host-process scenarios applied by hand (the driver's RBAC and DeviceClasses, the
+    # extender's accounts): the release must own these objects, as on a cluster kubegpu is
+    # installed on for the first time. examples/dra renders them all.
+    rendered = cluster.kubectl("kustomize", str(COMPONENT.parents[1] / "examples" / "dra")).stdout
+    cluster.kubectl(
+        "delete", "--ignore-not-found", "--wait=true", "-f", "-", input=rendered, timeout=180
+    )
+    version = kubernetes_version()
+    imported = prepare(cluster, version, node_label="kubegpu.io/gpu-allocation=dra", upgrade=False)
+    release = Release(
+        cluster,
+        helm_binary(),
+        tmp_path_factory.mktemp("helm-home-dra"),
+        version,
+        extra_values={"draDriver.enabled": "true", "testing.fakeDevRoot": str(driver.dev_root)},
+    )
+    seconds = release.install(archive_tag(image_archive()))
+    pod = release.ready_pod("kubegpu-dra-driver")
+    assert not pod["spec"].get("hostNetwork")
+    # The node agent stays off a node moved to DRA.
+    assert release.pods("kubegpu-node-agent") == []
+    cluster.wait_for("the pod's slice with 8 GPUs", lambda: len(driver.devices()) == 8, 60)
+
+    share = request_spec(SHARE_CLASS, capacity={"memory": "20Gi", "compute": "250"})
+    create(cluster, template_object("chart-share", ns, share))
+    create(cluster, claim_pod("chart-share", ns, template="chart-share"))
+    wait_running(cluster, ns, "chart-share", timeout=180)
+    (result,) = results(pod_claim(cluster, ns, "chart-share"))
+    env = env_of(cluster, ns, "chart-share")
+    assert_sees_exactly(driver, env, result["device"], "chart-share")
+    assert env.get("KUBEGPU_GPU_MEMORY_LIMIT_MIB") == "20480", env
+    assert env.get("KUBEGPU_GPU_COMPUTE_MILLI") == "250", env
+    assert env.get("KUBEGPU_DRA_SHARE_ID"), env
+    assert_no_card_overcommitted(cluster, driver)
+    record_install(
+        "dra_driver_from_the_chart",
+        {
+            "helm_install_until_all_ready_s": seconds,
+            "ready_after_s": release.ready_times(),
+            "images": sorted(imported),
+            "share": {"device": result["device"], "driver_pod": pod["metadata"]["name"]},
+        },
+    )
+    delete_pod(cluster, ns, "chart-share")
+    release.uninstall()

@@ -121,7 +121,7 @@ def test_the_real_allocator_fits_as_many_shares_on_a_card_as_the_share_says(
     share: tuple[str, str], per_card: int
 ) -> None:
     # On the real kube-scheduler a compute policy in cards ("1", steps of "50m") made every
-    # share consume the whole "1": one share per card (e2e/tests/test_10_dra.py).
+    # share consume the whole "1": one share per card (e2e/tests/test_11_dra.py).
     capacity = only_slice(NodeInventory(gpus=(gpu(0, memory_mib=81920),)))["spec"]["devices"][0][
         "capacity"
     ]
