@@ -1,5 +1,6 @@
 """A small WSGI app served from a daemon thread: the exporter's ``/metrics`` and ``/healthz``
-and the node agent's ``/healthz`` and ``/readyz`` both run on it.
+and the node agent's and the DRA driver's ``/healthz`` and ``/readyz`` (:mod:`kubegpu.probes`)
+all run on it.
 
 It belongs to no edge (standard library only, like :mod:`kubegpu.tls`): the exporter and the
 kubelet edge both serve HTTP, and neither may import the other.

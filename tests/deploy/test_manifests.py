@@ -23,7 +23,7 @@ from kubegpu.cli.exporter import parse_listen
 from kubegpu.cli.main import SUBCOMMANDS, cli
 from kubegpu.config.load import load_config
 from kubegpu.config.model import Exporter, GpuShare, PluginFlags
-from kubegpu.kubelet.probes import LOOP_TIMEOUT_S
+from kubegpu.probes import LOOP_TIMEOUT_S
 from kubegpu.sharing.resources import ResourceNames
 from tests.deploy.manifests import (
     DEPLOY,
@@ -518,8 +518,18 @@ def test_every_node_agent_container_knows_its_node_from_the_downward_api() -> No
         assert arg_value(item["args"], "--node-name") == "$(NODE_NAME)"
 
 
-def test_device_plugin_probes_ask_its_health_endpoints_on_the_port_it_listens_on() -> None:
-    item = container(_agent(), "device-plugin")
+@pytest.mark.parametrize(
+    ("kustomization", "daemonset", "name"),
+    [
+        ("overlays/second-scheduler", "kubegpu-node-agent", "device-plugin"),
+        ("examples/dra", "kubegpu-dra-driver", "dra-driver"),
+    ],
+)
+def test_node_probes_ask_the_health_endpoints_on_the_port_the_process_listens_on(
+    kustomization: str, daemonset: str, name: str
+) -> None:
+    # The device plugin's and the DRA driver's /healthz and /readyz (kubegpu.probes).
+    item = container(find(render(kustomization), "DaemonSet", daemonset), name)
     _, port = parse_listen(arg_value(item["args"], "--health-listen"))
     ports = {p["name"]: p["containerPort"] for p in item["ports"]}
     paths = {}

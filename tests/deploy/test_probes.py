@@ -22,13 +22,19 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import grpc
 import pytest
 import yaml
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubegpu.cli.device_plugin import DEFAULT_KUBELET_DIR
 from kubegpu.config.model import DEFAULT_RESOURCE, GpuShare
+from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg
+from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from kubegpu.roles.dra_driver import socket_paths
 from kubegpu.testing.apiserver import FakeApiServer, make_node
+from kubegpu.testing.kubeconfig import kubeconfig_dict
 from kubegpu.testing.kubelet import KubeletEmulator
 from kubegpu.testing.waiting import wait_until
 from tests.deploy.manifests import (
@@ -42,6 +48,8 @@ from tests.deploy.manifests import (
     render,
     substitute,
 )
+from tests.dra.resource_api import ResourceApi
+from tests.dra.test_dra_driver_process import api_in_thread
 
 FAKE = ("--backend=fake", "--fake-gpus=4xT4")
 
@@ -213,6 +221,126 @@ def test_device_plugin_probes_pass_once_it_serves_and_has_registered_and_fail_af
         for leftover in kubelet_dir.iterdir():
             leftover.unlink()
         kubelet_dir.rmdir()
+
+
+class HeldResourceApi(ResourceApi):
+    """Creates no ResourceSlice until ``release`` is set: the driver's first publish waits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.held = threading.Event()  # a create has arrived and is waiting
+
+    async def _create_slice(self, request: web.Request) -> web.Response:
+        self.held.set()
+        await asyncio.to_thread(self.release.wait, 60)
+        return await super()._create_slice(request)
+
+
+def test_dra_driver_probes_pass_once_it_has_published_and_is_registered(tmp_path: Path) -> None:
+    # The DRA example: the component's DaemonSet, its ConfigMap, the real command line; the
+    # kubelet's side is played over the real registration socket, as its plugin watcher does.
+    objs = render("examples/dra")
+    daemonset = find(objs, "DaemonSet", "kubegpu-dra-driver")
+    item = container(daemonset, "dra-driver")
+    env = container_env(item)
+    # Unix socket paths must stay under 108 bytes; pytest's tmp_path may not.
+    root = Path(tempfile.mkdtemp(prefix="kg-draprobe-", dir="/tmp"))
+    port = free_port()
+    api = HeldResourceApi()
+    try:
+        paths = materialise_config_volumes(objs, daemonset, "dra-driver", tmp_path)
+        for option in ("--kubelet-dir", "--cdi-dir", "--state-dir"):
+            paths[arg_value(item["args"], option)] = str(root / option.strip("-"))
+        args = substitute(item["args"], env, paths)
+        # The manifest's address is the pod IP's; here loopback on a free port.
+        assert arg_value(args, "--health-listen") == "0.0.0.0:9403"
+        args = [a for a in args if not a.startswith("--health-listen=")]
+        args.append(f"--health-listen=127.0.0.1:{port}")
+        ports = {p["name"]: p["containerPort"] for p in item["ports"]}
+
+        def url(probe: str) -> str:
+            target = item[probe]["httpGet"]
+            assert ports[target["port"]] == 9403  # the manifest's; rebased to `port` here
+            return f"http://127.0.0.1:{port}{target['path']}"
+
+        probes = ("startupProbe", "livenessProbe", "readinessProbe")
+        assert all(http_status(url(p)) == 0 for p in probes)  # nothing listens yet
+        sockets = socket_paths(Path(arg_value(args, "--kubelet-dir")))
+        with api_in_thread(api) as api_url:
+            kubeconfig = tmp_path / "kubeconfig"
+            kubeconfig.write_text(yaml.safe_dump(kubeconfig_dict(api_url)))
+            args += [*FAKE, f"--kubeconfig={kubeconfig}"]
+            with running(args, _env(NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")) as driver:
+                # Publishing its slices: the probes answer already, neither alive nor ready.
+                assert api.held.wait(30), driver.output
+                assert wait_for_status(url("startupProbe"), 503) == 503, driver.output
+                assert http_status(url("readinessProbe")) == 503
+                api.release.set()
+                for probe in ("startupProbe", "livenessProbe"):
+                    assert wait_for_status(url(probe), 200) == 200, (probe, driver.output)
+                # Serving and published, but no kubelet has registered it: not ready.
+                assert api.slices, "alive before its ResourceSlices were published"
+                assert http_status(url("readinessProbe")) == 503
+                # What the kubelet's plugin watcher does once it finds the socket.
+                with grpc.insecure_channel(f"unix://{sockets.registration}") as channel:
+                    stub = reg_grpc.RegistrationStub(channel)
+                    info = stub.GetInfo(reg.InfoRequest(), timeout=30)
+                    assert info.endpoint == str(sockets.dra)
+                    stub.NotifyRegistrationStatus(
+                        reg.RegistrationStatus(plugin_registered=True), timeout=30
+                    )
+                assert wait_for_status(url("readinessProbe"), 200) == 200, driver.output
+                assert http_status(url("livenessProbe")) == 200
+                assert http_status(f"http://127.0.0.1:{port}/metrics") == 404
+                assert driver.stop() == 0, driver.output
+            assert all(http_status(url(p)) == 0 for p in probes)
+            assert "Traceback" not in "".join(driver.output)
+    finally:
+        api.release.set()  # a failed assertion must not leave a create waiting
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("listen", "code", "message"),
+    [
+        # A port without the host: a usage error, before anything starts.
+        ("9403", 2, "--health-listen: expected HOST:PORT (e.g. 0.0.0.0:9401), got '9403'"),
+        # A port something else holds: it cannot start.
+        ("127.0.0.1:{busy}", 1, "--health-listen: cannot serve /healthz and /readyz on"),
+    ],
+)
+def test_dra_driver_refuses_a_health_listen_it_cannot_serve_naming_the_flag(
+    tmp_path: Path, listen: str, code: int, message: str
+) -> None:
+    root = Path(tempfile.mkdtemp(prefix="kg-draflag-", dir="/tmp"))
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\ngpuAllocation: dra\n")
+    kubeconfig = tmp_path / "kubeconfig"
+    # An API server nobody answers at: the driver must fail before it asks.
+    kubeconfig.write_text(yaml.safe_dump(kubeconfig_dict(f"http://127.0.0.1:{free_port()}")))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        args = [
+            "dra-driver",
+            *FAKE,
+            "--node-name=n0",
+            f"--config={config}",
+            f"--kubeconfig={kubeconfig}",
+            f"--kubelet-dir={root / 'kubelet'}",
+            f"--cdi-dir={root / 'cdi'}",
+            f"--state-dir={root / 'state'}",
+            f"--health-listen={listen.format(busy=taken.getsockname()[1])}",
+        ]
+        try:
+            with running(args, _env()) as driver:
+                assert driver.proc.wait(30) == code, driver.output
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    out = "".join(driver.output)
+    assert f"kubegpu dra-driver: {message}" in out
+    assert "Traceback" not in out
 
 
 def _extender_probe_urls(item: Obj, port: int) -> dict[str, str]:

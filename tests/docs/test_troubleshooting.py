@@ -41,7 +41,8 @@ SCOPES = (
     Scope("node agent config", ("config",), ("ConfigError", "ValueError")),
     Scope(
         "node agent",
-        ("kubelet", "cli/device_plugin.py", "roles/node_agent.py"),
+        # probes.py: the health endpoints, the DRA driver's too.
+        ("kubelet", "probes.py", "cli/device_plugin.py", "roles/node_agent.py"),
         (
             "AllocationError",
             "AllocationRefused",

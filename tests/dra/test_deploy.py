@@ -144,3 +144,26 @@ async def test_the_cluster_role_grants_exactly_what_the_driver_calls(
         for resource in rule["resources"]:
             granted.setdefault(resource, set()).update(rule["verbs"])
     assert granted == used
+
+
+def test_the_probes_are_the_node_agent_s_on_the_driver_s_own_health_port() -> None:
+    # Same endpoints, timings and thresholds as the device plugin's (one kubegpu.probes): an
+    # operator reads both DaemonSets' probes the same way.
+    objs = render(EXAMPLE)
+    driver = container(find(objs, "DaemonSet", "kubegpu-dra-driver"), "dra-driver")
+    agent = container(find(objs, "DaemonSet", "kubegpu-node-agent"), "device-plugin")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert driver[probe] == agent[probe], probe
+        assert driver[probe]["httpGet"]["port"] == "health"
+    assert driver["ports"] == [{"name": "health", "containerPort": 9403, "protocol": "TCP"}]
+    assert arg_value(driver["args"], "--health-listen") == "0.0.0.0:9403"
+    # Its own port: no other container of the install uses 9403.
+    others = {
+        port["containerPort"]
+        for obj in objs
+        if obj["kind"] in ("DaemonSet", "Deployment")
+        for item in pod_spec(obj)["containers"]
+        if item["name"] != "dra-driver"
+        for port in item.get("ports", [])
+    }
+    assert 9403 not in others

@@ -19,8 +19,9 @@ import pytest
 from kubegpu.config import load_config
 from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.kubelet.agent import Agent, AgentSettings, Event
-from kubegpu.kubelet.probes import IdleTarget, ProbeServerError, ping_all, start_probe_server
+from kubegpu.kubelet.probes import IdleTarget, ping_all
 from kubegpu.kubelet.retry import RetryBackoff
+from kubegpu.probes import ProbeServerError, start_probe_server
 from kubegpu.roles.node_agent import build_agent
 from kubegpu.testing.kubelet import KubeletEmulator
 from kubegpu.testing.waiting import wait_until as poll_until

@@ -60,7 +60,8 @@ async def _idle(config: AgentConfig, node: str, reason: str, error: Exception) -
     """Wait for SIGTERM/SIGINT, answering the probes as alive and ready meanwhile. Says it is
     idling only once the signal handlers are in: a SIGTERM sent on that line exits 0."""
     from kubegpu.config.model import parse_listen_address
-    from kubegpu.kubelet.probes import IdleTarget, start_probe_server
+    from kubegpu.kubelet.probes import IdleTarget
+    from kubegpu.probes import start_probe_server
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -242,10 +243,10 @@ def device_plugin(
     from kubegpu.inventory.select import BackendKind, open_backend
     from kubegpu.kubelet.agent import AgentSettings
     from kubegpu.kubelet.exporter_slot import ExporterServerError
-    from kubegpu.kubelet.probes import ProbeServerError
     from kubegpu.kubelet.reload import check_api_access
     from kubegpu.kubelet.resources import PlanError
     from kubegpu.kubelet.socketdir import SocketDirError, check_folder, check_socket_dir
+    from kubegpu.probes import ProbeServerError
     from kubegpu.roles.node_agent import KubeconfigError, kube_config_for, run_agent
 
     node = node_name or "-"

@@ -2,10 +2,10 @@
 
 Checks the options and the config (which must say ``gpuAllocation: dra``) before anything
 starts, then has the composition root (:mod:`kubegpu.roles.dra_driver`) run the driver until
-SIGTERM. Exit codes: 0 on a requested stop; 1 when the GPU backend cannot be opened, the first
-ResourceSlice publish fails, the checkpoint cannot be trusted or the kubelet refuses the
-driver; 2 for usage errors (a bad option, config, kubeconfig or fake GPU spec, or a config that
-gives this node's GPUs to the device plugin).
+SIGTERM. Exit codes: 0 on a requested stop; 1 when the GPU backend cannot be opened, the health
+endpoints cannot be served, the first ResourceSlice publish fails, the checkpoint cannot be
+trusted or the kubelet refuses the driver; 2 for usage errors (a bad option, config, kubeconfig
+or fake GPU spec, or a config that gives this node's GPUs to the device plugin).
 """
 
 from __future__ import annotations
@@ -81,6 +81,12 @@ def _usage(message: str) -> NoReturn:
     help="API access for ResourceClaims and ResourceSlices; default: in-cluster, else "
     "$KUBECONFIG or ~/.kube/config.",
 )
+@click.option(
+    "--health-listen",
+    default="",
+    help="HOST:PORT for /healthz (event loop and gRPC servers answer) and /readyz (registered "
+    "with the kubelet, ResourceSlices published), e.g. 0.0.0.0:9403; empty: not served.",
+)
 def dra_driver(
     backend: str,
     fake_gpus: str | None,
@@ -92,15 +98,18 @@ def dra_driver(
     config_path: Path | None,
     node_name: str,
     kubeconfig: Path | None,
+    health_listen: str,
 ) -> None:
     """Run the DRA driver (gpu.kubegpu.io) for this node's GPUs."""
     from kubegpu.config.allocation import GpuAllocationError, check_gpu_allocation
     from kubegpu.config.health import health_policy
     from kubegpu.config.load import ConfigError, load_config, render_config
+    from kubegpu.config.model import parse_listen_address
     from kubegpu.core.backend import InventoryError
     from kubegpu.inventory.select import BackendKind, open_backend
     from kubegpu.kube.client import KubeconfigError, load_kubeconfig
     from kubegpu.kubelet.socketdir import SocketDirError, check_folder, check_socket_dir
+    from kubegpu.probes import ProbeServerError
     from kubegpu.roles.dra_driver import DraDriverSettings, run_dra_driver, socket_paths
 
     try:
@@ -111,6 +120,12 @@ def dra_driver(
         _usage(str(err))
     if not node_name:
         _usage("--node-name (or NODE_NAME) is required: it names this node's ResourceSlice pool")
+    health_address = None
+    if health_listen:
+        try:
+            health_address = parse_listen_address(health_listen)
+        except ValueError as err:
+            _usage(f"--health-listen: {err}")
     workload = None
     if config.dra.steering.workload_file is not None:
         from kubegpu.config.extender import ExtenderConfigError, load_workload
@@ -157,8 +172,12 @@ def dra_driver(
         env=dict(os.environ),
         steering_workload=workload,
         cpu_milli=(os.cpu_count() or 1) * 1000,
+        health_listen=health_address,
     )
     try:
         sys.exit(asyncio.run(run_dra_driver(settings, config, gpu_backend, kube_config)))
+    except ProbeServerError as err:
+        click.echo(f"{PROG}: --health-listen: {err}", err=True)
+        sys.exit(1)
     finally:
         gpu_backend.close()

@@ -38,6 +38,7 @@ from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg_pb
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from kubegpu.dra.driver import ClaimPreparer, DriverSettings, PrepareError
 from kubegpu.dra.health_stream import DeviceHealthServicer
+from kubegpu.dra.probes import DriverProbes
 from kubegpu.dra.publisher import ResourceSlicePublisher
 from kubegpu.dra.slices import pool_name
 
@@ -278,6 +279,7 @@ async def serve_dra_driver(
     retry_s: float = REPUBLISH_RETRY_S,
     steer: Callable[[], Awaitable[Sequence[int]]] | None = None,
     steer_interval_s: float = DEFAULT_STEER_INTERVAL_S,
+    probes: DriverProbes | None = None,
 ) -> bool:
     """Run the DRA driver of one node until ``stop`` is set: publish the node's ResourceSlices,
     serve the kubelet, republish whenever ``health_changed`` is set (a GPU tainted or
@@ -296,6 +298,10 @@ async def serve_dra_driver(
     are re-published only when that order changed (the publisher skips identical devices), so
     at most once per interval. A failing ``steer`` is logged and the last order kept: the
     order steers DRA's first fit, the allocator's own accounting decides what fits.
+
+    ``probes`` (:class:`~kubegpu.dra.probes.DriverProbes`, the ``/healthz`` and ``/readyz``
+    target) is told of every publish, of both sockets served and removed, and of each
+    registration status the kubelet sends.
     """
     preparer = ClaimPreparer(settings, inventory, claims)
     publisher = ResourceSlicePublisher(settings.node_name, settings.driver, slices)
@@ -324,9 +330,14 @@ async def serve_dra_driver(
             )
             return order
 
+    def published() -> None:
+        if probes is not None and publisher.generation is not None:
+            probes.published(publisher.generation)
+
     order = await steered()
     try:
         await publisher.publish(inventory, current(), order)
+        published()
     except Exception as exc:  # the API edge's errors vary (HTTP, lightkube, OS)
         raise SlicePublishError(
             f"cannot publish the ResourceSlices of node {settings.node_name}: "
@@ -344,6 +355,8 @@ async def serve_dra_driver(
 
     def on_status(status: RegistrationStatus) -> None:
         nonlocal refused
+        if probes is not None:
+            probes.registration_status(status.registered, status.error)
         if not status.registered:
             refused = True
             stop.set()
@@ -353,33 +366,40 @@ async def serve_dra_driver(
         publisher.forget()
         changed.set()
 
-    async with DraPluginServer(preparer, sockets, on_status=on_status, health=health):
-        if started is not None:
-            started.set()
-        pending = False  # a republish failed and is due again
-        while not stop.is_set():
-            waits = [retry_s] if pending else []
-            if steer is not None:
-                waits.append(max(0.0, next_steer - loop.time()))
-            await _wait_any((stop, changed), min(waits) if waits else None)
-            if stop.is_set():
-                break
-            steer_due = steer is not None and loop.time() >= next_steer
-            if not (changed.is_set() or pending or steer_due):
-                continue
-            if changed.is_set():
-                health.notify()  # the kubelet's health streams hear of a flip at once
-            changed.clear()
-            order = await steered()
-            try:
-                await publisher.publish(inventory, current(), order)
-                pending = False
-            except Exception as exc:  # the API edge's errors vary (HTTP, lightkube, OS)
-                log.warning(
-                    "node %s: cannot republish ResourceSlices (retrying in %.0f s): %s",
-                    settings.node_name,
-                    retry_s,
-                    exc,
-                )
-                pending = True
+    try:
+        async with DraPluginServer(preparer, sockets, on_status=on_status, health=health):
+            if probes is not None:
+                probes.serving(sockets.registration, sockets.dra)
+            if started is not None:
+                started.set()
+            pending = False  # a republish failed and is due again
+            while not stop.is_set():
+                waits = [retry_s] if pending else []
+                if steer is not None:
+                    waits.append(max(0.0, next_steer - loop.time()))
+                await _wait_any((stop, changed), min(waits) if waits else None)
+                if stop.is_set():
+                    break
+                steer_due = steer is not None and loop.time() >= next_steer
+                if not (changed.is_set() or pending or steer_due):
+                    continue
+                if changed.is_set():
+                    health.notify()  # the kubelet's health streams hear of a flip at once
+                changed.clear()
+                order = await steered()
+                try:
+                    await publisher.publish(inventory, current(), order)
+                    published()
+                    pending = False
+                except Exception as exc:  # the API edge's errors vary (HTTP, lightkube, OS)
+                    log.warning(
+                        "node %s: cannot republish ResourceSlices (retrying in %.0f s): %s",
+                        settings.node_name,
+                        retry_s,
+                        exc,
+                    )
+                    pending = True
+    finally:
+        if probes is not None:
+            probes.stopped()
     return refused

@@ -46,11 +46,11 @@ from kubegpu.kubelet.exporter_slot import ExporterSlot, RunningService
 from kubegpu.kubelet.inventory_publisher import InventoryPublisher
 from kubegpu.kubelet.plugin import DevicePluginServicer, PluginServer, SocketInUse, socket_identity
 from kubegpu.kubelet.plugin_set import PluginSet
-from kubegpu.kubelet.probes import ProbeServerError, start_probe_server
 from kubegpu.kubelet.reload import ConfigChange, ReloadRejected, read_change
 from kubegpu.kubelet.resources import ResourcePlan, all_gpus
 from kubegpu.kubelet.retry import RetryBackoff, Sleep
 from kubegpu.kubelet.sharing_runtime import SharingRuntime
+from kubegpu.probes import ProbeServerError, start_probe_server
 
 log = logging.getLogger(__name__)
 

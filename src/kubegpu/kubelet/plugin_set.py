@@ -26,9 +26,10 @@ from kubegpu.kubelet.plugin import (
     SocketClaim,
     socket_identity,
 )
-from kubegpu.kubelet.probes import ProbeResult, ping_all
+from kubegpu.kubelet.probes import ping_all
 from kubegpu.kubelet.resources import ResourcePlan
 from kubegpu.kubelet.retry import RetryBackoff, Sleep, retry_with_backoff
+from kubegpu.probes import ProbeResult
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,9 @@ edge's backend and health monitor (the device plugin's Xid policy, through the c
 and under ``dra.enforcement: mps`` the MPS control daemon supervisor the device plugin uses.
 The edge republishes the node's ResourceSlices whenever the feed's verdicts change, so an
 unhealthy GPU is tainted ``NoSchedule`` and untainted when the policy says it recovered.
+With ``health_listen`` set it also serves ``/healthz`` and ``/readyz`` (:mod:`kubegpu.probes`
+answering from :class:`~kubegpu.dra.probes.DriverProbes`) from before the first publish until
+it has stopped.
 """
 
 from __future__ import annotations
@@ -28,10 +31,13 @@ from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.health_feed import HealthFeed
 from kubegpu.dra.checkpoint import CheckpointError
 from kubegpu.dra.driver import DriverSettings
+from kubegpu.dra.probes import DriverProbes
 from kubegpu.dra.server import SlicePublishError, SocketPaths, serve_dra_driver
 from kubegpu.dra.slices import pool_name
 from kubegpu.dra.steering import DeviceSteerer
+from kubegpu.httpd import HttpThread
 from kubegpu.placement.fragmentation import TypicalWorkload
+from kubegpu.probes import start_probe_server
 from kubegpu.roles.health import judge_health
 
 log = logging.getLogger(__name__)
@@ -54,6 +60,8 @@ class DraDriverSettings:
     steering_workload: TypicalWorkload | None = None
     # The node's CPU, all taken as free by the steering cost (the driver sees no pods' CPU).
     cpu_milli: int = 1000
+    # (host, port) for /healthz and /readyz (--health-listen); None: not served.
+    health_listen: tuple[str, int] | None = None
 
     @property
     def sockets(self) -> SocketPaths:
@@ -84,7 +92,9 @@ async def run_dra_driver(
     stop: asyncio.Event | None = None,
 ) -> int:
     """Run the driver until SIGTERM/SIGINT (or ``stop``); the exit code: 1 when it could not
-    start (the slices not published, the checkpoint not trusted, a kubelet refusal)."""
+    start (the slices not published, the checkpoint not trusted, a kubelet refusal). Raises
+    :class:`~kubegpu.probes.ProbeServerError` when ``settings.health_listen`` cannot be
+    served."""
     from kubegpu.kube.dra_api import DraApi
 
     api = DraApi(kube_config)
@@ -135,7 +145,20 @@ async def run_with_ports(
     judge_health(feed, backend, inventory, node_name=node)
     mps_daemon = None
     mps: MpsDirs | None = None
+    probes = DriverProbes(node, settings.driver)
+    probe_server: HttpThread | None = None
     try:
+        if settings.health_listen is not None:
+            # First: the startup probe reads "starting" rather than a refused connection while
+            # the MPS daemon starts and the first publish waits for the API server.
+            probe_server = start_probe_server(
+                settings.health_listen,
+                probes,
+                loop,
+                node=node,
+                role="kubegpu DRA driver",
+                thread_name="kubegpu-dra-probes",
+            )
         if config.dra.enforcement == "mps":
             from kubegpu.enforcement.mps import MpsDaemon, mps_spec_for
 
@@ -172,6 +195,7 @@ async def run_with_ports(
             health_changed=changed,
             steer=steerer.order if steerer is not None else None,
             steer_interval_s=config.dra.steering.interval_s,
+            probes=probes,
         )
     except CheckpointError as exc:
         log.error("node %s: %s; move the file away to start afresh", node, exc)
@@ -182,6 +206,10 @@ async def run_with_ports(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if probe_server is not None:
+            # stop() waits for the serving thread to notice: off the loop, which the thread's
+            # in-flight requests may be waiting on.
+            await loop.run_in_executor(None, probe_server.stop)
         await loop.run_in_executor(None, feed.close)
         if mps_daemon is not None:
             await mps_daemon.stop()
