@@ -5,6 +5,7 @@ and the real kubelet's PodResources API."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from kubegpu.kubelet.api.podresources.v1 import api_pb2 as pr
 from kubegpu.kubelet.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from kubegpu_e2e.cluster import Cluster
 from kubegpu_e2e.images import WORKLOAD_IMAGE
+from kubegpu_e2e.kubegpu import tool_path
 
 ENV_END = "KUBEGPU-E2E-ENV-END"
 # PID 1 in the container ignores SIGTERM unless it traps it: deletion would wait the whole grace.
@@ -188,3 +190,48 @@ def card_totals(cluster: Cluster, namespaces: list[str]) -> dict[str, list[int]]
         totals[card][0] += int(env["KUBEGPU_GPU_MEMORY_LIMIT_MIB"])
         totals[card][1] += int(env["KUBEGPU_GPU_COMPUTE_MILLI"])
     return dict(totals)
+
+
+def kubelet_card_view(cluster: Cluster, namespace: str) -> dict[str, set[str]]:
+    """card UUID -> pods of `namespace` on it, from PodResources (whole cards by device id;
+    shares by the slot the kubelet handed out, whose card the container's own environment
+    names)."""
+    cards: dict[str, set[str]] = {}
+    for entry in pod_resources(cluster.pod_resources_socket):
+        if entry.namespace != namespace:
+            continue
+        if entry.resource == WHOLE:
+            for uuid in entry.device_ids:
+                cards.setdefault(uuid, set()).add(entry.pod)
+        elif entry.resource == SHARED:
+            env = container_env(cluster, namespace, entry.pod, entry.container)
+            cards.setdefault(env["KUBEGPU_GPU_UUID"], set()).add(entry.pod)
+    return cards
+
+
+def kubectl_gpu_inspect(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """`kubectl gpu inspect ARGS` through the real kubectl's plugin lookup: our kubectl first on
+    PATH, then the venv holding the kubectl-gpu plugin."""
+    env = {**cluster.env, "PATH": tool_path(cluster), "KUBECONFIG": str(cluster.admin)}
+    env.pop("KUBEGPU_E2E_BIN", None)
+    return subprocess.run(
+        [str(cluster.bin_dir / "kubectl"), "gpu", "inspect", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def inspected_card_view(
+    cluster: Cluster, node: str, namespace: str, *args: str
+) -> dict[str, set[str]]:
+    """card UUID -> pods of `namespace` on it, as `kubectl gpu inspect -o json` says."""
+    result = kubectl_gpu_inspect(cluster, "-o", "json", "-n", namespace, *args)
+    assert result.returncode == 0, result.stderr
+    (found,) = [n for n in json.loads(result.stdout)["nodes"] if n["name"] == node]
+    cards = {
+        card["uuid"]: {p["name"] for p in card["pods"] if p["namespace"] == namespace}
+        for card in found["cards"]
+    }
+    return {uuid: pods for uuid, pods in cards.items() if pods}

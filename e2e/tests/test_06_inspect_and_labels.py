@@ -3,42 +3,23 @@ kubelet's PodResources says; `kubegpu labels` puts GPU-feature-discovery labels 
 
 from __future__ import annotations
 
-import json
-import subprocess
-
 import pytest
 from kubegpu_e2e.cluster import NODE_NAME, Cluster
-from kubegpu_e2e.kubegpu import KubegpuRoles, tool_path
+from kubegpu_e2e.kubegpu import KubegpuRoles
 from kubegpu_e2e.workloads import (
     SCHEDULER,
-    SHARED,
     WHOLE,
     container,
-    container_env,
     create,
+    inspected_card_view,
+    kubectl_gpu_inspect,
+    kubelet_card_view,
     pod,
-    pod_resources,
     share,
     wait_running,
 )
 
 pytestmark = pytest.mark.e2e
-
-
-def _kubelet_view(cluster: Cluster, namespace: str) -> dict[str, set[str]]:
-    """card UUID -> pods on it, from PodResources (whole cards by device id; shares by the
-    slot the kubelet handed out, whose card the container's own environment names)."""
-    cards: dict[str, set[str]] = {}
-    for entry in pod_resources(cluster.pod_resources_socket):
-        if entry.namespace != namespace:
-            continue
-        if entry.resource == WHOLE:
-            for uuid in entry.device_ids:
-                cards.setdefault(uuid, set()).add(entry.pod)
-        elif entry.resource == SHARED:
-            env = container_env(cluster, namespace, entry.pod, entry.container)
-            cards.setdefault(env["KUBEGPU_GPU_UUID"], set()).add(entry.pod)
-    return cards
 
 
 def test_kubectl_gpu_inspect_agrees_with_pod_resources(
@@ -51,47 +32,17 @@ def test_kubectl_gpu_inspect_agrees_with_pod_resources(
         pod("whole", namespace, [container("main", {WHOLE: "2"})]),
     )
     wait_running(cluster, namespace, "share-a", "share-b", "whole")
-    env = {**cluster.env, "PATH": tool_path(cluster), "KUBECONFIG": str(cluster.admin)}
-    env.pop("KUBEGPU_E2E_BIN", None)
+    exporter = f"--exporter-url-template=http://127.0.0.1:{roles.exporter_port}/metrics"
 
     def inspected() -> dict[str, set[str]]:
-        result = subprocess.run(
-            [
-                str(cluster.bin_dir / "kubectl"),
-                "gpu",
-                "inspect",
-                "-o",
-                "json",
-                "-n",
-                namespace,
-                f"--exporter-url-template=http://127.0.0.1:{roles.exporter_port}/metrics",
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
-        assert result.returncode == 0, result.stderr
-        report = json.loads(result.stdout)
-        (node,) = [n for n in report["nodes"] if n["name"] == NODE_NAME]
-        cards = {
-            card["uuid"]: {p["name"] for p in card["pods"] if p["namespace"] == namespace}
-            for card in node["cards"]
-        }
-        return {uuid: pods for uuid, pods in cards.items() if pods}
+        return inspected_card_view(cluster, NODE_NAME, namespace, exporter)
 
     # A whole-GPU pod without a decision is placed from the exporter's PodResources reading,
     # which refreshes every 10 s: the two views agree within a few refreshes.
-    kubelet = _kubelet_view(cluster, namespace)
+    kubelet = kubelet_card_view(cluster, namespace)
     cluster.wait_for("inspect to agree with PodResources", lambda: inspected() == kubelet, 60)
 
-    table = subprocess.run(
-        [str(cluster.bin_dir / "kubectl"), "gpu", "inspect", "-n", namespace, "--no-usage"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    table = kubectl_gpu_inspect(cluster, "-n", namespace, "--no-usage")
     assert table.returncode == 0, table.stderr
     assert NODE_NAME in table.stdout and "share-a" in table.stdout
 

@@ -13,10 +13,9 @@ pods) go to e2e/out/report.json under "installed release"."""
 
 from __future__ import annotations
 
-import json
+import ipaddress
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ from typing import Any
 import pytest
 from conftest import record_install
 from kubegpu_e2e.cluster import NODE_NAME, POD_CIDR, Cluster
-from kubegpu_e2e.kubegpu import tool_path
 from kubegpu_e2e.prometheus import Prometheus
 from kubegpu_e2e.release import (
     IMAGE_REPOSITORY,
@@ -46,6 +44,8 @@ from kubegpu_e2e.workloads import (
     container,
     container_env,
     create,
+    inspected_card_view,
+    kubelet_card_view,
     pending_reason,
     phase,
     pod,
@@ -65,8 +65,6 @@ _running: dict[str, str] = {}  # pod name -> namespace
 
 
 def _network_address_in_pod_range(address: str) -> bool:
-    import ipaddress
-
     return ipaddress.ip_address(address) in ipaddress.ip_network(POD_CIDR)
 
 
@@ -225,44 +223,14 @@ def test_kubectl_gpu_inspect_reads_the_installed_release(
 ) -> None:
     cluster, _ = installed
     assert _running, "needs the long-lived pods of the shared-pod scenario"
-    env = {**cluster.env, "PATH": tool_path(cluster), "KUBECONFIG": str(cluster.admin)}
-
-    def inspected() -> dict[str, set[str]]:
-        result = subprocess.run(
-            [
-                str(cluster.bin_dir / "kubectl"),
-                "gpu",
-                "inspect",
-                "-o",
-                "json",
-                "-n",
-                LONG_LIVED,
-                # The default exporter URL: the node agent pod's IP, found by its label.
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
-        assert result.returncode == 0, result.stderr
-        (node,) = [n for n in json.loads(result.stdout)["nodes"] if n["name"] == NODE_NAME]
-        return {
-            card["uuid"]: {p["name"] for p in card["pods"] if p["name"] in _running}
-            for card in node["cards"]
-            if any(p["name"] in _running for p in card["pods"])
-        }
-
-    kubelet: dict[str, set[str]] = {}
-    for entry in pod_resources(cluster.pod_resources_socket):
-        if entry.pod not in _running:
-            continue
-        if entry.resource == WHOLE:
-            for uuid in entry.device_ids:
-                kubelet.setdefault(uuid, set()).add(entry.pod)
-        elif entry.resource == SHARED:
-            card = container_env(cluster, entry.namespace, entry.pod, entry.container)
-            kubelet.setdefault(card["KUBEGPU_GPU_UUID"], set()).add(entry.pod)
-    cluster.wait_for("inspect to agree with PodResources", lambda: inspected() == kubelet, 60)
+    # The default exporter URL: the node agent pod's IP, found by the pod's label.
+    kubelet = kubelet_card_view(cluster, LONG_LIVED)
+    assert sum(len(pods) for pods in kubelet.values()) == 2, kubelet
+    cluster.wait_for(
+        "inspect to agree with PodResources",
+        lambda: inspected_card_view(cluster, NODE_NAME, LONG_LIVED) == kubelet,
+        60,
+    )
 
 
 def test_prometheus_scrapes_the_exporter_and_extender_pod_ports(
