@@ -1,6 +1,6 @@
 """A real Prometheus (Debian's binary, from e2e/install-deps) scraping kubegpu beside the real
 cluster: test_08_monitoring.py points it at the host processes' ports, test_10_install.py at
-the installed release's pod ports."""
+the installed release's pod port and Service endpoint."""
 
 from __future__ import annotations
 

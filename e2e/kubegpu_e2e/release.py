@@ -96,7 +96,7 @@ def helm_binary() -> str:
     return os.environ.get("KUBEGPU_E2E_HELM") or _built(COMPONENTS / "helm" / "build.sh")
 
 
-def _parse_time(stamp: str) -> datetime:
+def parse_time(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
@@ -223,10 +223,10 @@ class Release:
         found = self.cluster.get("pods", "-n", NAMESPACE)
         times = {}
         for pod in found["items"]:
-            created = _parse_time(pod["metadata"]["creationTimestamp"])
+            created = parse_time(pod["metadata"]["creationTimestamp"])
             for condition in pod["status"].get("conditions", []):
                 if condition["type"] == "Ready" and condition["status"] == "True":
-                    ready = _parse_time(condition["lastTransitionTime"])
+                    ready = parse_time(condition["lastTransitionTime"])
                     times[pod["metadata"]["name"]] = (ready - created).total_seconds()
         return times
 

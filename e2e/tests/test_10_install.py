@@ -17,6 +17,7 @@ import ipaddress
 import os
 import signal
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from kubegpu_e2e.release import (
     archive_tag,
     image_archive,
     is_ready,
+    parse_time,
 )
 from kubegpu_e2e.workloads import (
     CARD_COMPUTE_MILLI,
@@ -233,19 +235,40 @@ def test_kubectl_gpu_inspect_reads_the_installed_release(
     )
 
 
-def test_prometheus_scrapes_the_exporter_and_extender_pod_ports(
+def _service_endpoints(cluster: Cluster, service: str) -> list[str]:
+    """ADDRESS:PORT of every ready endpoint of a Service, from its EndpointSlices (what a
+    Prometheus with Kubernetes service discovery, or the ServiceMonitor, scrapes)."""
+    slices = cluster.get(
+        "endpointslices", "-n", NAMESPACE, "-l", f"kubernetes.io/service-name={service}"
+    )
+    return [
+        f"{address}:{port['port']}"
+        for item in slices["items"]
+        for endpoint in item.get("endpoints") or []
+        if endpoint.get("conditions", {}).get("ready")
+        for address in endpoint["addresses"]
+        for port in item.get("ports") or []
+        if port.get("name") == "metrics"
+    ]
+
+
+def test_prometheus_scrapes_the_exporter_pod_port_and_the_extender_service(
     installed: tuple[Cluster, Release],
 ) -> None:
     cluster, release = installed
     (agent,) = release.pods(AGENT)
     (scheduler,) = release.pods(SCHEDULER_POD)
+    # The chart's metrics Service selects exactly the scheduler pod, on the extender's port.
+    extender = cluster.wait_for(
+        "the extender metrics Service's ready endpoint",
+        lambda: _service_endpoints(cluster, "kubegpu-extender-metrics"),
+        60,
+    )
+    assert extender == [f"{scheduler['status']['podIP']}:9402"], extender
     server = Prometheus(
         cluster,
         RULES,
-        {
-            AGENT: f"{agent['status']['podIP']}:9400",
-            "kubegpu-extender-metrics": f"{scheduler['status']['podIP']}:9402",
-        },
+        {AGENT: f"{agent['status']['podIP']}:9400", "kubegpu-extender-metrics": extender[0]},
     ).start()
     try:
 
@@ -377,40 +400,54 @@ def test_the_node_agent_comes_back_from_pod_deletion_and_a_killed_process(
     record_install("node_agent_back_s", {"pod_deleted": after_delete, "process_killed": after_kill})
 
 
+def _scheduled_at(cluster: Cluster, namespace: str, name: str) -> datetime | None:
+    for condition in cluster.get("pod", "-n", namespace, name)["status"].get("conditions", []):
+        if condition["type"] == "PodScheduled" and condition["status"] == "True":
+            return parse_time(condition["lastTransitionTime"])
+    return None
+
+
 def test_pods_waiting_while_the_scheduler_pod_is_deleted_run_once_it_is_back(
     installed: tuple[Cluster, Release], install_namespace: str
 ) -> None:
     cluster, release = installed
     ns = install_namespace
-    scheduler = release.ready_pod(SCHEDULER_POD)
-    cluster.kubectl("delete", "pod", "-n", NAMESPACE, scheduler["metadata"]["name"], "--wait=true")
-    # While no kubegpu-scheduler runs, 16 half-card shares arrive: more than the cards hold.
-    # Once it is back, every one that fits runs, the others wait with the extender's reason,
-    # and no card is over-committed.
+    # 16 half-card shares: more than the cards hold. 8 cards, one holding the long-lived
+    # whole-GPU pod and one the 20 GiB/30 % share (room for one half more): 6 x 2 + 1 run,
+    # 3 wait with the extender's reason.
     names = [f"wait-{i}" for i in range(16)]
     create(
         cluster,
         *[pod(n, ns, [container("main", share(40960, 500))], scheduler=SCHEDULER) for n in names],
     )
-    time.sleep(2)
-    assert all(phase(cluster, ns, n) == "Pending" for n in names)
-    started = time.monotonic()
-    release.ready_pod(SCHEDULER_POD)
     cluster.wait_for(
-        "every waiting pod decided: Running, or Pending with the extender's reason",
-        lambda: all(
-            phase(cluster, ns, n) == "Running" or pending_reason(cluster, ns, n) for n in names
+        "13 running and 3 refused by the extender",
+        lambda: (
+            sum(phase(cluster, ns, n) == "Running" for n in names) == 13
+            and sum(bool(pending_reason(cluster, ns, n)) for n in names) == 3
         ),
         180,
     )
-    running = [n for n in names if phase(cluster, ns, n) == "Running"]
-    # 8 cards, one holding a whole-GPU pod, one holding the 20 GiB/30 % share (room for one
-    # half more): 6 × 2 + 1 halves.
+    waiting = [n for n in names if phase(cluster, ns, n) == "Pending"]
+    # The scheduler's pod goes while those wait, and room appears before it is back.
+    old = release.ready_pod(SCHEDULER_POD)
+    cluster.kubectl("delete", "pod", "-n", NAMESPACE, old["metadata"]["name"], "--wait=true")
+    started = time.monotonic()
+    freed = [n for n in names if n not in waiting][:3]
+    cluster.kubectl("delete", "pod", "-n", ns, *freed, "--wait=true", timeout=120)
+    new = release.ready_pod(SCHEDULER_POD)
+    back = parse_time(new["metadata"]["creationTimestamp"])
+    wait_running(cluster, ns, *waiting)
+    for name in waiting:
+        scheduled = _scheduled_at(cluster, ns, name)
+        # Bound by the new scheduler (second resolution, as the API server records it).
+        assert scheduled is not None and scheduled >= back, (name, scheduled, back)
+    running = [n for n in names if n not in freed and phase(cluster, ns, n) == "Running"]
     assert len(running) == 13, running
     for card, (memory, compute) in card_totals(cluster, [ns, *_running.values()]).items():
         assert memory <= CARD_MEMORY_MIB and compute <= CARD_COMPUTE_MILLI, (card, memory)
-    record_install("scheduler_back_s", round(time.monotonic() - started, 1))
-    cluster.kubectl("delete", "pod", "-n", ns, *names, "--wait=true", timeout=120)
+    record_install("scheduler_back_waiting_pods_running_s", round(time.monotonic() - started, 1))
+    cluster.kubectl("delete", "pod", "-n", ns, *running, "--wait=true", timeout=120)
 
 
 def test_uninstall_removes_the_release_and_leaves_running_gpu_pods(
