@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 # How long a probe waits for the loop (and the checks it runs there); the probes' timeoutSeconds
 # in the DaemonSets must be longer, or the kubelet gives up before we can say why.
 LOOP_TIMEOUT_S = 3.0
+# How long a liveness check waits for each gRPC ping of a role's own servers: under
+# LOOP_TIMEOUT_S, so a dead server is reported as such rather than as an unresponsive loop.
+PING_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,10 @@ import tempfile
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -134,6 +135,19 @@ def wait_for_status(url: str, want: int, timeout_s: float = 30.0) -> int:
     return last[0]
 
 
+def probe_urls(item: dict[str, Any], manifest_port: int, port: int) -> Callable[[str], str]:
+    """The URL each probe of container ``item`` asks, with the port the manifest names
+    (``manifest_port``, checked) rebased to ``port``, where the test's process listens."""
+    ports = {p["name"]: p["containerPort"] for p in item["ports"]}
+
+    def url(probe: str) -> str:
+        target = item[probe]["httpGet"]
+        assert ports[target["port"]] == manifest_port  # the manifest's; rebased to `port` here
+        return f"http://127.0.0.1:{port}{target['path']}"
+
+    return url
+
+
 def scrape_gpus(url: str, timeout_s: float = 30.0) -> dict[str, int]:
     """node label -> GPUs with a memory-total sample, once the exporter has refreshed."""
 
@@ -181,11 +195,7 @@ def test_device_plugin_probes_pass_once_it_serves_and_has_registered_and_fail_af
         args = [a for a in args if not a.startswith(("--health-listen=", "--exporter-listen="))]
         args += [f"--health-listen=127.0.0.1:{port}", f"--exporter-listen=127.0.0.1:{metrics_port}"]
         ports = {p["name"]: p["containerPort"] for p in item["ports"]}
-
-        def url(probe: str) -> str:
-            target = item[probe]["httpGet"]
-            assert ports[target["port"]] == 9401  # the manifest's; rebased to `port` here
-            return f"http://127.0.0.1:{port}{target['path']}"
+        url = probe_urls(item, 9401, port)
 
         probes = ("startupProbe", "livenessProbe", "readinessProbe")
         assert all(http_status(url(p)) == 0 for p in probes)  # nothing listens yet
@@ -257,12 +267,7 @@ def test_dra_driver_probes_pass_once_it_has_published_and_is_registered(tmp_path
         assert arg_value(args, "--health-listen") == "0.0.0.0:9403"
         args = [a for a in args if not a.startswith("--health-listen=")]
         args.append(f"--health-listen=127.0.0.1:{port}")
-        ports = {p["name"]: p["containerPort"] for p in item["ports"]}
-
-        def url(probe: str) -> str:
-            target = item[probe]["httpGet"]
-            assert ports[target["port"]] == 9403  # the manifest's; rebased to `port` here
-            return f"http://127.0.0.1:{port}{target['path']}"
+        url = probe_urls(item, 9403, port)
 
         probes = ("startupProbe", "livenessProbe", "readinessProbe")
         assert all(http_status(url(p)) == 0 for p in probes)  # nothing listens yet

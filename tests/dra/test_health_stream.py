@@ -15,7 +15,7 @@ from kubegpu.core.gpu import NodeInventory
 from kubegpu.dra.api.dra_health.v1alpha1 import api_pb2 as health_pb
 from kubegpu.dra.api.dra_health.v1alpha1 import api_pb2_grpc as health_grpc
 from kubegpu.dra.health_stream import DeviceHealthServicer, health_response
-from kubegpu.kubelet.channels import unix_aio_channel
+from kubegpu.unix_channels import unix_aio_channel
 
 from .conftest import NODE, Node, gpu, serve_node
 

@@ -10,8 +10,8 @@ from kubegpu.core.dra_ports import FakeResourceSliceSink
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from kubegpu.dra.probes import DriverProbes
-from kubegpu.kubelet.channels import unix_aio_channel
 from kubegpu.testing.waiting import wait_until_async
+from kubegpu.unix_channels import unix_aio_channel
 
 from .conftest import NODE, Node, serve_node
 

@@ -18,7 +18,7 @@ from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from kubegpu.dra.cdi import ENV_COMPUTE, ENV_MEMORY_LIMIT, ENV_UUID, spec_path
 from kubegpu.dra.server import DraPluginServer, RegistrationStatus
-from kubegpu.kubelet.channels import unix_aio_channel
+from kubegpu.unix_channels import unix_aio_channel
 
 from .conftest import NODE, Node
 

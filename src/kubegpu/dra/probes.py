@@ -23,28 +23,19 @@ import asyncio
 from pathlib import Path
 
 import grpc
-from grpc import aio
 
 from kubegpu.dra.api.dra.v1 import api_pb2 as dra_v1
 from kubegpu.dra.api.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg_pb
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from kubegpu.probes import ProbeResult
-
-# How long a liveness check waits for each gRPC ping: under kubegpu.probes.LOOP_TIMEOUT_S, so a
-# dead server is reported as such rather than as an unresponsive loop.
-PING_TIMEOUT_S = 2.0
-# A channel with subchannels of its own: gRPC's shared subchannel to a socket that went away
-# keeps failing for its reconnect backoff even once the socket is back.
-_OWN_SUBCHANNELS = ("grpc.use_local_subchannel_pool", 1)
+from kubegpu.probes import PING_TIMEOUT_S, ProbeResult
+from kubegpu.unix_channels import unix_aio_channel
 
 
 async def _ping(socket_path: Path, registration: bool, timeout_s: float) -> str | None:
     """One call on ``socket_path``: None when it answers, else why not."""
     try:
-        async with aio.insecure_channel(
-            f"unix://{socket_path}", options=[_OWN_SUBCHANNELS]
-        ) as channel:
+        async with unix_aio_channel(socket_path) as channel:
             if registration:
                 await reg_grpc.RegistrationStub(channel).GetInfo(
                     reg_pb.InfoRequest(), timeout=timeout_s

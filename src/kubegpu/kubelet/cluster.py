@@ -23,8 +23,8 @@ from typing import Any, Protocol
 from kubegpu.core.apiserver import ConflictError, PodListing
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.kubelet.api.podresources.v1 import api_pb2, api_pb2_grpc
-from kubegpu.kubelet.channels import unix_aio_channel
 from kubegpu.sharing.annotations import GpuRecord, NodeGpuInventory
+from kubegpu.unix_channels import unix_aio_channel
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,6 @@ from kubegpu.config.model import AgentConfig
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from kubegpu.kubelet.board import DeviceBoard
-from kubegpu.kubelet.channels import unix_aio_channel
 from kubegpu.kubelet.resources import (
     AllocateAnswer,
     AllocationError,
@@ -36,6 +35,7 @@ from kubegpu.kubelet.resources import (
     ResourcePlan,
 )
 from kubegpu.placement.topology import PreferenceError, ReplicaPolicy
+from kubegpu.unix_channels import unix_aio_channel
 
 log = logging.getLogger(__name__)
 

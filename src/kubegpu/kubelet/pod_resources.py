@@ -39,7 +39,7 @@ class KubeletPodResources:
 
     def _connect(self) -> None:
         from kubegpu.kubelet.api.podresources.v1 import api_pb2_grpc
-        from kubegpu.kubelet.channels import unix_channel
+        from kubegpu.unix_channels import unix_channel
 
         if self._channel is not None:
             self._channel.close()
@@ -57,7 +57,7 @@ class KubeletPodResources:
                 raise
             # The kubelet restarted and re-created its socket. A channel that saw the old one
             # fail backs off exponentially (up to minutes) before reconnecting, so start a
-            # fresh one (with subchannels of its own: kubegpu.kubelet.channels) and try once
+            # fresh one (with subchannels of its own: kubegpu.unix_channels) and try once
             # more now.
             log.info("PodResources at %s unavailable; reconnecting", self.socket_path)
             self._connect()

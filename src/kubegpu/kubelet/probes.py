@@ -23,12 +23,8 @@ from pathlib import Path
 import grpc
 
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from kubegpu.kubelet.channels import unix_aio_channel
-from kubegpu.probes import ProbeResult
-
-# How long a liveness check waits for each gRPC ping: under the probes' LOOP_TIMEOUT_S, so a
-# dead server is reported as such rather than as an unresponsive loop.
-PING_TIMEOUT_S = 2.0
+from kubegpu.probes import PING_TIMEOUT_S, ProbeResult
+from kubegpu.unix_channels import unix_aio_channel
 
 
 async def ping_device_plugin(socket_path: Path, timeout_s: float = PING_TIMEOUT_S) -> str | None:

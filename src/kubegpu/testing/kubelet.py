@@ -44,8 +44,8 @@ import grpc
 
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2 as dp
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
-from kubegpu.kubelet.channels import unix_channel, unix_target
 from kubegpu.testing.waiting import wait_until
+from kubegpu.unix_channels import unix_channel, unix_target
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,7 @@
 """Client channels to unix sockets that get re-created: the kubelet's ``kubelet.sock`` and
-PodResources socket, and a device plugin's own socket.
+PodResources socket, a device plugin's own socket, and the DRA driver's sockets its probes ping.
+It belongs to no edge (gRPC only, like :mod:`kubegpu.httpd` is standard library only): the
+kubelet and DRA edges both dial such sockets, and neither may import the other.
 
 gRPC shares subchannels between all channels of a process that dial the same target. A
 subchannel that saw the socket go away waits out an exponential reconnect backoff (1 s, growing

@@ -1,4 +1,4 @@
-"""Clients of re-created unix sockets reach the new socket at once (kubegpu.kubelet.channels).
+"""Clients of re-created unix sockets reach the new socket at once (kubegpu.unix_channels).
 
 gRPC shares subchannels process-wide by default: a fresh channel to a socket that was just
 re-created would inherit the old subchannel's reconnect backoff and fail with "No such file or
