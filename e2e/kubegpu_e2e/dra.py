@@ -9,13 +9,12 @@ for real: a container sees exactly the /dev/nvidiaN of its claim."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from kubegpu_e2e.cluster import NODE_NAME, Cluster, write_kubeconfig
-from kubegpu_e2e.processes import HostProcess
+from kubegpu_e2e.processes import HostProcess, built
 
 REPO = Path(__file__).resolve().parents[2]
 COMPONENT = REPO / "deploy" / "components" / "dra-driver"
@@ -45,16 +44,7 @@ _UVM_MAJOR = 237
 def containerd_bin_dir() -> Path:
     """containerd v2 + shim + ctr, built into the cache by e2e/components/containerd/build.sh
     (e2e/run exports the folder as KUBEGPU_E2E_CONTAINERD)."""
-    configured = os.environ.get("KUBEGPU_E2E_CONTAINERD")
-    if configured:
-        return Path(configured)
-    built = subprocess.run(
-        [str(E2E / "components" / "containerd" / "build.sh")],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=True,
-    )
-    return Path(built.stdout.strip().splitlines()[-1])
+    return built("KUBEGPU_E2E_CONTAINERD", E2E / "components" / "containerd" / "build.sh")
 
 
 def dra_cluster(bin_dir: Path, out_dir: Path) -> Cluster:

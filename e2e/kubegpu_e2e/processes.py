@@ -107,3 +107,14 @@ def kill_all(pids: Sequence[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+
+
+def built(variable: str, script: Path, *args: str) -> Path:
+    """What a build script of e2e/components made: the path e2e/run exported as ``variable``,
+    else the script's run now (nothing is rebuilt when its cache holds the result), which
+    prints the path on its last line of stdout."""
+    configured = os.environ.get(variable)
+    if configured:
+        return Path(configured)
+    done = subprocess.run([str(script), *args], stdout=subprocess.PIPE, text=True, check=True)
+    return Path(done.stdout.strip().splitlines()[-1])

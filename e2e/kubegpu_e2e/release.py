@@ -19,6 +19,7 @@ from typing import Any
 
 from kubegpu_e2e import images
 from kubegpu_e2e.cluster import NODE_NAME, Cluster
+from kubegpu_e2e.processes import built
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "kubegpu"
@@ -49,20 +50,13 @@ FIXES_FORCED = (
 )
 
 
-def _built(script: Path, *args: str) -> str:
-    done = subprocess.run([str(script), *args], stdout=subprocess.PIPE, text=True, check=True)
-    return done.stdout.strip().splitlines()[-1]
-
-
 def image_archive(upgrade: bool = False) -> Path:
     """The kubegpu image's OCI archive (built, or taken from the cache, when e2e/run has not
     exported it). The upgrade image is a rebuild with a bumped package version."""
-    variable = "KUBEGPU_E2E_IMAGE_UPGRADE" if upgrade else "KUBEGPU_E2E_IMAGE"
-    configured = os.environ.get(variable)
-    if configured:
-        return Path(configured)
     script = COMPONENTS / "image" / "build.sh"
-    return Path(_built(script, *(["--bump-version", UPGRADE_VERSION] if upgrade else [])))
+    if upgrade:
+        return built("KUBEGPU_E2E_IMAGE_UPGRADE", script, "--bump-version", UPGRADE_VERSION)
+    return built("KUBEGPU_E2E_IMAGE", script)
 
 
 # The version the upgrade image is built with (a real rebuild from the Dockerfile).
@@ -93,7 +87,7 @@ def kubernetes_version() -> str:
 
 
 def helm_binary() -> str:
-    return os.environ.get("KUBEGPU_E2E_HELM") or _built(COMPONENTS / "helm" / "build.sh")
+    return str(built("KUBEGPU_E2E_HELM", COMPONENTS / "helm" / "build.sh"))
 
 
 def parse_time(stamp: str) -> datetime:

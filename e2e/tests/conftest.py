@@ -22,6 +22,7 @@ sys.path.insert(0, str(E2E))
 from kubegpu_e2e.cluster import Cluster  # noqa: E402
 from kubegpu_e2e.dra import DraDriver, containerd_bin_dir, dra_cluster  # noqa: E402
 from kubegpu_e2e.kubegpu import KubegpuRoles  # noqa: E402
+from kubegpu_e2e.processes import built  # noqa: E402
 from kubegpu_e2e.release import (  # noqa: E402
     FIXES_FORCED,
     Release,
@@ -43,17 +44,7 @@ _running: dict[str, Any] = {}
 
 
 def _bin_dir() -> Path:
-    configured = os.environ.get("KUBEGPU_E2E_BIN")
-    if configured:
-        return Path(configured)
-    built = subprocess.run(
-        [str(E2E / "components" / "build.sh")],
-        capture_output=False,
-        stdout=subprocess.PIPE,
-        text=True,
-        check=True,
-    )
-    return Path(built.stdout.strip().splitlines()[-1])
+    return built("KUBEGPU_E2E_BIN", E2E / "components" / "build.sh")
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 import yaml
 from kubegpu_e2e.cluster import Cluster
+from kubegpu_e2e.processes import built
+from kubegpu_e2e.release import helm_binary
 
 pytestmark = pytest.mark.e2e
 
@@ -71,22 +73,16 @@ COMBINATIONS: list[tuple[str, list[str], list[str]]] = [
 ]
 
 
-def _built(script: Path) -> str:
-    done = subprocess.run([str(script)], stdout=subprocess.PIPE, text=True, check=True)
-    return done.stdout.strip().splitlines()[-1]
-
-
 @pytest.fixture(scope="module")
 def helm() -> str:
-    path = os.environ.get("KUBEGPU_E2E_HELM") or _built(COMPONENTS / "helm" / "build.sh")
+    path = helm_binary()
     assert Path(path).is_file(), f"helm not found at {path}"
     return path
 
 
 @pytest.fixture(scope="module")
 def kubectl() -> str:
-    bin_dir = os.environ.get("KUBEGPU_E2E_BIN") or _built(COMPONENTS / "build.sh")
-    return str(Path(bin_dir) / "kubectl")
+    return str(built("KUBEGPU_E2E_BIN", COMPONENTS / "build.sh") / "kubectl")
 
 
 @pytest.fixture(scope="module")
