@@ -1,8 +1,8 @@
 """``/healthz`` and ``/readyz`` for the kubelet's probes, answered by a role's event loop: the
 node agent's (:mod:`kubegpu.kubelet.probes`) and the DRA driver's (:mod:`kubegpu.dra.probes`).
 
-It belongs to no edge (standard library only, like :mod:`kubegpu.httpd`, which serves it): both
-roles' edges describe their state as a :class:`ProbeTarget`, and neither may import the other.
+It belongs to no edge (like :mod:`kubegpu.httpd`, which serves it): both roles' edges describe
+their state as a :class:`ProbeTarget`, and neither may import the other.
 
 Each request hands one check to the role's event loop and waits a bounded time for its answer:
 a check in a thread of its own would keep answering while the loop hung, and asking the loop is
@@ -19,7 +19,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kubegpu.httpd import HttpThread, StartResponse, WsgiApp, text_reply
+from aiohttp import web
+
+from kubegpu.httpd import HttpLimits, HttpThread, hardened_app, text_response
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +51,18 @@ class ProbeServerError(Exception):
     """The health endpoints cannot be served (the address is taken or not ours)."""
 
 
-def ask_loop(
+# A probe is a GET with no body; the kubelet sends it from the node's address, one connection
+# each. The per-client cap is what keeps those answered while a pod floods the port.
+PROBE_LIMITS = HttpLimits(max_body_bytes=1024, max_inflight_body_bytes=64 * 1024)
+
+
+async def ask_loop(
     loop: asyncio.AbstractEventLoop,
     check: Callable[[], Coroutine[Any, Any, ProbeResult]],
     timeout_s: float,
 ) -> ProbeResult:
-    """Run ``check`` on ``loop`` from another thread and wait at most ``timeout_s``."""
+    """Run ``check`` on ``loop`` (the role's, not the caller's) and wait at most
+    ``timeout_s`` for its answer."""
     coro = check()
     try:
         future = asyncio.run_coroutine_threadsafe(coro, loop)
@@ -62,12 +70,14 @@ def ask_loop(
         coro.close()
         return ProbeResult(False, "stopping: the event loop has closed")
     try:
-        return future.result(timeout_s)
+        return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
     except TimeoutError:
         future.cancel()
         return ProbeResult(False, f"event loop unresponsive: no answer within {timeout_s:.1f}s")
-    except concurrent.futures.CancelledError:
-        return ProbeResult(False, "stopping: the check was cancelled")
+    except (asyncio.CancelledError, concurrent.futures.CancelledError):
+        if future.cancelled():
+            return ProbeResult(False, "stopping: the check was cancelled")
+        raise  # the probe request itself was cancelled (its client went away)
     except Exception as err:  # a bug in a check must read as unhealthy, not as a 500
         return ProbeResult(False, f"check failed: {type(err).__name__}: {err}")
 
@@ -78,16 +88,18 @@ def make_probe_app(
     loop_timeout_s: float = LOOP_TIMEOUT_S,
     *,
     role: str = "kubegpu node agent",
-) -> WsgiApp:
+) -> web.Application:
     checks = {"/healthz": target.liveness, "/readyz": target.readiness}
 
-    def app(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
-        check = checks.get(environ.get("PATH_INFO", "/"))
+    async def probe(request: web.Request) -> web.Response:
+        check = checks.get(request.path)
         if check is None:
-            return text_reply(start_response, 404, f"{role}: see /healthz and /readyz")
-        result = ask_loop(loop, check, loop_timeout_s)
-        return text_reply(start_response, 200 if result.ok else 503, result.reason)
+            return text_response(404, f"{role}: see /healthz and /readyz")
+        result = await ask_loop(loop, check, loop_timeout_s)
+        return text_response(200 if result.ok else 503, result.reason)
 
+    app = hardened_app(PROBE_LIMITS)
+    app.router.add_route("*", "/{path:.*}", probe)
     return app
 
 

@@ -3,23 +3,27 @@
 What those sources are (NVML or the fake's metrics, the kubelet's PodResources, where pod
 names come from, who judges health) is the role's choice: :mod:`kubegpu.roles.exporter`.
 
-``/metrics`` is prometheus_client's own WSGI app over an explicit registry (never the global
-one), so content negotiation between the text format and OpenMetrics (by ``Accept``) and gzip
-are the library's. ``/healthz`` answers 200 while the snapshot is fresher than
+``/metrics`` renders an explicit registry (never the global one) with prometheus_client's own
+encoders, so content negotiation between the text format and OpenMetrics (by ``Accept``), the
+``name[]`` filter and gzip follow the library. Rendering runs in a worker thread, so a slow
+scrape never holds up ``/healthz``. ``/healthz`` answers 200 while the snapshot is fresher than
 ``stale_after_s`` and 503 otherwise, so a liveness probe restarts an exporter whose NVML reads
 are stuck.
 """
 
 from __future__ import annotations
 
+import asyncio
+import gzip
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from kubegpu.core.gpu import GpuUuid, NodeInventory
 from kubegpu.core.health_feed import HealthFeed
@@ -32,27 +36,58 @@ from kubegpu.exporter.pods import (
     PodShareLookup,
 )
 from kubegpu.exporter.refresher import Refresher
-from kubegpu.httpd import HttpThread, StartResponse, WsgiApp, text_reply
+from kubegpu.httpd import HttpLimits, HttpThread, hardened_app, text_response
 
 log = logging.getLogger(__name__)
 
 
-def make_app(registry: CollectorRegistry, refresher: Refresher, stale_after_s: float) -> WsgiApp:
-    metrics_app = make_wsgi_app(registry)
+# Scrapes and probes are GETs without a body.
+EXPORTER_LIMITS = HttpLimits(max_body_bytes=1024, max_inflight_body_bytes=64 * 1024)
 
-    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "/")
-        if path == "/metrics":
-            return metrics_app(environ, start_response)  # type: ignore[no-any-return]
-        if path == "/healthz":
-            latest = refresher.latest()
-            since = refresher.started_at if latest is None else latest.taken_at
-            age = refresher.clock() - since
-            fresh = age <= stale_after_s
-            text = f"{'ok' if fresh else 'stale'}: snapshot age {age:.1f}s"
-            return text_reply(start_response, 200 if fresh else 503, text)
-        return text_reply(start_response, 404, "kubegpu exporter: see /metrics and /healthz")
 
+def render_metrics(
+    registry: CollectorRegistry, accept: str, accept_encoding: str, names: list[str]
+) -> tuple[bytes, dict[str, str]]:
+    """The registry as a scrape asked for it: body and headers."""
+    encoder, content_type = choose_encoder(accept)
+    source = registry.restricted_registry(names) if names else registry
+    body = encoder(source)
+    headers = {"Content-Type": content_type}
+    if gzip_accepted(accept_encoding):
+        body = gzip.compress(body)
+        headers["Content-Encoding"] = "gzip"
+    return body, headers
+
+
+def make_app(
+    registry: CollectorRegistry, refresher: Refresher, stale_after_s: float
+) -> web.Application:
+    async def metrics(request: web.Request) -> web.Response:
+        body, headers = await asyncio.to_thread(
+            render_metrics,
+            registry,
+            request.headers.get("Accept", ""),
+            request.headers.get("Accept-Encoding", ""),
+            request.query.getall("name[]", []),
+        )
+        return web.Response(body=body, headers=headers)
+
+    async def healthz(request: web.Request) -> web.Response:
+        latest = refresher.latest()
+        since = refresher.started_at if latest is None else latest.taken_at
+        age = refresher.clock() - since
+        fresh = age <= stale_after_s
+        return text_response(
+            200 if fresh else 503, f"{'ok' if fresh else 'stale'}: snapshot age {age:.1f}s"
+        )
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        return text_response(404, "kubegpu exporter: see /metrics and /healthz")
+
+    app = hardened_app(EXPORTER_LIMITS)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_route("*", "/{path:.*}", elsewhere)
     return app
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -29,7 +30,6 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kubegpu.config.extender import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_INFLIGHT_BODY_BYTES
 from kubegpu.extender.dra_rank import DraRanker
-from kubegpu.extender.intake import BODY_KEY, BodyBudget, BodyIntake
 from kubegpu.extender.leader import LeaderGate
 from kubegpu.extender.pending import PendingGpuPods
 from kubegpu.extender.scheduler import GpuScheduler, Unschedulable, reason_category
@@ -44,6 +44,15 @@ from kubegpu.extender.wire import (
     parse_extender_body,
     priority_list,
 )
+from kubegpu.httpd import (
+    BODY_KEY,
+    BadRequest,
+    HttpLimits,
+    check_depth,
+    decode_json,
+    hardened_app,
+    json_error,
+)
 from kubegpu.sharing.accounting import ReservationHeld
 from kubegpu.sharing.annotations import AllocationDecision
 from kubegpu.sharing.claim import PodClaim, annotation_patch, decide, read_claim, release
@@ -55,7 +64,6 @@ log = logging.getLogger(__name__)
 
 # msgspec: a filter over 5,000 nodes is ~100 KB in and up to ~400 KB of reasons out; the
 # standard library's json costs milliseconds of the latency budget on that.
-_DECODER = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
 
 
@@ -63,22 +71,11 @@ def _reply(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=_ENCODER.encode(body), status=status, content_type="application/json")
 
 
+# Connections the extender serves at once (it has no per-client cap below this: see
+# ExtenderApp.limits).
+EXTENDER_MAX_CONNECTIONS = 1024
+
 _BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-
-
-@web.middleware
-async def _no_crash(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """A bug in a handler answers a JSON ``Error`` (which kube-scheduler logs and retries on)
-    instead of dropping the connection; HTTP errors (400, 413, ...) pass through."""
-    try:
-        return await handler(request)
-    except web.HTTPException:
-        raise
-    except Exception as exc:
-        log.exception("%s %s failed", request.method, request.path)
-        return _reply({"Error": f"internal error: {exc}"}, status=500)
 
 
 class _Refused(Exception):
@@ -163,7 +160,8 @@ class ExtenderMetrics:
         self.refused = Counter(
             "kubegpu_extender_requests_refused_total",
             "Requests refused before their handler ran: too-large (413), busy (503: the "
-            "in-flight body budget is spent), timeout (408: the body did not arrive in time).",
+            "in-flight body budget is spent), timeout (408: the body did not arrive in time), "
+            "bad-request (400), connections (closed on arrival over the connection cap).",
             ["reason"],
             registry=registry,
         )
@@ -186,6 +184,7 @@ class ExtenderApp:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES,
         body_timeout_s: float = 30.0,
+        head_timeout_s: float = 30.0,
         bind_attempts: int = 5,
         leader: LeaderGate | None = None,
         dra: DraRanker | None = None,
@@ -201,14 +200,15 @@ class ExtenderApp:
                 lambda: list(self.view.pod_json.values()), self.view.names, self.view.synced.is_set
             )
         )
-        self.max_body_bytes = max_body_bytes
-        self.intake = BodyIntake(
+        self.limits = HttpLimits(
+            head_timeout_s=head_timeout_s,
+            body_timeout_s=body_timeout_s,
             max_body_bytes=max_body_bytes,
-            budget=BodyBudget(
-                max(max_inflight_body_bytes, max_body_bytes), self.metrics.body_bytes_in_flight
-            ),
-            timeout_s=body_timeout_s,
-            refused=self.metrics.refused,
+            max_inflight_body_bytes=max(max_inflight_body_bytes, max_body_bytes),
+            # kube-scheduler is one client, and its binds run in parallel: the caps are there
+            # for what else reaches the port, not to throttle it.
+            max_connections=EXTENDER_MAX_CONNECTIONS,
+            max_connections_per_client=EXTENDER_MAX_CONNECTIONS,
         )
         self.bind_attempts = bind_attempts
         self.pod_locks = PodLocks()
@@ -219,8 +219,13 @@ class ExtenderApp:
         self._priorities: PriorityEncoder | None = None
 
     def application(self) -> web.Application:
-        app = web.Application(
-            client_max_size=self.max_body_bytes, middlewares=[_no_crash, self.intake.middleware]
+        app = hardened_app(
+            self.limits,
+            error_body=json_error,
+            refusals=self.metrics.refused,
+            body_bytes=self.metrics.body_bytes_in_flight,
+            body_hint="with kube-scheduler's nodeCacheCapable: false, start the extender with "
+            "node-cache-capable: false, or raise max-body-bytes",
         )
         app.router.add_post("/filter", self._timed("filter", self.handle_filter))
         app.router.add_post("/prioritize", self._timed("prioritize", self.handle_prioritize))
@@ -238,7 +243,11 @@ class ExtenderApp:
         ``/readyz`` of the same process, nothing else (any other path, the verbs included,
         is 404). Served as plain HTTP off loopback (config.py says why that is safe); no
         handler reads a body, hence the 1 KiB limit."""
-        app = web.Application(client_max_size=1024, middlewares=[_no_crash])
+        app = hardened_app(
+            dataclasses.replace(self.limits, max_body_bytes=1024, max_inflight_body_bytes=65536),
+            error_body=json_error,
+            refusals=self.metrics.refused,
+        )
         app.router.add_get("/healthz", self.handle_healthz)
         app.router.add_get("/readyz", self.handle_readyz)
         app.router.add_get("/metrics", self.handle_metrics)
@@ -259,28 +268,32 @@ class ExtenderApp:
         return timed
 
     async def _body(self, request: web.Request, verb: str) -> Any:
-        raw = request[BODY_KEY]  # read by the intake, within its limits
+        raw = request[BODY_KEY]  # read by the foundation, within its limits
         try:
-            return _DECODER.decode(raw)
-        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
+            return decode_json(raw, max_depth=self.limits.max_json_depth)
+        except BadRequest as exc:
             raise self._not_json(verb, exc) from None
 
     def _not_json(self, verb: str, exc: Exception) -> web.HTTPBadRequest:
         self.metrics.bad_requests.labels(verb).inc()
-        why = f"not UTF-8 ({exc.reason})" if isinstance(exc, UnicodeDecodeError) else exc
-        return web.HTTPBadRequest(
-            text=json.dumps({"Error": f"body is not JSON: {why}"}),
-            content_type="application/json",
-        )
+        if isinstance(exc, BadRequest):
+            why = str(exc)
+        elif isinstance(exc, UnicodeDecodeError):
+            why = f"body is not JSON: not UTF-8 ({exc.reason})"
+        else:
+            why = f"body is not JSON: {exc}"
+        return web.HTTPBadRequest(text=json.dumps({"Error": why}), content_type="application/json")
 
     async def _extender_args(self, request: web.Request, verb: str) -> ExtenderArgs:
         """The ExtenderArgs of a filter or prioritize call (raises 400 / 413 / WireError)."""
-        raw = request[BODY_KEY]  # read by the intake, within its limits
+        raw = request[BODY_KEY]  # read by the foundation, within its limits
         try:
-            return parse_extender_body(raw, self._node_names)
-        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
+            args = parse_extender_body(raw, self._node_names)
+            check_depth(args.pod, self.limits.max_json_depth)
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError, BadRequest) as exc:
             # msgspec checks UTF-8 inside strings and says so with a UnicodeDecodeError.
             raise self._not_json(verb, exc) from None
+        return args
 
     def _gpu_request(self, args: ExtenderArgs) -> GpuRequest:
         """The call's pod's request (its claim's), remembered under the pod's bytes; raises

@@ -14,7 +14,6 @@ import logging
 import ssl
 from types import TracebackType
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from kubegpu.config.extender import ExtenderConfig, ExtenderConfigError, load_workload
@@ -23,6 +22,7 @@ from kubegpu.extender.dra_rank import DraRanker
 from kubegpu.extender.leader import LeaderGate, default_identity
 from kubegpu.extender.scheduler import GpuScheduler
 from kubegpu.extender.server import ExtenderApp
+from kubegpu.httpd import HttpListener
 from kubegpu.kube.binding import ApiPodStore
 from kubegpu.kube.client import (
     AsyncKubeClient,
@@ -65,9 +65,6 @@ def check_files(config: ExtenderConfig) -> None:
         load_workload(config.workload_file)
 
 
-LINGER_S = 2.0
-
-
 class ExtenderService:
     """``async with ExtenderService(config) as service:`` serves until the block ends."""
 
@@ -107,12 +104,13 @@ class ExtenderService:
             max_body_bytes=config.body_limit_bytes,
             max_inflight_body_bytes=config.inflight_limit_bytes,
             body_timeout_s=config.request_body_timeout_s,
+            head_timeout_s=config.request_head_timeout_s,
             bind_attempts=config.bind_attempts,
             leader=leader,
             dra=DraRanker(self.scheduler, self.dra_view),
         )
-        self._runner: web.AppRunner | None = None
-        self._metrics_runner: web.AppRunner | None = None
+        self._listener: HttpListener | None = None
+        self._metrics_listener: HttpListener | None = None
         self._view_task: asyncio.Task[None] | None = None
         self.port = config.port
         self.metrics_port = config.metrics_port  # the bound one once started (port 0)
@@ -135,37 +133,24 @@ class ExtenderService:
         if self.config.scheduler_version is not None:
             await self._check_scheduler_version(self.config.scheduler_version)
         self._view_task = asyncio.create_task(self.view.run(), name="kubegpu-cluster-view")
-        runner = web.AppRunner(
+        listener = HttpListener(
             self.app.application(),
-            access_log=None,
-            handle_signals=False,
-            # aiohttp closes a connection still waiting for a whole request head this long
-            # after it opened or was last answered (its default is an hour).
-            keepalive_timeout=self.config.request_head_timeout_s,
-            # After answering a request whose body it did not read (a 408/413/503 refusal),
-            # aiohttp reads and drops the rest for this long before it closes: long enough for
-            # the client to read the answer rather than meet a reset, no longer (default 10 s).
-            lingering_time=LINGER_S,
-        )
-        await runner.setup()
-        site = web.TCPSite(
-            runner,
             self.config.host,
             self.config.port,
+            name="kubegpu extender",
             ssl_context=server_ssl_context(self.config),
             backlog=2048,
         )
         try:
-            await site.start()
+            await listener.start()
         except OSError as exc:
-            await runner.cleanup()
             await self.stop()
             raise ExtenderConfigError(
                 f"host/port {self.config.host}:{self.config.port}: cannot listen there "
                 f"({exc.strerror or exc})"
             ) from None
-        self._runner = runner
-        self.port = runner.addresses[0][1]
+        self._listener = listener
+        self.port = listener.port
         if self.config.metrics_port is not None:
             try:
                 await self._start_metrics(self.config.metrics_host, self.config.metrics_port)
@@ -200,33 +185,26 @@ class ExtenderService:
         log.info("kube-scheduler %s fits the API server v%d.%d", scheduler_version, *server)
 
     async def _start_metrics(self, host: str, port: int) -> None:
-        runner = web.AppRunner(
-            self.app.metrics_application(),
-            access_log=None,
-            handle_signals=False,
-            keepalive_timeout=self.config.request_head_timeout_s,
+        # Plain HTTP on purpose, whatever the address: read-only endpoints, no verb.
+        listener = HttpListener(
+            self.app.metrics_application(), host, port, name="kubegpu extender metrics"
         )
-        await runner.setup()
         try:
-            # Plain HTTP on purpose, whatever the address: read-only endpoints, no verb.
-            await web.TCPSite(runner, host, port).start()
+            await listener.start()
         except OSError as exc:
-            await runner.cleanup()
             raise ExtenderConfigError(
                 f"metrics-host/metrics-port {host}:{port}: cannot listen there "
                 f"({exc.strerror or exc})"
             ) from None
-        self._metrics_runner = runner
-        self.metrics_port = runner.addresses[0][1]
+        self._metrics_listener = listener
+        self.metrics_port = listener.port
         log.info("metrics, /healthz and /readyz (read-only, plain HTTP) on %s", self.metrics_url)
 
     async def stop(self) -> None:
-        if self._metrics_runner is not None:
-            await self._metrics_runner.cleanup()
-            self._metrics_runner = None
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        for listener in (self._metrics_listener, self._listener):
+            if listener is not None:
+                await listener.stop()
+        self._metrics_listener = self._listener = None
         await self.dra_view.close()
         if self._view_task is not None:
             self._view_task.cancel()

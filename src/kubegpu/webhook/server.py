@@ -3,7 +3,8 @@
 The API server calls it only for pods a ``matchConditions`` expression has found asking for a
 peer resource (deploy/components/peer-compat), so every other pod is admitted without it and the
 ``failurePolicy: Fail`` it runs with can never block them. Served from a thread
-(:class:`kubegpu.httpd.HttpThread`): the webhook has no loop and answers in microseconds.
+(:class:`kubegpu.httpd.HttpThread`, under the limits every kubegpu listener has): the webhook
+has no loop and answers in microseconds.
 """
 
 from __future__ import annotations
@@ -11,59 +12,78 @@ from __future__ import annotations
 import json
 import logging
 import ssl
-from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
-from kubegpu.httpd import HttpThread, StartResponse, WsgiApp, text_reply
+from aiohttp import web
+
+from kubegpu.httpd import (
+    BadRequest,
+    HttpLimits,
+    HttpThread,
+    hardened_app,
+    json_body,
+    text_response,
+)
 from kubegpu.sharing.resources import ResourceNames
 from kubegpu.webhook.review import ReviewError, review_response
 
 log = logging.getLogger(__name__)
 
-# A pod is at most ~1.5 MB in etcd; its AdmissionReview carries it once (no oldObject on CREATE).
-MAX_BODY_BYTES = 4 * 1024 * 1024
+# A pod is at most ~1.5 MB in etcd; its AdmissionReview carries it once (no oldObject on
+# CREATE). The API server opens several connections at once under a burst of pod creations, so
+# its cap is generous; a client dribbling bodies is cut off by the body deadline.
+WEBHOOK_LIMITS = HttpLimits(
+    max_body_bytes=4 * 1024 * 1024,
+    max_inflight_body_bytes=64 * 1024 * 1024,
+    max_connections=256,
+    max_connections_per_client=64,
+)
 
 
-def webhook_app(names: ResourceNames, *, scheduler_name: str = "") -> WsgiApp:
-    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        method, path = environ.get("REQUEST_METHOD"), environ.get("PATH_INFO")
-        if path == "/healthz" and method == "GET":
-            return text_reply(start_response, 200, "ok")
-        if path != "/mutate":
-            return text_reply(start_response, 404, f"no route {path}")
-        if method != "POST":
-            return text_reply(start_response, 405, "POST an AdmissionReview to /mutate")
+def webhook_app(names: ResourceNames, *, scheduler_name: str = "") -> web.Application:
+    async def mutate(request: web.Request) -> web.Response:
+        review = await json_body(request)
         try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            return text_reply(start_response, 400, "bad Content-Length")
-        if length > MAX_BODY_BYTES:
-            return text_reply(start_response, 413, f"body over {MAX_BODY_BYTES} bytes")
-        body = environ["wsgi.input"].read(length)
-        try:
-            answer = review_response(json.loads(body), names, scheduler_name=scheduler_name)
-        except (ValueError, ReviewError) as exc:
-            log.warning("peer webhook: bad AdmissionReview: %s", exc)
-            return text_reply(start_response, 400, str(exc))
-        response = answer["response"]
-        if "patch" in response or not response["allowed"]:
-            request = json.loads(body)["request"]
-            meta = (request.get("object") or {}).get("metadata") or {}
-            log.info(
-                "peer webhook: pod %s/%s %s",
-                request.get("namespace") or meta.get("namespace") or "?",
-                meta.get("name") or meta.get("generateName") or "?",
-                "gets kubegpu's share slot"
-                if response["allowed"]
-                else f"denied: {response['status']['message']}",
-            )
-        data = json.dumps(answer).encode()
-        start_response(
-            "200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
-        )
-        return [data]
+            answer = review_response(review, names, scheduler_name=scheduler_name)
+        except ReviewError as exc:
+            raise BadRequest(f"bad AdmissionReview: {exc}") from None
+        _log_decision(review, answer["response"])
+        return web.Response(body=json.dumps(answer).encode(), content_type="application/json")
 
+    async def healthz(request: web.Request) -> web.Response:
+        return text_response(200, "ok")
+
+    async def wrong_method(request: web.Request) -> web.Response:
+        return text_response(405, "POST an AdmissionReview to /mutate")
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        return text_response(404, f"no route {request.path}")
+
+    app = hardened_app(WEBHOOK_LIMITS)
+    app.router.add_post("/mutate", mutate)
+    app.router.add_route("*", "/mutate", wrong_method)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_route("*", "/{path:.*}", elsewhere)
     return app
+
+
+def _log_decision(review: Mapping[str, Any], response: Mapping[str, Any]) -> None:
+    """One line for every pod the webhook changed or denied (the review has been validated)."""
+    if "patch" not in response and response["allowed"]:
+        return
+    request = review["request"]
+    pod = request.get("object")
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    log.info(
+        "peer webhook: pod %s/%s %s",
+        request.get("namespace") or meta.get("namespace") or "?",
+        meta.get("name") or meta.get("generateName") or "?",
+        "gets kubegpu's share slot"
+        if response["allowed"]
+        else f"denied: {response['status']['message']}",
+    )
 
 
 def serve_webhook(
