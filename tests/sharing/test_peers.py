@@ -173,16 +173,18 @@ def test_aliyun_env_is_in_the_configured_unit(unit: str, expected: tuple[str, ..
     ) == expected
 
 
-def test_node_figures_add_up_every_card_in_the_peers_unit() -> None:
-    # The walk-through's node: two 10,989 MiB cards show 21978 and 2.
+def test_node_figures_add_up_every_card_in_the_peers_unit_and_offer_no_card_count() -> None:
+    # The walk-through's node: two 10,989 MiB cards show 21978 MiB. The card count is 0: a pod
+    # can ask for it and nothing hands cards out under it, so counted as the cards it let a
+    # gpu-number pod that skipped the webhook run with no card.
     assert node_capacity(peer_compat(["volcano"]), [10989, 10989]) == {
         "volcano.sh/gpu-memory": "21978",
-        "volcano.sh/gpu-number": "2",
+        "volcano.sh/gpu-number": "0",
     }
     # 8 x 80 GB in GiB: each card rounded down, as gpushare counts its fake devices.
     assert node_capacity(peer_compat(["aliyun"]), [81559] * 8) == {
         "aliyun.com/gpu-mem": str(8 * 79),
-        "aliyun.com/gpu-count": "8",
+        "aliyun.com/gpu-count": "0",
     }
 
 

@@ -28,9 +28,9 @@ ALIYUN = "aliyun"
 PEER_NAMES: tuple[str, ...] = (VOLCANO, ALIYUN)
 
 VOLCANO_MEMORY = "volcano.sh/gpu-memory"  # MiB (× the plugin's --gpu-memory-factor, 1 by default)
-VOLCANO_NUMBER = "volcano.sh/gpu-number"  # cards on the node; a node figure in share mode
+VOLCANO_NUMBER = "volcano.sh/gpu-number"  # whole cards; shown as 0 on the node
 ALIYUN_MEMORY = "aliyun.com/gpu-mem"  # GiB by default (--memory-unit=GiB|MiB)
-ALIYUN_COUNT = "aliyun.com/gpu-count"  # cards on the node
+ALIYUN_COUNT = "aliyun.com/gpu-count"  # whole cards; shown as 0 on the node
 
 MIB_PER_UNIT = {"MiB": 1, "GiB": 1024}
 
@@ -104,14 +104,21 @@ def peer_named(peers: Sequence[PeerCompat], name: str) -> PeerCompat | None:
 # --------------------------------------------------------------------------- node figures
 def node_capacity(peers: Sequence[PeerCompat], card_memory_mib: Sequence[int]) -> dict[str, str]:
     """The peers' resources as a node advertises them (capacity = allocatable): memory of every
-    card in the peer's unit (each card rounded down, as the peers count fake devices per card)
-    and the number of cards."""
+    card in the peer's unit (each card rounded down, as the peers count fake devices per card),
+    and the card count as 0.
+
+    The count is a resource a pod can ask for, and nothing in kubegpu hands out cards under it:
+    advertised as the number of cards it let a ``volcano.sh/gpu-number: 1`` pod that skipped the
+    webhook be scheduled and run with no card at all (and, from an image that sets
+    ``NVIDIA_VISIBLE_DEVICES=all``, likely every card). At 0 such a pod stays Pending with the
+    scheduler's "Insufficient" event, and the figure the peer's own plugin left on the Node
+    before the migration is overwritten rather than kept. The cards are ``nvidia.com/gpu``."""
     figures: dict[str, str] = {}
     for peer in peers:
         figures[peer.memory_resource] = str(
             sum(mib // peer.memory_unit_mib for mib in card_memory_mib)
         )
-        figures[peer.count_resource] = str(len(card_memory_mib))
+        figures[peer.count_resource] = "0"
     return figures
 
 
