@@ -10,6 +10,7 @@ import pytest
 from kubegpu.sharing.claim import mentions_gpu, read_claim
 from kubegpu.sharing.peers import (
     admission_patch,
+    admission_refusal,
     container_env,
     node_capacity,
     peer_compat,
@@ -110,6 +111,61 @@ def test_the_admission_patch_adds_one_slot_to_each_peer_container_only() -> None
     assert patched["spec"]["containers"][1]["resources"] == {"limits": {"cpu": "1"}}
     # Applying it twice (a re-invocation) adds nothing.
     assert admission_patch(patched, PEERS, SLOT) == []
+
+
+def refusal(spec: dict[str, Any], peers: Any = PEERS) -> str:
+    return admission_refusal(spec, peers, whole_gpu="nvidia.com/gpu", key="volcano-pod/gpu-pod1")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            pod(container("c", **{"volcano.sh/gpu-number": 1})),
+            "pod volcano-pod/gpu-pod1 container c: volcano.sh/gpu-number (Volcano's whole-card "
+            "count) is not served by kubegpu; ask for nvidia.com/gpu for whole cards, or for "
+            "volcano.sh/gpu-memory alone for a share of one card",
+        ),
+        (
+            pod(container("c", **{"aliyun.com/gpu-count": 1})),
+            "pod volcano-pod/gpu-pod1 container c: aliyun.com/gpu-count (gpushare's whole-card "
+            "count) is not served by kubegpu; ask for nvidia.com/gpu for whole cards, or for "
+            "aliyun.com/gpu-mem alone for a share of one card",
+        ),
+        (
+            pod(container("c", **{"volcano.sh/vgpu-number": 2, "volcano.sh/vgpu-memory": 3000})),
+            "pod volcano-pod/gpu-pod1 container c: volcano.sh/vgpu-number (Volcano vGPU) is not "
+            "served by kubegpu; ask for nvidia.com/gpu for whole cards, or for "
+            "volcano.sh/gpu-memory alone for a share of one card",
+        ),
+        (
+            pod(container("web", cpu="1"), init=(container("i", **{"volcano.sh/vgpu-cores": 5}),)),
+            "pod volcano-pod/gpu-pod1 init container i: volcano.sh/vgpu-cores (Volcano vGPU)",
+        ),
+        (
+            pod({"name": "r", "resources": {"requests": {"aliyun.com/gpu-mem": "2"}}}),
+            "pod volcano-pod/gpu-pod1 container r: aliyun.com/gpu-mem is in requests but not in "
+            "limits; set it in limits",
+        ),
+    ],
+    ids=["gpu-number-alone", "gpu-count-alone", "vgpu", "vgpu-in-init", "memory-requests-only"],
+)
+def test_peer_resources_kubegpu_does_not_serve_are_refused_naming_the_alternative(
+    spec: dict[str, Any], message: str
+) -> None:
+    assert refusal(spec).startswith(message)
+
+
+def test_only_the_modes_on_are_refused_and_servable_pods_are_not() -> None:
+    count = pod(container("c", **{"aliyun.com/gpu-count": 1}))
+    assert refusal(count, peer_compat(["volcano"])) == ""
+    assert refusal(count, peer_compat(["aliyun"]))
+    for servable in (
+        pod(volcano(1024)),
+        pod(aliyun(2)),
+        pod(container("z", **{"volcano.sh/gpu-number": "0"})),
+    ):
+        assert refusal(servable) == ""
 
 
 @pytest.mark.parametrize(

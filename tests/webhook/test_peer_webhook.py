@@ -131,12 +131,21 @@ def test_other_pods_pass_untouched_and_unservable_peer_pods_are_denied_with_the_
     assert status == 200
     assert json.loads(body)["response"] == {"uid": "7f0c", "allowed": True}
 
+    # Volcano's gpu-number pod, alone as its examples write it: refused, not admitted untouched
+    # (it ran with no card at all).
     bad = json.loads(json.dumps(PEER_POD))
-    bad["spec"]["containers"][0]["resources"]["limits"]["volcano.sh/gpu-number"] = "1"
+    bad["spec"]["containers"][0]["resources"] = {
+        "limits": {"volcano.sh/gpu-number": "1"},
+        "requests": {"volcano.sh/gpu-number": "1"},
+    }
     status, body = post(url, context, json.dumps(review(bad)).encode())
     response = json.loads(body)["response"]
     assert (status, response["allowed"], response["status"]["code"]) == (200, False, 422)
-    assert "volcano.sh/gpu-number is a node figure" in response["status"]["message"]
+    assert response["status"]["message"] == (
+        "kubegpu peer compat: pod volcano-pod/gpu-pod1 container cuda-container-1: "
+        "volcano.sh/gpu-number (Volcano's whole-card count) is not served by kubegpu; ask for "
+        "nvidia.com/gpu for whole cards, or for volcano.sh/gpu-memory alone for a share of one card"
+    )
 
 
 def test_garbage_and_failed_handshakes_do_not_stop_it(webhook: tuple[str, ssl.SSLContext]) -> None:

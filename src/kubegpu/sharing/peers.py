@@ -14,6 +14,12 @@ a kubegpu share without editing it:
   ``kubectl describe node`` shows capacity and allocated as the peer's admins know them;
 * ``Allocate`` tells the container the peer's environment (:func:`container_env`) beside ours.
 
+Every other resource of the peers (Volcano's ``gpu-number`` and vGPU, Aliyun's ``gpu-count`` and
+cGPU compute) is served by nothing in kubegpu, so a pod asking for one would run without a card
+or wait forever without a word: the webhook refuses it at creation instead, naming the resource
+and what to ask for (:func:`admission_refusal`), and the node shows the card counts as 0 so that
+no such pod can be placed on a GPU node even past the webhook.
+
 Everything here is pure: names and numbers in, values out.
 """
 
@@ -28,9 +34,32 @@ ALIYUN = "aliyun"
 PEER_NAMES: tuple[str, ...] = (VOLCANO, ALIYUN)
 
 VOLCANO_MEMORY = "volcano.sh/gpu-memory"  # MiB (× the plugin's --gpu-memory-factor, 1 by default)
-VOLCANO_NUMBER = "volcano.sh/gpu-number"  # whole cards; shown as 0 on the node
+VOLCANO_NUMBER = "volcano.sh/gpu-number"  # whole cards; refused, and shown as 0 on the node
 ALIYUN_MEMORY = "aliyun.com/gpu-mem"  # GiB by default (--memory-unit=GiB|MiB)
-ALIYUN_COUNT = "aliyun.com/gpu-count"  # whole cards; shown as 0 on the node
+ALIYUN_COUNT = "aliyun.com/gpu-count"  # whole cards; refused, and shown as 0 on the node
+
+# The peers' resources kubegpu never serves, with what each meant under the peer. Volcano's vGPU
+# (volcano-vgpu-device-plugin, HAMi-core) and ACK's cGPU compute share limit a container inside
+# the card, which kubegpu does not do; the card counts ask for whole cards under a name no
+# device plugin of ours stands behind. A pod asking for any of them is refused at creation.
+VOLCANO_VGPU_NUMBER = "volcano.sh/vgpu-number"
+VOLCANO_VGPU_MEMORY = "volcano.sh/vgpu-memory"
+VOLCANO_VGPU_MEMORY_PERCENTAGE = "volcano.sh/vgpu-memory-percentage"
+VOLCANO_VGPU_CORES = "volcano.sh/vgpu-cores"
+ALIYUN_CORE_PERCENTAGE = "aliyun.com/gpu-core.percentage"
+UNSERVED: dict[str, dict[str, str]] = {
+    VOLCANO: {
+        VOLCANO_NUMBER: "Volcano's whole-card count",
+        VOLCANO_VGPU_NUMBER: "Volcano vGPU",
+        VOLCANO_VGPU_MEMORY: "Volcano vGPU",
+        VOLCANO_VGPU_MEMORY_PERCENTAGE: "Volcano vGPU",
+        VOLCANO_VGPU_CORES: "Volcano vGPU",
+    },
+    ALIYUN: {
+        ALIYUN_COUNT: "gpushare's whole-card count",
+        ALIYUN_CORE_PERCENTAGE: "ACK cGPU's compute share",
+    },
+}
 
 MIB_PER_UNIT = {"MiB": 1, "GiB": 1024}
 
@@ -54,6 +83,16 @@ class PeerCompat:
     @property
     def unit(self) -> str:
         return next((u for u, m in MIB_PER_UNIT.items() if m == self.memory_unit_mib), "MiB")
+
+    @property
+    def unserved(self) -> tuple[str, ...]:
+        """The peer's resources kubegpu refuses (:data:`UNSERVED`)."""
+        return tuple(UNSERVED[self.name])
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        """Every resource of the peer kubegpu knows: the one it serves, then those it refuses."""
+        return (self.memory_resource, *self.unserved)
 
 
 def peer_compat(
@@ -165,6 +204,61 @@ def _asks(resources: Mapping[str, Any], resource: str) -> bool:
     return False
 
 
+def _containers(pod: Mapping[str, Any]) -> list[tuple[str, str, int, Mapping[str, Any]]]:
+    """(group, what the messages call it, index, resources) of every container of ``pod`` that
+    has its resources as an object."""
+    spec = pod.get("spec")
+    found: list[tuple[str, str, int, Mapping[str, Any]]] = []
+    if not isinstance(spec, Mapping):
+        return found
+    for group, called in (("initContainers", "init container"), ("containers", "container")):
+        containers = spec.get(group)
+        if not isinstance(containers, list):
+            continue
+        for index, container in enumerate(containers):
+            if not isinstance(container, Mapping):
+                continue
+            resources = container.get("resources")
+            if isinstance(resources, Mapping):
+                name = container.get("name")
+                label = name if isinstance(name, str) and name else f"#{index}"
+                found.append((group, f"{called} {label}", index, resources))
+    return found
+
+
+def admission_refusal(
+    pod: Mapping[str, Any], peers: Sequence[PeerCompat], *, whole_gpu: str, key: str
+) -> str:
+    """Why a pod must be refused at creation before any patch, or ``""``: a container asks for
+    a peer resource kubegpu never serves (:data:`UNSERVED`), or for a peer's memory in requests
+    only. ``key`` names the pod in the message, ``whole_gpu`` is the whole-card resource to
+    suggest.
+
+    Requests only: the API server's validation, which runs after the webhook, would refuse the
+    pod anyway, but with "Limit must be set for non overcommitable resources", naming neither
+    the resource nor the fix."""
+    for _group, where, _index, resources in _containers(pod):
+        for peer in peers:
+            for resource, meant in UNSERVED[peer.name].items():
+                if _asks(resources, resource):
+                    return (
+                        f"pod {key} {where}: {resource} ({meant}) is not served by kubegpu; ask "
+                        f"for {whole_gpu} for whole cards, or for {peer.memory_resource} alone "
+                        "for a share of one card"
+                    )
+    for _group, where, _index, resources in _containers(pod):
+        limits = resources.get("limits")
+        for peer in peers:
+            in_limits = isinstance(limits, Mapping) and peer.memory_resource in limits
+            if _asks(resources, peer.memory_resource) and not in_limits:
+                return (
+                    f"pod {key} {where}: {peer.memory_resource} is in requests but not in "
+                    "limits; set it in limits (an extended resource is asked for in limits, "
+                    "and requests default to them)"
+                )
+    return ""
+
+
 def admission_patch(
     pod: Mapping[str, Any],
     peers: Sequence[PeerCompat],
@@ -182,26 +276,17 @@ def admission_patch(
     ops: list[dict[str, Any]] = []
     wanted = [p.memory_resource for p in peers]
     slot = _escape(share_slot)
-    for group in ("initContainers", "containers"):
-        containers = spec.get(group)
-        if not isinstance(containers, list):
+    for group, _where, index, resources in _containers(pod):
+        if not any(_asks(resources, name) for name in wanted):
             continue
-        for index, container in enumerate(containers):
-            if not isinstance(container, Mapping):
-                continue
-            resources = container.get("resources")
-            if not isinstance(resources, Mapping):
-                continue
-            if not any(_asks(resources, name) for name in wanted):
-                continue
-            base = f"/spec/{group}/{index}/resources"
-            for part in ("limits", "requests"):
-                amounts = resources.get(part)
-                if isinstance(amounts, Mapping):
-                    if share_slot not in amounts:
-                        ops.append({"op": "add", "path": f"{base}/{part}/{slot}", "value": "1"})
-                elif part == "limits":
-                    ops.append({"op": "add", "path": f"{base}/limits", "value": {share_slot: "1"}})
+        base = f"/spec/{group}/{index}/resources"
+        for part in ("limits", "requests"):
+            amounts = resources.get(part)
+            if isinstance(amounts, Mapping):
+                if share_slot not in amounts:
+                    ops.append({"op": "add", "path": f"{base}/{part}/{slot}", "value": "1"})
+            elif part == "limits":
+                ops.append({"op": "add", "path": f"{base}/limits", "value": {share_slot: "1"}})
     if ops and scheduler_name and spec.get("schedulerName") != scheduler_name:
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": scheduler_name})
     return ops

@@ -1,9 +1,11 @@
 """AdmissionReview v1 in, AdmissionReview v1 out: the webhook's pure core.
 
-The rules are :func:`kubegpu.sharing.peers.admission_patch`; this module only speaks the
-admission API's shapes. A review it cannot read is a :class:`ReviewError` (400 at the edge); a
-pod whose peer request cannot be served is denied with the reason, so ``kubectl apply`` says
-what to change instead of the pod waiting forever.
+The rules are :func:`kubegpu.sharing.peers.admission_refusal` and
+:func:`~kubegpu.sharing.peers.admission_patch`; this module only speaks the admission API's
+shapes. A review it cannot read is a :class:`ReviewError` (400 at the edge); a pod asking for a
+peer resource kubegpu does not serve, or whose peer request cannot be served, is denied with the
+reason, so ``kubectl apply`` says what to change instead of the pod running without its card or
+waiting forever.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubegpu.sharing.claim import read_claim
-from kubegpu.sharing.peers import admission_patch
+from kubegpu.sharing.peers import admission_patch, admission_refusal
 from kubegpu.sharing.resources import ResourceNames
 
 API_VERSION = "admission.k8s.io/v1"
@@ -44,22 +46,39 @@ def review_response(
     kind = request.get("kind")
     is_pod = isinstance(kind, Mapping) and kind.get("kind") == "Pod" and not kind.get("group")
     if is_pod and isinstance(pod, Mapping) and request.get("operation", "CREATE") == "CREATE":
-        ops = admission_patch(pod, names.peers, names.share_slot, scheduler_name=scheduler_name)
-        if ops:
-            problem = _refusal(pod, ops, names)
-            if problem:
-                response["allowed"] = False
-                response["status"] = {"code": 422, "reason": "Invalid", "message": problem}
-            else:
-                response["patchType"] = "JSONPatch"
-                response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+        key = _pod_key(pod, request)
+        problem = admission_refusal(pod, names.peers, whole_gpu=names.whole_gpu, key=key)
+        ops: list[dict[str, Any]] = []
+        if not problem:
+            ops = admission_patch(pod, names.peers, names.share_slot, scheduler_name=scheduler_name)
+            problem = _refusal(pod, ops, names) if ops else ""
+        if problem:
+            response["allowed"] = False
+            response["status"] = {
+                "code": 422,
+                "reason": "Invalid",
+                "message": f"kubegpu peer compat: {problem}",
+            }
+        elif ops:
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+def _pod_key(pod: Mapping[str, Any], request: Mapping[str, Any]) -> str:
+    """The pod as messages name it. At creation a controller's pod has only its generateName,
+    and its namespace may be only in the request."""
+    meta = pod.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    namespace = meta.get("namespace") or request.get("namespace")
+    name = meta.get("name") or (f"{meta['generateName']}*" if meta.get("generateName") else "")
+    name = name if isinstance(name, str) else ""
+    return f"{namespace if isinstance(namespace, str) and namespace else 'default'}/{name or '?'}"
 
 
 def _refusal(pod: Mapping[str, Any], ops: Sequence[Mapping[str, Any]], names: ResourceNames) -> str:
     """Why the patched pod could never be served, or ``""``."""
-    refusal = read_claim(apply_patch(pod, ops), names).refusal
-    return f"kubegpu peer compat: {refusal}" if refusal else ""
+    return read_claim(apply_patch(pod, ops), names).refusal
 
 
 def apply_patch(doc: Mapping[str, Any], ops: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
