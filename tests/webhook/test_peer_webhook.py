@@ -154,6 +154,12 @@ def test_garbage_and_failed_handshakes_do_not_stop_it(webhook: tuple[str, ssl.SS
     assert status == 400
     status, body = post(url, context, json.dumps({"kind": "Pod"}).encode())
     assert (status, b"AdmissionReview" in body) == (400, True)
+    # A pod whose metadata is a string: 400 naming the field, not a 500 with a traceback (the
+    # fixture checks the log for one).
+    odd = review(PEER_POD)
+    odd["request"]["object"] = {**PEER_POD, "metadata": "gpu-pod1"}
+    status, body = post(url, context, json.dumps(odd).encode())
+    assert (status, b"request.object.metadata must be an object" in body) == (400, True)
     # A client speaking plain HTTP to the TLS port gets nothing, and the next one is served.
     host, port = url.removeprefix("https://").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as plain:
