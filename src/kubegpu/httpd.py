@@ -37,6 +37,7 @@ import contextlib
 import logging
 import os
 import ssl
+import sys
 import threading
 import time
 from collections import Counter as Tally
@@ -472,6 +473,22 @@ class _GatedSite(web.BaseSite):
         )
 
 
+class _ProtocolLog(logging.Logger):
+    """aiohttp's connection-level logger: a request it cannot parse (a negative
+    ``Content-Length``, a garbled head) is the client's fault, answered 400 by aiohttp itself;
+    it logs each with a traceback at ERROR, which turns a hostile client into a log flood.
+    Here each is one line at INFO, naming the client."""
+
+    def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
+        kwargs.pop("exc_info", None)
+        error = sys.exc_info()[1]
+        self.info(f"{msg}: {error}".replace("\n", " ") if error else msg, *args, **kwargs)
+
+
+_PROTOCOL_LOG = _ProtocolLog(__name__ + ".protocol")
+_PROTOCOL_LOG.parent = log
+
+
 class HttpListener:
     """``app`` (from :func:`hardened_app`) served on ``host:port`` on the running event loop.
     :meth:`start` binds (``OSError`` when the address is taken or not ours)."""
@@ -517,6 +534,7 @@ class HttpListener:
             # opened or was last answered (its default is an hour).
             keepalive_timeout=self.limits.head_timeout_s,
             lingering_time=self.LINGER_S,
+            logger=_PROTOCOL_LOG,
             shutdown_timeout=self.SHUTDOWN_GRACE_S,
         )
         await runner.setup()

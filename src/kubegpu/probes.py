@@ -88,6 +88,7 @@ def make_probe_app(
     loop_timeout_s: float = LOOP_TIMEOUT_S,
     *,
     role: str = "kubegpu node agent",
+    limits: HttpLimits = PROBE_LIMITS,
 ) -> web.Application:
     checks = {"/healthz": target.liveness, "/readyz": target.readiness}
 
@@ -98,7 +99,7 @@ def make_probe_app(
         result = await ask_loop(loop, check, loop_timeout_s)
         return text_response(200 if result.ok else 503, result.reason)
 
-    app = hardened_app(PROBE_LIMITS)
+    app = hardened_app(limits)
     app.router.add_route("*", "/{path:.*}", probe)
     return app
 
@@ -112,6 +113,7 @@ def start_probe_server(
     loop_timeout_s: float = LOOP_TIMEOUT_S,
     role: str = "kubegpu node agent",
     thread_name: str = "kubegpu-agent-probes",
+    limits: HttpLimits = PROBE_LIMITS,
 ) -> HttpThread:
     """Serve ``/healthz`` and ``/readyz`` for ``target`` on ``address`` (port 0: any free).
     Raises :class:`ProbeServerError` when the address cannot be served."""
@@ -120,7 +122,7 @@ def start_probe_server(
         server = HttpThread(
             host,
             port,
-            make_probe_app(target, loop, loop_timeout_s, role=role),
+            make_probe_app(target, loop, loop_timeout_s, role=role, limits=limits),
             name=thread_name,
         )
     except OSError as err:

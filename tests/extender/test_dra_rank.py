@@ -3,6 +3,7 @@ the ranking, which must pick the node the simulator's engine picks on the same s
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import replace
@@ -465,3 +466,47 @@ def test_only_the_newest_generation_of_a_pool_counts() -> None:
     dra.publish("n1-new", new)
     assert [d.name for d in dra.devices_on("n1")] == ["gpu-0", "gpu-1"]
     assert newest_devices([old]) == old.devices
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    children = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    found = []
+    for key, child in children:
+        found.append((*prefix, key))
+        found.extend(_paths(child, (*prefix, key)))
+    return found
+
+
+def _replaced(value: Any, path: tuple[Any, ...], new: Any) -> Any:
+    copy = json.loads(json.dumps(value))
+    target = copy
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = new
+    return copy
+
+
+def test_a_pod_with_any_field_of_the_wrong_type_is_ranked_zero_never_an_exception() -> None:
+    """kube-scheduler sends every pod to /prioritize-dra; one whose ``status`` was a string
+    was a 500 with a traceback."""
+    rank, dra, _ = ranker()
+    dra.put_claim(claim_from_object(claim("one-claim", [whole_request()]), DRIVER))
+    pod = dra_pod("one", {"gpu": "one-claim"}, templates={"extra": "extra-claim"})
+    nodes = ["plain", "dra-a"]
+    failures = []
+    for path in [(), *_paths(pod)]:
+        for new in ("text", 7, True, None, [], ["x"], {}, {"k": "v"}):
+            broken = new if path == () else _replaced(pod, path, new)
+            try:
+                scores = rank.rank(broken, nodes) if isinstance(broken, dict) else None
+            except Exception as exc:
+                failures.append(f"{'/'.join(map(str, path))} = {new!r}: {exc!r}")
+                continue
+            assert scores is None or set(scores) == set(nodes)
+    assert not failures, "\n".join(failures[:20])

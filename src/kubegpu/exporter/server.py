@@ -60,7 +60,10 @@ def render_metrics(
 
 
 def make_app(
-    registry: CollectorRegistry, refresher: Refresher, stale_after_s: float
+    registry: CollectorRegistry,
+    refresher: Refresher,
+    stale_after_s: float,
+    limits: HttpLimits = EXPORTER_LIMITS,
 ) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
         body, headers = await asyncio.to_thread(
@@ -84,7 +87,7 @@ def make_app(
     async def elsewhere(request: web.Request) -> web.Response:
         return text_response(404, "kubegpu exporter: see /metrics and /healthz")
 
-    app = hardened_app(EXPORTER_LIMITS)
+    app = hardened_app(limits)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_route("*", "/{path:.*}", elsewhere)
@@ -157,6 +160,7 @@ def start_exporter(
     shares: PodShareLookup | None = None,
     health: HealthFeed | None = None,
     clock: Callable[[], float] = time.time,
+    limits: HttpLimits = EXPORTER_LIMITS,
 ) -> RunningExporter:
     """Start the refresher and the HTTP server in daemon threads and return at once.
 
@@ -177,7 +181,7 @@ def start_exporter(
         read_timeout_s=settings.read_timeout_s,
     )
     registry = build_registry(refresher, health)
-    app = make_app(registry, refresher, settings.stale_after_s)
+    app = make_app(registry, refresher, settings.stale_after_s, limits)
     server = HttpThread(
         settings.listen_host, settings.listen_port, app, name="kubegpu-exporter-http"
     )

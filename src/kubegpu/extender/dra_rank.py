@@ -100,13 +100,23 @@ class PodClaims:
     unknown: tuple[str, ...] = ()
 
 
+def _mapping(value: object) -> Mapping[str, Any]:
+    """``value`` when it is an object; any other type reads as empty (kube-scheduler sends
+    every pod here, and one the API server stored is well-formed: this is for the rest)."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def pod_claim_names(pod: Mapping[str, Any]) -> PodClaims:
     """``spec.resourceClaims[].resourceClaimName``, or for one made from a template the name
     ``status.resourceClaimStatuses`` gives it. A status entry without a name means no claim
     was needed (Kubernetes' rule), not an unknown one."""
-    entries = (pod.get("spec") or {}).get("resourceClaims") or []
+    entries = _list(_mapping(pod.get("spec")).get("resourceClaims"))
     generated: dict[str, str | None] = {}
-    for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+    for status in _list(_mapping(pod.get("status")).get("resourceClaimStatuses")):
         if isinstance(status, Mapping) and isinstance(status.get("name"), str):
             named = status.get("resourceClaimName")
             generated[status["name"]] = named if isinstance(named, str) and named else None
@@ -246,7 +256,7 @@ class DraRanker:
                 f"claim(s) {', '.join(names.unknown)} made from a template are not named in "
                 "status.resourceClaimStatuses yet"
             )
-        namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+        namespace = str(_mapping(pod.get("metadata")).get("namespace") or "default")
         claims: list[DraClaim] = []
         for claim_name in names.names:
             claim = self.dra.claim(namespace, claim_name)
@@ -262,7 +272,7 @@ class DraRanker:
         one whose claims cannot be read (logged), a node without our slice, or one the pod
         does not fit by our accounting."""
         scores = dict.fromkeys(node_names, 0)
-        if not (pod.get("spec") or {}).get("resourceClaims"):
+        if not _list(_mapping(pod.get("spec")).get("resourceClaims")):
             return scores  # the common case, answered without looking at anything else
         self.dra.start()
         if not self.dra.synced.is_set() or not self.view.synced.is_set():

@@ -71,9 +71,14 @@ def _reply(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=_ENCODER.encode(body), status=status, content_type="application/json")
 
 
-# Connections the extender serves at once (it has no per-client cap below this: see
-# ExtenderApp.limits).
-EXTENDER_MAX_CONNECTIONS = 1024
+# Connections the verbs listener serves at once. kube-scheduler is its one client, and a burst
+# of binds opens a connection each (Go's transport has no per-host limit): no per-client cap
+# below the total, or the scheduler would be throttled. The listener faces only kube-scheduler
+# (loopback in the second-scheduler layout, mutual TLS in the default-scheduler one); the head,
+# handshake and body deadlines free a slow client's slots.
+EXTENDER_MAX_CONNECTIONS = 4096
+# The metrics listener faces Prometheus and the kubelet's probes, on the pod network.
+METRICS_LIMITS = HttpLimits(max_body_bytes=1024, max_inflight_body_bytes=64 * 1024)
 
 _BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -205,11 +210,10 @@ class ExtenderApp:
             body_timeout_s=body_timeout_s,
             max_body_bytes=max_body_bytes,
             max_inflight_body_bytes=max(max_inflight_body_bytes, max_body_bytes),
-            # kube-scheduler is one client, and its binds run in parallel: the caps are there
-            # for what else reaches the port, not to throttle it.
             max_connections=EXTENDER_MAX_CONNECTIONS,
             max_connections_per_client=EXTENDER_MAX_CONNECTIONS,
         )
+        self.metrics_limits = dataclasses.replace(METRICS_LIMITS, head_timeout_s=head_timeout_s)
         self.bind_attempts = bind_attempts
         self.pod_locks = PodLocks()
         self._node_names = NodeNamesCache()
@@ -244,7 +248,7 @@ class ExtenderApp:
         is 404). Served as plain HTTP off loopback (config.py says why that is safe); no
         handler reads a body, hence the 1 KiB limit."""
         app = hardened_app(
-            dataclasses.replace(self.limits, max_body_bytes=1024, max_inflight_body_bytes=65536),
+            self.metrics_limits,
             error_body=json_error,
             refusals=self.metrics.refused,
         )
@@ -288,12 +292,13 @@ class ExtenderApp:
         """The ExtenderArgs of a filter or prioritize call (raises 400 / 413 / WireError)."""
         raw = request[BODY_KEY]  # read by the foundation, within its limits
         try:
-            args = parse_extender_body(raw, self._node_names)
-            check_depth(args.pod, self.limits.max_json_depth)
+            return parse_extender_body(raw, self._node_names, self._check_depth)
         except (msgspec.DecodeError, RecursionError, UnicodeDecodeError, BadRequest) as exc:
             # msgspec checks UTF-8 inside strings and says so with a UnicodeDecodeError.
             raise self._not_json(verb, exc) from None
-        return args
+
+    def _check_depth(self, value: Any) -> None:
+        check_depth(value, self.limits.max_json_depth)
 
     def _gpu_request(self, args: ExtenderArgs) -> GpuRequest:
         """The call's pod's request (its claim's), remembered under the pod's bytes; raises

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,13 +159,17 @@ class NodeNamesCache:
             self._entries.popitem(last=False)
 
 
-def parse_extender_body(raw: bytes, cache: NodeNamesCache) -> ExtenderArgs:
+def parse_extender_body(
+    raw: bytes, cache: NodeNamesCache, check: Callable[[Any], None] | None = None
+) -> ExtenderArgs:
     """:func:`parse_extender_args` of the JSON ``raw``, fast for kube-scheduler's own shape.
 
     Raises ``msgspec.DecodeError`` when ``raw`` is not JSON (``UnicodeDecodeError`` when a
     string in it is not UTF-8) and :class:`WireError` when it is
     not ExtenderArgs, exactly as decoding generically and calling :func:`parse_extender_args`
-    would; any body the typed decoder does not take goes that generic way.
+    would; any body the typed decoder does not take goes that generic way. ``check`` is shown
+    every value decoded without a schema (the pod; on the generic way the whole body) and may
+    raise: the caller's depth limit.
     """
     try:
         fast = _CACHE_MODE_DECODER.decode(raw)
@@ -181,8 +185,13 @@ def parse_extender_body(raw: bytes, cache: NodeNamesCache) -> ExtenderArgs:
             and isinstance(pod.get("metadata", {}), Mapping)
             and isinstance(pod.get("spec", {}), Mapping)
         ):
+            if check is not None:
+                check(pod)
             return ExtenderArgs(pod, names, None, pod_raw)
-    return parse_extender_args(_GENERIC_DECODER.decode(raw))
+    body = _GENERIC_DECODER.decode(raw)
+    if check is not None:
+        check(body)
+    return parse_extender_args(body)
 
 
 def parse_binding_args(body: object) -> BindingArgs:

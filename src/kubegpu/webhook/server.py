@@ -41,7 +41,9 @@ WEBHOOK_LIMITS = HttpLimits(
 )
 
 
-def webhook_app(names: ResourceNames, *, scheduler_name: str = "") -> web.Application:
+def webhook_app(
+    names: ResourceNames, *, scheduler_name: str = "", limits: HttpLimits = WEBHOOK_LIMITS
+) -> web.Application:
     async def mutate(request: web.Request) -> web.Response:
         review = await json_body(request)
         try:
@@ -60,7 +62,7 @@ def webhook_app(names: ResourceNames, *, scheduler_name: str = "") -> web.Applic
     async def elsewhere(request: web.Request) -> web.Response:
         return text_response(404, f"no route {request.path}")
 
-    app = hardened_app(WEBHOOK_LIMITS)
+    app = hardened_app(limits)
     app.router.add_post("/mutate", mutate)
     app.router.add_route("*", "/mutate", wrong_method)
     app.router.add_get("/healthz", healthz)
@@ -93,12 +95,13 @@ def serve_webhook(
     context: ssl.SSLContext | None,
     *,
     scheduler_name: str = "",
+    limits: HttpLimits = WEBHOOK_LIMITS,
 ) -> HttpThread:
     """The webhook on ``host:port`` (HTTPS with ``context``), started in a thread."""
     return HttpThread(
         host,
         port,
-        webhook_app(names, scheduler_name=scheduler_name),
+        webhook_app(names, scheduler_name=scheduler_name, limits=limits),
         name="peer-webhook",
         ssl_context=context,
     )
