@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import re
 import ssl
 import subprocess
@@ -282,3 +283,107 @@ def test_peer_and_kubegpu_pods_fill_the_cards_without_overcommit(
         if name not in running:
             assert phase(cluster, namespace, name) == "Pending"
             assert "MiB" in pending_reason(cluster, namespace, name)
+
+
+# --------------------------------------------------------------------------- refused at creation
+NOT_SERVED = "is not served by kubegpu; ask for nvidia.com/gpu for whole cards, or for"
+
+
+def volcano_example(
+    name: str, namespace: str, container_name: str, limits: dict[str, str]
+) -> dict[str, Any]:
+    """A pod of Volcano's user guides (gpu-number, vGPU): `schedulerName: volcano` and the
+    resources in its limits as written; image and command are this cluster's."""
+    manifest = pod(name, namespace, [container(container_name, limits)])
+    manifest["spec"]["schedulerName"] = "volcano"
+    return manifest
+
+
+def refused(cluster: Cluster, manifest: dict[str, Any]) -> str:
+    """What `kubectl apply` says when the API server refuses ``manifest``; fails if it was
+    created."""
+    done = cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=False)
+    assert done.returncode != 0, f"created: {done.stdout}"
+    meta = manifest["metadata"]
+    gone = cluster.kubectl("get", "pod", "-n", meta["namespace"], meta["name"], check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr, gone.stdout
+    return done.stderr
+
+
+def test_pods_asking_for_what_kubegpu_does_not_serve_are_refused_at_apply_naming_the_fix(
+    cluster: Cluster, peers: KubegpuRoles, namespace: str
+) -> None:
+    denied = 'admission webhook "peers.kubegpu.io" denied the request: kubegpu peer compat: '
+    at = f"pod {namespace}/"
+    # Volcano's gpu-number pod, alone, as its GPU-number guide writes it: it used to run with no
+    # GPU at all while the Node showed one volcano.sh/gpu-number allocated.
+    said = refused(
+        cluster,
+        volcano_example("gpu-pod1", namespace, "cuda-container", {VOLCANO_NUMBER: "1"}),
+    )
+    assert (
+        f"{denied}{at}gpu-pod1 container cuda-container: {VOLCANO_NUMBER} (Volcano's whole-card "
+        f"count) {NOT_SERVED} {VOLCANO_MEMORY} alone for a share of one card"
+    ) in said, said
+    # Volcano's vGPU pod, as its vGPU guide writes it: it used to wait Pending without a word.
+    vgpu = {"volcano.sh/vgpu-number": "2", "volcano.sh/vgpu-memory": "3000"}
+    said = refused(
+        cluster,
+        volcano_example(
+            "gpu-pod12", namespace, "ubuntu-container", {**vgpu, "volcano.sh/vgpu-cores": "50"}
+        ),
+    )
+    assert (
+        f"{denied}{at}gpu-pod12 container ubuntu-container: volcano.sh/vgpu-number (Volcano "
+        f"vGPU) {NOT_SERVED} {VOLCANO_MEMORY} alone for a share of one card"
+    ) in said, said
+    # gpushare's count asked for alone, by an init container: the same answer (the rule: served,
+    # or refused at creation naming the resource and the alternative).
+    count = pod("count", namespace, [container("main", {})])
+    count["spec"]["initContainers"] = [container("warm", {ALIYUN_COUNT: "1"}, idle=False)]
+    said = refused(cluster, count)
+    assert (
+        f"{denied}{at}count init container warm: {ALIYUN_COUNT} (gpushare's whole-card count) "
+        f"{NOT_SERVED} {ALIYUN_MEMORY} alone for a share of one card"
+    ) in said, said
+    # The peer's memory in requests only reaches the webhook too (the API server's own check
+    # would come after it, naming neither the resource nor the fix).
+    requests_only = walkthrough_pod("requests-only", namespace, "main")
+    resources = requests_only["spec"]["containers"][0]["resources"]
+    resources["requests"] = resources.pop("limits")
+    said = refused(cluster, requests_only)
+    assert (
+        f"{denied}{at}requests-only container main: {VOLCANO_MEMORY} is in requests but not in "
+        "limits; set it in limits"
+    ) in said, said
+
+
+def test_a_gpu_number_pod_that_never_passed_the_webhook_waits_instead_of_running_without_a_card(
+    cluster: Cluster, peers: KubegpuRoles, namespace: str
+) -> None:
+    # Past the webhook (its registration removed for the moment), the Node's count of 0 still
+    # keeps the pod off the node: kube-scheduler says why. Counted as the cards, it ran.
+    (registration,) = [
+        r
+        for r in cluster.get("mutatingwebhookconfigurations")["items"]
+        if r["metadata"]["name"] == "kubegpu-peer-compat"
+    ]
+    cluster.kubectl("delete", "mutatingwebhookconfiguration", "kubegpu-peer-compat")
+    try:
+        create(cluster, pod("past-webhook", namespace, [container("main", {VOLCANO_NUMBER: "1"})]))
+        reason = cluster.wait_for(
+            "kube-scheduler's reason",
+            lambda: pending_reason(cluster, namespace, "past-webhook"),
+            timeout=60,
+        )
+        assert f"Insufficient {VOLCANO_NUMBER}" in reason, reason
+        assert phase(cluster, namespace, "past-webhook") == "Pending"
+        assert not cluster.get("pod", "-n", namespace, "past-webhook")["spec"].get("nodeName")
+    finally:
+        kept = {
+            k: v
+            for k, v in registration["metadata"].items()
+            if k in ("name", "labels", "annotations")
+        }
+        registration["metadata"] = kept
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(registration))
