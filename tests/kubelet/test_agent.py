@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import socket
 from collections.abc import Iterator
@@ -14,7 +13,6 @@ import pytest
 from kubegpu.config import load_config
 from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.kubelet.agent import AgentSettings, Event
-from kubegpu.kubelet.plugin import SocketClaim, SocketInUse
 from kubegpu.kubelet.retry import RetryBackoff
 from kubegpu.roles.node_agent import build_agent
 from kubegpu.testing.kubelet import KubeletEmulator
@@ -175,16 +173,3 @@ async def test_a_socket_lost_again_and_again_is_recreated_with_a_backoff(root: P
         assert await asyncio.wait_for(run, 30) == 0
         await asyncio.to_thread(kubelet.stop)
         backend.close()
-
-
-def test_a_socket_claim_is_exclusive_names_its_owner_and_is_given_back(root: Path) -> None:
-    path = root / "dp" / "kubegpu-x.sock"
-    first = SocketClaim.acquire(path)
-    with pytest.raises(SocketInUse) as err:
-        SocketClaim.acquire(path)  # another open file: flock refuses it even in one process
-    assert str(path) in str(err.value) and f"pid {os.getpid()}" in str(err.value)
-    first.release()
-    assert not first.held and not first.lock_path.exists()
-    second = SocketClaim.acquire(path)
-    assert second.held
-    second.release()

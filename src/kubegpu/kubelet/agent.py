@@ -44,13 +44,14 @@ from kubegpu.kubelet.board import DeviceBoard
 from kubegpu.kubelet.cdi import CdiSpecFile
 from kubegpu.kubelet.exporter_slot import ExporterSlot, RunningService
 from kubegpu.kubelet.inventory_publisher import InventoryPublisher
-from kubegpu.kubelet.plugin import DevicePluginServicer, PluginServer, SocketInUse, socket_identity
+from kubegpu.kubelet.plugin import DevicePluginServicer, PluginServer
 from kubegpu.kubelet.plugin_set import PluginSet
 from kubegpu.kubelet.reload import ConfigChange, ReloadRejected, read_change
 from kubegpu.kubelet.resources import ResourcePlan, all_gpus
 from kubegpu.kubelet.retry import RetryBackoff, Sleep
 from kubegpu.kubelet.sharing_runtime import SharingRuntime
 from kubegpu.probes import ProbeServerError, start_probe_server
+from kubegpu.socket_claim import SocketInUse, socket_identity
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,7 @@ worker thread, and never starves ``Allocate``.
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
-import socket
-import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
@@ -35,6 +31,7 @@ from kubegpu.kubelet.resources import (
     ResourcePlan,
 )
 from kubegpu.placement.topology import PreferenceError, ReplicaPolicy
+from kubegpu.socket_claim import SocketClaim, socket_identity
 from kubegpu.unix_channels import unix_aio_channel
 
 log = logging.getLogger(__name__)
@@ -48,6 +45,8 @@ UNHEALTHY = "Unhealthy"
 MAX_STATUS_CHARS = 1000
 # The kubelet itself gives up dialing us after 10 s; waiting longer for it is pointless.
 REGISTER_TIMEOUT_S = 10.0
+# What owns a claimed socket, for the message a second agent logs while it waits.
+ROLE = "node agent"
 
 
 def _device_message(state: DeviceState) -> api_pb2.Device:
@@ -226,82 +225,6 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         return api_pb2.PreStartContainerResponse()
 
 
-class SocketInUse(RuntimeError):
-    """Another live process holds the claim on a plugin socket."""
-
-    def __init__(self, socket_path: Path, lock_path: Path, owner: str) -> None:
-        super().__init__(
-            f"{socket_path} is served by another node agent ({owner or 'owner unknown'}; "
-            f"lock {lock_path})"
-        )
-        self.socket_path = socket_path
-        self.owner = owner
-
-
-class SocketClaim:
-    """The exclusive right to serve one plugin socket: an ``flock`` on ``<socket>.lock`` beside
-    it, held for as long as the process serves the socket.
-
-    Without it two agents on one kubelet directory (a DaemonSet rolling update with a surge)
-    each unlink and rebind the other's socket, for ever. An flock goes with its process, even
-    on SIGKILL, so a crashed owner never blocks its successor, and the kubelet, which deletes
-    every socket in the directory when it starts, leaves regular files alone. The file names
-    its owner (pid, host, since when) for the message the next process logs."""
-
-    def __init__(self, socket_path: Path, lock_path: Path, fd: int) -> None:
-        self.socket_path = socket_path
-        self.lock_path = lock_path
-        self._fd: int | None = fd
-
-    @classmethod
-    def acquire(cls, socket_path: Path) -> SocketClaim:
-        """Claim ``socket_path``; raises :class:`SocketInUse` naming the owner, or OSError."""
-        lock_path = socket_path.with_name(socket_path.name + ".lock")
-        socket_path.parent.mkdir(parents=True, exist_ok=True)
-        while True:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by children
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                owner = os.pread(fd, 512, 0).decode(errors="replace").strip()
-                os.close(fd)
-                raise SocketInUse(socket_path, lock_path, owner) from None
-            except BaseException:
-                os.close(fd)
-                raise
-            # The owner removes the file as it releases it: a lock won on the removed file
-            # is no claim (a third process may lock the new one), so look again.
-            if _same_file(fd, lock_path):
-                break
-            os.close(fd)
-        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        owner = f"pid {os.getpid()} on {socket.gethostname()} since {since}"
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, owner.encode(), 0)
-        return cls(socket_path, lock_path, fd)
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        if _same_file(fd, self.lock_path):
-            self.lock_path.unlink(missing_ok=True)  # before unlocking: see acquire
-        os.close(fd)  # drops the flock
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    mine = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
-
-
 class PluginServer:
     """Serves one resource on ``<kubelet_dir>/<plan.socket_name>`` and registers it.
 
@@ -332,10 +255,11 @@ class PluginServer:
 
     async def start(self) -> None:
         """Bind a fresh socket (removing a stale file first) and serve; raises
-        :class:`SocketInUse`, touching nothing, while another process owns the socket."""
+        :class:`~kubegpu.socket_claim.SocketInUse`, touching nothing, while another process
+        owns the socket."""
         self.kubelet_dir.mkdir(parents=True, exist_ok=True)
         if self.claim is None:
-            self.claim = SocketClaim.acquire(self.socket_path)
+            self.claim = SocketClaim.acquire(self.socket_path, role=ROLE)
             self._own_claim = True
         self.socket_path.unlink(missing_ok=True)
         server = aio.server()
@@ -392,12 +316,3 @@ class PluginServer:
         return self.socket_identity is not None and socket_identity(self.socket_path) == (
             self.socket_identity
         )
-
-
-def socket_identity(path: Path) -> tuple[int, int] | None:
-    """(inode, ctime) of a file, or None when it is missing: a recreated file differs."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_ino, st.st_ctime_ns)

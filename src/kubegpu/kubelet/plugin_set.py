@@ -19,17 +19,12 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from kubegpu.kubelet.plugin import (
-    KUBELET_SOCKET,
-    DevicePluginServicer,
-    PluginServer,
-    SocketClaim,
-    socket_identity,
-)
+from kubegpu.kubelet.plugin import KUBELET_SOCKET, ROLE, DevicePluginServicer, PluginServer
 from kubegpu.kubelet.probes import ping_all
 from kubegpu.kubelet.resources import ResourcePlan
 from kubegpu.kubelet.retry import RetryBackoff, Sleep, retry_with_backoff
 from kubegpu.probes import ProbeResult
+from kubegpu.socket_claim import SocketClaim, socket_identity
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +76,7 @@ class PluginSet:
         path = self._socket_path(plan)
         claim = self.claims.get(path)
         if claim is None:
-            claim = self.claims[path] = SocketClaim.acquire(path)
+            claim = self.claims[path] = SocketClaim.acquire(path, role=ROLE)
         return claim
 
     def claim_all(self) -> None:
