@@ -31,6 +31,17 @@ def device_index(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+# Names as kube-apiserver validates them: an object's name is a DNS-1123 subdomain, a
+# namespace's a DNS-1123 label.
+DNS_LABEL_MAX = 63
+DNS_SUBDOMAIN_MAX = 253
+_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+_DNS_LABEL = re.compile(_LABEL)
+_DNS_SUBDOMAIN = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+# UIDs end up in file names: what Kubernetes generates (UUIDs), nothing path-like.
+_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
+
+
 @dataclass(frozen=True)
 class ClaimRef:
     """A ResourceClaim as the kubelet names it in NodePrepare/NodeUnprepare."""
@@ -41,6 +52,19 @@ class ClaimRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name} ({self.uid})"
+
+    def problem(self) -> str | None:
+        """Why this is not a claim Kubernetes could have named, or None. Checked before a
+        name goes into a request URL or a UID into a file name: the kubelet sends only real
+        names, but a name such as ``../../api/v1/namespaces/kube-system/secrets/x`` would
+        otherwise make the driver read another object with its own credentials."""
+        if len(self.namespace) > DNS_LABEL_MAX or not _DNS_LABEL.fullmatch(self.namespace):
+            return f"namespace {self.namespace!r:.80} is not a Kubernetes namespace (a DNS label)"
+        if len(self.name) > DNS_SUBDOMAIN_MAX or not _DNS_SUBDOMAIN.fullmatch(self.name):
+            return f"name {self.name!r:.80} is not a Kubernetes object name (a DNS subdomain)"
+        if not _UID.fullmatch(self.uid):
+            return f"uid {self.uid!r:.80} is not a Kubernetes UID"
+        return None
 
 
 @dataclass(frozen=True)

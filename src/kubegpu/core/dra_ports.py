@@ -14,7 +14,8 @@ from kubegpu.core.dra import AllocatedDevice, ClaimAllocation, ClaimRef
 
 
 class ClaimLookupError(LookupError):
-    """The claim cannot be prepared: absent, another UID, or not allocated."""
+    """The claim cannot be prepared: absent, another UID, not allocated, malformed, or the API
+    server did not hand it over (an error status, no answer). Fails that claim alone."""
 
 
 class ResourceClaimSource(Protocol):

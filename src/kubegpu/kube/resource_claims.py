@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
+import httpx2 as httpx
 import lightkube
 from lightkube.generic_resource import create_namespaced_resource
 
@@ -48,13 +49,51 @@ def _consumed(claim: ClaimRef, raw: Any, name: str, scale: int) -> int | None:
         raise ClaimLookupError(f"resourceclaim {claim}: consumedCapacity.{name}: {exc}") from None
 
 
+def _object(value: Any, claim: ClaimRef, where: str) -> Mapping[str, Any]:
+    """``value`` when it is a JSON object; an absent one (None) is empty."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ClaimLookupError(
+            f"resourceclaim {claim}: {where} is a {type(value).__name__}, not an object"
+        )
+    return value
+
+
+def _text(result: Mapping[str, Any], key: str, claim: ClaimRef, where: str) -> str:
+    value = result.get(key, "")
+    if not isinstance(value, str):
+        raise ClaimLookupError(
+            f"resourceclaim {claim}: {where}.{key} is a {type(value).__name__}, not a string"
+        )
+    return value
+
+
+def _ref_of(obj: Mapping[str, Any]) -> ClaimRef:
+    """The claim ``obj`` says it is, for messages; fields of the wrong type read as empty."""
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    namespace, name, uid = (meta.get(k) for k in ("namespace", "name", "uid"))
+    return ClaimRef(*(v if isinstance(v, str) else "" for v in (namespace, name, uid)))
+
+
+def _allocation_of(obj: Mapping[str, Any], claim: ClaimRef) -> Mapping[str, Any]:
+    """``status.allocation``, empty when the claim is not allocated; raises
+    :class:`ClaimLookupError` for a status or allocation of the wrong type."""
+    status = _object(obj.get("status"), claim, "status")
+    return _object(status.get("allocation"), claim, "status.allocation")
+
+
 def allocation_from_claim(obj: Mapping[str, Any], claim: ClaimRef, driver: str) -> ClaimAllocation:
     """Our driver's allocated devices in ``obj``; raises :class:`ClaimLookupError` when the
-    object is another claim of the same name (UID differs) or is not allocated."""
-    uid = (obj.get("metadata") or {}).get("uid")
+    object is another claim of the same name (UID differs), is not allocated, or is not shaped
+    as a ResourceClaim where we read it (one malformed claim fails alone, never the call)."""
+    if not isinstance(obj, Mapping):
+        raise ClaimLookupError(f"resourceclaim {claim}: the API server sent no object")
+    uid = _object(obj.get("metadata"), claim, "metadata").get("uid")
     if uid != claim.uid:
-        raise ClaimLookupError(f"resourceclaim {claim}: the API server has UID {uid!r}")
-    allocation = (obj.get("status") or {}).get("allocation")
+        raise ClaimLookupError(f"resourceclaim {claim}: the API server has UID {uid!r:.80}")
+    allocation = _allocation_of(obj, claim)
     if not allocation:
         raise ClaimLookupError(f"resourceclaim {claim} is not allocated")
     return ClaimAllocation(claim, tuple(_our_results(allocation, claim, driver)))
@@ -63,18 +102,34 @@ def allocation_from_claim(obj: Mapping[str, Any], claim: ClaimRef, driver: str) 
 def _our_results(
     allocation: Mapping[str, Any], claim: ClaimRef, driver: str
 ) -> list[AllocatedDevice]:
-    results = ((allocation.get("devices") or {}).get("results")) or []
+    devices_of = _object(allocation.get("devices"), claim, "status.allocation.devices")
+    results = devices_of.get("results")
+    if results is None:
+        results = []
+    if not isinstance(results, list):
+        raise ClaimLookupError(
+            f"resourceclaim {claim}: status.allocation.devices.results is a "
+            f"{type(results).__name__}, not a list"
+        )
     devices: list[AllocatedDevice] = []
-    for result in results:
+    for i, raw in enumerate(results):
+        where = f"status.allocation.devices.results[{i}]"
+        result = _object(raw, claim, where)
         if result.get("driver") != driver:
             continue
-        consumed = result.get("consumedCapacity")
+        consumed = _object(result.get("consumedCapacity"), claim, f"{where}.consumedCapacity")
+        share_id = result.get("shareID")
+        if share_id is not None and not isinstance(share_id, str):
+            raise ClaimLookupError(
+                f"resourceclaim {claim}: {where}.shareID is a {type(share_id).__name__}, "
+                "not a string"
+            )
         devices.append(
             AllocatedDevice(
-                request=str(result.get("request", "")),
-                pool=str(result.get("pool", "")),
-                device=str(result.get("device", "")),
-                share_id=str(result["shareID"]) if result.get("shareID") else None,
+                request=_text(result, "request", claim, where),
+                pool=_text(result, "pool", claim, where),
+                device=_text(result, "device", claim, where),
+                share_id=share_id or None,
                 memory_bytes=_consumed(claim, consumed, CAPACITY_MEMORY, 1),
                 # The slice publishes compute in milli-cards already (dra/slices.py).
                 compute_milli=_consumed(claim, consumed, CAPACITY_COMPUTE, 1),
@@ -91,14 +146,13 @@ def pool_devices_from_claims(
     with a warning: it cannot be prepared either, and one bad object must not stop the rest."""
     found: list[AllocatedDevice] = []
     for obj in objs:
-        allocation = (obj.get("status") or {}).get("allocation")
-        if not allocation:
+        if not isinstance(obj, Mapping):
             continue
-        meta = obj.get("metadata") or {}
-        claim = ClaimRef(
-            str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", ""))
-        )
+        claim = _ref_of(obj)
         try:
+            allocation = _allocation_of(obj, claim)
+            if not allocation:
+                continue
             devices = _our_results(allocation, claim, driver)
         except ClaimLookupError as exc:
             log.warning("steering: ignoring a claim whose allocation cannot be read: %s", exc)
@@ -153,20 +207,22 @@ def claim_from_object(
     """A ResourceClaim as the extender ranks with it: its requests for ``classes`` and, when
     allocated, ``driver``'s results (the same decoding prepare and steering use). A request
     that cannot be ranked leaves the claim with a ``problem`` naming it, never an exception."""
-    meta = obj.get("metadata") or {}
-    ref = ClaimRef(
-        str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", ""))
-    )
-    allocation = (obj.get("status") or {}).get("allocation")
+    ref = _ref_of(obj)
     problem = ""
+    allocated = False
     devices: tuple[AllocatedDevice, ...] = ()
-    if allocation:
-        try:
+    try:
+        allocation = _allocation_of(obj, ref)
+        allocated = bool(allocation)
+        if allocation:
             devices = tuple(_our_results(allocation, ref, driver))
-        except ClaimLookupError as exc:
-            problem = str(exc)
+    except ClaimLookupError as exc:
+        problem = str(exc)
+    spec = obj.get("spec")
+    wanted = spec.get("devices") if isinstance(spec, Mapping) else None
+    raw_requests = wanted.get("requests") if isinstance(wanted, Mapping) else None
     requests: list[DeviceRequest] = []
-    for raw in ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []:
+    for raw in raw_requests if isinstance(raw_requests, list) else []:
         if not isinstance(raw, Mapping):
             continue
         try:
@@ -176,7 +232,7 @@ def claim_from_object(
             continue
         if request is not None:
             requests.append(request)
-    return DraClaim(ref, tuple(requests), bool(allocation), devices, problem)
+    return DraClaim(ref, tuple(requests), allocated, devices, problem)
 
 
 class LightkubeResourceClaimSource:
@@ -184,12 +240,29 @@ class LightkubeResourceClaimSource:
         self.client = client
 
     async def allocation(self, claim: ClaimRef, driver: str) -> ClaimAllocation:
+        # The names go into the request's URL: only names Kubernetes could have given.
+        problem = claim.problem()
+        if problem is not None:
+            raise ClaimLookupError(f"resourceclaim {claim}: {problem}")
         try:
             obj = await self.client.get(ResourceClaim, claim.name, namespace=claim.namespace)
         except lightkube.ApiError as exc:
-            if exc.status.code == 404:
+            # Any answer but the object (403, 429, 500, ...) fails this claim alone; the
+            # kubelet retries it.
+            status = exc.status
+            if status.code == 404:
                 raise ClaimLookupError(f"resourceclaim {claim} not found") from None
-            raise
+            reason = f" {status.reason}" if status.reason else ""
+            raise ClaimLookupError(
+                f"resourceclaim {claim}: the API server answered {status.code}{reason}: "
+                f"{status.message or 'no message'}"
+            ) from None
+        except httpx.HTTPError as exc:
+            # No answer at all: refused, dropped, timed out.
+            raise ClaimLookupError(
+                f"resourceclaim {claim}: cannot read it from the API server: "
+                f"{type(exc).__name__}: {str(exc) or 'no detail'}"
+            ) from None
         return allocation_from_claim(dict(obj), claim, driver)
 
     async def pool_allocations(self, driver: str, pool: str) -> list[AllocatedDevice]:
