@@ -4,7 +4,9 @@ The project's fake API server (``kubegpu.testing.apiserver``) serves a fixed tab
 types and cannot hold ResourceClaims or ResourceSlices, so the lightkube implementations are
 tested against this: ResourceClaim get, ResourceSlice list (with the ``spec.nodeName`` and
 ``spec.driver`` field selectors), create, replace (resourceVersion checked: a stale one is a
-409 Conflict, as on the real server) and delete.
+409 Conflict, as on the real server) and delete. A claim's GET can be made to fail
+(``fail_claims``: an error status, or ``DROP`` to close the connection without an answer), and
+every request's path is kept (``paths``), matched by a route or not.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from aiohttp import web
 from kubegpu.testing.local_api import lightkube_client_for
 
 PREFIX = "/apis/resource.k8s.io/v1"
+DROP = "drop"  # in fail_claims: the connection is closed with no answer at all
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
@@ -45,9 +48,18 @@ class ResourceApi:
         # (RBAC verb, resource) of every request served, to check the driver's ClusterRole.
         self.requests: list[tuple[str, str]] = []
         self._versions = itertools.count(1)
+        # (namespace, name) -> HTTP status to answer a GET of that claim with, or DROP.
+        self.fail_claims: dict[tuple[str, str], int | str] = {}
+        self.paths: list[str] = []  # of every request, in order
+
+    @web.middleware
+    async def _record(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.paths.append(request.path)
+        response: web.StreamResponse = await handler(request)
+        return response
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._record])
         app.router.add_get(PREFIX + "/namespaces/{ns}/resourceclaims/{name}", self._get_claim)
         app.router.add_get(PREFIX + "/resourceclaims", self._list_claims)
         app.router.add_get(PREFIX + "/resourceslices", self._list_slices)
@@ -64,6 +76,14 @@ class ResourceApi:
     async def _get_claim(self, request: web.Request) -> web.Response:
         self.requests.append(("get", "resourceclaims"))
         key = (request.match_info["ns"], request.match_info["name"])
+        failure = self.fail_claims.get(key)
+        if failure == DROP:
+            assert request.transport is not None
+            request.transport.abort()  # no status line, no body: the client sees it dropped
+            return web.Response()
+        if isinstance(failure, int):
+            reason = {403: "Forbidden", 429: "TooManyRequests"}.get(failure, "InternalError")
+            return _status(failure, reason, f"scripted {failure} for resourceclaims {key[1]!r}")
         if key not in self.claims:
             return _status(404, "NotFound", f"resourceclaims {key[1]!r} not found")
         return _json(self.claims[key])

@@ -3,7 +3,8 @@
 
 It must publish the node's ResourceSlices, prepare a claim into a CDI spec, taint a GPU that
 gets a critical Xid and untaint it once the health policy says it recovered, and stop on
-SIGTERM with both sockets gone and nothing of its process group left running.
+SIGTERM with both sockets gone and nothing of its process group left running. A checkpoint
+file it cannot read (a FIFO, bytes that are not UTF-8, ...) exits 1 with one line naming it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from kubegpu.dra.api.dra.v1 import api_pb2 as v1
 from kubegpu.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from kubegpu.dra.checkpoint import checksum
 from kubegpu.inventory.fake import send_fake_gpu_command
 from kubegpu.roles.dra_driver import socket_paths
 from kubegpu.testing.kubeconfig import kubeconfig_dict
@@ -85,12 +87,16 @@ def wait_for(check: Callable[[], Any], what: str, proc: subprocess.Popen[bytes],
 
 
 class Driver:
-    def __init__(self, root: Path, url: str, config: dict[str, Any]) -> None:
+    """``kubegpu dra-driver`` on the folders under ``root``; drivers of one ``root`` share the
+    kubelet, CDI and state folders (as two pods of the DaemonSet on one node do), each with
+    its own log and fake-GPU control socket, named by ``tag``."""
+
+    def __init__(self, root: Path, url: str, config: dict[str, Any], tag: str = "driver") -> None:
         self.root = root
         self.kubelet_dir = root / "kubelet"
         self.cdi_dir = root / "cdi"
-        self.control = root / "fake.sock"
-        self.log = root / "driver.log"
+        self.control = root / f"{tag}-fake.sock"
+        self.log = root / f"{tag}.log"
         self.sockets = socket_paths(self.kubelet_dir)
         (root / "kubeconfig").write_text(yaml.safe_dump(kubeconfig_dict(url)))
         (root / "config.yaml").write_text(yaml.safe_dump({"version": "v1", **config}))
@@ -145,12 +151,13 @@ def api() -> ResourceApi:
 @pytest.fixture
 def driver(
     short_dir: Path, api: ResourceApi, request: pytest.FixtureRequest
-) -> Iterator[Callable[[dict[str, Any]], Driver]]:
+) -> Iterator[Callable[..., Driver]]:
+    """Starts a driver on ``short_dir`` with a config (and a tag, for a second one)."""
     started: list[Driver] = []
     with api_in_thread(api) as url:
 
-        def start(config: dict[str, Any]) -> Driver:
-            d = Driver(short_dir, url, config)
+        def start(config: dict[str, Any], tag: str = "driver") -> Driver:
+            d = Driver(short_dir, url, config, tag)
             started.append(d)
             return d
 
@@ -192,7 +199,7 @@ def prepare(sock: Path, uid: str) -> Any:
 
 
 def test_serves_the_kubelet_and_stops_cleanly_on_sigterm(
-    driver: Callable[[dict[str, Any]], Driver], api: ResourceApi
+    driver: Callable[..., Driver], api: ResourceApi
 ) -> None:
     d = driver({"gpuAllocation": "dra"})
     devices = d.wait(lambda: node_devices(api), "ResourceSlice")
@@ -224,7 +231,7 @@ def test_serves_the_kubelet_and_stops_cleanly_on_sigterm(
 
 
 def test_taints_a_gpu_after_a_critical_xid_and_untaints_it_after_recovery(
-    driver: Callable[[dict[str, Any]], Driver], api: ResourceApi
+    driver: Callable[..., Driver], api: ResourceApi
 ) -> None:
     # 25 clean health checks (0.2 s each) bring a GPU back.
     d = driver({"gpuAllocation": "dra", "health": {"recoverAfterHealthyChecks": 25}})
@@ -249,7 +256,7 @@ def test_taints_a_gpu_after_a_critical_xid_and_untaints_it_after_recovery(
 
 
 def test_enforcement_mps_runs_the_daemon_and_hands_a_share_its_limits(
-    driver: Callable[[dict[str, Any]], Driver], api: ResourceApi, short_dir: Path
+    driver: Callable[..., Driver], api: ResourceApi, short_dir: Path
 ) -> None:
     daemon = install_fake_mps_control(short_dir)
     mps_dir = short_dir / "mps"
@@ -291,7 +298,7 @@ def test_enforcement_mps_runs_the_daemon_and_hands_a_share_its_limits(
 
 
 def test_refuses_to_start_when_the_config_gives_the_gpus_to_the_device_plugin(
-    driver: Callable[[dict[str, Any]], Driver],
+    driver: Callable[..., Driver],
 ) -> None:
     d = driver({"gpuAllocation": "devicePlugin"})
     assert d.proc.wait(WAIT_S) == 2
@@ -302,7 +309,7 @@ def test_refuses_to_start_when_the_config_gives_the_gpus_to_the_device_plugin(
 
 
 def test_a_kubelet_refusal_exits_1_without_sockets(
-    driver: Callable[[dict[str, Any]], Driver], api: ResourceApi
+    driver: Callable[..., Driver], api: ResourceApi
 ) -> None:
     d = driver({"gpuAllocation": "dra"})
     d.wait(lambda: node_devices(api) and d.sockets.registration.exists(), "driver up")
@@ -336,7 +343,7 @@ def test_an_api_server_it_cannot_reach_at_start_exits_1(short_dir: Path) -> None
 
 
 def test_a_checkpoint_it_cannot_trust_exits_1_naming_the_file(
-    driver: Callable[[dict[str, Any]], Driver], short_dir: Path
+    driver: Callable[..., Driver], short_dir: Path
 ) -> None:
     checkpoint = short_dir / "state" / "checkpoint.json"
     checkpoint.parent.mkdir(parents=True)
@@ -347,6 +354,53 @@ def test_a_checkpoint_it_cannot_trust_exits_1_naming_the_file(
     assert str(checkpoint) in out and "Traceback" not in out
     assert not d.sockets.registration.exists() and not d.sockets.dra.exists()
     assert checkpoint.read_text().startswith('{"version": 1')  # left for the operator
+    assert d.group_is_gone()
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _sparse(path: Path) -> None:
+    with path.open("wb") as f:
+        f.truncate(64 * 2**20)
+
+
+def _wrong_entry(path: Path) -> None:
+    claims = {"cccccccc-0000-4000-8000-000000000001": {"namespace": 7, "name": "x", "devices": []}}
+    path.write_text(json.dumps({"version": 1, "checksum": checksum(claims), "claims": claims}))
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (_fifo, "is a FIFO, not a checkpoint file"),
+        (lambda p: p.write_bytes(b'{"version": 1, "claims": {"\xff": 1}}'), "not UTF-8 text"),
+        (lambda p: p.mkdir(), "is a directory, not a checkpoint file"),
+        (lambda p: p.write_text("[" * 100_000 + "]" * 100_000), "JSON nested too deeply"),
+        (_sparse, f"is {64 * 2**20} bytes, more than the"),
+        (_wrong_entry, ".namespace is a int, not a string"),
+    ],
+    ids=["fifo", "non-utf8", "directory", "deep-json", "huge", "entry-type"],
+)
+def test_a_checkpoint_file_it_cannot_read_exits_1_with_one_line_naming_it(
+    driver: Callable[..., Driver], short_dir: Path, make: Callable[[Path], None], reason: str
+) -> None:
+    # A FIFO used to block the start for ever (SIGTERM unheard); the others were tracebacks.
+    checkpoint = short_dir / "state" / "checkpoint.json"
+    checkpoint.parent.mkdir(parents=True)
+    make(checkpoint)
+    d = driver({"gpuAllocation": "dra"})
+    try:
+        code = d.proc.wait(WAIT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the driver did not exit on {checkpoint}:\n{d.log.read_text()}")
+    out = d.log.read_text(errors="replace")
+    assert code == 1, out
+    (line,) = [line for line in out.splitlines() if str(checkpoint) in line]
+    assert reason in line and "move the file away" in line
+    assert "Traceback" not in out
+    assert not d.sockets.registration.exists() and not d.sockets.dra.exists()
     assert d.group_is_gone()
 
 
@@ -361,7 +415,7 @@ STEERING_WORKLOAD = {
 
 
 def test_steers_its_devices_from_the_claims_allocated_from_its_pool(
-    driver: Callable[[dict[str, Any]], Driver], api: ResourceApi, short_dir: Path
+    driver: Callable[..., Driver], api: ResourceApi, short_dir: Path
 ) -> None:
     workload = short_dir / "workload.yaml"
     workload.write_text(yaml.safe_dump(STEERING_WORKLOAD))
@@ -385,7 +439,7 @@ def test_steers_its_devices_from_the_claims_allocated_from_its_pool(
 
 
 def test_a_bad_steering_workload_file_is_a_usage_error_naming_the_setting(
-    driver: Callable[[dict[str, Any]], Driver], short_dir: Path
+    driver: Callable[..., Driver], short_dir: Path
 ) -> None:
     workload = short_dir / "workload.yaml"
     workload.write_text("pods: []\n")

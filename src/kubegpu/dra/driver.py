@@ -5,14 +5,19 @@ API read, no second share); Unprepare of a claim we never prepared succeeds. Ord
 on Prepare: CDI spec first, then the checkpoint entry, so a crash in between leaves at worst a
 spec that the repeated Prepare overwrites. On Unprepare: spec removed first, then the entry, so
 a crash leaves an entry whose repeated Unprepare finishes the job.
+
+Per claim, never per call: the kubelet sends every claim of a pod in one call, and one claim
+that cannot be prepared (a bad name, an API error or no answer, a malformed object, a device
+not ours, a CDI file that cannot be written) is that claim's error while the others are
+prepared. The checkpoint is written once per call, after every claim of it is done, so a call
+of N claims costs N API reads and N CDI specs but one checkpoint file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -27,13 +32,10 @@ from kubegpu.core.dra import (
 from kubegpu.core.dra_ports import ClaimLookupError, ResourceClaimSource
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.dra import cdi
-from kubegpu.dra.checkpoint import Checkpoint
+from kubegpu.dra.checkpoint import Checkpoint, CheckpointError
 from kubegpu.dra.slices import holds_whole_card, pool_name
 
 log = logging.getLogger(__name__)
-
-# Claim UIDs end up in file names: accept what Kubernetes generates (UUIDs), nothing path-like.
-_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")
 
 
 class PrepareError(RuntimeError):
@@ -56,71 +58,119 @@ class DriverSettings:
         return self.cdi_kind or cdi.default_kind(self.driver)
 
 
+# A claim's outcome in a call: what it was prepared into, or why not (one line).
+Outcome = PreparedClaim | PrepareError
+
+
 class ClaimPreparer:
     """Owns the checkpoint and the per-claim CDI specs of one node."""
 
     def __init__(
-        self, settings: DriverSettings, inventory: NodeInventory, claims: ResourceClaimSource
+        self,
+        settings: DriverSettings,
+        inventory: NodeInventory,
+        claims: ResourceClaimSource,
+        checkpoint: Checkpoint | None = None,
     ) -> None:
         self.settings = settings
         self.inventory = inventory
         self.claims = claims
-        self.checkpoint = Checkpoint(settings.checkpoint_path)
-        # One prepare/unprepare at a time: the checkpoint is rewritten whole on each change.
+        # Raises CheckpointError for a file it cannot trust (the role exits 1 on it).
+        self.checkpoint = checkpoint or Checkpoint(settings.checkpoint_path)
+        # One call at a time: the checkpoint is rewritten whole at the end of each.
         self._lock = asyncio.Lock()
 
-    async def prepare(self, claim: ClaimRef) -> PreparedClaim:
-        """Raises :class:`PrepareError` with a message naming the claim and the reason."""
-        _check_uid(claim.uid)
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, Outcome]:
+        """Each claim's outcome by UID; never raises for one claim's failure."""
         async with self._lock:
-            done = self.checkpoint.get(claim.uid)
-            if done is not None:
-                log.info("claim %s already prepared, answering from the checkpoint", claim)
-                return done
-            try:
-                allocation = await self.claims.allocation(claim, self.settings.driver)
-            except ClaimLookupError as exc:
-                raise PrepareError(f"claim {claim}: {exc}") from None
-            devices = self._resolve(allocation)
-            spec = cdi.claim_spec(
-                claim.uid, devices, self.settings.kind, self.settings.dev_root, self.settings.mps
-            )
-            cdi.write_claim_spec(self.settings.cdi_dir, claim.uid, spec)
-            prepared = PreparedClaim(
-                claim,
-                tuple(
-                    PreparedDevice(
-                        request_names=(base_request(result.request),),
-                        pool=result.pool,
-                        device=result.device,
-                        cdi_device_ids=(
-                            cdi.qualified_name(self.settings.kind, claim.uid, result.device),
-                        ),
-                        share_id=result.share_id,
+            outcomes: dict[str, Outcome] = {}
+            new: dict[str, PreparedClaim] = {}
+            for claim in claims:
+                if claim.uid in outcomes:
+                    continue  # the same claim twice in one call: one answer
+                try:
+                    outcomes[claim.uid] = await self._prepare_one(claim, new)
+                except Exception as exc:  # one claim's failure is its own, whatever it is
+                    outcomes[claim.uid] = _claim_error(claim, "prepare", exc)
+            if new:
+                try:
+                    self.checkpoint.update(put=new.values())
+                except (OSError, CheckpointError) as exc:
+                    # Their CDI specs stay: harmless, and the kubelet's retry rewrites them.
+                    for uid in new:
+                        outcomes[uid] = _claim_error(new[uid].claim, "prepare", exc)
+                    return outcomes
+                for prepared in new.values():
+                    log.info(
+                        "prepared claim %s on node %s: %s",
+                        prepared.claim,
+                        self.settings.node_name,
+                        ", ".join(d.device for d in prepared.devices) or "no devices",
                     )
-                    for result in allocation.devices
-                ),
-            )
-            self.checkpoint.put(prepared)
-            log.info(
-                "prepared claim %s on node %s: %s",
-                claim,
-                self.settings.node_name,
-                ", ".join(d.device for d in prepared.devices) or "no devices",
-            )
-            return prepared
+            return outcomes
 
-    async def unprepare(self, claim: ClaimRef) -> None:
-        _check_uid(claim.uid)
+    async def _prepare_one(self, claim: ClaimRef, new: dict[str, PreparedClaim]) -> PreparedClaim:
+        """Prepare one claim into ``new`` (the checkpoint is written by the caller); raises
+        PrepareError, ClaimLookupError, OSError, or (a bug) anything."""
+        _check_ref(claim)
+        done = self.checkpoint.get(claim.uid)
+        if done is not None:
+            log.info("claim %s already prepared, answering from the checkpoint", claim)
+            return done
+        try:
+            allocation = await self.claims.allocation(claim, self.settings.driver)
+        except ClaimLookupError as exc:
+            raise PrepareError(f"claim {claim}: {exc}") from None
+        devices = self._resolve(allocation)
+        spec = cdi.claim_spec(
+            claim.uid, devices, self.settings.kind, self.settings.dev_root, self.settings.mps
+        )
+        cdi.write_claim_spec(self.settings.cdi_dir, claim.uid, spec)
+        prepared = PreparedClaim(
+            claim,
+            tuple(
+                PreparedDevice(
+                    request_names=(base_request(result.request),),
+                    pool=result.pool,
+                    device=result.device,
+                    cdi_device_ids=(
+                        cdi.qualified_name(self.settings.kind, claim.uid, result.device),
+                    ),
+                    share_id=result.share_id,
+                )
+                for result in allocation.devices
+            ),
+        )
+        new[claim.uid] = prepared
+        return prepared
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareError | None]:
+        """Each claim's error by UID, None when it is unprepared (or never was prepared)."""
         async with self._lock:
-            removed = cdi.remove_claim_spec(self.settings.cdi_dir, claim.uid)
-            known = self.checkpoint.get(claim.uid) is not None
-            self.checkpoint.remove(claim.uid)
-            if known or removed:
-                log.info("unprepared claim %s on node %s", claim, self.settings.node_name)
-
-    def prepared(self) -> Iterable[PreparedClaim]:
-        return self.checkpoint.claims().values()
+            outcomes: dict[str, PrepareError | None] = {}
+            gone: dict[str, tuple[ClaimRef, bool]] = {}  # uid -> (claim, had a spec or entry)
+            for claim in claims:
+                if claim.uid in outcomes:
+                    continue
+                try:
+                    _check_ref(claim)
+                    removed = cdi.remove_claim_spec(self.settings.cdi_dir, claim.uid)
+                except Exception as exc:  # one claim's failure is its own, whatever it is
+                    outcomes[claim.uid] = _claim_error(claim, "unprepare", exc)
+                    continue
+                known = self.checkpoint.get(claim.uid) is not None
+                gone[claim.uid] = (claim, known or removed)
+                outcomes[claim.uid] = None
+            try:
+                self.checkpoint.update(remove=gone)
+            except (OSError, CheckpointError) as exc:
+                for uid, (claim, _) in gone.items():
+                    outcomes[uid] = _claim_error(claim, "unprepare", exc)
+                return outcomes
+            for claim, had in gone.values():
+                if had:
+                    log.info("unprepared claim %s on node %s", claim, self.settings.node_name)
+            return outcomes
 
     def _resolve(self, allocation: ClaimAllocation) -> list[cdi.ClaimDevice]:
         claim = allocation.claim
@@ -191,6 +241,23 @@ def base_request(request: str) -> str:
     return request.split("/", 1)[0]
 
 
-def _check_uid(uid: str) -> None:
-    if not _UID.fullmatch(uid):
-        raise PrepareError(f"claim uid {uid!r} is not a Kubernetes UID")
+def _check_ref(claim: ClaimRef) -> None:
+    problem = claim.problem()
+    if problem is not None:
+        raise PrepareError(f"claim {claim}: {problem}")
+
+
+def _claim_error(claim: ClaimRef, verb: str, exc: Exception) -> PrepareError:
+    """``exc`` as this claim's one-line error, logged once."""
+    if isinstance(exc, PrepareError):
+        error = exc
+    elif isinstance(exc, OSError | CheckpointError):
+        # The CDI dir or the checkpoint cannot be written: the kubelet retries the claim.
+        error = PrepareError(f"claim {claim}: {exc}")
+    else:
+        # Not a failure we know of, so a bug: the traceback goes to the log, the claim fails
+        # alone and the other claims of the call are served.
+        log.error("cannot %s claim %s", verb, claim, exc_info=exc)
+        return PrepareError(f"claim {claim}: internal error: {type(exc).__name__}: {exc}")
+    log.warning("cannot %s claim %s: %s", verb, claim, error)
+    return error

@@ -10,8 +10,8 @@ and removed on stop, since deleting the registration socket is how a plugin de-r
 * ``<plugins>/<driver>/dra.sock``: ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin``, and
   ``v1alpha1.DRAResourceHealth`` (:mod:`kubegpu.dra.health_stream`). The handlers
   are thin: convert, call :class:`~kubegpu.dra.driver.ClaimPreparer`, convert back. A claim
-  that cannot be prepared is reported in its own ``error``; the call as a whole fails only on a
-  bug.
+  that cannot be prepared, for whatever reason, is reported in its own ``error``; the other
+  claims of the call are prepared.
 """
 
 from __future__ import annotations
@@ -113,6 +113,15 @@ def _claim(message: Any) -> ClaimRef:
     return ClaimRef(namespace=message.namespace, name=message.name, uid=message.uid)
 
 
+# Longest per-claim error we send; the kubelet puts it in events and the pod's status.
+MAX_ERROR_CHARS = 1000
+
+
+def _status_text(error: Exception) -> str:
+    text = str(error)
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+
+
 class DraServicer:
     """NodePrepare/NodeUnprepare for one API version (``v1`` or ``v1beta1``: same messages,
     ``v1beta1`` lacks ``Device.share_id``)."""
@@ -139,33 +148,27 @@ class DraServicer:
     async def NodePrepareResources(
         self, request: Any, context: aio.ServicerContext[Any, Any]
     ) -> Any:
+        # The preparer answers every claim, each with its devices or its own error: the
+        # kubelet retries the failed ones, the others are prepared.
+        outcomes = await self.preparer.prepare([_claim(m) for m in request.claims])
         response = self.pb.NodePrepareResourcesResponse()
-        for message in request.claims:
-            claim = _claim(message)
-            entry = response.claims[claim.uid]
-            try:
-                prepared = await self.preparer.prepare(claim)
-            except (PrepareError, OSError) as exc:
-                # OSError: the CDI dir or the checkpoint cannot be written. The kubelet retries
-                # the claim; the other claims of the call are unaffected.
-                log.warning("cannot prepare claim %s: %s", claim, exc)
-                entry.error = f"claim {claim}: {exc}" if isinstance(exc, OSError) else str(exc)
-                continue
-            entry.devices.extend(self._devices(prepared))
+        for uid, outcome in outcomes.items():
+            entry = response.claims[uid]  # every claim gets an entry, even an empty one
+            if isinstance(outcome, PrepareError):
+                entry.error = _status_text(outcome)
+            else:
+                entry.devices.extend(self._devices(outcome))
         return response
 
     async def NodeUnprepareResources(
         self, request: Any, context: aio.ServicerContext[Any, Any]
     ) -> Any:
+        outcomes = await self.preparer.unprepare([_claim(m) for m in request.claims])
         response = self.pb.NodeUnprepareResourcesResponse()
-        for message in request.claims:
-            claim = _claim(message)
-            entry = response.claims[claim.uid]  # every claim gets an entry, even an empty one
-            try:
-                await self.preparer.unprepare(claim)
-            except (PrepareError, OSError) as exc:
-                log.warning("cannot unprepare claim %s: %s", claim, exc)
-                entry.error = str(exc)
+        for uid, error in outcomes.items():
+            entry = response.claims[uid]
+            if error is not None:
+                entry.error = _status_text(error)
         return response
 
 
