@@ -3,8 +3,9 @@
 
 It must publish the node's ResourceSlices, prepare a claim into a CDI spec, taint a GPU that
 gets a critical Xid and untaint it once the health policy says it recovered, and stop on
-SIGTERM with both sockets gone and nothing of its process group left running. A checkpoint
-file it cannot read (a FIFO, bytes that are not UTF-8, ...) exits 1 with one line naming it.
+SIGTERM with both sockets gone and nothing of its process group left running. A second driver
+on the same kubelet folder waits for the first and takes over when it exits; a checkpoint file
+it cannot read (a FIFO, bytes that are not UTF-8, ...) exits 1 with one line naming it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from kubegpu.dra.checkpoint import checksum
 from kubegpu.inventory.fake import send_fake_gpu_command
 from kubegpu.roles.dra_driver import socket_paths
+from kubegpu.socket_claim import socket_identity
 from kubegpu.testing.kubeconfig import kubeconfig_dict
 from kubegpu.testing.waiting import wait_until
 
@@ -402,6 +404,60 @@ def test_a_checkpoint_file_it_cannot_read_exits_1_with_one_line_naming_it(
     assert "Traceback" not in out
     assert not d.sockets.registration.exists() and not d.sockets.dra.exists()
     assert d.group_is_gone()
+
+
+def test_a_second_driver_on_the_kubelet_folder_waits_for_the_first_then_takes_over(
+    driver: Callable[..., Driver], api: ResourceApi
+) -> None:
+    # Two pods of the DaemonSet on one node (a rolling update with a surge): the second used to
+    # replace the first's sockets at once, and the first's SIGTERM then deleted the second's,
+    # so the kubelet de-registered a driver that was still running.
+    first = driver({"gpuAllocation": "dra"}, "first")
+    sockets = first.sockets
+    first.wait(lambda: node_devices(api) and sockets.registration.exists(), "first up")
+    first.wait(lambda: sockets.dra.exists(), "first's DRA socket")
+    owned = {p: socket_identity(p) for p in (sockets.registration, sockets.dra)}
+    uid = "cccccccc-0000-4000-8000-000000000009"
+    api.claims[("team-a", "train")] = claim(uid, "gpu-2", {})
+    assert prepare(sockets.dra, uid).claims[uid].error == ""
+
+    second = driver({"gpuAllocation": "dra"}, "second")
+    second.wait(lambda: "waiting for it to exit" in second.log.read_text(), "second waiting")
+    (line,) = [x for x in second.log.read_text().splitlines() if "waiting for it" in x]
+    assert str(sockets.dra) in line and "another DRA driver" in line
+    assert f"pid {first.proc.pid} on " in line
+    # The first's sockets are untouched and it goes on serving.
+    assert {p: socket_identity(p) for p in owned} == owned
+    with grpc.insecure_channel(f"unix://{sockets.registration}") as channel:
+        reg_grpc.RegistrationStub(channel).GetInfo(reg.InfoRequest(), timeout=30)
+    assert first.proc.poll() is None and second.proc.poll() is None
+
+    # The first goes: the second serves, on sockets the first's exit did not remove.
+    assert first.stop() == 0, first.log.read_text()
+    second.wait(lambda: "the other DRA driver is gone; serving" in second.log.read_text(), "over")
+    second.wait(lambda: sockets.registration.exists() and sockets.dra.exists(), "its sockets")
+    taken = {p: socket_identity(p) for p in owned}
+    assert all(taken[p] not in (None, owned[p]) for p in owned)
+    with grpc.insecure_channel(f"unix://{sockets.registration}") as channel:
+        info = reg_grpc.RegistrationStub(channel).GetInfo(reg.InfoRequest(), timeout=30)
+    assert info.endpoint == str(sockets.dra)
+    # The claim the first prepared is answered from the checkpoint it left.
+    (device,) = prepare(sockets.dra, uid).claims[uid].devices
+    assert device.device_name == "gpu-2"
+    assert f"claim team-a/train ({uid}) already prepared" in second.log.read_text()
+
+    # One more, stopped while it waits: it exits 0 and the serving driver keeps its sockets.
+    third = driver({"gpuAllocation": "dra"}, "third")
+    third.wait(lambda: f"pid {second.proc.pid} on " in third.log.read_text(), "third waiting")
+    assert third.stop() == 0, third.log.read_text()
+    assert {p: socket_identity(p) for p in owned} == taken
+    assert second.proc.poll() is None
+
+    assert second.stop() == 0, second.log.read_text()
+    assert not sockets.registration.exists() and not sockets.dra.exists()
+    for d in (first, second, third):
+        assert "Traceback" not in d.log.read_text()
+        assert d.group_is_gone()
 
 
 STEERING_WORKLOAD = {

@@ -4,12 +4,15 @@ in tests/deploy/test_probes.py."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from kubegpu.core.dra_ports import FakeResourceSliceSink
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from kubegpu.dra.probes import DriverProbes
+from kubegpu.dra.server import claim_sockets, wait_for_sockets
+from kubegpu.socket_claim import lock_path_of
 from kubegpu.testing.waiting import wait_until_async
 from kubegpu.unix_channels import unix_aio_channel
 
@@ -98,3 +101,39 @@ async def test_slices_not_published_is_not_ready_whatever_the_kubelet_said(tmp_p
     assert ready.reason == f"not ready: the ResourceSlices of node {NODE} are not published yet"
     probes.published(3)
     assert (await probes.readiness()).ok
+
+
+async def test_while_another_driver_serves_it_waits_alive_but_not_ready(node: Node) -> None:
+    holder = claim_sockets(node.sockets)  # the other driver
+    probes = DriverProbes(NODE, DRIVER)
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        wait_for_sockets(node.sockets, stop, NODE, on_wait=probes.waiting, retry_initial_s=0.01)
+    )
+    try:
+
+        async def waiting() -> bool:
+            return (await probes.liveness()).reason.startswith("waiting: ")
+
+        await wait_until_async(waiting, timeout_s=20, what="the driver waiting")
+        alive, ready = await probes.liveness(), await probes.readiness()
+        assert alive.ok and not ready.ok
+        for result in (alive, ready):
+            assert result.reason.startswith(f"waiting: {node.sockets.dra} is served by another")
+        assert not task.done()
+    finally:
+        holder.release()
+    claim = await asyncio.wait_for(task, 30)
+    assert claim is not None and claim.held
+    claim.release()
+
+
+async def test_stopped_while_waiting_it_claims_nothing(node: Node) -> None:
+    holder = claim_sockets(node.sockets)
+    stop = asyncio.Event()
+    task = asyncio.create_task(wait_for_sockets(node.sockets, stop, NODE))
+    await asyncio.sleep(0)  # let it try once and find the owner
+    stop.set()
+    assert await asyncio.wait_for(task, 30) is None
+    assert holder.held and lock_path_of(node.sockets.dra).exists()
+    holder.release()

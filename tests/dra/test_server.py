@@ -1,8 +1,10 @@
-"""The DRA kubelet plugin over real unix sockets: registration, prepare, unprepare, restart."""
+"""The DRA kubelet plugin over real unix sockets: registration, prepare, unprepare, restart,
+and the claim on its sockets (two real processes: tests/dra/test_dra_driver_process.py)."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from kubegpu.dra.cdi import ENV_COMPUTE, ENV_MEMORY_LIMIT, ENV_UUID, spec_path
 from kubegpu.dra.server import DraPluginServer, RegistrationStatus
+from kubegpu.socket_claim import SocketInUse, socket_identity
 from kubegpu.unix_channels import unix_aio_channel
 
 from .conftest import NODE, Node
@@ -360,3 +363,19 @@ async def test_a_first_available_subrequest_is_reported_under_its_parent_request
     response = await prepare(node, WHOLE)
     (device,) = response.claims[WHOLE.uid].devices
     assert list(device.request_names) == ["gpu"]
+
+
+async def test_a_second_server_on_the_same_sockets_is_refused_and_touches_nothing(
+    node: Node, served: DraPluginServer
+) -> None:
+    before = {p: socket_identity(p) for p in (node.sockets.registration, node.sockets.dra)}
+    second = DraPluginServer(node.preparer(), node.sockets)
+    with pytest.raises(SocketInUse) as raised:
+        await second.start()
+    assert str(node.sockets.dra) in str(raised.value)
+    assert f"served by another DRA driver (pid {os.getpid()} on " in str(raised.value)
+    await second.stop()  # a server that never started removes nothing either
+    assert {p: socket_identity(p) for p in before} == before
+    async with unix_aio_channel(node.sockets.registration) as channel:
+        info = await reg_grpc.RegistrationStub(channel).GetInfo(reg.InfoRequest(), timeout=10)
+    assert info.name == "gpu.kubegpu.io"

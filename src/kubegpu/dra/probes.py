@@ -15,6 +15,10 @@ The endpoints are :mod:`kubegpu.probes`, the node agent's too: each request runs
   ResourceSlices have been published at least once; 503 with the one-line reason otherwise.
   A kubelet that restarts is not noticed here until it registers the driver again (it does by
   itself: the registration socket stays), so the pod stays Ready meanwhile.
+
+While another driver serves the kubelet folder (a rolling update's overlap) this one waits:
+``/healthz`` 200 and ``/readyz`` 503, both ``waiting: <socket> is served by another DRA driver
+(<owner>)``, so it is neither restarted nor counted ready until it has taken over.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class DriverProbes:
         self._generation: int | None = None  # of the last ResourceSlices published
         self._registered = False
         self._refused: str | None = None
+        self._waiting: str | None = None  # why it serves nothing yet: another driver does
 
     # -- what the driver reports -----------------------------------------------------------------
 
@@ -69,9 +74,14 @@ class DriverProbes:
         """The node's ResourceSlices are written, at ``generation``."""
         self._generation = generation
 
+    def waiting(self, why: str) -> None:
+        """Another driver serves this kubelet folder; this one waits for it to exit."""
+        self._waiting = why
+
     def serving(self, registration: Path, dra: Path) -> None:
         """Both gRPC servers are started on these sockets."""
         self._sockets = (registration, dra)
+        self._waiting = None
 
     def registration_status(self, registered: bool, error: str) -> None:
         """The kubelet's ``NotifyRegistrationStatus``."""
@@ -86,6 +96,9 @@ class DriverProbes:
     # -- the probes' checks (on the driver's loop) ------------------------------------------------
 
     async def liveness(self) -> ProbeResult:
+        if self._waiting is not None:
+            # Alive and doing what it should (a rolling update's overlap): not restarted.
+            return ProbeResult(True, f"waiting: {self._waiting}")
         if self._sockets is None:
             return ProbeResult(False, self._not_serving())
         registration, dra = self._sockets
@@ -109,6 +122,8 @@ class DriverProbes:
             return ProbeResult(
                 False, f"not registered: the kubelet refused {self.driver}: {self._refused}"
             )
+        if self._waiting is not None:
+            return ProbeResult(False, f"waiting: {self._waiting}")
         if self._sockets is None:
             return ProbeResult(False, self._not_serving())
         if self._generation is None:

@@ -1,7 +1,10 @@
 """The DRA kubelet plugin edge: plugin-watcher registration and the DRA gRPC services.
 
 Two sockets, both re-created on start (a stale file from a crashed instance is removed first)
-and removed on stop, since deleting the registration socket is how a plugin de-registers:
+and removed on stop, since deleting the registration socket is how a plugin de-registers. One
+driver per kubelet folder: both are served only under the claim of :func:`claim_sockets` (the
+node agent's :mod:`kubegpu.socket_claim`), so a second driver waits for the first to exit
+instead of replacing its sockets, and a driver stopping removes only the sockets it bound:
 
 * ``<plugins_registry>/<driver>-reg.sock``: ``pluginregistration.Registration``. The kubelet's
   plugin watcher finds it, calls ``GetInfo`` (type ``DRAPlugin``, our driver name, the DRA
@@ -36,11 +39,13 @@ from kubegpu.dra.api.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from kubegpu.dra.api.dra_health.v1alpha1 import api_pb2_grpc as health_grpc
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg_pb
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from kubegpu.dra.checkpoint import Checkpoint
 from kubegpu.dra.driver import ClaimPreparer, DriverSettings, PrepareError
 from kubegpu.dra.health_stream import DeviceHealthServicer
 from kubegpu.dra.probes import DriverProbes
 from kubegpu.dra.publisher import ResourceSlicePublisher
 from kubegpu.dra.slices import pool_name
+from kubegpu.socket_claim import SocketClaim, SocketInUse, socket_identity
 
 log = logging.getLogger(__name__)
 
@@ -187,9 +192,24 @@ def _fresh_socket(path: Path) -> None:
     path.unlink(missing_ok=True)
 
 
+# What owns a claimed socket, for the message a second driver logs while it waits.
+ROLE = "DRA driver"
+
+
+def claim_sockets(sockets: SocketPaths) -> SocketClaim:
+    """The claim on the driver's sockets: an flock on ``<DRA socket>.lock``, in the driver's
+    own folder under ``plugins/`` (not in the plugin watcher's folder). One claim covers both
+    sockets, since one driver always serves both. Raises SocketInUse naming the owner."""
+    return SocketClaim.acquire(sockets.dra, role=ROLE)
+
+
 class DraPluginServer:
     """Both sockets of the plugin; ``start`` serves the DRA socket before the registration one
-    so the kubelet never learns an endpoint that does not answer yet."""
+    so the kubelet never learns an endpoint that does not answer yet.
+
+    ``claim`` (:func:`claim_sockets`) is held by the caller when given; without one, ``start``
+    takes it (raising SocketInUse, touching nothing, while another driver serves) and ``stop``
+    gives it back. ``stop`` removes a socket only while it is the one this server bound."""
 
     def __init__(
         self,
@@ -197,6 +217,7 @@ class DraPluginServer:
         sockets: SocketPaths,
         on_status: Callable[[RegistrationStatus], None] | None = None,
         health: DeviceHealthServicer | None = None,
+        claim: SocketClaim | None = None,
     ) -> None:
         self.preparer = preparer
         self.sockets = sockets
@@ -205,8 +226,21 @@ class DraPluginServer:
             preparer.settings.driver, sockets.dra, on_status=on_status
         )
         self._servers: list[aio.Server] = []
+        self.claim = claim
+        self._own_claim = False
+        self._bound: dict[Path, tuple[int, int] | None] = {}  # socket -> identity we bound
 
     async def start(self) -> None:
+        if self.claim is None:
+            self.claim = claim_sockets(self.sockets)
+            self._own_claim = True
+        try:
+            await self._serve()
+        except BaseException:
+            await self.stop(grace_s=0)  # what did start, and the claim: nothing half-served
+            raise
+
+    async def _serve(self) -> None:
         _fresh_socket(self.sockets.dra)
         dra = aio.server()
         dra_v1_grpc.add_DRAPluginServicer_to_server(_V1Servicer(self.preparer), dra)
@@ -216,6 +250,7 @@ class DraPluginServer:
         dra.add_insecure_port(f"unix://{self.sockets.dra}")
         await dra.start()
         self._servers.append(dra)
+        self._bound[self.sockets.dra] = socket_identity(self.sockets.dra)
 
         _fresh_socket(self.sockets.registration)
         reg = aio.server()
@@ -223,6 +258,7 @@ class DraPluginServer:
         reg.add_insecure_port(f"unix://{self.sockets.registration}")
         await reg.start()
         self._servers.append(reg)
+        self._bound[self.sockets.registration] = socket_identity(self.sockets.registration)
         log.info(
             "DRA driver %s serving %s, registration at %s",
             self.preparer.settings.driver,
@@ -237,8 +273,16 @@ class DraPluginServer:
         for server in reversed(self._servers):
             await server.stop(grace_s)
         self._servers.clear()
-        self.sockets.registration.unlink(missing_ok=True)
-        self.sockets.dra.unlink(missing_ok=True)
+        for path in (self.sockets.registration, self.sockets.dra):
+            # Only a socket this server bound: one refused at start (another driver serves)
+            # removes nothing. gRPC itself unlinks whatever socket is at the path when it
+            # stops, so the claim, not this check, is what keeps two drivers apart.
+            bound = self._bound.pop(path, None)
+            if bound is not None and socket_identity(path) == bound:
+                path.unlink(missing_ok=True)
+        if self._own_claim and self.claim is not None:
+            self.claim.release()
+            self.claim, self._own_claim = None, False
 
     async def __aenter__(self) -> DraPluginServer:
         await self.start()
@@ -269,6 +313,47 @@ async def _wait_any(events: tuple[asyncio.Event, ...], timeout_s: float | None) 
         await asyncio.gather(*waits, return_exceptions=True)
 
 
+# While another driver serves the sockets, look again after this long, doubling up to the
+# most: the old pod of a rolling update exits within its grace period, and the new one should
+# take over soon after.
+CLAIM_RETRY_INITIAL_S = 0.1
+CLAIM_RETRY_MAX_S = 2.0
+
+
+async def wait_for_sockets(
+    sockets: SocketPaths,
+    stop: asyncio.Event,
+    node: str,
+    *,
+    on_wait: Callable[[str], None] | None = None,
+    retry_initial_s: float = CLAIM_RETRY_INITIAL_S,
+    retry_max_s: float = CLAIM_RETRY_MAX_S,
+) -> SocketClaim | None:
+    """The claim on the driver's sockets (:func:`claim_sockets`), waiting while another
+    driver serves them (the old pod of a rolling update, a second copy started by hand) and
+    saying so once per owner, then ``on_wait(why)``; None when ``stop`` is set first. Meanwhile
+    nothing of the owner's is touched: not its sockets, not the checkpoint, not the slices.
+    Raises OSError when the lock file cannot be made."""
+    delay = retry_initial_s
+    waiting: str | None = None
+    while not stop.is_set():
+        try:
+            claim = claim_sockets(sockets)
+        except SocketInUse as err:
+            if str(err) != waiting:
+                waiting = str(err)
+                log.warning("node %s: %s; waiting for it to exit", node, err)
+                if on_wait is not None:
+                    on_wait(waiting)
+        else:
+            if waiting is not None:
+                log.info("node %s: the other DRA driver is gone; serving", node)
+            return claim
+        await _wait_any((stop,), delay)
+        delay = min(delay * 2, retry_max_s)
+    return None
+
+
 async def serve_dra_driver(
     settings: DriverSettings,
     inventory: NodeInventory,
@@ -283,6 +368,8 @@ async def serve_dra_driver(
     steer: Callable[[], Awaitable[Sequence[int]]] | None = None,
     steer_interval_s: float = DEFAULT_STEER_INTERVAL_S,
     probes: DriverProbes | None = None,
+    checkpoint: Checkpoint | None = None,
+    claim: SocketClaim | None = None,
 ) -> bool:
     """Run the DRA driver of one node until ``stop`` is set: publish the node's ResourceSlices,
     serve the kubelet, republish whenever ``health_changed`` is set (a GPU tainted or
@@ -305,8 +392,12 @@ async def serve_dra_driver(
     ``probes`` (:class:`~kubegpu.dra.probes.DriverProbes`, the ``/healthz`` and ``/readyz``
     target) is told of every publish, of both sockets served and removed, and of each
     registration status the kubelet sends.
+
+    ``checkpoint`` is the one already read (else it is read here, raising CheckpointError);
+    ``claim`` the caller's :func:`claim_sockets` (else the server takes its own, raising
+    SocketInUse while another driver serves).
     """
-    preparer = ClaimPreparer(settings, inventory, claims)
+    preparer = ClaimPreparer(settings, inventory, claims, checkpoint)
     publisher = ResourceSlicePublisher(settings.node_name, settings.driver, slices)
 
     def current() -> Mapping[str, str] | None:
@@ -370,7 +461,9 @@ async def serve_dra_driver(
         changed.set()
 
     try:
-        async with DraPluginServer(preparer, sockets, on_status=on_status, health=health):
+        async with DraPluginServer(
+            preparer, sockets, on_status=on_status, health=health, claim=claim
+        ):
             if probes is not None:
                 probes.serving(sockets.registration, sockets.dra)
             if started is not None:

@@ -29,16 +29,22 @@ from kubegpu.core.dra import DEFAULT_DRIVER_NAME
 from kubegpu.core.dra_ports import ResourceClaimReader, ResourceSliceSink
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.health_feed import HealthFeed
-from kubegpu.dra.checkpoint import CheckpointError
+from kubegpu.dra.checkpoint import Checkpoint, CheckpointError
 from kubegpu.dra.driver import DriverSettings
 from kubegpu.dra.probes import DriverProbes
-from kubegpu.dra.server import SlicePublishError, SocketPaths, serve_dra_driver
+from kubegpu.dra.server import (
+    SlicePublishError,
+    SocketPaths,
+    serve_dra_driver,
+    wait_for_sockets,
+)
 from kubegpu.dra.slices import pool_name
 from kubegpu.dra.steering import DeviceSteerer
 from kubegpu.httpd import HttpThread
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.probes import start_probe_server
 from kubegpu.roles.health import judge_health
+from kubegpu.socket_claim import SocketClaim
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +73,16 @@ class DraDriverSettings:
     def sockets(self) -> SocketPaths:
         return socket_paths(self.kubelet_dir, self.driver)
 
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.state_dir / CHECKPOINT_FILE
+
     def driver_settings(self, mps: MpsDirs | None) -> DriverSettings:
         return DriverSettings(
             driver=self.driver,
             node_name=self.node_name,
             cdi_dir=self.cdi_dir,
-            checkpoint_path=self.state_dir / CHECKPOINT_FILE,
+            checkpoint_path=self.checkpoint_path,
             dev_root=self.dev_root,
             mps=mps,
         )
@@ -92,7 +102,8 @@ async def run_dra_driver(
     stop: asyncio.Event | None = None,
 ) -> int:
     """Run the driver until SIGTERM/SIGINT (or ``stop``); the exit code: 1 when it could not
-    start (the slices not published, the checkpoint not trusted, a kubelet refusal). Raises
+    start (the slices not published, the checkpoint not trusted, a kubelet refusal), 0 when
+    stopped, also while it waited for another driver on the kubelet folder to exit. Raises
     :class:`~kubegpu.probes.ProbeServerError` when ``settings.health_listen`` cannot be
     served."""
     from kubegpu.kube.dra_api import DraApi
@@ -147,6 +158,7 @@ async def run_with_ports(
     mps: MpsDirs | None = None
     probes = DriverProbes(node, settings.driver)
     probe_server: HttpThread | None = None
+    claim: SocketClaim | None = None
     try:
         if settings.health_listen is not None:
             # First: the startup probe reads "starting" rather than a refused connection while
@@ -159,6 +171,14 @@ async def run_with_ports(
                 role="kubegpu DRA driver",
                 thread_name="kubegpu-dra-probes",
             )
+        # Before anything another driver on this kubelet folder owns (its sockets, checkpoint,
+        # slices and MPS daemon): while one runs, this one only answers its probes.
+        claim = await wait_for_sockets(settings.sockets, stop, node, on_wait=probes.waiting)
+        if claim is None:
+            log.info("node %s: stopped while another DRA driver served; it is untouched", node)
+            return 0
+        # After the claim: until then the file was the other driver's to change.
+        checkpoint = Checkpoint(settings.checkpoint_path)
         if config.dra.enforcement == "mps":
             from kubegpu.enforcement.mps import MpsDaemon, mps_spec_for
 
@@ -196,9 +216,14 @@ async def run_with_ports(
             steer=steerer.order if steerer is not None else None,
             steer_interval_s=config.dra.steering.interval_s,
             probes=probes,
+            checkpoint=checkpoint,
+            claim=claim,
         )
     except CheckpointError as exc:
         log.error("node %s: %s; move the file away to start afresh", node, exc)
+        return 1
+    except OSError as exc:  # the lock file beside the DRA socket cannot be made
+        log.error("node %s: cannot claim %s: %s", node, settings.sockets.dra, exc)
         return 1
     except SlicePublishError as exc:
         log.error("%s; is the API server reachable, and may kubegpu-dra-driver write them?", exc)
@@ -213,6 +238,9 @@ async def run_with_ports(
         await loop.run_in_executor(None, feed.close)
         if mps_daemon is not None:
             await mps_daemon.stop()
+        if claim is not None:
+            # Last: a successor may start its MPS daemon on the same pipes once it has it.
+            claim.release()
     if refused:
         log.error("node %s: the kubelet refused the DRA driver; exiting to be restarted", node)
         return 1
