@@ -71,6 +71,19 @@ SCOPES = (
     Scope("extender wire format", ("extender/wire.py",), ("WireError",)),
     Scope("annotations", ("sharing/annotations.py",), ("AnnotationError",)),
     Scope("cluster view", ("kube",), (), logs=True),
+    Scope(
+        "DRA driver",
+        ("dra", "roles/dra_driver.py", "socket_claim.py", "kube/resource_claims.py"),
+        (
+            "CheckpointError",
+            "_Malformed",
+            "PrepareError",
+            "SlicePublishError",
+            "SocketInUse",
+            "ClaimLookupError",
+        ),
+        logs=True,
+    ),
     # Not RuntimeError: the exporter raises it only for a programming error (a HealthFeed
     # watched twice), which no configuration can cause.
     Scope(
@@ -120,6 +133,8 @@ def test_the_scanner_finds_the_messages_it_is_meant_to_guard() -> None:
     assert "NodeNames must hold non-empty strings" in by_scope["extender wire format"]
     assert "gpus is empty" in by_scope["annotations"]
     assert "watch loop failed; relisting" in by_scope["cluster view"]
+    assert "not a checkpoint (JSON nested too deeply" in by_scope["DRA driver"]
+    assert "cannot read it from the API server" in by_scope["DRA driver"]
     assert "the api pod directory needs API access" in by_scope["exporter"]
     assert "expected KEY=VALUE" in by_scope["inspect"]
     assert any("not a Prometheus metrics page" in f for f in by_scope["inspect"])
