@@ -18,6 +18,8 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -93,7 +95,9 @@ class Driver:
     kubelet, CDI and state folders (as two pods of the DaemonSet on one node do), each with
     its own log and fake-GPU control socket, named by ``tag``."""
 
-    def __init__(self, root: Path, url: str, config: dict[str, Any], tag: str = "driver") -> None:
+    def __init__(
+        self, root: Path, url: str, config: dict[str, Any], tag: str = "driver", *args: str
+    ) -> None:
         self.root = root
         self.kubelet_dir = root / "kubelet"
         self.cdi_dir = root / "cdi"
@@ -118,6 +122,7 @@ class Driver:
                     f"--config={root / 'config.yaml'}",
                     f"--kubeconfig={root / 'kubeconfig'}",
                     f"--node-name={NODE}",
+                    *args,
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -154,12 +159,12 @@ def api() -> ResourceApi:
 def driver(
     short_dir: Path, api: ResourceApi, request: pytest.FixtureRequest
 ) -> Iterator[Callable[..., Driver]]:
-    """Starts a driver on ``short_dir`` with a config (and a tag, for a second one)."""
+    """Starts a driver on ``short_dir`` with a config (a tag for a second one, then options)."""
     started: list[Driver] = []
     with api_in_thread(api) as url:
 
-        def start(config: dict[str, Any], tag: str = "driver") -> Driver:
-            d = Driver(short_dir, url, config, tag)
+        def start(config: dict[str, Any], tag: str = "driver", *args: str) -> Driver:
+            d = Driver(short_dir, url, config, tag, *args)
             started.append(d)
             return d
 
@@ -406,6 +411,23 @@ def test_a_checkpoint_file_it_cannot_read_exits_1_with_one_line_naming_it(
     assert d.group_is_gone()
 
 
+def free_port() -> int:
+    with socket.socket() as probe_socket:
+        probe_socket.bind(("127.0.0.1", 0))
+        port: int = probe_socket.getsockname()[1]
+        return port
+
+
+def probe(port: int, path: str) -> tuple[int, str]:
+    """(status, body) of a GET on the driver's health endpoint."""
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy from env
+    try:
+        with direct.open(f"http://127.0.0.1:{port}{path}", timeout=30) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
 def test_a_second_driver_on_the_kubelet_folder_waits_for_the_first_then_takes_over(
     driver: Callable[..., Driver], api: ResourceApi
 ) -> None:
@@ -421,11 +443,16 @@ def test_a_second_driver_on_the_kubelet_folder_waits_for_the_first_then_takes_ov
     api.claims[("team-a", "train")] = claim(uid, "gpu-2", {})
     assert prepare(sockets.dra, uid).claims[uid].error == ""
 
-    second = driver({"gpuAllocation": "dra"}, "second")
+    port = free_port()
+    second = driver({"gpuAllocation": "dra"}, "second", f"--health-listen=127.0.0.1:{port}")
     second.wait(lambda: "waiting for it to exit" in second.log.read_text(), "second waiting")
     (line,) = [x for x in second.log.read_text().splitlines() if "waiting for it" in x]
     assert str(sockets.dra) in line and "another DRA driver" in line
     assert f"pid {first.proc.pid} on " in line
+    # Alive (not restarted by its liveness probe) but not ready while it waits.
+    for path, status in (("/healthz", 200), ("/readyz", 503)):
+        code, body = probe(port, path)
+        assert (code, body.split(" is served by")[0]) == (status, f"waiting: {sockets.dra}")
     # The first's sockets are untouched and it goes on serving.
     assert {p: socket_identity(p) for p in owned} == owned
     with grpc.insecure_channel(f"unix://{sockets.registration}") as channel:
@@ -441,6 +468,9 @@ def test_a_second_driver_on_the_kubelet_folder_waits_for_the_first_then_takes_ov
     with grpc.insecure_channel(f"unix://{sockets.registration}") as channel:
         info = reg_grpc.RegistrationStub(channel).GetInfo(reg.InfoRequest(), timeout=30)
     assert info.endpoint == str(sockets.dra)
+    second.wait(
+        lambda: probe(port, "/healthz")[0] == 200 and "ok: " in probe(port, "/healthz")[1], "alive"
+    )
     # The claim the first prepared is answered from the checkpoint it left.
     (device,) = prepare(sockets.dra, uid).claims[uid].devices
     assert device.device_name == "gpu-2"

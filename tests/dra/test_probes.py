@@ -126,6 +126,8 @@ async def test_while_another_driver_serves_it_waits_alive_but_not_ready(node: No
     claim = await asyncio.wait_for(task, 30)
     assert claim is not None and claim.held
     claim.release()
+    probes.waiting(None)  # what the role says once it holds the claim
+    assert (await probes.liveness()).reason.startswith("starting:")
 
 
 async def test_stopped_while_waiting_it_claims_nothing(node: Node) -> None:

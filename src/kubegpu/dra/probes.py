@@ -74,8 +74,9 @@ class DriverProbes:
         """The node's ResourceSlices are written, at ``generation``."""
         self._generation = generation
 
-    def waiting(self, why: str) -> None:
-        """Another driver serves this kubelet folder; this one waits for it to exit."""
+    def waiting(self, why: str | None) -> None:
+        """Another driver serves this kubelet folder and this one waits for it to exit (None:
+        it has exited, and this one is starting)."""
         self._waiting = why
 
     def serving(self, registration: Path, dra: Path) -> None:

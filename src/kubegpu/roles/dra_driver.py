@@ -177,6 +177,7 @@ async def run_with_ports(
         if claim is None:
             log.info("node %s: stopped while another DRA driver served; it is untouched", node)
             return 0
+        probes.waiting(None)  # starting now: the probes say so until both sockets answer
         # After the claim: until then the file was the other driver's to change.
         checkpoint = Checkpoint(settings.checkpoint_path)
         if config.dra.enforcement == "mps":
