@@ -11,12 +11,14 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
-from typing import Any
+from typing import IO, Any
 
 import click
 
 from kubegpu import __version__
 from kubegpu.cli.logs import configure_logging
+
+log = logging.getLogger(__name__)
 
 # name -> "module:attribute" of a click.Command; imported only when the subcommand runs.
 SUBCOMMANDS: dict[str, str] = {}
@@ -43,7 +45,41 @@ register("demo", "kubegpu.demo.command:demo_command")
 register("peer-webhook", "kubegpu.cli.peer_webhook:peer_webhook_command")
 
 
+class OneLineFailure(click.ClickException):
+    """A failure reported as one line, ``kubegpu SUBCOMMAND: message``, without click's usage
+    lines: the input was well formed, what it names cannot be used. Exit 1: a runtime
+    failure."""
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(self.message, err=True, file=file)
+
+
+class OneLineUsageFailure(OneLineFailure):
+    """As :class:`OneLineFailure`, for what the user must fix in the invocation: exit 2."""
+
+    exit_code = 2
+
+
 class LazyGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        """Every subcommand, with the errors any of them can meet handled once, here: a
+        kubeconfig that cannot be used (a usage error, exit 2) and a file or folder the system
+        refuses (exit 1) end as one line naming the file, never as a traceback."""
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            # Not imported here: a role that never reads a kubeconfig (a node agent without
+            # API access) must not load the kube edge, and then none can have been raised.
+            errors = sys.modules.get("kubegpu.kube.errors")
+            if errors is not None and isinstance(exc, errors.KubeconfigError):
+                log.debug("kubeconfig refused", exc_info=True)
+                raise OneLineUsageFailure(f"{_prog(ctx)}: {exc}") from None
+            if isinstance(exc, OSError):
+                log.debug("operating system error", exc_info=True)
+                where = f"{exc.filename}: " if exc.filename else ""
+                raise OneLineFailure(f"{_prog(ctx)}: {where}{exc.strerror or exc}") from None
+            raise
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(SUBCOMMANDS))
 
@@ -55,6 +91,11 @@ class LazyGroup(click.Group):
         command = getattr(importlib.import_module(module_name), attr)
         assert isinstance(command, click.Command)
         return command
+
+
+def _prog(ctx: click.Context) -> str:
+    sub = ctx.invoked_subcommand
+    return f"kubegpu {sub}" if sub else "kubegpu"
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

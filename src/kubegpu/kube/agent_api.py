@@ -17,6 +17,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 from kubegpu.core.apiserver import ConflictError, PodListing
+from kubegpu.kube.client import KubeconfigError, load_kubeconfig_file
 from kubegpu.kube.inventory import publish_node_inventory_async
 from kubegpu.kube.node_capacity import publish_node_capacity_async
 from kubegpu.sharing.annotations import NodeGpuInventory
@@ -35,13 +36,11 @@ def kube_config_for(kubeconfig: Path | None) -> Any:
     if kubeconfig is None:
         return KubeConfig.from_service_account()
     try:
-        return KubeConfig.from_file(str(kubeconfig))
-    except Exception as exc:
-        # lightkube reports a malformed file as whatever its parsing hit first (YAMLError,
-        # KeyError, AttributeError, its own ConfigError): one message naming the file instead.
-        raise AgentKubeconfigError(
-            f"cannot use kubeconfig {kubeconfig}: {type(exc).__name__}: {exc}"
-        ) from exc
+        # The one loader every role uses: a malformed file, or a certificate or key file it
+        # names that is missing, is one message naming the kubeconfig (and that file).
+        return load_kubeconfig_file(kubeconfig)
+    except KubeconfigError as exc:
+        raise AgentKubeconfigError(f"cannot use {exc}") from exc
 
 
 def open_node_api(kube_config: Any, node_name: str) -> LightkubeNodeApi:

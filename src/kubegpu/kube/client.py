@@ -3,25 +3,41 @@
 lightkube reports a bad kubeconfig as whatever its parsing hit first (``KeyError:
 'clusters'``, ``UnicodeDecodeError``, its own ``ConfigError`` "~/.kube/config not found" when
 there is none at all): :func:`load_kubeconfig` turns each into one :class:`KubeconfigError`
-naming the file, so every role can exit 2 with that line before it starts anything.
+naming the file, so every role can exit 2 with that line before it starts anything. The files a
+kubeconfig names (certificate authority, client certificate and key, token file) are opened
+by lightkube only when the first client is made, with a ``FileNotFoundError`` that names
+neither the kubeconfig nor the key: :func:`check_context_files` opens them at load instead.
 """
 
 from __future__ import annotations
 
 import os
+import ssl
 from pathlib import Path
 from typing import Any
 
 import lightkube
 import yaml
-from lightkube.config.kubeconfig import SERVICE_ACCOUNT, KubeConfig
+from lightkube.config.client_adapter import verify_cluster
+from lightkube.config.kubeconfig import SERVICE_ACCOUNT, KubeConfig, SingleConfig
+from lightkube.config.models import User
+
+from kubegpu.kube.errors import KubeconfigError
 
 # The async client as the roles name it (they may not import lightkube themselves).
 AsyncKubeClient = lightkube.AsyncClient
 
 
-class KubeconfigError(ValueError):
-    """There is no usable kubeconfig; the message names the file or says where it looked."""
+__all__ = [
+    "AsyncKubeClient",
+    "KubeconfigError",
+    "async_client",
+    "check_context_files",
+    "client_from",
+    "load_kubeconfig",
+    "load_kubeconfig_file",
+    "server_version",
+]
 
 
 def load_kubeconfig(path: str | Path | None = None) -> KubeConfig:
@@ -45,8 +61,12 @@ def load_kubeconfig(path: str | Path | None = None) -> KubeConfig:
     return load_kubeconfig_file(Path(path))
 
 
-def load_kubeconfig_file(path: Path) -> KubeConfig:
-    """One kubeconfig file, checked enough that lightkube cannot fail on it with a KeyError."""
+def load_kubeconfig_file(path: Path, *, check_files: bool = True) -> KubeConfig:
+    """One kubeconfig file, checked enough that lightkube cannot fail on it with a KeyError.
+
+    With ``check_files``, the files its current context names are opened too
+    (:func:`check_context_files`); a caller that picks another context passes False and checks
+    that one."""
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -61,9 +81,78 @@ def load_kubeconfig_file(path: Path) -> KubeConfig:
         if not isinstance(doc.get(section), list) or not doc[section]:
             raise KubeconfigError(f"kubeconfig {path}: no {section}")
     try:
-        return KubeConfig.from_dict(doc, fname=str(path))
+        config = KubeConfig.from_dict(doc, fname=str(path))
     except Exception as exc:  # KeyError, TypeError, ConfigError, ...
         raise KubeconfigError(f"kubeconfig {path}: {type(exc).__name__}: {exc}") from None
+    if check_files and config.current_context:
+        try:
+            single = config.get()
+        except Exception as exc:  # ConfigError (unknown context), KeyError (unknown cluster)
+            raise KubeconfigError(f"kubeconfig {path}: {type(exc).__name__}: {exc}") from None
+        if single is not None:
+            check_context_files(single, str(path))
+    return config
+
+
+# (kubeconfig key, where lightkube keeps it): the files a context may name.
+_CLUSTER_FILES = (("certificate-authority", "certificate_auth"),)
+_USER_FILES = (
+    ("client-certificate", "client_cert"),
+    ("client-key", "client_key"),
+    ("tokenFile", "token_file"),
+)
+
+
+def check_context_files(single: SingleConfig, source: str) -> None:
+    """Raise :class:`KubeconfigError` naming ``source`` (the kubeconfig) and the file unless
+    every file the context names can be read and its certificates and key load.
+
+    Relative names are relative to the kubeconfig's folder, as kubectl reads them."""
+    named: list[tuple[str, object]] = [
+        (key, getattr(single.cluster, attr, None)) for key, attr in _CLUSTER_FILES
+    ]
+    if single.user is not None:
+        named += [(key, getattr(single.user, attr, None)) for key, attr in _USER_FILES]
+    for key, name in named:
+        if not name:
+            continue
+        try:
+            file = Path(single.abs_file(str(name)))
+            with file.open("rb"):
+                pass
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise KubeconfigError(f"kubeconfig {source}: {key} {name}: {reason}") from None
+        except Exception as exc:  # lightkube's ConfigError: relative, kubeconfig path unknown
+            raise KubeconfigError(f"kubeconfig {source}: {key} {name}: {exc}") from None
+    # What the first client does with them, file by file so the message names the culprit:
+    # a certificate that is not PEM or a key that does not match it fails here, at start.
+    ca = single.cluster.certificate_auth
+    if ca:
+        try:
+            ssl.create_default_context(cafile=str(single.abs_file(ca)))
+        except (ssl.SSLError, ValueError) as exc:
+            raise KubeconfigError(
+                f"kubeconfig {source}: certificate-authority {ca}: not a PEM certificate ({exc})"
+            ) from None
+    user = single.user or User()
+    if user.client_cert and user.client_key:
+        try:
+            ssl.create_default_context().load_cert_chain(
+                str(single.abs_file(user.client_cert)), str(single.abs_file(user.client_key))
+            )
+        except (ssl.SSLError, ValueError) as exc:
+            raise KubeconfigError(
+                f"kubeconfig {source}: client-certificate {user.client_cert} and client-key "
+                f"{user.client_key}: not a PEM certificate and its private key ({exc})"
+            ) from None
+    try:  # the *-data variants (base64 in the file itself), and any mix of the two
+        verify_cluster(single.cluster, user, single.abs_file)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise KubeconfigError(
+            f"kubeconfig {source}: cannot load the certificates or key of context "
+            f"{single.context_name!r} ({exc})"
+        ) from None
 
 
 def async_client(

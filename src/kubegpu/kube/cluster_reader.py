@@ -27,7 +27,7 @@ from lightkube.config.kubeconfig import SERVICE_ACCOUNT, KubeConfig
 from lightkube.generic_resource import GenericGlobalResource, GenericNamespacedResource
 from lightkube.resources.core_v1 import Node, Pod
 
-from kubegpu.kube.client import KubeconfigError, load_kubeconfig_file
+from kubegpu.kube.client import KubeconfigError, check_context_files, load_kubeconfig_file
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +77,11 @@ def resolve_kubeconfig(
         if explicit:
             if not Path(explicit).is_file():
                 raise KubeconfigProblem(f"kubeconfig {explicit} does not exist")
-            return load_kubeconfig_file(Path(explicit))
+            return load_kubeconfig_file(Path(explicit), check_files=False)
         listed = [p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]
         existing = [Path(p).expanduser() for p in listed if Path(p).expanduser().is_file()]
         if len(existing) == 1:
-            return load_kubeconfig_file(existing[0])
+            return load_kubeconfig_file(existing[0], check_files=False)
         if existing:
             documents = []
             for path in existing:
@@ -92,7 +92,7 @@ def resolve_kubeconfig(
             return KubeConfig.from_dict(_merge(documents))
         default = (home or Path.home()) / ".kube" / "config"
         if not listed and default.is_file():
-            return load_kubeconfig_file(default)
+            return load_kubeconfig_file(default, check_files=False)
         if Path(service_account).is_dir() and env.get("KUBERNETES_SERVICE_HOST"):
             return KubeConfig.from_service_account(str(service_account))
     except KubeconfigError as exc:
@@ -144,6 +144,10 @@ def make_client(
         raise KubeconfigProblem(f"kubeconfig: {exc} (--context {context})") from None
     if single is None:
         raise KubeconfigProblem("kubeconfig has no current context; pass --context")
+    try:  # the chosen context's files, now: lightkube would open them with a traceback
+        check_context_files(single, str(config.fname or "$KUBECONFIG"))
+    except KubeconfigError as exc:
+        raise KubeconfigProblem(str(exc)) from None
     client = lightkube.AsyncClient(
         single, timeout=httpx.Timeout(request_timeout_s), field_manager="kubegpu-inspect"
     )
