@@ -8,35 +8,23 @@ entries here fails the test instead of going unchecked.
 
 from __future__ import annotations
 
-import contextlib
-import datetime
-import os
-import signal
 import socket
-import subprocess
-import sys
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from kubegpu.cli.main import cli
-from kubegpu.testing.waiting import wait_until
+from tests.cli.corpus import LONG_DIR, make_files, run_kubegpu
+from tests.cli.corpus import Outcome as RunOutcome
 
 # About 90 processes, four at a time: well under a minute on two idle cores, more on a busy
 # machine; the module-scoped run is charged to the first test that uses it.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 CASE_TIMEOUT_S = 60
-# A folder name that makes a unix socket path longer than the kernel's 108-byte sun_path.
-LONG_DIR = "d" * 120
 
 
 @dataclass(frozen=True)
@@ -74,6 +62,11 @@ CORPUS: dict[str, list[tuple[str, str] | tuple[str, str, int]]] = {
         (f"device-plugin {FAKE} --health-listen nohost", "nohost"),
         (f"device-plugin {FAKE} --kubeconfig {{files}}/no-clusters.yaml", "no-clusters.yaml"),
         (
+            f"device-plugin {FAKE} --gpu-share --node-name n0 --kubelet-dir {{files}}/kd3 "
+            "--kubeconfig {files}/missing-certs.yaml",
+            "missing-certs.yaml: certificate-authority no-such-ca.crt",
+        ),
+        (
             f"device-plugin {FAKE} --kubelet-dir {{files}}/kd "
             "--device-list-strategy cdi-annotations --cdi-dir {files}/a-file",
             "--cdi-dir",
@@ -103,6 +96,10 @@ CORPUS: dict[str, list[tuple[str, str] | tuple[str, str, int]]] = {
             "no-clusters.yaml",
         ),
         (f"dra-driver {FAKE} {DRA} --kubeconfig {{files}}/missing.yaml", "--kubeconfig"),
+        (
+            f"dra-driver {FAKE} {DRA} --kubeconfig {{files}}/missing-client-cert.yaml",
+            "missing-client-cert.yaml: client-certificate",
+        ),
     ],
     "emulate-node": [
         ("emulate-node --fake-gpus 4xT4 --kubelet-dir {files}/a-file", "--kubelet-dir"),
@@ -186,6 +183,8 @@ CORPUS: dict[str, list[tuple[str, str] | tuple[str, str, int]]] = {
     ],
     "exporter": [
         (f"exporter {FAKE} --pod-directory api", "kubeconfig"),
+        (f"exporter {FAKE} --proc {{files}}/missing", "--proc"),
+        (f"exporter {FAKE} --pod-log-dir {{files}}/missing", "--pod-log-dir"),
         (f"exporter {FAKE} --interval 0", "--interval"),
         (f"exporter {FAKE} --interval -1", "--interval"),
         (f"exporter {FAKE} --read-timeout 0", "--read-timeout"),
@@ -232,11 +231,23 @@ CORPUS: dict[str, list[tuple[str, str] | tuple[str, str, int]]] = {
         ("inspect --kubeconfig {files}/latin1.yaml", "latin1.yaml"),
         (f"inspect {API} --context nosuch", "nosuch"),
         ("inspect --request-timeout 0", "--request-timeout"),
+        (
+            "inspect --kubeconfig {files}/missing-certs.yaml",
+            "missing-certs.yaml: certificate-authority no-such-ca.crt",
+        ),
+        (
+            "inspect --kubeconfig {files}/missing-client-cert.yaml",
+            "no-such.crt: No such file or directory",
+        ),
     ],
     "extender": [
         (EXT, "kubeconfig"),
         (f"{EXT} --kubeconfig {{files}}/no-clusters.yaml", "no-clusters.yaml"),
         (f"{EXT} --kubeconfig {{files}}/latin1.yaml", "latin1.yaml"),
+        (
+            f"{EXT} --kubeconfig {{files}}/missing-client-cert.yaml",
+            "missing-client-cert.yaml: client-certificate",
+        ),
         (f"extender {API}", "leader-lease"),
         (
             f"{EXT} {API} --tls-cert-file {{files}}/missing.crt {KEY}",
@@ -289,143 +300,28 @@ CORPUS: dict[str, list[tuple[str, str] | tuple[str, str, int]]] = {
 }
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def _self_signed(key: ec.EllipticCurvePrivateKey) -> bytes:
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "corpus")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(now)
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("corpus")
-    (root / "a-file").write_text("not a folder\n")
-    (root / LONG_DIR).mkdir()
-    (root / "latin1.yaml").write_bytes("version: v1 # caf\xe9\n".encode("latin-1"))
-    (root / "latin1.csv").write_bytes("sn,cpu_milli\ncaf\xe9,1\n".encode("latin-1"))
-    (root / "garbage.pem").write_text("-----BEGIN CERTIFICATE-----\nnot base64\n")
-    (root / "agent-typo.yaml").write_text("version: v1\nflagz: {}\n")
-    (root / "dra.yaml").write_text("version: v1\ngpuAllocation: dra\n")
-    (root / "dra-typo.yaml").write_text("version: v1\ngpuAllocation: DRA\n")
-    (root / "device-plugin.yaml").write_text("version: v1\ngpuAllocation: devicePlugin\n")
-    (root / "extender-typo.yaml").write_text(
-        "apiVersion: kubegpu.io/v1alpha1\nkind: ExtenderConfig\nsettings:\n  polcy: binpack\n"
-    )
-    (root / "nodes.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\n")
-    (root / "pods.csv").write_text(
-        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,1,500\n"
-    )
-    (root / "no-clusters.yaml").write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        "contexts: [{name: c, context: {cluster: x, user: u}}]\nusers: [{name: u, user: {}}]\n"
-    )
-    (root / "kubeconfig.yaml").write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        "clusters: [{name: x, cluster: {server: 'http://127.0.0.1:9'}}]\n"
-        "contexts: [{name: c, context: {cluster: x, user: u}}]\nusers: [{name: u, user: {}}]\n"
-    )
-    server_key = ec.generate_private_key(ec.SECP256R1())
-    (root / "server.key").write_bytes(_key_pem(server_key))
-    (root / "server.crt").write_bytes(_self_signed(server_key))
-    (root / "other.key").write_bytes(_key_pem(ec.generate_private_key(ec.SECP256R1())))
-    return root
+    return make_files(tmp_path_factory.mktemp("corpus"))
 
 
 @dataclass(frozen=True)
 class Outcome:
     case: Case
-    returncode: int | None
-    output: str
-    leftover_processes: bool
-    leftover_temp: list[str]
+    run: RunOutcome
 
+    @property
+    def returncode(self) -> int | None:
+        return self.run.returncode
 
-def _environment(home: Path, temp: Path) -> dict[str, str]:
-    # No kubeconfig anywhere, not in a cluster, no proxy, and a temporary directory of its own
-    # so that anything a command leaves there is seen.
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("KUBEGPU_", "KUBERNETES_"))
-        and k not in ("KUBECONFIG", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
-    }
-    return {**env, "HOME": str(home), "TMPDIR": str(temp), "NO_PROXY": "*", "COLUMNS": "200"}
-
-
-# Not KUBEGPU_*: no command reads it, and the demo passes its whole environment on.
-MARKER = "CORPUS_TEST_CASE"
-
-
-def marked_processes(marker: str) -> list[int]:
-    """Processes that inherited ``MARKER=marker``: the case's own and every descendant, also
-    those that started a session of their own (the demo's children do) or were reparented."""
-    needle = f"{MARKER}={marker}".encode()
-    found: list[int] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue  # gone, or not ours to read
-        if needle in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return found
+    @property
+    def output(self) -> str:
+        return self.run.output
 
 
 def run_case(item: Case, files: Path, scratch: Path, busy: int) -> Outcome:
-    home, temp = scratch / "home", scratch / "tmp"
-    home.mkdir(parents=True)
-    temp.mkdir()
     args = [a.replace("{files}", str(files)).replace("{busy}", str(busy)) for a in item.args]
-    marker = uuid.uuid4().hex
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kubegpu", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env={**_environment(home, temp), MARKER: marker},
-        cwd=scratch,
-        start_new_session=True,
-        text=True,
-        errors="replace",
-    )
-    try:
-        output, _ = process.communicate(timeout=CASE_TIMEOUT_S)
-        returncode: int | None = process.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        returncode = None
-    left = marked_processes(marker)
-
-    def gone() -> bool:
-        left[:] = marked_processes(marker)
-        return not left
-
-    with contextlib.suppress(TimeoutError):  # what is still there is reported below
-        wait_until(gone, timeout_s=5, what="the case's processes gone")
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return Outcome(item, returncode, output, bool(left), sorted(p.name for p in temp.iterdir()))
+    return Outcome(item, run_kubegpu(args, scratch, timeout_s=CASE_TIMEOUT_S))
 
 
 def subcommands() -> list[str]:
@@ -469,10 +365,10 @@ def test_every_bad_input_fails_cleanly_naming_the_culprit(outcomes: list[Outcome
             wrong.append("traceback")
         if o.case.names not in o.output:
             wrong.append(f"does not name {o.case.names!r}")
-        if o.leftover_processes:
+        if o.run.leftover_processes:
             wrong.append("left processes behind")
-        if o.leftover_temp:
-            wrong.append(f"left {o.leftover_temp} in its temporary directory")
+        if o.run.leftover_temp:
+            wrong.append(f"left {o.run.leftover_temp} in its temporary directory")
         if wrong:
             tail = "\n      ".join(o.output.strip().splitlines()[-4:])
             problems.append(f"kubegpu {o.case.command}: {', '.join(wrong)}\n      {tail}")

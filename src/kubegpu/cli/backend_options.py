@@ -6,10 +6,11 @@ keeps its definitions."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TypeVar
 
 import click
+
+from kubegpu.cli.types import SocketPath
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -25,7 +26,7 @@ _OPTIONS = (
     click.option("--fake-gpus", default=None, help="Fake node: preset name or spec file."),
     click.option(
         "--fake-control",
-        type=click.Path(path_type=Path),
+        type=SocketPath(),
         default=None,
         help="Fake backend: unix socket for injecting Xids / losing GPUs from outside.",
     ),

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
+from kubegpu.cli.types import Folder, SocketPath, input_file
+
 if TYPE_CHECKING:
     from kubegpu.config.model import AgentConfig
 
@@ -95,13 +97,13 @@ async def _idle(config: AgentConfig, node: str, reason: str, error: Exception) -
 )
 @click.option(
     "--fake-control",
-    type=click.Path(path_type=Path),
+    type=SocketPath(),
     envvar=_env("FAKE_CONTROL"),
     help="Fake backend: unix socket for injecting Xids / losing GPUs from outside.",
 )
 @click.option(
     "--kubelet-dir",
-    type=click.Path(path_type=Path),
+    type=Folder(purpose="create sockets"),
     default=DEFAULT_KUBELET_DIR,
     show_default=True,
     envvar=_env("KUBELET_DIR"),
@@ -110,7 +112,7 @@ async def _idle(config: AgentConfig, node: str, reason: str, error: Exception) -
 @click.option(
     "--config",
     "config_path",
-    type=click.Path(path_type=Path),
+    type=input_file(),
     envvar=_env("CONFIG", "CONFIG_FILE"),
     help="Versioned config file (version: v1); SIGHUP re-reads it.",
 )
@@ -123,7 +125,7 @@ async def _idle(config: AgentConfig, node: str, reason: str, error: Exception) -
 @click.option(
     "--kubeconfig",
     # exists=True: a mistyped path is a usage error naming the option, not a traceback.
-    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    type=input_file(),
     envvar=_env("KUBECONFIG"),
     help="API access for the inventory annotation and GPU sharing; without it (and outside a "
     "pod) the agent serves whole GPUs only.",
@@ -260,15 +262,24 @@ def device_plugin(
     log.info("node %s: resolved config %s", node, render_config(config))
     try:
         check_socket_dir(kubelet_dir, _socket_names(config))
-    except SocketDirError as err:
-        click.echo(f"kubegpu device-plugin: --kubelet-dir {err}", err=True)
+    except (SocketDirError, OSError) as err:  # OSError: a folder on the way cannot be entered
+        click.echo(f"kubegpu device-plugin: --kubelet-dir {_folder_error(err)}", err=True)
         sys.exit(2)
     if config.uses_cdi:
         try:  # the CDI spec is written there at start
             check_folder(Path(config.flags.plugin.cdi_dir), "write the CDI spec")
-        except SocketDirError as err:
-            click.echo(f"kubegpu device-plugin: flags.plugin.cdiDir (--cdi-dir) {err}", err=True)
+        except (SocketDirError, OSError) as err:
+            click.echo(
+                f"kubegpu device-plugin: flags.plugin.cdiDir (--cdi-dir) {_folder_error(err)}",
+                err=True,
+            )
             sys.exit(2)
+    if config.exporter.enabled:
+        for where, folder in _exporter_folders(config):
+            problem = folder_problem(folder)
+            if problem:
+                click.echo(f"kubegpu device-plugin: {where} {problem}", err=True)
+                sys.exit(2)
 
     try:
         gpu_backend = open_backend(
@@ -315,6 +326,40 @@ def device_plugin(
             sys.exit(1)
     finally:
         gpu_backend.close()
+
+
+def _folder_error(err: Exception) -> str:
+    if isinstance(err, OSError) and not isinstance(err, ValueError):
+        return f"{err.filename}: cannot look there ({err.strerror or err})"
+    return str(err)
+
+
+def _exporter_folders(config: AgentConfig) -> list[tuple[str, Path]]:
+    """The folders the in-process exporter reads: the procfs root always; the pod log root
+    when pods are named from it and it is not the default (which a machine that is no
+    Kubernetes node lacks, as ``kubegpu exporter`` allows)."""
+    from kubegpu.config.model import Exporter
+
+    exporter = config.exporter
+    found = [("exporter.proc (--exporter-proc)", Path(exporter.proc))]
+    default_logs = Exporter.model_fields["pod_log_dir"].default
+    if exporter.pod_directory == "logs" and exporter.pod_log_dir != default_logs:
+        found.append(("exporter.podLogDir (--exporter-pod-log-dir)", Path(exporter.pod_log_dir)))
+    return found
+
+
+def folder_problem(folder: Path) -> str:
+    """Why ``folder`` cannot be read as a folder, or ``""``."""
+    try:
+        if not folder.exists():
+            return f"{folder} does not exist"
+        if not folder.is_dir():
+            return f"{folder} is not a folder"
+    except OSError as err:
+        return f"{folder}: cannot look there ({err.strerror or err})"
+    if not os.access(folder, os.R_OK | os.X_OK):
+        return f"{folder}: no permission to read it"
+    return ""
 
 
 def _socket_names(config: AgentConfig) -> list[str]:

@@ -20,6 +20,7 @@ from typing import NoReturn, cast
 import click
 
 from kubegpu.cli.backend_options import gpu_backend_options
+from kubegpu.cli.types import Folder, input_file
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def _usage(message: str) -> NoReturn:
 @gpu_backend_options
 @click.option(
     "--kubelet-dir",
-    type=click.Path(path_type=Path),
+    type=Folder(purpose="create sockets"),
     default="/var/lib/kubelet",
     show_default=True,
     help="The kubelet's root: the registration socket goes in plugins_registry/, the DRA "
@@ -43,14 +44,14 @@ def _usage(message: str) -> NoReturn:
 )
 @click.option(
     "--cdi-dir",
-    type=click.Path(path_type=Path),
+    type=Folder(purpose="write CDI specs"),
     default="/var/run/cdi",
     show_default=True,
     help="Where each prepared claim's CDI spec is written (the runtime's CDI spec folder).",
 )
 @click.option(
     "--state-dir",
-    type=click.Path(path_type=Path),
+    type=Folder(purpose="keep the checkpoint"),
     default="/var/lib/kubegpu/dra",
     show_default=True,
     help="Where the checkpoint of prepared claims is kept (must survive driver restarts).",
@@ -64,7 +65,7 @@ def _usage(message: str) -> NoReturn:
 @click.option(
     "--config",
     "config_path",
-    type=click.Path(path_type=Path),
+    type=input_file(),
     envvar=["KUBEGPU_CONFIG", "CONFIG_FILE"],
     help="Versioned config file (version: v1); must say gpuAllocation: dra.",
 )
@@ -76,7 +77,7 @@ def _usage(message: str) -> NoReturn:
 )
 @click.option(
     "--kubeconfig",
-    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    type=input_file(),
     envvar="KUBEGPU_KUBECONFIG",
     help="API access for ResourceClaims and ResourceSlices; default: in-cluster, else "
     "$KUBECONFIG or ~/.kube/config.",
@@ -140,6 +141,8 @@ def dra_driver(
             check_socket_dir(path.parent, [path.name])
     except SocketDirError as err:
         _usage(f"--kubelet-dir {err}")
+    except OSError as err:  # a folder on the way cannot be entered
+        _usage(f"--kubelet-dir {err.filename}: cannot look there ({err.strerror or err})")
     for option, folder, purpose in (
         ("--cdi-dir", cdi_dir, "write CDI specs"),
         ("--state-dir", state_dir, "keep the checkpoint"),
@@ -148,6 +151,8 @@ def dra_driver(
             check_folder(folder, purpose)
         except SocketDirError as err:
             _usage(f"{option} {err}")
+        except OSError as err:
+            _usage(f"{option} {err.filename}: cannot look there ({err.strerror or err})")
     try:
         kube_config = load_kubeconfig(kubeconfig)
     except KubeconfigError as err:

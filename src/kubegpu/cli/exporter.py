@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import sys
-import threading
 from pathlib import Path
 from typing import cast
 
 import click
 
 from kubegpu.cli.backend_options import gpu_backend_options
-from kubegpu.cli.types import POSITIVE_SECONDS
-from kubegpu.config.model import parse_listen_address
+from kubegpu.cli.stop import StopRequest
+from kubegpu.cli.types import Folder, SocketPath, input_file, seconds
+from kubegpu.config.model import MAX_EXPORTER_INTERVAL_S, MAX_READ_TIMEOUT_S, parse_listen_address
 from kubegpu.core.backend import GpuBackend
 
 log = logging.getLogger(__name__)
@@ -69,7 +68,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 @gpu_backend_options
 @click.option(
     "--pod-resources-socket",
-    type=click.Path(path_type=Path),
+    type=SocketPath(),
     default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
     show_default=True,
     help="The kubelet's PodResources socket; per-pod metrics are absent if unreachable.",
@@ -85,14 +84,15 @@ def parse_listen(value: str) -> tuple[str, int]:
 )
 @click.option(
     "--pod-log-dir",
-    type=click.Path(path_type=Path),
+    type=Folder(writable=False, must_exist=True, default_may_be_missing=True),
     default=Path("/var/log/pods"),
     show_default=True,
-    help="Kubelet pod log root, used to name pods by UID.",
+    help="Kubelet pod log root, used to name pods by UID; one named here must exist (the "
+    "default may be missing off a node: pods are then not named).",
 )
 @click.option(
     "--proc",
-    type=click.Path(path_type=Path),
+    type=Folder(writable=False, must_exist=True),
     default=Path("/proc"),
     show_default=True,
     help="procfs root (the host's, with hostPID).",
@@ -100,7 +100,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 @click.option(
     "--config",
     "config_path",
-    type=click.Path(path_type=Path),
+    type=input_file(),
     envvar=["KUBEGPU_CONFIG", "CONFIG_FILE"],
     help="The node agent's config file: the health policy (which Xids are critical) comes from it.",
 )
@@ -112,14 +112,14 @@ def parse_listen(value: str) -> tuple[str, int]:
 )
 @click.option(
     "--interval",
-    type=POSITIVE_SECONDS,
+    type=seconds(maximum=MAX_EXPORTER_INTERVAL_S),
     default=10.0,
     show_default=True,
     help="Seconds between refreshes.",
 )
 @click.option(
     "--read-timeout",
-    type=POSITIVE_SECONDS,
+    type=seconds(maximum=MAX_READ_TIMEOUT_S),
     default=5.0,
     show_default=True,
     help="Longest wait for one NVML read; older data is served meanwhile.",
@@ -140,6 +140,9 @@ def exporter_command(
     read_timeout: float,
 ) -> None:
     """Serve per-GPU and per-pod GPU metrics for Prometheus on /metrics."""
+    # First: a SIGTERM while the backend opens or the port binds stops the exporter cleanly
+    # as soon as it serves.
+    stop = StopRequest()
     from kubegpu.config.health import health_policy
     from kubegpu.config.load import ConfigError, load_config
     from kubegpu.core.health_feed import HealthFeed
@@ -207,11 +210,9 @@ def exporter_command(
             err=True,
         )
         sys.exit(2)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     click.echo(f"serving {running.url}/metrics", err=True)
-    while not stop.wait(1.0):
-        pass
-    running.stop()
-    gpu_backend.close()
+    try:
+        stop.wait()
+    finally:
+        running.stop()
+        gpu_backend.close()

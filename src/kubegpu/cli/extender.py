@@ -16,8 +16,13 @@ from typing import Any
 import click
 
 from kubegpu.cli.peer_options import peer_compat_options, peers_from_options
-from kubegpu.cli.types import seconds
+from kubegpu.cli.types import input_file, seconds
 from kubegpu.config.extender import (
+    MAX_BIND_ATTEMPTS,
+    MAX_BODY_BYTES,
+    MAX_INFLIGHT_BODY_BYTES,
+    MAX_REQUEST_TIMEOUT_S,
+    MAX_WORKLOAD_REFRESH_S,
     ExtenderConfig,
     ExtenderConfigError,
     load_config_file,
@@ -51,13 +56,14 @@ def settings_keys() -> list[str]:
     ]
 
 
-_path = click.Path(path_type=Path, dir_okay=False)
+# Checked when the extender starts (check_files), after flags, environment and file merge.
+_path = input_file(exists=False)
 
 
 @click.command("extender")
 @click.option(
     "--config",
-    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    type=input_file(),
     callback=_load_file,
     is_eager=True,
     expose_value=False,
@@ -108,7 +114,7 @@ _path = click.Path(path_type=Path, dir_okay=False)
 )
 @click.option(
     "--max-body-bytes",
-    type=click.IntRange(min=1024),
+    type=click.IntRange(1024, MAX_BODY_BYTES),
     default=None,
     help=(
         "Largest request body accepted; a bigger one is answered 413. Unset: 16 MiB, or "
@@ -117,7 +123,7 @@ _path = click.Path(path_type=Path, dir_okay=False)
 )
 @click.option(
     "--max-inflight-body-bytes",
-    type=click.IntRange(min=1024),
+    type=click.IntRange(1024, MAX_INFLIGHT_BODY_BYTES),
     default=None,
     help=(
         "Bytes of request bodies held at once across all requests; a request that would pass "
@@ -127,7 +133,7 @@ _path = click.Path(path_type=Path, dir_okay=False)
 )
 @click.option(
     "--request-head-timeout-seconds",
-    type=seconds(maximum=3600),
+    type=seconds(maximum=MAX_REQUEST_TIMEOUT_S),
     default=30.0,
     show_default=True,
     help=(
@@ -137,7 +143,7 @@ _path = click.Path(path_type=Path, dir_okay=False)
 )
 @click.option(
     "--request-body-timeout-seconds",
-    type=seconds(maximum=3600),
+    type=seconds(maximum=MAX_REQUEST_TIMEOUT_S),
     default=30.0,
     show_default=True,
     help="Answer 408 and close when a request body is not complete this long after its head.",
@@ -151,14 +157,14 @@ _path = click.Path(path_type=Path, dir_okay=False)
 )
 @click.option(
     "--workload-refresh-seconds",
-    type=seconds(),
+    type=seconds(maximum=MAX_WORKLOAD_REFRESH_S),
     default=300.0,
     show_default=True,
     help="How often fgd/kubegpu re-read the cluster's GPU pods as their target workload.",
 )
 @click.option(
     "--bind-attempts",
-    type=click.IntRange(1, 100),
+    type=click.IntRange(1, MAX_BIND_ATTEMPTS),
     default=5,
     show_default=True,
     help="Tries per bind when the API answers a conflict (409) or is briefly unavailable.",

@@ -18,21 +18,13 @@ from pathlib import Path
 import click
 
 from kubegpu.cli.backend_options import gpu_backend_options
-from kubegpu.cli.types import POSITIVE_SECONDS
+from kubegpu.cli.stop import StopRequest
+from kubegpu.cli.types import ONE_DAY_S, OutputFile, input_file, seconds
+from kubegpu.config.model import MAX_REPLICAS
 from kubegpu.labels.catalogue import SharingSummary, sharing_from_config
 from kubegpu.labels.sinks import DEFAULT_NFD_FEATURE_FILE
 
 log = logging.getLogger(__name__)
-
-
-def _under_a_folder(path: Path) -> Path:
-    """The feature file's folder may be missing (NFD makes it), but not lie under a file."""
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        raise click.BadParameter(f"{path}: {folder} is a file, not a folder")
-    return path
 
 
 @click.command("labels")
@@ -46,8 +38,9 @@ def _under_a_folder(path: Path) -> Path:
 )
 @click.option(
     "--nfd-file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    callback=lambda _ctx, _param, value: _under_a_folder(value),
+    # Its folder may be missing (NFD makes it), but not lie under a file. The default is
+    # checked only when written to: it is a node's path, and the sink may be stdout.
+    type=OutputFile(parents=True, check_default=False),
     default=DEFAULT_NFD_FEATURE_FILE,
     show_default=True,
     help="Feature file for --sink nfd.",
@@ -61,7 +54,7 @@ def _under_a_folder(path: Path) -> Path:
 @click.option(
     "--config",
     "config_path",
-    type=click.Path(path_type=Path),
+    type=input_file(),
     envvar=["KUBEGPU_CONFIG", "CONFIG_FILE"],
     help="The node agent's config file: sharing labels and the health policy come from it.",
 )
@@ -72,7 +65,7 @@ def _under_a_folder(path: Path) -> Path:
 )
 @click.option(
     "--replicas",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, MAX_REPLICAS),
     default=None,
     help="Replicas per GPU, reported as nvidia.com/gpu.replicas (default: from --config, else 1).",
 )
@@ -84,7 +77,7 @@ def _under_a_folder(path: Path) -> Path:
 )
 @click.option(
     "--interval",
-    type=POSITIVE_SECONDS,
+    type=seconds(maximum=ONE_DAY_S),
     default=60.0,
     show_default=True,
     help="Seconds between re-asserting the labels (nothing is written if they are still "
@@ -92,7 +85,7 @@ def _under_a_folder(path: Path) -> Path:
 )
 @click.option(
     "--poll",
-    type=POSITIVE_SECONDS,
+    type=seconds(maximum=3600),
     default=10.0,
     show_default=True,
     help="Seconds between inventory checks.",
@@ -113,6 +106,9 @@ def labels_command(
     poll: float,
 ) -> None:
     """Label this node with its GPUs' model, memory, count, driver, health and topology."""
+    # Before the backend opens: a SIGTERM during start-up stops the labeller once it runs.
+    # (--once ends by itself; a SIGTERM keeps its default action there.)
+    stop = None if once else StopRequest()
     from kubegpu.cli.exporter import open_gpu_backend_or_exit
     from kubegpu.config.health import health_policy
     from kubegpu.config.load import ConfigError, load_config
@@ -149,5 +145,6 @@ def labels_command(
             timestamp=not no_timestamp,
             interval_s=interval,
             poll_s=poll,
+            wait_for_stop=stop.wait if stop is not None else lambda: None,
         )
     )

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import click
 
+from kubegpu.config.model import MAX_VOLCANO_MEMORY_FACTOR
 from kubegpu.sharing.peers import DEFAULT_PEER_COMPUTE_MILLI, PeerCompat, peer_compat
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -31,7 +32,7 @@ def peer_compat_options(command: F) -> F:
             ),
             click.option(
                 "--volcano-memory-factor",
-                type=click.IntRange(min=1),
+                type=click.IntRange(1, MAX_VOLCANO_MEMORY_FACTOR),
                 default=1,
                 show_default=True,
                 help="MiB in one volcano.sh/gpu-memory (gpuShare.compat.volcanoMemoryFactor).",

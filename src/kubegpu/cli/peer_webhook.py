@@ -2,26 +2,27 @@
 
 Every flag is also ``KUBEGPU_PEER_WEBHOOK_<FLAG>``. The API server calls webhooks over HTTPS
 only, so ``--tls-cert-file``/``--tls-key-file`` are required except on a loopback address
-(tests). Exit codes: 0 stopped by a signal, 2 bad options or files.
+(tests). It listens on loopback unless told otherwise: in a cluster the API server reaches it
+through its Service, so the manifests pass ``--host=0.0.0.0``. Exit codes: 0 stopped by a
+signal (at any moment, start-up included), 2 bad options or files.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
-import signal
-import threading
-from pathlib import Path
 from typing import Any
 
 import click
 
 from kubegpu.cli.peer_options import peer_compat_options, peers_from_options
+from kubegpu.cli.stop import StopRequest
+from kubegpu.cli.types import input_file
 from kubegpu.sharing.resources import DEFAULT_SHARE_SLOT, ResourceNames
 
 log = logging.getLogger(__name__)
 
-_path = click.Path(path_type=Path, dir_okay=False)
+_path = input_file(exists=False)  # read with the TLS files' own error (TlsFileError)
 
 
 def _loopback(host: str) -> bool:
@@ -34,7 +35,13 @@ def _loopback(host: str) -> bool:
 
 
 @click.command("peer-webhook", context_settings={"auto_envvar_prefix": "KUBEGPU_PEER_WEBHOOK"})
-@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on. In a cluster the API server calls the webhook through its "
+    "Service, so there it must be 0.0.0.0 (the chart and deploy/ pass it).",
+)
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=9443, show_default=True, help="HTTPS port."
 )
@@ -54,6 +61,8 @@ def _loopback(host: str) -> bool:
 @peer_compat_options
 def peer_webhook_command(**options: Any) -> None:
     """Make Volcano- and Aliyun-style GPU pods kubegpu shares at admission."""
+    # First, before the slow imports and the TLS files: a SIGTERM from here on is a clean stop.
+    stop = StopRequest()
     peers = peers_from_options(options)
     if not peers:
         raise click.BadParameter("name at least one compat mode", param_hint="--peer-compat")
@@ -96,9 +105,8 @@ def peer_webhook_command(**options: Any) -> None:
         names.share_slot,
         f", scheduler {options['scheduler_name']}" if options["scheduler_name"] else "",
     )
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-    server.stop()
+    try:
+        stop.wait()  # returns at once when the signal came during start-up
+    finally:
+        server.stop()
     log.info("kubegpu peer-webhook stopped")

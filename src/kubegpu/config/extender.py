@@ -46,6 +46,14 @@ FULL_NODES_MAX_BODY_BYTES = 128 * 1024 * 1024
 # Bytes of request bodies held at once, across requests: four full-size bodies of the cache
 # mode, or one of the full-Node mode (the body limit, whichever is larger).
 DEFAULT_MAX_INFLIGHT_BODY_BYTES = 64 * 1024 * 1024
+# The largest limits that may be set: a GiB per request (a 5,000-node filter with full Node
+# objects is 75 MiB) and four of them at once. Unbounded, a typo of a few digits lets one
+# client make the extender hold more memory than its node has.
+MAX_BODY_BYTES = 1024 * 1024 * 1024
+MAX_INFLIGHT_BODY_BYTES = 4 * MAX_BODY_BYTES
+MAX_REQUEST_TIMEOUT_S = 3600.0
+MAX_WORKLOAD_REFRESH_S = 86_400.0
+MAX_BIND_ATTEMPTS = 100
 # The extender's names for the placement engine's policies (extender.scheduler.POLICY_ALIASES
 # maps each to the engine's; a test keeps the two lists equal).
 POLICY_NAMES = frozenset({"binpack", "spread", "fgd", "kubegpu"})
@@ -132,6 +140,15 @@ class ExtenderConfig(BaseModel):
             )
         if self.body_limit_bytes < 1024:
             raise ExtenderConfigError(f"max-body-bytes {self.max_body_bytes} is too small")
+        if self.body_limit_bytes > MAX_BODY_BYTES:
+            raise ExtenderConfigError(
+                f"max-body-bytes {self.max_body_bytes} is more than {MAX_BODY_BYTES} (1 GiB)"
+            )
+        if self.inflight_limit_bytes > MAX_INFLIGHT_BODY_BYTES:
+            raise ExtenderConfigError(
+                f"max-inflight-body-bytes {self.max_inflight_body_bytes} is more than "
+                f"{MAX_INFLIGHT_BODY_BYTES} (4 GiB)"
+            )
         if self.inflight_limit_bytes < self.body_limit_bytes:
             raise ExtenderConfigError(
                 f"max-inflight-body-bytes {self.inflight_limit_bytes} is smaller than "
@@ -141,10 +158,15 @@ class ExtenderConfig(BaseModel):
             ("request-head-timeout-seconds", self.request_head_timeout_s),
             ("request-body-timeout-seconds", self.request_body_timeout_s),
         ):
-            if not 0 < seconds <= 3600:  # also refuses NaN
+            if not 0 < seconds <= MAX_REQUEST_TIMEOUT_S:  # also refuses NaN
                 raise ExtenderConfigError(f"{key} {seconds} must be more than 0 and at most 3600")
-        if self.bind_attempts < 1:
-            raise ExtenderConfigError("bind-attempts must be at least 1")
+        if not 0 < self.workload_refresh_s <= MAX_WORKLOAD_REFRESH_S:
+            raise ExtenderConfigError(
+                f"workload-refresh-seconds {self.workload_refresh_s} must be more than 0 and at "
+                f"most {MAX_WORKLOAD_REFRESH_S:.0f}"
+            )
+        if not 1 <= self.bind_attempts <= MAX_BIND_ATTEMPTS:
+            raise ExtenderConfigError(f"bind-attempts must be 1 to {MAX_BIND_ATTEMPTS}")
         self._validate_metrics_listener()
         if self.scheduler_version is not None:
             try:

@@ -28,6 +28,23 @@ _NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
 _DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
+# The largest value each number of the config (and of the flags that share its meaning) may
+# take. Every number has a maximum as well as a minimum: an unbounded interval is a timer that
+# never fires, an unbounded count a list that is built until memory runs out. tests/config
+# fails on a numeric field without both bounds; docs/configuration.md shows them.
+MAX_INTERVAL_S = 86_400.0  # a day, for every background interval
+MAX_RESTART_DELAY_S = 3_600.0  # the MPS daemon's restart back-off
+MAX_EXPORTER_INTERVAL_S = 3_600.0  # data older than an hour is no metric
+MAX_READ_TIMEOUT_S = 600.0  # one NVML read
+# GPUs of one node: counts 1..1024, indices 0..1023 (the largest machines have 16 or so).
+MAX_GPUS_PER_NODE = 1024
+MAX_REPLICAS = 1024  # time-slicing replicas (device ids) per GPU
+MAX_SLOTS_PER_CARD = 1024  # containers sharing one card
+MAX_XID = 65_535  # Xid codes are small numbers (under 200 so far)
+MAX_HEALTHY_CHECKS = 1_000_000  # about 55 hours of 0.2 s health checks
+# MiB in one volcano.sh/gpu-memory: one unit may not be more than the largest card (256 GiB).
+MAX_VOLCANO_MEMORY_FACTOR = 262_144
+
 
 def parse_listen_address(value: str) -> tuple[str, int]:
     """``HOST:PORT`` as ``(host, port)``: ``127.0.0.1:9401``, ``[::1]:9401``, or ``:9401`` for
@@ -52,6 +69,25 @@ def qualify_resource_name(name: str) -> str:
     ):
         raise ValueError(f"not a valid extended resource name: {name!r}")
     return full
+
+
+def check_devices(value: object) -> object:
+    """``devices``: a count of 1 to :data:`MAX_GPUS_PER_NODE`, or indices below it (and
+    UUIDs)."""
+    if isinstance(value, int) and not 1 <= value <= MAX_GPUS_PER_NODE:
+        raise ValueError(f"a device count must be 1 to {MAX_GPUS_PER_NODE}")
+    if isinstance(value, list):
+        for item in value:
+            if isinstance(item, int) and not 0 <= item < MAX_GPUS_PER_NODE:
+                raise ValueError(f"a device index must be 0 to {MAX_GPUS_PER_NODE - 1}, got {item}")
+    return value
+
+
+def check_xids(value: list[int]) -> list[int]:
+    for xid in value:
+        if not 0 <= xid <= MAX_XID:
+            raise ValueError(f"an Xid must be 0 to {MAX_XID}, got {xid}")
+    return value
 
 
 class _Model(BaseModel):
@@ -156,7 +192,7 @@ class Resources(_Model):
 
 class SharedResource(_Model):
     name: str
-    replicas: int = Field(ge=1)
+    replicas: int = Field(ge=1, le=MAX_REPLICAS)
     rename: str | None = None
     # all GPUs of the resource, the first N by index, or a list of indices / UUIDs.
     devices: Literal["all"] | int | list[int | str] = "all"
@@ -169,9 +205,7 @@ class SharedResource(_Model):
     @field_validator("devices")
     @classmethod
     def _positive_count(cls, value: object) -> object:
-        if isinstance(value, int) and value < 1:
-            raise ValueError(f"a device count must be at least 1, got {value}")
-        return value
+        return check_devices(value)
 
 
 class TimeSlicing(_Model):
@@ -190,8 +224,8 @@ class MpsSettings(_Model):
     control_args: list[str] = Field(default_factory=lambda: ["-f"])
     # Host directory holding pipe/ and log/; containers get both mounted at the same path.
     host_dir: str = "/run/kubegpu/mps"
-    restart_initial_s: float = Field(default=0.5, gt=0)
-    restart_max_s: float = Field(default=30.0, gt=0)
+    restart_initial_s: float = Field(default=0.5, gt=0, le=MAX_RESTART_DELAY_S)
+    restart_max_s: float = Field(default=30.0, gt=0, le=MAX_RESTART_DELAY_S)
 
 
 class PeerCompat(_Model):
@@ -211,7 +245,7 @@ class PeerCompat(_Model):
     # Gpushare's --memory-unit: what one aliyun.com/gpu-mem is.
     aliyun_memory_unit: Literal["GiB", "MiB"] = "GiB"
     # Volcano's --gpu-memory-factor: MiB in one volcano.sh/gpu-memory.
-    volcano_memory_factor: int = Field(default=1, ge=1)
+    volcano_memory_factor: int = Field(default=1, ge=1, le=MAX_VOLCANO_MEMORY_FACTOR)
     # Compute a peer container's share holds, in milli-GPU: the peers reserve none; 1 lets as
     # many peer pods share a card as its memory allows. With `enforcement: mps` it is also the
     # container's SM share (at least 1 %): raise it there.
@@ -239,18 +273,18 @@ class GpuShare(_Model):
     # The whole-GPU resource the extender accounts against (one of resources.gpus).
     whole_resource_name: str = DEFAULT_RESOURCE
     # Containers sharing one card at once; the kubelet counts slots, the extender counts MiB.
-    slots_per_card: int = Field(default=32, ge=1, le=1024)
+    slots_per_card: int = Field(default=32, ge=1, le=MAX_SLOTS_PER_CARD)
     devices: Literal["all"] | int | list[int | str] = "all"
     enforcement: Literal["none", "mps"] = "none"
     mps: MpsSettings = Field(default_factory=MpsSettings)
     # The agent watches its node's pods (to withdraw colliding ids, whole vs shared); after a
     # failed watch it retries after this times the failures in a row (at most ten times it),
     # and without RBAC to watch it lists the pods this often instead.
-    sync_interval_s: float = Field(default=5.0, gt=0)
+    sync_interval_s: float = Field(default=5.0, gt=0, le=MAX_INTERVAL_S)
     # How often the kubelet's PodResources API is cross-checked against the pod annotations.
-    reconcile_interval_s: float = Field(default=30.0, gt=0)
+    reconcile_interval_s: float = Field(default=30.0, gt=0, le=MAX_INTERVAL_S)
     # How often the node's GPU inventory annotation is re-asserted (also on start and health).
-    inventory_interval_s: float = Field(default=300.0, gt=0)
+    inventory_interval_s: float = Field(default=300.0, gt=0, le=MAX_INTERVAL_S)
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     # Peer compat modes (Volcano, Aliyun gpushare): their pods' resources read as shares.
     compat: PeerCompat = Field(default_factory=PeerCompat)
@@ -270,9 +304,7 @@ class GpuShare(_Model):
     @field_validator("devices")
     @classmethod
     def _positive_count(cls, value: object) -> object:
-        if isinstance(value, int) and value < 1:
-            raise ValueError(f"a device count must be at least 1, got {value}")
-        return value
+        return check_devices(value)
 
 
 class Sharing(_Model):
@@ -293,7 +325,12 @@ class Health(_Model):
     # event (not for a lost GPU: that needs the device back); None = never, as NVIDIA. A check
     # is one wait for GPU events of 0.2 s, shorter when a non-critical event ends it, so 300
     # checks are at most a minute without a critical Xid.
-    recover_after_healthy_checks: int | None = Field(default=None, ge=1)
+    recover_after_healthy_checks: int | None = Field(default=None, ge=1, le=MAX_HEALTHY_CHECKS)
+
+    @field_validator("ignored_xids", "critical_xids")
+    @classmethod
+    def _xids(cls, value: list[int]) -> list[int]:
+        return check_xids(value)
 
 
 class Exporter(_Model):
@@ -309,9 +346,9 @@ class Exporter(_Model):
     # HOST:PORT for /metrics and /healthz (the DaemonSet uses `0.0.0.0:9400`).
     listen: str = "127.0.0.1:9400"
     # Seconds between background refreshes; a scrape only reads the latest one.
-    interval_s: float = Field(default=10.0, gt=0)
+    interval_s: float = Field(default=10.0, gt=0, le=MAX_EXPORTER_INTERVAL_S)
     # Longest wait for one NVML read; the last snapshot is served meanwhile.
-    read_timeout_s: float = Field(default=5.0, gt=0)
+    read_timeout_s: float = Field(default=5.0, gt=0, le=MAX_READ_TIMEOUT_S)
     # The kubelet's PodResources socket, for which container holds which GPU; "" = do not ask
     # (per-pod metrics are then absent).
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -342,7 +379,7 @@ class DraSteering(_Model):
     # How often the driver reads the claims allocated from its pool (one list of all
     # ResourceClaims) and re-publishes its ResourceSlice if the order changed: at most once
     # per interval.
-    interval_s: float = Field(default=5.0, gt=0)
+    interval_s: float = Field(default=5.0, gt=0, le=MAX_INTERVAL_S)
 
 
 class Dra(_Model):

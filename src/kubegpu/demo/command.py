@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import re
 import shutil
 import signal
@@ -36,7 +35,7 @@ from typing import Any
 import click
 import yaml
 
-from kubegpu.cli.types import POSITIVE_SECONDS
+from kubegpu.cli.types import MAX_SEED, POSITIVE_SECONDS, Folder, OutputFile, input_file
 from kubegpu.demo.processes import (
     Child,
     ComponentError,
@@ -721,17 +720,8 @@ def _short_enough(work_dir: Path | None) -> Path | None:
     return work_dir
 
 
-def _writable(param: click.Parameter, value: Path | None) -> Path | None:
-    """A file the demo writes must have a folder that exists now, not only once the whole run
-    is over."""
-    if value is None:
-        return None
-    folder = value.parent
-    if not folder.is_dir():
-        raise click.BadParameter(f"folder {folder} does not exist", param=param)
-    if not os.access(folder, os.W_OK):
-        raise click.BadParameter(f"cannot write in {folder}", param=param)
-    return value
+# Pods one demo may replay: a laptop's cluster of at most 32 fake nodes.
+MAX_DEMO_PODS = 1000
 
 
 @click.command("demo")
@@ -744,13 +734,13 @@ def _writable(param: click.Parameter, value: Path | None) -> Path | None:
 )
 @click.option(
     "--pods",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, MAX_DEMO_PODS),
     default=None,
     help="Pods to replay [default: the whole built-in scenario, or 40 trace rows].",
 )
 @click.option(
     "--trace",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=input_file(exists=False),  # "openb" is a name, not a path
     default=None,
     help=f"An openb pod CSV to replay a slice of instead of the built-in scenario; 'openb' "
     f"means {DEFAULT_TRACE}.",
@@ -763,7 +753,11 @@ def _writable(param: click.Parameter, value: Path | None) -> Path | None:
     help="Extender placement policy: binpack, spread, fgd or kubegpu.",
 )
 @click.option(
-    "--seed", type=int, default=0, show_default=True, help="Picks where the trace slice starts."
+    "--seed",
+    type=click.IntRange(0, MAX_SEED),
+    default=0,
+    show_default=True,
+    help="Picks where the trace slice starts.",
 )
 @click.option(
     "--keep-running",
@@ -772,21 +766,20 @@ def _writable(param: click.Parameter, value: Path | None) -> Path | None:
 )
 @click.option(
     "--summary-json",
-    type=click.Path(path_type=Path, dir_okay=False),
-    callback=lambda _ctx, param, value: _writable(param, value),
+    # Its folder must exist and be writable now, not only once the whole run is over.
+    type=OutputFile(),
     default=None,
     help="Also write the summary (with per-card use and placements) as JSON here.",
 )
 @click.option(
     "--pid-file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    callback=lambda _ctx, param, value: _writable(param, value),
+    type=OutputFile(),
     default=None,
     help="Append '<pid> <component>' for every child process started.",
 )
 @click.option(
     "--work-dir",
-    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    type=Folder(must_exist=True, purpose="make the demo's work folder"),
     callback=lambda _ctx, _param, value: _short_enough(value),
     default=None,
     help="Parent of the temporary work directory [default: $TMPDIR].",

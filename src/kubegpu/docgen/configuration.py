@@ -231,9 +231,14 @@ AGENT_RULES: tuple[Rule, ...] = (
         "needs rename or renameByDefault",
     ),
     Rule(
-        "A device count (`devices: N`) is at least 1.",
+        "A device count (`devices: N`) is 1 to 1024, a device index 0 to 1023.",
         {"sharing": {"gpuShare": {"devices": 0}}},
-        "a device count must be at least 1",
+        "a device count must be 1 to 1024",
+    ),
+    Rule(
+        "An Xid in `health.ignoredXids` or `health.criticalXids` is 0 to 65535.",
+        {"health": {"criticalXids": [70000]}},
+        "an Xid must be 0 to 65535",
     ),
     Rule(
         "The three `sharing.gpuShare` share resource names need a domain (`kubegpu.io/x`).",

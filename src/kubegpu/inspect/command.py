@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 import click
 
-from kubegpu.cli.types import FiniteFloatRange
+from kubegpu.cli.types import FiniteFloatRange, NonEmptyPath
 from kubegpu.inspect.exporters import (
     DEFAULT_EXPORTER_LABEL,
     DEFAULT_URL_TEMPLATE,
@@ -239,14 +239,14 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
 @click.option("-w", "--watch", is_flag=True, help="Re-render on every change until Ctrl-C.")
 @click.option(
     "--kubeconfig",
-    type=click.Path(dir_okay=False),
+    type=NonEmptyPath(dir_okay=False),
     default=None,
     help="Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster).",
 )
 @click.option("--context", default=None, help="Kubeconfig context (default: current).")
 @click.option(
     "--request-timeout",
-    type=FiniteFloatRange(min=0.1),
+    type=FiniteFloatRange(min=0.1, max=3600),
     default=10.0,
     show_default=True,
     help="Seconds to wait for the API server.",
@@ -274,21 +274,21 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
 )
 @click.option(
     "--exporter-timeout",
-    type=FiniteFloatRange(min=0.05),
+    type=FiniteFloatRange(min=0.05, max=3600),
     default=2.0,
     show_default=True,
     help="Seconds to wait for all exporters together; late ones show '?'.",
 )
 @click.option(
     "--refresh-interval",
-    type=FiniteFloatRange(min=0.05),
+    type=FiniteFloatRange(min=0.05, max=3600),
     default=1.0,
     show_default=True,
     help="--watch: least seconds between two renders.",
 )
 @click.option(
     "--usage-interval",
-    type=FiniteFloatRange(min=0.5),
+    type=FiniteFloatRange(min=0.5, max=3600),
     default=10.0,
     show_default=True,
     help="--watch: seconds between two exporter fetches.",

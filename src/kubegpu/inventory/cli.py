@@ -13,6 +13,7 @@ from typing import Any, NoReturn, cast
 
 import click
 
+from kubegpu.config.model import MAX_XID
 from kubegpu.core.backend import GpuBackend, InventoryError
 from kubegpu.core.gpu import GpuDevice, NodeInventory, PcieLink
 from kubegpu.inventory.fake import FakeControlError, FakeGpuBackend, send_fake_gpu_command
@@ -206,7 +207,10 @@ def format_inventory_table(inventory: NodeInventory, backend: GpuBackend) -> str
 )
 @click.option("--gpu", default=None, metavar="INDEX|UUID", help="The GPU to act on.")
 @click.option(
-    "--xid", type=click.IntRange(min=0), default=None, help="Xid code to inject (op xid)."
+    "--xid",
+    type=click.IntRange(0, MAX_XID),
+    default=None,
+    help="Xid code to inject (op xid).",
 )
 def fake_gpu(op: str, control: Path, gpu: str | None, xid: int | None) -> None:
     """Script a running fake GPU backend: inject an Xid, lose or restore a GPU, show status."""

@@ -9,9 +9,9 @@ and judges GPU health with the node agent's monitor and policy, so the labeller'
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from kubegpu.core.backend import GpuBackend
@@ -58,9 +58,11 @@ def run_labeller(
     timestamp: bool,
     interval_s: float,
     poll_s: float,
+    wait_for_stop: Callable[[], None],
 ) -> int:
-    """Label until SIGTERM/SIGINT (or once); the exit code: 2 when ``once`` cannot write.
-    Closes ``backend``."""
+    """Label until ``wait_for_stop`` returns (the command's SIGTERM/SIGINT, whose handler it
+    installs before anything slow so that none is lost) or once; the exit code: 2 when
+    ``once`` cannot write. Closes ``backend``."""
     inventory = backend.snapshot()
     health = HealthFeed(policy=policy)
     labeller = Labeller(
@@ -91,11 +93,13 @@ def run_labeller(
         return 0
     health.add_listener(labeller.notify)
     judge_health(health, backend, inventory, node_name=node_name)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: labeller.stop())
     thread = threading.Thread(target=labeller.run, name="kubegpu-labeller")
     thread.start()
-    thread.join()
+    try:
+        wait_for_stop()
+    finally:
+        labeller.stop()
+        thread.join()
     health.close()
     backend.close()
     return 0

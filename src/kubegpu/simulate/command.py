@@ -22,7 +22,7 @@ from pathlib import Path
 
 import click
 
-from kubegpu.cli.types import FiniteFloatRange
+from kubegpu.cli.types import MAX_SEED, FiniteFloatRange, Folder, NonEmptyPath, input_file
 from kubegpu.placement.model import NodeState
 from kubegpu.placement.policies import POLICIES, PolicySpec, get_policy
 from kubegpu.placement.policies.device_order import (
@@ -112,6 +112,8 @@ def run_job(job: Job) -> JobResult:
 # Each seed is one replay of every policy; past this a typo (1-5000000) would only build a
 # list of jobs for minutes and never finish, where a real study uses tens.
 MAX_SEEDS = 10_000
+# Inflation multiplies the trace's pods; ten times is already far past any cluster's capacity.
+MAX_INFLATION = 10.0
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -132,6 +134,8 @@ def parse_seeds(text: str) -> list[int]:
             raise click.BadParameter(
                 f"range {part!r} is reversed; did you mean {last}-{first}?", param_hint="--seeds"
             )
+        if last > MAX_SEED:  # the generators take 32-bit seeds
+            raise click.BadParameter(f"seed {last} is more than {MAX_SEED}", param_hint="--seeds")
         if last - first + 1 + len(seeds) > MAX_SEEDS:
             raise click.BadParameter(
                 f"{text!r} is more than {MAX_SEEDS} seeds", param_hint="--seeds"
@@ -301,7 +305,7 @@ def _plot(out: Path, results: Sequence[JobResult]) -> Path:
     "--nodes",
     "nodes_csv",
     required=True,
-    type=click.Path(path_type=Path),
+    type=NonEmptyPath(path_type=Path),
     help="Node list CSV (sn, cpu_milli, memory_mib, gpu, model).",
 )
 @click.option(
@@ -309,7 +313,7 @@ def _plot(out: Path, results: Sequence[JobResult]) -> Path:
     "pods_csvs",
     required=True,
     multiple=True,
-    type=click.Path(path_type=Path),
+    type=NonEmptyPath(path_type=Path),
     help="Pod list CSV; repeat for several workloads.",
 )
 @click.option(
@@ -332,13 +336,13 @@ def _plot(out: Path, results: Sequence[JobResult]) -> Path:
     "--inflation",
     default=1.3,
     show_default=True,
-    type=FiniteFloatRange(min=0, max=10, min_open=True),
+    type=FiniteFloatRange(min=0, max=MAX_INFLATION, min_open=True),
     help="Arrived GPU demand as a multiple of capacity.",
 )
 @click.option(
     "--arrivals",
     "arrivals_dir",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=Folder(writable=False, must_exist=True),
     default=None,
     help="Directory of <pods stem>_seed<S>.txt.gz arrival fixtures.",
 )
@@ -346,7 +350,7 @@ def _plot(out: Path, results: Sequence[JobResult]) -> Path:
     "--out",
     "out_dir",
     required=True,
-    type=click.Path(path_type=Path, file_okay=False),
+    type=Folder(),
     help="Folder for allocation.csv, runs.csv and allocation.png (made if missing).",
 )
 @click.option(
@@ -373,7 +377,7 @@ def _plot(out: Path, results: Sequence[JobResult]) -> Path:
 @click.option(
     "--paper",
     "paper_csv",
-    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    type=input_file(),
     default=None,
     help="The paper's allocation CSV, to compare against.",
 )

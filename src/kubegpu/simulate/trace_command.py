@@ -13,9 +13,9 @@ from pathlib import Path
 
 import click
 
-from kubegpu.cli.types import FiniteFloatRange
+from kubegpu.cli.types import MAX_SEED, FiniteFloatRange, Folder, OutputFile, input_file
 from kubegpu.simulate.arrivals import generate_arrivals, write_fixture
-from kubegpu.simulate.command import parse_seeds
+from kubegpu.simulate.command import MAX_INFLATION, parse_seeds
 from kubegpu.simulate.constrain import choose_constraints
 from kubegpu.simulate.traces import TraceError, load_nodes, load_pods
 
@@ -23,14 +23,14 @@ _NODES = click.option(
     "--nodes",
     "nodes_csv",
     required=True,
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=input_file(exists=False),
     help="Node list CSV (sn, cpu_milli, memory_mib, gpu, model).",
 )
 _PODS = click.option(
     "--pods",
     "pods_csv",
     required=True,
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=input_file(exists=False),
     help="Pod list CSV in the openb format.",
 )
 
@@ -49,12 +49,14 @@ def trace() -> None:
     type=FiniteFloatRange(0.0, 1.0, min_open=True),
     help="Share of the unconstrained GPU pods to limit to GPU models, in (0, 1].",
 )
-@click.option("--seed", required=True, type=click.IntRange(min=0), help="RNG seed (>= 0).")
+@click.option(
+    "--seed", required=True, type=click.IntRange(0, MAX_SEED), help="The generator's seed."
+)
 @click.option(
     "--out",
     "out_csv",
     required=True,
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=OutputFile(parents=True),
     help="Where to write the variant (same columns as --pods, gpu_spec added if absent).",
 )
 @click.pass_context
@@ -105,14 +107,14 @@ def constrain(
     "--inflation",
     default=1.3,
     show_default=True,
-    type=FiniteFloatRange(0.0, min_open=True),
+    type=FiniteFloatRange(0.0, MAX_INFLATION, min_open=True),
     help="Arrived GPU demand as a multiple of capacity.",
 )
 @click.option(
     "--out",
     "out_dir",
     required=True,
-    type=click.Path(path_type=Path, file_okay=False),
+    type=Folder(),
     help="Directory for <pods stem>_seed<S>.txt.gz (what `simulate --arrivals` reads).",
 )
 @click.pass_context

@@ -24,7 +24,8 @@ from typing import IO, Any
 
 import click
 
-from kubegpu.cli.types import POSITIVE_SECONDS
+from kubegpu.cli.types import POSITIVE_SECONDS, Folder, SocketPath
+from kubegpu.config.model import MAX_GPUS_PER_NODE
 from kubegpu.inventory.spec import FakeSpecError, resolve_fake_spec
 from kubegpu.kubelet.socketdir import SocketDirError, check_socket_dir
 from kubegpu.testing.kubelet import (
@@ -227,14 +228,14 @@ def _sigterm_as_keyboard_interrupt() -> Iterator[None]:
 )
 @click.option(
     "--kubelet-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=Folder(purpose="create sockets"),
     default=None,
     help="Device-plugins directory to use (default: a temporary one, removed on exit).",
 )
 @click.option(
     "--allocate",
     "allocate_count",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, MAX_GPUS_PER_NODE),
     default=2,
     show_default=True,
     help="Devices for the example allocation (0 skips it).",
@@ -251,7 +252,7 @@ def _sigterm_as_keyboard_interrupt() -> Iterator[None]:
 )
 @click.option(
     "--pod-resources-socket",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=SocketPath(),
     default=None,
     help="Also serve the kubelet's PodResources v1 API on this unix socket.",
 )

@@ -17,9 +17,13 @@ from pathlib import Path
 
 import click
 
+from kubegpu.cli.types import NonEmptyPath, OutputFile
+from kubegpu.config.model import MAX_GPUS_PER_NODE
 from kubegpu.testing.apiserver.objects import make_node
 from kubegpu.testing.apiserver.server import FakeApiServer
 from kubegpu.tls import TlsFileError, server_context
+
+MAX_SEED_NODES = 5000
 
 
 def _is_loopback(host: str) -> bool:
@@ -44,32 +48,33 @@ def _is_loopback(host: str) -> bool:
     "--seed-nodes",
     default=0,
     show_default=True,
-    type=click.IntRange(min=0),
+    # Kubernetes' largest supported cluster: more only makes the process grow until killed.
+    type=click.IntRange(0, MAX_SEED_NODES),
     help="Create this many Ready nodes (node-0, node-1, ...) at start.",
 )
 @click.option(
     "--gpus-per-node",
     default=0,
     show_default=True,
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, MAX_GPUS_PER_NODE),
     help="nvidia.com/gpu capacity of each seeded node.",
 )
 @click.option(
     "--kubeconfig",
     "kubeconfig_path",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OutputFile(parents=True),
     default=None,
     help="Where to write the kubeconfig [default: a temporary folder, removed at exit].",
 )
 @click.option(
     "--tls-cert-file",
-    type=click.Path(exists=True, dir_okay=False),
+    type=NonEmptyPath(exists=True, dir_okay=False),
     default=None,
     help="Serve HTTPS with this PEM certificate; needs --tls-key-file.",
 )
 @click.option(
     "--tls-key-file",
-    type=click.Path(exists=True, dir_okay=False),
+    type=NonEmptyPath(exists=True, dir_okay=False),
     default=None,
     help="The unencrypted PEM private key of --tls-cert-file.",
 )
