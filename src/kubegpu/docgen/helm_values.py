@@ -117,6 +117,8 @@ def _allowed(schema: dict[str, Any]) -> str:
     bounds = []
     if "minimum" in schema:
         bounds.append(f">= {schema['minimum']}")
+    if "maximum" in schema:
+        bounds.append(f"<= {schema['maximum']}")
     if "pattern" in schema:
         bounds.append(f"matches `{schema['pattern']}`")
     return "; ".join(bounds)
