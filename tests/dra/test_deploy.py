@@ -79,8 +79,24 @@ def test_the_daemonset_starts_the_real_command_on_the_kubelets_folders(tmp_path:
     item = container(driver, "dra-driver")
     args = item["args"]
     assert args[0] == "dra-driver"
-    # Every argument is an option of the command (click parses without running it).
-    ctx = dra_driver.make_context("dra-driver", list(args[1:]))
+    paths = materialise_config_volumes(objs, driver, "dra-driver", tmp_path)
+    # Every argument is an option of the command (click parses without running it). Click
+    # checks paths as it parses (the config exists, the folders are writable), so the config
+    # is the one the ConfigMap holds and the host's folders are made here.
+    here = {
+        "--config": lambda v: v.replace("/etc/kubegpu", paths["/etc/kubegpu"]),
+        **dict.fromkeys(
+            ("--kubelet-dir", "--cdi-dir", "--state-dir"),
+            lambda v: str(tmp_path / "host" / v.lstrip("/")),
+        ),
+    }
+    local = [
+        f"{flag}={here[flag](value)}" if flag in here else arg
+        for arg in args[1:]
+        for flag, _, value in [arg.partition("=")]
+    ]
+    assert local != list(args[1:])  # the paths did move
+    ctx = dra_driver.make_context("dra-driver", local)
     assert ctx.params["node_name"] == "$(NODE_NAME)"
     mounts = host_mounts(driver, "dra-driver")
     sockets = socket_paths(Path(arg_value(args, "--kubelet-dir")))
@@ -92,7 +108,6 @@ def test_the_daemonset_starts_the_real_command_on_the_kubelets_folders(tmp_path:
         path = arg_value(args, option)
         assert mounts[path] == (path, False), option
     # The config it mounts gives the node's GPUs to the DRA driver.
-    paths = materialise_config_volumes(objs, driver, "dra-driver", tmp_path)
     config_file = arg_value(args, "--config").replace("/etc/kubegpu", paths["/etc/kubegpu"])
     config = load_config(Path(config_file), {})
     check_gpu_allocation(config, "dra")
