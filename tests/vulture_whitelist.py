@@ -12,6 +12,8 @@ USED_WHERE_VULTURE_CANNOT_SEE = (
     # http.server.BaseHTTPRequestHandler calls these overrides by name.
     _.log_message,
     _.do_GET,
+    # click calls a ClickException's show() to print it (cli/main.py's one-line failures).
+    _.show,
     # The console script of pyproject.toml's [project.scripts] (kubectl plugin).
     _.kubectl_gpu_main,
     _.kubectl_inspect_gpushare_main,
