@@ -232,12 +232,13 @@ class PeerCompat(_Model):
     """Pods written for another GPU-share system run unchanged (docs/sharing.md, "Compat modes").
 
     ``volcano``: ``volcano.sh/gpu-memory`` (MiB × ``volcanoMemoryFactor``) is a share; the node
-    shows ``volcano.sh/gpu-memory`` and ``volcano.sh/gpu-number``; containers get
-    ``VOLCANO_GPU_TOTAL``, ``VOLCANO_GPU_MEMORY_TOTAL`` and ``VOLCANO_GPU_ALLOCATED``.
-    ``aliyun``: ``aliyun.com/gpu-mem`` (in ``aliyunMemoryUnit``) is a share; the node shows
-    ``aliyun.com/gpu-mem`` and ``aliyun.com/gpu-count``; containers get
-    ``ALIYUN_COM_GPU_MEM_IDX``, ``_POD``, ``_CONTAINER`` and ``_DEV``. Needs the peer webhook
-    (``kubegpu peer-webhook``) and the extender started with the same modes.
+    shows ``volcano.sh/gpu-memory`` (and ``volcano.sh/gpu-number`` as 0: whole cards are
+    ``nvidia.com/gpu``); containers get ``VOLCANO_GPU_TOTAL``, ``VOLCANO_GPU_MEMORY_TOTAL`` and
+    ``VOLCANO_GPU_ALLOCATED``. ``aliyun``: ``aliyun.com/gpu-mem`` (in ``aliyunMemoryUnit``) is a
+    share; the node shows ``aliyun.com/gpu-mem`` (and ``aliyun.com/gpu-count`` as 0);
+    containers get ``ALIYUN_COM_GPU_MEM_IDX``, ``_POD``, ``_CONTAINER`` and ``_DEV``. The peer
+    webhook (``kubegpu peer-webhook``) refuses the peers' resources kubegpu does not serve
+    at creation; it and the extender must run with the same modes.
     """
 
     # Peers whose pods are served: `volcano`, `aliyun`; empty = none (peer resources ignored).

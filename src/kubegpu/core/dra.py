@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from kubegpu.core.names import is_dns_label, is_dns_subdomain
+
 DEFAULT_DRIVER_NAME = "gpu.kubegpu.io"
 
 # Capacity names in the ResourceSlice (unqualified: they live in the driver's domain).
@@ -31,13 +33,6 @@ def device_index(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-# Names as kube-apiserver validates them: an object's name is a DNS-1123 subdomain, a
-# namespace's a DNS-1123 label.
-DNS_LABEL_MAX = 63
-DNS_SUBDOMAIN_MAX = 253
-_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
-_DNS_LABEL = re.compile(_LABEL)
-_DNS_SUBDOMAIN = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
 # UIDs end up in file names: what Kubernetes generates (UUIDs), nothing path-like.
 _UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
 
@@ -58,9 +53,9 @@ class ClaimRef:
         name goes into a request URL or a UID into a file name: the kubelet sends only real
         names, but a name such as ``../../api/v1/namespaces/kube-system/secrets/x`` would
         otherwise make the driver read another object with its own credentials."""
-        if len(self.namespace) > DNS_LABEL_MAX or not _DNS_LABEL.fullmatch(self.namespace):
+        if not is_dns_label(self.namespace):
             return f"namespace {self.namespace!r:.80} is not a Kubernetes namespace (a DNS label)"
-        if len(self.name) > DNS_SUBDOMAIN_MAX or not _DNS_SUBDOMAIN.fullmatch(self.name):
+        if not is_dns_subdomain(self.name):
             return f"name {self.name!r:.80} is not a Kubernetes object name (a DNS subdomain)"
         if not _UID.fullmatch(self.uid):
             return f"uid {self.uid!r:.80} is not a Kubernetes UID"

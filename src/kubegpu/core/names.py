@@ -12,6 +12,26 @@ import re
 from functools import lru_cache
 
 LABEL_VALUE_MAX = 63  # a label value, and the name part of a label key
+
+# Names as kube-apiserver validates them: an object's name is a DNS-1123 subdomain, a
+# namespace's a DNS-1123 label. Checked before a name from a request goes into a URL.
+DNS_LABEL_MAX = 63
+DNS_SUBDOMAIN_MAX = 253
+_DNS_LABEL_PART = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+_DNS_LABEL = re.compile(_DNS_LABEL_PART)
+_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL_PART}(?:\.{_DNS_LABEL_PART})*")
+
+
+def is_dns_label(name: str) -> bool:
+    """Whether ``name`` is a DNS-1123 label (a namespace's name)."""
+    return len(name) <= DNS_LABEL_MAX and _DNS_LABEL.fullmatch(name) is not None
+
+
+def is_dns_subdomain(name: str) -> bool:
+    """Whether ``name`` is a DNS-1123 subdomain (most objects' names, a node's)."""
+    return len(name) <= DNS_SUBDOMAIN_MAX and _DNS_SUBDOMAIN.fullmatch(name) is not None
+
+
 _INVALID = re.compile(r"[^A-Za-z0-9._-]+")
 _EDGE = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$")
 

@@ -15,7 +15,6 @@ gives; tests hold them equal.
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,10 +24,9 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from kubegpu.core.names import is_dns_label, is_dns_subdomain
+
 MAX_NODE_NAMES = 100_000
-# Object names as kube-apiserver validates them: RFC 1123 subdomains (namespaces: labels).
-_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 class WireError(ValueError):
@@ -204,9 +202,9 @@ def parse_binding_args(body: object) -> BindingArgs:
             raise WireError(f"{key} must be a non-empty string")
         values.append(value)
     name, namespace, uid, node = values
-    if not _SUBDOMAIN.fullmatch(name) or not _SUBDOMAIN.fullmatch(node):
+    if not is_dns_subdomain(name) or not is_dns_subdomain(node):
         raise WireError(f"PodName {name!r:.60} and Node {node!r:.60} must be DNS subdomain names")
-    if len(namespace) > 63 or not _LABEL.fullmatch(namespace):
+    if not is_dns_label(namespace):
         raise WireError(f"PodNamespace {namespace!r:.60} must be a DNS label")
     if not uid.isprintable():
         raise WireError("PodUID must be printable")
