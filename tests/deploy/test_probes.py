@@ -51,6 +51,7 @@ from tests.deploy.manifests import (
 )
 from tests.dra.resource_api import ResourceApi
 from tests.dra.test_dra_driver_process import api_in_thread
+from tests.tools import missing
 
 FAKE = ("--backend=fake", "--fake-gpus=4xT4")
 
@@ -427,7 +428,7 @@ def test_default_scheduler_extender_serves_only_clients_with_the_scheduler_certi
 ) -> None:
     # Certificates made by the overlay's script, as docs/install.md tells the admin to.
     if shutil.which("openssl") is None:
-        pytest.skip("the openssl command is not installed")
+        missing("the openssl command is not installed", "apt-get install openssl")
     overlay = DEPLOY / "overlays" / "default-scheduler"
     certs = tmp_path / "certs"
     subprocess.run(

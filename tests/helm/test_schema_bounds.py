@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import pytest
 import yaml
 
 from kubegpu.config.model import MAX_SLOTS_PER_CARD, MAX_VOLCANO_MEMORY_FACTOR
+from tests.tools import missing
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "kubegpu"
@@ -92,10 +92,46 @@ def _helm() -> str | None:
     return cached[-1] if cached else shutil.which("helm")
 
 
+def test_large_quota_figures_from_a_values_file_render_as_plain_digits(tmp_path: Path) -> None:
+    """helm reads numbers from a values file as floats and prints 2.62144e+07 unless the
+    template converts them: a quantity the admin never wrote."""
+    helm = _helm()
+    if helm is None:
+        missing("no helm binary", "e2e/components/helm/build.sh builds it; .ci/run does first")
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        "quotaExample: {enabled: true, namespace: team-a, gpus: 1000,"
+        " gpuMemoryMiB: 26214400, gpuComputeMilli: 1000000, sharedContainers: 16000}\n"
+    )
+    done = subprocess.run(
+        [
+            helm,
+            "template",
+            "t",
+            str(CHART),
+            "-f",
+            str(values),
+            "--show-only",
+            "templates/quota-example.yaml",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    hard = yaml.safe_load(done.stdout)["spec"]["hard"]
+    assert hard == {
+        "requests.nvidia.com/gpu": "1000",
+        "requests.kubegpu.io/gpu-memory": "26214400",
+        "requests.kubegpu.io/gpu-compute": "1000000",
+        "requests.kubegpu.io/gpu-shared": "16000",
+    }
+
+
 def test_helm_itself_refuses_a_number_past_the_maximum() -> None:
     helm = _helm()
     if helm is None:
-        pytest.skip("no helm binary (e2e/run builds one; the schema is checked above anyway)")
+        missing("no helm binary", "e2e/components/helm/build.sh builds it; .ci/run does first")
     for path, node in numbers(_schema()):
         done = subprocess.run(
             [helm, "template", "t", str(CHART), "--set", f"{path}={node['maximum'] + 1}"],
