@@ -7,21 +7,27 @@ of four kinds and says whether it resolves:
 - **python**: a backticked dotted name whose first part is ``kubegpu``, a top-level package or
   module of ``src/kubegpu`` (``kubelet.board.DeviceBoard``, resolved as
   ``kubegpu.kubelet.board.DeviceBoard``) or a class defined in ``src/kubegpu``
-  (``GpuScheduler.decide``). It resolves when the longest importable prefix imports and the rest
-  is found by ``getattr`` (a class's annotated attributes count). A name that is a config key
-  (``sharing.gpuShare.enabled``, ``exporter.enabled``) is left to
-  ``test_config_keys_in_docs.py``, a file name (``dra.md``, ``kubelet.sock``) to the path check.
+  (``GpuScheduler.decide``), alone or called (``sharing.claim.read_claim(pod, names)``); also
+  such a name in a fenced block (the diagrams). It resolves when the longest importable prefix
+  imports and the rest is found by ``getattr`` (a class's annotated attribute, named last,
+  counts). A config key (``sharing.gpuShare.enabled``) is left to
+  ``test_config_keys_in_docs.py``, a Helm value (``extender.policy``) and a file name
+  (``dra.md``, ``kubelet.sock``) are not Python names.
 - **path**: a backticked word that starts with ``src/``, ``deploy/``, ``e2e/``, ``tests/``,
   ``bench/`` or ``docs/`` must exist in the repository; one whose first part is a package of
   ``src/kubegpu`` and that ends in ``.py`` (``kubelet/shares.py``) is read from
-  ``src/kubegpu``. ``<placeholders>`` and ``*`` match any name; ``tests/x.py::test_y`` also
-  needs ``test_y`` in the file. A ``.py`` path followed in the same sentence by a backticked
-  name (``kubelet/shares.py`` ``Ledger``) must define that name.
+  ``src/kubegpu``. ``<placeholders>`` and ``*`` match any name, ``{a,b}`` is expanded;
+  ``tests/x.py::test_y`` also needs ``test_y`` in the file. A ``.py`` path followed by a
+  backticked name (``kubelet/shares.py`` ``Ledger``) must define that name.
 - **flag**: a ``--flag`` in a backticked ``kubegpu ...`` command (or such a line of a fenced
   block) must be an option of that command (or of a command above it); a backticked ``--flag``
-  alone must be an option of some command of ``kubegpu.cli.main.cli``, walked with click.
+  alone must be an option of some command of ``kubegpu.cli.main.cli``, walked with click, or of
+  one of our argparse scripts (``bench/``, ``python -m kubegpu.docgen.configuration``).
 - **resource**: a ``kubegpu.io/``, ``nvidia.com/``, ``volcano.sh/`` or ``aliyun.com/`` name
-  anywhere in the text must appear, whole, in ``src/kubegpu``.
+  (with any subdomain, ``gpu.kubegpu.io/claim``; ``requests.`` of a quota dropped) anywhere in
+  the text must appear, whole, in ``src/kubegpu`` or ``deploy/``; the DRA driver's own names
+  (``gpu.kubegpu.io/<name>``) are built from its name, so ``<name>`` must be a string of
+  ``src/kubegpu/dra``.
 
 What is legitimately not ours (upstream flags, NVIDIA's names, placeholders) is in the
 allow-lists below, each with the reason.
@@ -292,9 +298,11 @@ def defines(file: Path, name: str) -> bool:
 
 
 @cache
-def bench_flags() -> frozenset[str]:
-    """The options of the benchmark scripts (argparse), which benchmarks.md names alone."""
-    text = "\n".join(p.read_text("utf-8") for p in sorted((ROOT / "bench").glob("*.py")))
+def script_flags() -> frozenset[str]:
+    """The options of our argparse scripts: the benchmarks (benchmarks.md names them alone) and
+    the generators (``python -m kubegpu.docgen.configuration --write``)."""
+    files = [*(ROOT / "bench").glob("*.py"), *PACKAGE.rglob("*.py")]
+    text = "\n".join(p.read_text("utf-8") for p in sorted(files))
     return frozenset(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", text))
 
 
@@ -303,7 +311,7 @@ def flag_resolves(flag: str, command: tuple[str, ...] | None) -> bool:
     if command is None:
         return (
             flag in UPSTREAM_FLAGS
-            or flag in bench_flags()
+            or flag in script_flags()
             or any(flag in names for names in tree.values())
         )
     return any(flag in tree.get(command[:cut], frozenset()) for cut in range(len(command) + 1))
@@ -389,8 +397,10 @@ def _python(dotted: str) -> bool:
 
 
 def _in_span(document: Path, number: int, span: str) -> Iterator[Reference]:
-    if _DOTTED.fullmatch(span) and _python(span):
-        yield Reference(document, number, "python", span)
+    call = re.fullmatch(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)\(.*\)", span)  # `x.f(a, b)`
+    name = call.group(1) if call else span
+    if _DOTTED.fullmatch(name) and _python(name):
+        yield Reference(document, number, "python", name)
     command = _command_words(span)
     if command is not None:
         yield from _flags(document, number, span, command)

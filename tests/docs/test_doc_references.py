@@ -18,10 +18,10 @@ from tests.docs.references import (
     ROOT,
     UPSTREAM_FLAGS,
     UPSTREAM_RESOURCES,
-    bench_flags,
     broken,
     command_tree,
     references,
+    script_flags,
     source_text,
 )
 
@@ -96,7 +96,7 @@ def test_what_is_not_a_name_of_ours_is_not_checked_as_one(tmp_path: Path, text: 
 
 
 def test_every_allowed_flag_is_someone_elses() -> None:
-    ours = set().union(*command_tree().values()) | bench_flags()
+    ours = set().union(*command_tree().values()) | script_flags()
     assert not UPSTREAM_FLAGS & ours, "allow-listed, yet a flag of ours: drop it from the list"
 
 
