@@ -401,6 +401,8 @@ def _in_span(document: Path, number: int, span: str) -> Iterator[Reference]:
     name = call.group(1) if call else span
     if _DOTTED.fullmatch(name) and _python(name):
         yield Reference(document, number, "python", name)
+    for module in re.findall(r"(?:^|\s)-m (kubegpu(?:\.\w+)*)", span):  # python -m kubegpu.x
+        yield Reference(document, number, "python", module)
     command = _command_words(span)
     if command is not None:
         yield from _flags(document, number, span, command)

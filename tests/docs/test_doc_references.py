@@ -41,6 +41,12 @@ PLANTED = [
     ("python", "`kubegpu.sharing.ledger.Ledgr`", "`kubegpu.sharing.ledger.Ledger`"),
     ("python", "`GpuScheduler.decid`", "`GpuScheduler.decide`"),
     ("python", "`placement.engine.PlacementEngine.nope()`", "`placement.engine.PlacementEngine`"),
+    ("python", "`sharing.claim.read_clam(pod, names)`", "`sharing.claim.read_claim(pod, names)`"),
+    (
+        "python",
+        "`python -m kubegpu.docgen.config --write`",
+        "`python -m kubegpu.docgen.configuration --write`",
+    ),
     ("path", "`src/kubegpu/kubelet/ledger.py`", "`src/kubegpu/sharing/ledger.py`"),
     ("path", "`kubelet/ledger.py`", "`sharing/ledger.py`"),
     ("path", "`deploy/helm/kubegpu/values.yml`", "`deploy/helm/kubegpu/values.yaml`"),
