@@ -19,8 +19,13 @@ from typing import NoReturn, cast
 
 import click
 
-from kubegpu.cli.backend_options import gpu_backend_options
-from kubegpu.cli.types import Folder, input_file
+from kubegpu.cli.common_options import (
+    agent_config_option,
+    gpu_backend_options,
+    kubeconfig_option,
+    node_name_option,
+)
+from kubegpu.cli.types import Folder
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +38,7 @@ def _usage(message: str) -> NoReturn:
 
 
 @click.command("dra-driver")
-@gpu_backend_options
+@gpu_backend_options()
 @click.option(
     "--kubelet-dir",
     type=Folder(purpose="create sockets"),
@@ -62,25 +67,11 @@ def _usage(message: str) -> NoReturn:
     show_default=True,
     help="Host root of the /dev nodes named in CDI specs (a containerised driver's root).",
 )
-@click.option(
-    "--config",
-    "config_path",
-    type=input_file(),
-    envvar=["KUBEGPU_CONFIG", "CONFIG_FILE"],
-    help="Versioned config file (version: v1); must say gpuAllocation: dra.",
-)
-@click.option(
-    "--node-name",
-    envvar=["KUBEGPU_NODE_NAME", "NODE_NAME"],
-    default="",
-    help="This node's name (env NODE_NAME in a DaemonSet): names its ResourceSlice pool.",
-)
-@click.option(
-    "--kubeconfig",
-    type=input_file(),
-    envvar="KUBEGPU_KUBECONFIG",
-    help="API access for ResourceClaims and ResourceSlices; default: in-cluster, else "
-    "$KUBECONFIG or ~/.kube/config.",
+@agent_config_option("Versioned config file (version: v1); must say gpuAllocation: dra.")
+@node_name_option("This node's name (env NODE_NAME in a DaemonSet): names its ResourceSlice pool.")
+@kubeconfig_option(
+    "API access for ResourceClaims and ResourceSlices; default: in-cluster, else $KUBECONFIG "
+    "or ~/.kube/config."
 )
 @click.option(
     "--health-listen",
@@ -97,7 +88,7 @@ def dra_driver(
     state_dir: Path,
     dev_root: str,
     config_path: Path | None,
-    node_name: str,
+    node_name: str | None,
     kubeconfig: Path | None,
     health_listen: str,
 ) -> None:

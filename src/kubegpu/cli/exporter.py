@@ -18,9 +18,9 @@ from typing import cast
 
 import click
 
-from kubegpu.cli.backend_options import gpu_backend_options
+from kubegpu.cli.common_options import agent_config_option, gpu_backend_options, node_name_option
 from kubegpu.cli.stop import StopRequest
-from kubegpu.cli.types import Folder, SocketPath, input_file, seconds
+from kubegpu.cli.types import Folder, SocketPath, seconds
 from kubegpu.config.model import MAX_EXPORTER_INTERVAL_S, MAX_READ_TIMEOUT_S, parse_listen_address
 from kubegpu.core.backend import GpuBackend
 
@@ -65,7 +65,7 @@ def parse_listen(value: str) -> tuple[str, int]:
     callback=lambda _ctx, _param, value: parse_listen(value),
     help="HOST:PORT to serve.",
 )
-@gpu_backend_options
+@gpu_backend_options()
 @click.option(
     "--pod-resources-socket",
     type=SocketPath(),
@@ -97,19 +97,10 @@ def parse_listen(value: str) -> tuple[str, int]:
     show_default=True,
     help="procfs root (the host's, with hostPID).",
 )
-@click.option(
-    "--config",
-    "config_path",
-    type=input_file(),
-    envvar=["KUBEGPU_CONFIG", "CONFIG_FILE"],
-    help="The node agent's config file: the health policy (which Xids are critical) comes from it.",
+@agent_config_option(
+    "The node agent's config file: the health policy (which Xids are critical) comes from it."
 )
-@click.option(
-    "--node-name",
-    envvar=["KUBEGPU_NODE_NAME", "NODE_NAME"],
-    default=None,
-    help="Node name for the node label (default: hostname).",
-)
+@node_name_option("Node name for the node label (default: hostname).")
 @click.option(
     "--interval",
     type=seconds(maximum=MAX_EXPORTER_INTERVAL_S),

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import click
 
-from kubegpu.cli.backend_options import gpu_backend_options
+from kubegpu.cli.common_options import agent_config_option, gpu_backend_options, node_name_option
 from kubegpu.cli.stop import StopRequest
-from kubegpu.cli.types import ONE_DAY_S, OutputFile, input_file, seconds
+from kubegpu.cli.types import ONE_DAY_S, OutputFile, seconds
 from kubegpu.config.model import MAX_REPLICAS
 from kubegpu.labels.catalogue import SharingSummary, sharing_from_config
 from kubegpu.labels.sinks import DEFAULT_NFD_FEATURE_FILE
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 @click.command("labels")
-@gpu_backend_options
+@gpu_backend_options()
 @click.option(
     "--sink",
     type=click.Choice(["nfd", "node", "stdout"]),
@@ -45,18 +45,9 @@ log = logging.getLogger(__name__)
     show_default=True,
     help="Feature file for --sink nfd.",
 )
-@click.option(
-    "--node-name",
-    envvar=["KUBEGPU_NODE_NAME", "NODE_NAME"],
-    default=None,
-    help="Node to label for --sink node (default: hostname).",
-)
-@click.option(
-    "--config",
-    "config_path",
-    type=input_file(),
-    envvar=["KUBEGPU_CONFIG", "CONFIG_FILE"],
-    help="The node agent's config file: sharing labels and the health policy come from it.",
+@node_name_option("Node to label for --sink node (default: hostname).")
+@agent_config_option(
+    "The node agent's config file: sharing labels and the health policy come from it."
 )
 @click.option(
     "--sharing-strategy",
