@@ -16,46 +16,89 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, TypeVar, cast
 
 import click
 
-from kubegpu.cli.types import Folder, SocketPath, input_file
+from kubegpu.cli.common_options import (
+    agent_config_option,
+    gpu_backend_options,
+    kubeconfig_option,
+    node_name_option,
+)
+from kubegpu.cli.config_options import config_option
+from kubegpu.cli.types import Folder
+from kubegpu.config.model import AgentConfig
 
-if TYPE_CHECKING:
-    from kubegpu.config.model import AgentConfig
+F = TypeVar("F", bound=Callable[..., Any])
 
 log = logging.getLogger(__name__)
 
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 
-# option name -> config path it overrides; None means "not given", so the file's value stays.
-_OVERRIDES: dict[str, str] = {
-    "mig_strategy": "flags.migStrategy",
-    "fail_on_init_error": "flags.failOnInitError",
-    "health_listen": "flags.healthListen",
-    "pass_device_specs": "flags.plugin.passDeviceSpecs",
-    "device_list_strategy": "flags.plugin.deviceListStrategy",
-    "device_id_strategy": "flags.plugin.deviceIDStrategy",
-    "cdi_dir": "flags.plugin.cdiDir",
-    "dev_root": "flags.plugin.devRoot",
-    "shared_devices_allocation_policy": "flags.plugin.sharedDevicesAllocationPolicy",
-    "pre_start_container": "flags.plugin.preStartContainer",
-    "gpu_share": "sharing.gpuShare.enabled",
-    "pod_resources_socket": "sharing.gpuShare.podResourcesSocket",
-    "exporter": "exporter.enabled",
-    "exporter_listen": "exporter.listen",
-    "exporter_pod_resources_socket": "exporter.podResourcesSocket",
-    "exporter_pod_directory": "exporter.podDirectory",
-    "exporter_pod_log_dir": "exporter.podLogDir",
-    "exporter_proc": "exporter.proc",
-}
+
+@dataclass(frozen=True)
+class ConfigFlag:
+    """A flag that overrides one field of the config file. Its help, type and the default
+    that applies without it come from the field (:mod:`kubegpu.cli.config_options`)."""
+
+    flag: str  # "--mig-strategy"; a boolean field gets "--no-mig-strategy" as well
+    path: str  # the field's YAML path, "flags.migStrategy"
+    nvidia_env: str | None = None  # the variable NVIDIA's plugin reads, accepted too
+
+    @property
+    def name(self) -> str:
+        """click's parameter name: ``mig_strategy``."""
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    @property
+    def envvars(self) -> list[str]:
+        # Our prefix first, then the name NVIDIA's plugin reads, so its manifests keep working.
+        own = f"KUBEGPU_{self.name.upper()}"
+        return [own, self.nvidia_env] if self.nvidia_env else [own]
 
 
-def _env(name: str, *nvidia: str) -> list[str]:
-    # Our prefix first, then the name NVIDIA's plugin reads, so its manifests keep working.
-    return [f"KUBEGPU_{name}", *nvidia]
+# The flag -> config table: every flag that sets a field of the file, in --help's order. Not
+# given, a flag is None and the file's value stays.
+CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
+    ConfigFlag("--gpu-share", "sharing.gpuShare.enabled"),
+    ConfigFlag("--pod-resources-socket", "sharing.gpuShare.podResourcesSocket"),
+    ConfigFlag("--mig-strategy", "flags.migStrategy", "MIG_STRATEGY"),
+    ConfigFlag("--fail-on-init-error", "flags.failOnInitError", "FAIL_ON_INIT_ERROR"),
+    ConfigFlag("--health-listen", "flags.healthListen"),
+    ConfigFlag("--pass-device-specs", "flags.plugin.passDeviceSpecs", "PASS_DEVICE_SPECS"),
+    ConfigFlag("--device-list-strategy", "flags.plugin.deviceListStrategy", "DEVICE_LIST_STRATEGY"),
+    ConfigFlag("--device-id-strategy", "flags.plugin.deviceIDStrategy", "DEVICE_ID_STRATEGY"),
+    ConfigFlag("--cdi-dir", "flags.plugin.cdiDir"),
+    ConfigFlag("--dev-root", "flags.plugin.devRoot", "NVIDIA_DEV_ROOT"),
+    ConfigFlag(
+        "--shared-devices-allocation-policy",
+        "flags.plugin.sharedDevicesAllocationPolicy",
+        "SHARED_DEVICES_ALLOCATION_POLICY",
+    ),
+    ConfigFlag("--pre-start-container", "flags.plugin.preStartContainer"),
+    ConfigFlag("--exporter", "exporter.enabled"),
+    ConfigFlag("--exporter-listen", "exporter.listen"),
+    ConfigFlag("--exporter-pod-resources-socket", "exporter.podResourcesSocket"),
+    ConfigFlag("--exporter-pod-directory", "exporter.podDirectory"),
+    ConfigFlag("--exporter-pod-log-dir", "exporter.podLogDir"),
+    ConfigFlag("--exporter-proc", "exporter.proc"),
+)
+
+# click's parameter name -> the config path it overrides.
+FLAG_TO_CONFIG: dict[str, str] = {f.name: f.path for f in CONFIG_FLAGS}
+
+
+def config_flags(command: F) -> F:
+    """Every flag of :data:`CONFIG_FLAGS`, made from its field."""
+    for entry in reversed(CONFIG_FLAGS):
+        command = config_option(
+            AgentConfig, entry.path, entry.flag, from_file=True, envvar=entry.envvars
+        )(command)
+    return command
 
 
 async def _idle(config: AgentConfig, node: str, reason: str, error: Exception) -> None:
@@ -82,158 +125,29 @@ async def _idle(config: AgentConfig, node: str, reason: str, error: Exception) -
 
 
 @click.command("device-plugin")
-@click.option(
-    "--backend",
-    type=click.Choice(["auto", "nvml", "fake"]),
-    default="auto",
-    show_default=True,
-    envvar=_env("BACKEND"),
-    help="GPU backend; auto uses NVML and fails clearly when it cannot load.",
-)
-@click.option(
-    "--fake-gpus",
-    envvar=_env("FAKE_GPUS"),
-    help="Fake backend: a preset name (e.g. 8xA100-80GB-NVLink) or a YAML spec path.",
-)
-@click.option(
-    "--fake-control",
-    type=SocketPath(),
-    envvar=_env("FAKE_CONTROL"),
-    help="Fake backend: unix socket for injecting Xids / losing GPUs from outside.",
-)
+@gpu_backend_options(env=True)
 @click.option(
     "--kubelet-dir",
     type=Folder(purpose="create sockets"),
     default=DEFAULT_KUBELET_DIR,
     show_default=True,
-    envvar=_env("KUBELET_DIR"),
+    envvar=["KUBEGPU_KUBELET_DIR"],
     help="Directory holding kubelet.sock; our sockets go here too.",
 )
-@click.option(
-    "--config",
-    "config_path",
-    type=input_file(),
-    envvar=_env("CONFIG", "CONFIG_FILE"),
-    help="Versioned config file (version: v1); SIGHUP re-reads it.",
+@agent_config_option("Versioned config file (version: v1); SIGHUP re-reads it.")
+@node_name_option("This node's name, used in every log line (env NODE_NAME in a DaemonSet).")
+@kubeconfig_option(
+    "API access for the inventory annotation and GPU sharing; without it (and outside a pod) "
+    "the agent serves whole GPUs only."
 )
-@click.option(
-    "--node-name",
-    envvar=_env("NODE_NAME", "NODE_NAME"),
-    default="",
-    help="This node's name, used in every log line (env NODE_NAME in a DaemonSet).",
-)
-@click.option(
-    "--kubeconfig",
-    # exists=True: a mistyped path is a usage error naming the option, not a traceback.
-    type=input_file(),
-    envvar=_env("KUBECONFIG"),
-    help="API access for the inventory annotation and GPU sharing; without it (and outside a "
-    "pod) the agent serves whole GPUs only.",
-)
-@click.option(
-    "--gpu-share/--no-gpu-share",
-    default=None,
-    envvar=_env("GPU_SHARE"),
-    help="sharing.gpuShare.enabled: advertise card-level share slots (needs API access).",
-)
-@click.option(
-    "--pod-resources-socket",
-    envvar=_env("POD_RESOURCES_SOCKET"),
-    help="sharing.gpuShare.podResourcesSocket: the kubelet's PodResources API.",
-)
-@click.option(
-    "--mig-strategy",
-    type=click.Choice(["none"]),
-    envvar=_env("MIG_STRATEGY", "MIG_STRATEGY"),
-    help="flags.migStrategy; only none (MIG GPUs are advertised whole).",
-)
-@click.option(
-    "--fail-on-init-error/--no-fail-on-init-error",
-    default=None,
-    envvar=_env("FAIL_ON_INIT_ERROR", "FAIL_ON_INIT_ERROR"),
-    help="If off, a backend that cannot start is logged and the agent idles (non-GPU nodes).",
-)
-@click.option(
-    "--health-listen",
-    envvar=_env("HEALTH_LISTEN"),
-    help="flags.healthListen: HOST:PORT for /healthz and /readyz (e.g. 0.0.0.0:9401).",
-)
-@click.option(
-    "--pass-device-specs/--no-pass-device-specs",
-    default=None,
-    envvar=_env("PASS_DEVICE_SPECS", "PASS_DEVICE_SPECS"),
-    help="flags.plugin.passDeviceSpecs: also return /dev/nvidia* device specs.",
-)
-@click.option(
-    "--device-list-strategy",
-    envvar=_env("DEVICE_LIST_STRATEGY", "DEVICE_LIST_STRATEGY"),
-    help="Comma list of envvar, volume-mounts, cdi-annotations, cdi-cri.",
-)
-@click.option(
-    "--device-id-strategy",
-    type=click.Choice(["uuid", "index"]),
-    envvar=_env("DEVICE_ID_STRATEGY", "DEVICE_ID_STRATEGY"),
-    help="flags.plugin.deviceIDStrategy: containers see GPU UUIDs or indices.",
-)
-@click.option(
-    "--cdi-dir", envvar=_env("CDI_DIR"), help="flags.plugin.cdiDir: where the CDI spec goes."
-)
-@click.option(
-    "--dev-root",
-    envvar=_env("DEV_ROOT", "NVIDIA_DEV_ROOT"),
-    help="flags.plugin.devRoot: host root of the /dev nodes in device specs and CDI.",
-)
-@click.option(
-    "--shared-devices-allocation-policy",
-    type=click.Choice(["distributed", "packed"]),
-    envvar=_env("SHARED_DEVICES_ALLOCATION_POLICY", "SHARED_DEVICES_ALLOCATION_POLICY"),
-    help="Where preferred allocations put time-slicing replicas.",
-)
-@click.option(
-    "--pre-start-container/--no-pre-start-container",
-    default=None,
-    envvar=_env("PRE_START_CONTAINER"),
-    help="Ask the kubelet to call PreStartContainer (a logged no-op).",
-)
-@click.option(
-    "--exporter/--no-exporter",
-    default=None,
-    envvar=_env("EXPORTER"),
-    help="exporter.enabled: also serve the Prometheus exporter's /metrics from this process.",
-)
-@click.option(
-    "--exporter-listen",
-    envvar=_env("EXPORTER_LISTEN"),
-    help="exporter.listen: HOST:PORT for /metrics and /healthz (e.g. 0.0.0.0:9400).",
-)
-@click.option(
-    "--exporter-pod-resources-socket",
-    envvar=_env("EXPORTER_POD_RESOURCES_SOCKET"),
-    help='exporter.podResourcesSocket: the kubelet\'s PodResources API ("" = do not ask).',
-)
-@click.option(
-    "--exporter-pod-directory",
-    type=click.Choice(["logs", "api"]),
-    envvar=_env("EXPORTER_POD_DIRECTORY"),
-    help="exporter.podDirectory: name pods from the kubelet's log directory or the API server.",
-)
-@click.option(
-    "--exporter-pod-log-dir",
-    envvar=_env("EXPORTER_POD_LOG_DIR"),
-    help="exporter.podLogDir: the kubelet's pod log root (pod names by UID).",
-)
-@click.option(
-    "--exporter-proc",
-    envvar=_env("EXPORTER_PROC"),
-    help="exporter.proc: procfs root holding GPU processes' cgroups (the host's).",
-)
+@config_flags
 def device_plugin(
     backend: str,
     fake_gpus: str | None,
     fake_control: Path | None,
     kubelet_dir: Path,
     config_path: Path | None,
-    node_name: str,
+    node_name: str | None,
     kubeconfig: Path | None,
     **flags: Any,
 ) -> None:
@@ -251,8 +165,9 @@ def device_plugin(
     from kubegpu.probes import ProbeServerError
     from kubegpu.roles.node_agent import KubeconfigError, kube_config_for, run_agent
 
+    node_name = node_name or ""
     node = node_name or "-"
-    overrides = {_OVERRIDES[k]: v for k, v in flags.items() if v is not None}
+    overrides = {FLAG_TO_CONFIG[k]: v for k, v in flags.items() if v is not None}
     try:
         config = load_config(config_path, overrides)
         check_gpu_allocation(config, "devicePlugin")

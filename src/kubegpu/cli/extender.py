@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
+from kubegpu.cli.config_options import config_option, help_text
 from kubegpu.cli.peer_options import peer_compat_options, peers_from_options
 from kubegpu.cli.types import input_file, seconds
 from kubegpu.config.extender import (
@@ -28,15 +30,12 @@ from kubegpu.config.extender import (
     load_config_file,
     resolve_leader_lease,
 )
-from kubegpu.sharing.resources import (
-    DEFAULT_GPU_COMPUTE,
-    DEFAULT_GPU_MEMORY,
-    DEFAULT_SHARE_SLOT,
-    DEFAULT_WHOLE_GPU,
-    ResourceNames,
-)
+from kubegpu.config.model import AgentConfig
+from kubegpu.sharing.resources import ResourceNames
 
 log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _load_file(ctx: click.Context, _param: click.Parameter, value: Path | None) -> Path | None:
@@ -59,6 +58,35 @@ def settings_keys() -> list[str]:
 # Checked when the extender starts (check_files), after flags, environment and file merge.
 _path = input_file(exists=False)
 
+# click's parameter name -> the ExtenderConfig field it sets (see _setting).
+OPTION_FIELDS: dict[str, str] = {}
+
+
+def _setting(field: str, flag: str, **kwargs: Any) -> Callable[[F], F]:
+    """The option for ``ExtenderConfig.<field>``: its help is the field's description and its
+    default the field's default, so the model declares both once; the type (with the bounds
+    the extender checks) is the option's."""
+    info = ExtenderConfig.model_fields[field]
+    name = flag.split("/")[0].removeprefix("--").replace("-", "_")
+    OPTION_FIELDS[name] = field
+    return click.option(flag, default=info.default, help=help_text(info, field), **kwargs)
+
+
+# The resource-name options and the node agent's setting each must equal (help and default
+# from that setting's field).
+RESOURCE_OPTIONS: dict[str, str] = {
+    "--whole-gpu-resource": "sharing.gpuShare.wholeResourceName",
+    "--gpu-memory-resource": "sharing.gpuShare.memoryResourceName",
+    "--gpu-compute-resource": "sharing.gpuShare.computeResourceName",
+    "--share-slot-resource": "sharing.gpuShare.resourceName",
+}
+
+
+def resource_name_options(command: F) -> F:
+    for flag, path in reversed(RESOURCE_OPTIONS.items()):
+        command = config_option(AgentConfig, path, flag, from_file=False, cite="agent")(command)
+    return command
+
 
 @click.command("extender")
 @click.option(
@@ -69,174 +97,52 @@ _path = input_file(exists=False)
     expose_value=False,
     help="YAML file (apiVersion kubegpu.io/v1alpha1, kind ExtenderConfig, settings: {...}).",
 )
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    default=8888,
-    show_default=True,
-    help="Port of the verbs' listener (0 picks a free one, logged at start).",
-)
-@click.option(
-    "--policy",
-    default="kubegpu",
-    show_default=True,
-    help="binpack, spread, fgd or kubegpu (or any placement engine policy name).",
-)
-@click.option("--kubeconfig", type=_path, default=None, help="Default: in-cluster, then ~/.kube.")
-@click.option(
-    "--tls-cert-file",
-    type=_path,
-    default=None,
-    help="Serve HTTPS with this PEM certificate (chain); needs --tls-key-file.",
-)
-@click.option(
-    "--tls-key-file",
-    type=_path,
-    default=None,
-    help="The unencrypted PEM private key of --tls-cert-file.",
-)
-@click.option(
-    "--client-ca-file", type=_path, default=None, help="Require client certificates signed by it."
-)
-@click.option(
-    "--allow-insecure-http", is_flag=True, help="Serve plain HTTP on a non-loopback address."
-)
-@click.option(
-    "--node-cache-capable/--no-node-cache-capable",
-    default=True,
-    show_default=True,
-    help=(
-        "Must match nodeCacheCapable in kube-scheduler's extender config. Off, every filter "
-        "carries full Node objects (about 15 KiB each: 75 MiB for 5,000 nodes), so the body "
-        "limits default larger (max-body-bytes 128 MiB)."
-    ),
-)
-@click.option(
-    "--max-body-bytes",
-    type=click.IntRange(1024, MAX_BODY_BYTES),
-    default=None,
-    help=(
-        "Largest request body accepted; a bigger one is answered 413. Unset: 16 MiB, or "
-        "128 MiB with --no-node-cache-capable."
-    ),
-)
-@click.option(
+@_setting("host", "--host", show_default=True)
+@_setting("port", "--port", type=click.IntRange(0, 65535), show_default=True)
+@_setting("policy", "--policy", show_default=True)
+@_setting("kubeconfig", "--kubeconfig", type=_path)
+@_setting("tls_cert_file", "--tls-cert-file", type=_path)
+@_setting("tls_key_file", "--tls-key-file", type=_path)
+@_setting("client_ca_file", "--client-ca-file", type=_path)
+@_setting("allow_insecure_http", "--allow-insecure-http", is_flag=True)
+@_setting("node_cache_capable", "--node-cache-capable/--no-node-cache-capable", show_default=True)
+@_setting("max_body_bytes", "--max-body-bytes", type=click.IntRange(1024, MAX_BODY_BYTES))
+@_setting(
+    "max_inflight_body_bytes",
     "--max-inflight-body-bytes",
     type=click.IntRange(1024, MAX_INFLIGHT_BODY_BYTES),
-    default=None,
-    help=(
-        "Bytes of request bodies held at once across all requests; a request that would pass "
-        "it is answered 503 at once (kube-scheduler retries the pod). Unset: 64 MiB or "
-        "max-body-bytes, whichever is larger."
-    ),
 )
-@click.option(
+@_setting(
+    "request_head_timeout_s",
     "--request-head-timeout-seconds",
     type=seconds(maximum=MAX_REQUEST_TIMEOUT_S),
-    default=30.0,
     show_default=True,
-    help=(
-        "Close a connection that has not sent a whole request head this long after it opened "
-        "or was last answered (idle keep-alive connections too)."
-    ),
 )
-@click.option(
+@_setting(
+    "request_body_timeout_s",
     "--request-body-timeout-seconds",
     type=seconds(maximum=MAX_REQUEST_TIMEOUT_S),
-    default=30.0,
     show_default=True,
-    help="Answer 408 and close when a request body is not complete this long after its head.",
 )
-@click.option(
-    "--workload-file",
-    type=_path,
-    default=None,
-    help="Target workload for fgd/kubegpu (default: every pod in the cluster, CPU-only "
-    "ones included, as the simulator does).",
-)
-@click.option(
+@_setting("workload_file", "--workload-file", type=_path)
+@_setting(
+    "workload_refresh_s",
     "--workload-refresh-seconds",
     type=seconds(maximum=MAX_WORKLOAD_REFRESH_S),
-    default=300.0,
     show_default=True,
-    help="How often fgd/kubegpu re-read the cluster's GPU pods as their target workload.",
 )
-@click.option(
+@_setting(
+    "bind_attempts",
     "--bind-attempts",
     type=click.IntRange(1, MAX_BIND_ATTEMPTS),
-    default=5,
     show_default=True,
-    help="Tries per bind when the API answers a conflict (409) or is briefly unavailable.",
 )
-@click.option(
-    "--leader-lease",
-    default=None,
-    help=(
-        "Required. namespace/name of the leader-election Lease of the kube-scheduler that "
-        "calls this extender (kube-system/kube-scheduler for the default scheduler): bind "
-        "refuses unless that Lease's holder is leader-identity. 'none' when exactly one "
-        "extender can ever run (two unguarded extenders both bind and over-commit cards)."
-    ),
-)
-@click.option(
-    "--leader-identity",
-    default=None,
-    help=(
-        "Who this extender binds for: a leader-lease holderIdentity equal to it or starting "
-        "with it and '_' (kube-scheduler writes its host name, '_' and a UUID). Unset: this host's "
-        "name."
-    ),
-)
-@click.option(
-    "--metrics-host",
-    default="127.0.0.1",
-    show_default=True,
-    help="IP address of the metrics listener (0.0.0.0 or :: for every address).",
-)
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(0, 65535),
-    default=None,
-    help=(
-        "Also serve /metrics, /healthz and /readyz, and nothing else, on this port over plain "
-        "HTTP (safe: read-only, no verb), for Prometheus and the kubelet's probes. Unset: off."
-    ),
-)
-@click.option(
-    "--scheduler-version",
-    default=None,
-    help=(
-        "Version of the kube-scheduler that calls this extender (its image tag, e.g. v1.31.4). "
-        "Set, the extender refuses to start when it is newer than the API server or more than "
-        "one minor version older (Kubernetes' version skew policy). The second-scheduler "
-        "overlay sets it from the kube-scheduler image. Unset: not checked."
-    ),
-)
-@click.option(
-    "--whole-gpu-resource",
-    default=DEFAULT_WHOLE_GPU,
-    show_default=True,
-    help="Resource of whole GPUs (the node agent's sharing.gpuShare.wholeResourceName).",
-)
-@click.option(
-    "--gpu-memory-resource",
-    default=DEFAULT_GPU_MEMORY,
-    show_default=True,
-    help="Resource of GPU memory in MiB per card (sharing.gpuShare.memoryResourceName).",
-)
-@click.option(
-    "--gpu-compute-resource",
-    default=DEFAULT_GPU_COMPUTE,
-    show_default=True,
-    help="Resource of GPU compute in thousandths of a card (sharing.gpuShare.computeResourceName).",
-)
-@click.option(
-    "--share-slot-resource",
-    default=DEFAULT_SHARE_SLOT,
-    show_default=True,
-    help="Resource of share slots the node agent advertises (sharing.gpuShare.resourceName).",
-)
+@_setting("leader_lease", "--leader-lease")
+@_setting("leader_identity", "--leader-identity")
+@_setting("metrics_host", "--metrics-host", show_default=True)
+@_setting("metrics_port", "--metrics-port", type=click.IntRange(0, 65535))
+@_setting("scheduler_version", "--scheduler-version")
+@resource_name_options
 @peer_compat_options
 def extender_command(**options: Any) -> None:
     """Serve kube-scheduler's filter, prioritize and bind verbs for GPU pods."""

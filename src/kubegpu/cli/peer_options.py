@@ -8,45 +8,25 @@ from typing import Any, TypeVar
 
 import click
 
-from kubegpu.config.model import MAX_VOLCANO_MEMORY_FACTOR
-from kubegpu.sharing.peers import DEFAULT_PEER_COMPUTE_MILLI, PeerCompat, peer_compat
+from kubegpu.cli.config_options import config_option
+from kubegpu.config.model import AgentConfig
+from kubegpu.sharing.peers import PeerCompat, peer_compat
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# Each option and the node agent's setting it must agree with; help, type, bounds and default
+# come from that setting's field.
+PEER_OPTIONS: dict[str, str] = {
+    "--peer-compat": "sharing.gpuShare.compat.modes",
+    "--aliyun-memory-unit": "sharing.gpuShare.compat.aliyunMemoryUnit",
+    "--volcano-memory-factor": "sharing.gpuShare.compat.volcanoMemoryFactor",
+    "--peer-compute-milli": "sharing.gpuShare.compat.computeMilli",
+}
+
 
 def peer_compat_options(command: F) -> F:
-    for option in reversed(
-        (
-            click.option(
-                "--peer-compat",
-                default="",
-                show_default=True,
-                help="Comma list of compat modes: volcano, aliyun (sharing.gpuShare.compat.modes).",
-            ),
-            click.option(
-                "--aliyun-memory-unit",
-                type=click.Choice(["GiB", "MiB"]),
-                default="GiB",
-                show_default=True,
-                help="Unit of aliyun.com/gpu-mem (sharing.gpuShare.compat.aliyunMemoryUnit).",
-            ),
-            click.option(
-                "--volcano-memory-factor",
-                type=click.IntRange(1, MAX_VOLCANO_MEMORY_FACTOR),
-                default=1,
-                show_default=True,
-                help="MiB in one volcano.sh/gpu-memory (gpuShare.compat.volcanoMemoryFactor).",
-            ),
-            click.option(
-                "--peer-compute-milli",
-                type=click.IntRange(1, 999),
-                default=DEFAULT_PEER_COMPUTE_MILLI,
-                show_default=True,
-                help="Milli-GPU a peer container's share holds (gpuShare.compat.computeMilli).",
-            ),
-        )
-    ):
-        command = option(command)
+    for flag, path in reversed(PEER_OPTIONS.items()):
+        command = config_option(AgentConfig, path, flag, from_file=False, cite="agent")(command)
     return command
 
 

@@ -68,40 +68,108 @@ class ExtenderConfig(BaseModel):
     # file's values go through its options too), so construction has nothing to refuse.
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    policy: str = "kubegpu"
-    names: ResourceNames = Field(default_factory=ResourceNames)
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
-    client_ca_file: Path | None = None  # set: clients must present a certificate it signed
-    allow_insecure_http: bool = False
-    # kube-scheduler's nodeCacheCapable for this extender: False, every filter carries full
-    # Node objects (~15 KiB each), so the body limits default larger (server.py).
-    node_cache_capable: bool = True
-    max_body_bytes: int | None = None  # None: the default of the node_cache_capable mode
-    max_inflight_body_bytes: int | None = None  # None: 64 MiB or max_body_bytes, if larger
-    # A connection is closed when it has not sent a whole request head this long after it
-    # opened or its last answer (idle keep-alive connections too); a body not complete this
-    # long after its head is answered 408.
-    request_head_timeout_s: float = 30.0
-    request_body_timeout_s: float = 30.0
-    kubeconfig: Path | None = None
-    workload_file: Path | None = None
-    workload_refresh_s: float = 300.0
-    bind_attempts: int = 5
-    # "namespace/name" of the Lease held by the kube-scheduler that calls this extender; set,
-    # bind refuses unless the holder is leader_identity (replicated schedulers, leader.py).
-    leader_lease: str | None = None
-    leader_identity: str | None = None  # None: this host's name
-    # A second, plain-HTTP listener for /metrics, /healthz and /readyz only (never the verbs),
-    # so Prometheus and the kubelet's probes can reach them while the verbs stay on loopback
-    # or behind client certificates. None: off.
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int | None = None
-    # The calling kube-scheduler's version (its image tag); set, start refuses a version the
-    # skew policy does not allow against the API server's (skew.py). None: not checked.
-    scheduler_version: str | None = None
+    host: str = Field(default="127.0.0.1", description="Address to listen on.")
+    port: int = Field(
+        default=DEFAULT_PORT,
+        description="Port of the verbs' listener (0 picks a free one, logged at start).",
+    )
+    policy: str = Field(
+        default="kubegpu",
+        description="binpack, spread, fgd or kubegpu (or any placement engine policy name).",
+    )
+    names: ResourceNames = Field(
+        default_factory=ResourceNames,
+        description="The resources accounted (whole GPUs, GPU memory, GPU compute, share "
+        "slots) and the peer compat modes, each equal to the node agent's sharing.gpuShare "
+        "setting of the same meaning.",
+    )
+    tls_cert_file: Path | None = Field(
+        default=None,
+        description="Serve HTTPS with this PEM certificate (chain); needs --tls-key-file.",
+    )
+    tls_key_file: Path | None = Field(
+        default=None, description="The unencrypted PEM private key of --tls-cert-file."
+    )
+    client_ca_file: Path | None = Field(
+        default=None, description="Require client certificates signed by it."
+    )
+    allow_insecure_http: bool = Field(
+        default=False, description="Serve plain HTTP on a non-loopback address."
+    )
+    node_cache_capable: bool = Field(
+        default=True,
+        description="Must match nodeCacheCapable in kube-scheduler's extender config. Off, "
+        "every filter carries full Node objects (about 15 KiB each: 75 MiB for 5,000 nodes), "
+        "so the body limits default larger (max-body-bytes 128 MiB).",
+    )
+    max_body_bytes: int | None = Field(
+        default=None,
+        description="Largest request body accepted; a bigger one is answered 413. Unset: "
+        "16 MiB, or 128 MiB with --no-node-cache-capable.",
+    )
+    max_inflight_body_bytes: int | None = Field(
+        default=None,
+        description="Bytes of request bodies held at once across all requests; a request that "
+        "would pass it is answered 503 at once (kube-scheduler retries the pod). Unset: 64 MiB "
+        "or max-body-bytes, whichever is larger.",
+    )
+    request_head_timeout_s: float = Field(
+        default=30.0,
+        description="Close a connection that has not sent a whole request head this long "
+        "after it opened or was last answered (idle keep-alive connections too).",
+    )
+    request_body_timeout_s: float = Field(
+        default=30.0,
+        description="Answer 408 and close when a request body is not complete this long after "
+        "its head.",
+    )
+    kubeconfig: Path | None = Field(default=None, description="Default: in-cluster, then ~/.kube.")
+    workload_file: Path | None = Field(
+        default=None,
+        description="Target workload for fgd/kubegpu (default: every pod in the cluster, "
+        "CPU-only ones included, as the simulator does).",
+    )
+    workload_refresh_s: float = Field(
+        default=300.0,
+        description="How often fgd/kubegpu re-read the cluster's GPU pods as their target "
+        "workload.",
+    )
+    bind_attempts: int = Field(
+        default=5,
+        description="Tries per bind when the API answers a conflict (409) or is briefly "
+        "unavailable.",
+    )
+    leader_lease: str | None = Field(
+        default=None,
+        description="Required. namespace/name of the leader-election Lease of the "
+        "kube-scheduler that calls this extender (kube-system/kube-scheduler for the default "
+        "scheduler): bind refuses unless that Lease's holder is leader-identity. 'none' when "
+        "exactly one extender can ever run (two unguarded extenders both bind and over-commit "
+        "cards).",
+    )
+    leader_identity: str | None = Field(
+        default=None,
+        description="Who this extender binds for: a leader-lease holderIdentity equal to it or "
+        "starting with it and '_' (kube-scheduler writes its host name, '_' and a UUID). "
+        "Unset: this host's name.",
+    )
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="IP address of the metrics listener (0.0.0.0 or :: for every address).",
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        description="Also serve /metrics, /healthz and /readyz, and nothing else, on this port "
+        "over plain HTTP (safe: read-only, no verb), for Prometheus and the kubelet's probes. "
+        "Unset: off.",
+    )
+    scheduler_version: str | None = Field(
+        default=None,
+        description="Version of the kube-scheduler that calls this extender (its image tag, "
+        "e.g. v1.31.4). Set, the extender refuses to start when it is newer than the API "
+        "server or more than one minor version older (Kubernetes' version skew policy). The "
+        "second-scheduler overlay sets it from the kube-scheduler image. Unset: not checked.",
+    )
 
     @property
     def tls(self) -> bool:

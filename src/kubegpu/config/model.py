@@ -102,25 +102,60 @@ class _Model(BaseModel):
 
 
 class PluginFlags(_Model):
-    pass_device_specs: bool = False
-    device_list_strategy: list[DeviceListStrategy] = Field(default_factory=lambda: ENVVAR_ONLY[:])
-    # NVIDIA spells it with a capital ID, which the camelCase generator would not produce.
-    device_id_strategy: Literal["uuid", "index"] = Field(default="uuid", alias="deviceIDStrategy")
-    cdi_annotation_prefix: str = "cdi.k8s.io/"
-    # Where the CDI spec file goes when a `cdi-*` device list strategy is on. Rewritten
-    # atomically at start and on every config change, and kept when the agent stops, so a
-    # container restarted meanwhile still resolves its CDI names.
-    cdi_dir: str = "/var/run/cdi"
-    # The CDI spec's vendor/class, also the prefix of every CDI device name `Allocate` returns.
-    # A kind of our own, as NVIDIA's plugin has `k8s.device-plugin.nvidia.com/gpu`: nvidia-ctk
-    # and the GPU operator write a spec of kind `nvidia.com/gpu` into the same directory, and
-    # two specs defining the same device names conflict, so the runtime resolves neither.
-    cdi_kind: str = "k8s.kubegpu.io/gpu"
-    # Host root under which device nodes live (a containerised driver puts them elsewhere).
-    dev_root: str = "/"
-    shared_devices_allocation_policy: Literal["distributed", "packed"] = "distributed"
-    # Ask the kubelet to call PreStartContainer (a no-op that logs) before every start.
-    pre_start_container: bool = False
+    pass_device_specs: bool = Field(
+        default=False,
+        description="Also return device specs for `/dev/nvidiactl`, `/dev/nvidia-uvm`, "
+        "`/dev/nvidia-uvm-tools` and each GPU's `/dev/nvidiaN` (under `devRoot` on the host).",
+    )
+    device_list_strategy: list[DeviceListStrategy] = Field(
+        default_factory=lambda: ENVVAR_ONLY[:],
+        description="How `Allocate` names the GPUs: `envvar` sets `NVIDIA_VISIBLE_DEVICES`; "
+        "`volume-mounts` mounts `/dev/null` at `/var/run/nvidia-container-devices/<id>`; "
+        "`cdi-cri` returns CDI device names; `cdi-annotations` returns them as a pod "
+        "annotation under `cdiAnnotationPrefix`. A `cdi-*` strategy also writes a CDI spec "
+        "into `cdiDir`.",
+    )
+    device_id_strategy: Literal["uuid", "index"] = Field(
+        default="uuid",
+        # NVIDIA spells it with a capital ID, which the camelCase generator would not produce.
+        alias="deviceIDStrategy",
+        description="What containers see in the device list: GPU UUIDs or indices.",
+    )
+    cdi_annotation_prefix: str = Field(
+        default="cdi.k8s.io/",
+        description="Prefix of the pod annotation keys `Allocate` returns with the "
+        "`cdi-annotations` device list strategy.",
+    )
+    cdi_dir: str = Field(
+        default="/var/run/cdi",
+        description="Where the CDI spec file goes when a `cdi-*` device list strategy is on. "
+        "Rewritten atomically at start and on every config change, and kept when the agent "
+        "stops, so a container restarted meanwhile still resolves its CDI names.",
+    )
+    cdi_kind: str = Field(
+        default="k8s.kubegpu.io/gpu",
+        description="The CDI spec's vendor/class, also the prefix of every CDI device name "
+        "`Allocate` returns. A kind of our own, as NVIDIA's plugin has "
+        "`k8s.device-plugin.nvidia.com/gpu`: nvidia-ctk and the GPU operator write a spec of "
+        "kind `nvidia.com/gpu` into the same directory, and two specs defining the same "
+        "device names conflict, so the runtime resolves neither.",
+    )
+    dev_root: str = Field(
+        default="/",
+        description="Host root under which device nodes live (a containerised driver puts "
+        "them elsewhere).",
+    )
+    shared_devices_allocation_policy: Literal["distributed", "packed"] = Field(
+        default="distributed",
+        description="Which time-slicing replicas `GetPreferredAllocation` prefers: "
+        "`distributed` takes from the least used GPU first, `packed` fills the busiest GPU "
+        "first.",
+    )
+    pre_start_container: bool = Field(
+        default=False,
+        description="Ask the kubelet to call PreStartContainer (a no-op that logs) before "
+        "every start.",
+    )
 
     @field_validator("device_list_strategy", mode="before")
     @classmethod
@@ -147,15 +182,28 @@ class PluginFlags(_Model):
 
 
 class Flags(_Model):
-    # Only "none" for now: MIG devices are not advertised (MIG GPUs count as whole GPUs).
-    mig_strategy: Literal["none"] = "none"
-    fail_on_init_error: bool = True
-    # HOST:PORT (e.g. `0.0.0.0:9401`) where the agent serves the kubelet's probes: `/healthz`
-    # is 200 while its event loop and every resource's gRPC server answer, `/readyz` while every
-    # resource is registered with the running kubelet; 503 with the reason otherwise. Empty =
-    # off, the default, so several agents on one machine (`kubegpu demo`) never collide.
-    health_listen: str = ""
-    plugin: PluginFlags = Field(default_factory=PluginFlags)
+    mig_strategy: Literal["none"] = Field(
+        default="none",
+        description='Only "none" for now: MIG devices are not advertised (MIG GPUs count as '
+        "whole GPUs).",
+    )
+    fail_on_init_error: bool = Field(
+        default=True,
+        description="When the GPU backend cannot be opened: `true` exits 1; `false` logs the "
+        "error and idles until stopped (for nodes without usable GPUs).",
+    )
+    health_listen: str = Field(
+        default="",
+        description="HOST:PORT (e.g. `0.0.0.0:9401`) where the agent serves the kubelet's "
+        "probes: `/healthz` is 200 while its event loop and every resource's gRPC server "
+        "answer, `/readyz` while every resource is registered with the running kubelet; 503 "
+        "with the reason otherwise. Empty = off, the default, so several agents on one "
+        "machine (`kubegpu demo`) never collide.",
+    )
+    plugin: PluginFlags = Field(
+        default_factory=PluginFlags,
+        description="Settings shaped like NVIDIA's `flags.plugin`.",
+    )
 
     @field_validator("health_listen")
     @classmethod
@@ -168,8 +216,14 @@ class Flags(_Model):
 class GpuResource(_Model):
     """GPUs whose product name matches ``pattern`` (shell glob) are advertised as ``name``."""
 
-    pattern: str = "*"
-    name: str
+    pattern: str = Field(
+        default="*",
+        description="Shell glob matched against the GPU's product name (e.g. `*A100*`); the "
+        "first matching entry wins.",
+    )
+    name: str = Field(
+        description="Extended resource name for the matching GPUs; a bare name gets `nvidia.com/`."
+    )
 
     @field_validator("name")
     @classmethod
@@ -179,7 +233,9 @@ class GpuResource(_Model):
 
 class Resources(_Model):
     gpus: list[GpuResource] = Field(
-        default_factory=lambda: [GpuResource(pattern="*", name=DEFAULT_RESOURCE)]
+        default_factory=lambda: [GpuResource(pattern="*", name=DEFAULT_RESOURCE)],
+        description="Product-name patterns and the resource each matching GPU is advertised "
+        "as; the first matching entry wins, a GPU matching none is not advertised.",
     )
 
     @field_validator("gpus")
@@ -191,11 +247,23 @@ class Resources(_Model):
 
 
 class SharedResource(_Model):
-    name: str
-    replicas: int = Field(ge=1, le=MAX_REPLICAS)
-    rename: str | None = None
-    # all GPUs of the resource, the first N by index, or a list of indices / UUIDs.
-    devices: Literal["all"] | int | list[int | str] = "all"
+    name: str = Field(description="A resource from `resources.gpus` to time-slice.")
+    replicas: int = Field(
+        ge=1,
+        le=MAX_REPLICAS,
+        description="Device ids advertised per GPU (`<uuid>::0` ... `<uuid>::N-1`); nothing "
+        "limits what each replica's container uses.",
+    )
+    rename: str | None = Field(
+        default=None,
+        description="Advertise the replicas under this name instead (the GPUs leave the "
+        "original name).",
+    )
+    devices: Literal["all"] | int | list[int | str] = Field(
+        default="all",
+        description="`all`, the first N GPUs by index, or a list of indices / UUIDs; anything "
+        "but `all` needs `rename` or `renameByDefault`.",
+    )
 
     @field_validator("name", "rename")
     @classmethod
@@ -209,23 +277,52 @@ class SharedResource(_Model):
 
 
 class TimeSlicing(_Model):
-    rename_by_default: bool = False
-    fail_requests_greater_than_one: bool = False
-    resources: list[SharedResource] = Field(default_factory=list)
+    rename_by_default: bool = Field(
+        default=False,
+        description="Advertise every time-sliced resource as `<name>.shared` unless it has "
+        "its own `rename`.",
+    )
+    fail_requests_greater_than_one: bool = Field(
+        default=False,
+        description="Refuse (`Allocate` error) a container asking for more than one replica "
+        "of a time-sliced resource, as NVIDIA's option of the same name does.",
+    )
+    resources: list[SharedResource] = Field(
+        default_factory=list, description="Which resources are time-sliced, and how many ways."
+    )
 
 
 class MpsSettings(_Model):
     """The CUDA MPS control daemon the agent runs for the shared cards (enforcement: mps)."""
 
-    # Path or name of nvidia-cuda-mps-control; tests point it at a fake daemon script.
-    control_command: str = "nvidia-cuda-mps-control"
-    # -f keeps the daemon in the foreground, so the agent sees it die and restarts it; with
-    # -d it forks away and its death could not be noticed.
-    control_args: list[str] = Field(default_factory=lambda: ["-f"])
-    # Host directory holding pipe/ and log/; containers get both mounted at the same path.
-    host_dir: str = "/run/kubegpu/mps"
-    restart_initial_s: float = Field(default=0.5, gt=0, le=MAX_RESTART_DELAY_S)
-    restart_max_s: float = Field(default=30.0, gt=0, le=MAX_RESTART_DELAY_S)
+    control_command: str = Field(
+        default="nvidia-cuda-mps-control",
+        description="Path or name of nvidia-cuda-mps-control; tests point it at a fake daemon "
+        "script.",
+    )
+    control_args: list[str] = Field(
+        default_factory=lambda: ["-f"],
+        description="-f keeps the daemon in the foreground, so the agent sees it die and "
+        "restarts it; with -d it forks away and its death could not be noticed.",
+    )
+    host_dir: str = Field(
+        default="/run/kubegpu/mps",
+        description="Host directory holding pipe/ and log/; containers get both mounted at "
+        "the same path.",
+    )
+    restart_initial_s: float = Field(
+        default=0.5,
+        gt=0,
+        le=MAX_RESTART_DELAY_S,
+        description="First delay before restarting an MPS control daemon that exited "
+        "(seconds; doubles).",
+    )
+    restart_max_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=MAX_RESTART_DELAY_S,
+        description="Longest restart delay for the MPS daemon (seconds).",
+    )
 
 
 class PeerCompat(_Model):
@@ -241,16 +338,28 @@ class PeerCompat(_Model):
     at creation; it and the extender must run with the same modes.
     """
 
-    # Peers whose pods are served: `volcano`, `aliyun`; empty = none (peer resources ignored).
-    modes: list[Literal["volcano", "aliyun"]] = Field(default_factory=list)
-    # Gpushare's --memory-unit: what one aliyun.com/gpu-mem is.
-    aliyun_memory_unit: Literal["GiB", "MiB"] = "GiB"
-    # Volcano's --gpu-memory-factor: MiB in one volcano.sh/gpu-memory.
-    volcano_memory_factor: int = Field(default=1, ge=1, le=MAX_VOLCANO_MEMORY_FACTOR)
-    # Compute a peer container's share holds, in milli-GPU: the peers reserve none; 1 lets as
-    # many peer pods share a card as its memory allows. With `enforcement: mps` it is also the
-    # container's SM share (at least 1 %): raise it there.
-    compute_milli: int = Field(default=1, ge=1, le=999)
+    modes: list[Literal["volcano", "aliyun"]] = Field(
+        default_factory=list,
+        description="Peers whose pods are served: `volcano`, `aliyun`; empty = none (peer "
+        "resources ignored).",
+    )
+    aliyun_memory_unit: Literal["GiB", "MiB"] = Field(
+        default="GiB", description="Gpushare's --memory-unit: what one aliyun.com/gpu-mem is."
+    )
+    volcano_memory_factor: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_VOLCANO_MEMORY_FACTOR,
+        description="Volcano's --gpu-memory-factor: MiB in one volcano.sh/gpu-memory.",
+    )
+    compute_milli: int = Field(
+        default=1,
+        ge=1,
+        le=999,
+        description="Compute a peer container's share holds, in milli-GPU: the peers reserve "
+        "none; 1 lets as many peer pods share a card as its memory allows. With `enforcement: "
+        "mps` it is also the container's SM share (at least 1 %): raise it there.",
+    )
 
     @field_validator("modes")
     @classmethod
@@ -267,28 +376,84 @@ class GpuShare(_Model):
     (``--kubeconfig`` or in-cluster) and ``--node-name``.
     """
 
-    enabled: bool = False
-    resource_name: str = "kubegpu.io/gpu-shared"
-    memory_resource_name: str = "kubegpu.io/gpu-memory"
-    compute_resource_name: str = "kubegpu.io/gpu-compute"
-    # The whole-GPU resource the extender accounts against (one of resources.gpus).
-    whole_resource_name: str = DEFAULT_RESOURCE
-    # Containers sharing one card at once; the kubelet counts slots, the extender counts MiB.
-    slots_per_card: int = Field(default=32, ge=1, le=MAX_SLOTS_PER_CARD)
-    devices: Literal["all"] | int | list[int | str] = "all"
-    enforcement: Literal["none", "mps"] = "none"
-    mps: MpsSettings = Field(default_factory=MpsSettings)
-    # The agent watches its node's pods (to withdraw colliding ids, whole vs shared); after a
-    # failed watch it retries after this times the failures in a row (at most ten times it),
-    # and without RBAC to watch it lists the pods this often instead.
-    sync_interval_s: float = Field(default=5.0, gt=0, le=MAX_INTERVAL_S)
-    # How often the kubelet's PodResources API is cross-checked against the pod annotations.
-    reconcile_interval_s: float = Field(default=30.0, gt=0, le=MAX_INTERVAL_S)
-    # How often the node's GPU inventory annotation is re-asserted (also on start and health).
-    inventory_interval_s: float = Field(default=300.0, gt=0, le=MAX_INTERVAL_S)
-    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
-    # Peer compat modes (Volcano, Aliyun gpushare): their pods' resources read as shares.
-    compat: PeerCompat = Field(default_factory=PeerCompat)
+    enabled: bool = Field(
+        default=False,
+        description="Advertise share slots next to the whole GPUs and serve the extender's "
+        "decisions. Needs API access (`--kubeconfig` or in-cluster) and `--node-name`, else "
+        "exit 2.",
+    )
+    resource_name: str = Field(
+        default="kubegpu.io/gpu-shared",
+        description="The share-slot resource advertised per card (one slot per sharing container).",
+    )
+    memory_resource_name: str = Field(
+        default="kubegpu.io/gpu-memory",
+        description="GPU memory in MiB that pods request; accounted by the extender only, "
+        "never advertised by the node.",
+    )
+    compute_resource_name: str = Field(
+        default="kubegpu.io/gpu-compute",
+        description="Compute in milli-GPU (1000 = one card) that pods request; accounted by "
+        "the extender only, never advertised by the node.",
+    )
+    whole_resource_name: str = Field(
+        default=DEFAULT_RESOURCE,
+        description="The whole-GPU resource the extender accounts against (one of resources.gpus).",
+    )
+    slots_per_card: int = Field(
+        default=32,
+        ge=1,
+        le=MAX_SLOTS_PER_CARD,
+        description="Containers sharing one card at once; the kubelet counts slots, the "
+        "extender counts MiB.",
+    )
+    devices: Literal["all"] | int | list[int | str] = Field(
+        default="all",
+        description="Which cards offer share slots: `all`, the first N by index, or a list of "
+        "indices / UUIDs.",
+    )
+    enforcement: Literal["none", "mps"] = Field(
+        default="none",
+        description="`none`: the container is told its share in environment variables and "
+        "nothing holds it to it (trust-based). `mps`: the agent runs the CUDA MPS control "
+        "daemon and sets per-client memory and thread limits.",
+    )
+    mps: MpsSettings = Field(
+        default_factory=MpsSettings,
+        description="The CUDA MPS control daemon run for `enforcement: mps`.",
+    )
+    sync_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=MAX_INTERVAL_S,
+        description="The agent watches its node's pods (to withdraw colliding ids, whole vs "
+        "shared); after a failed watch it retries after this times the failures in a row (at "
+        "most ten times it), and without RBAC to watch it lists the pods this often instead.",
+    )
+    reconcile_interval_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=MAX_INTERVAL_S,
+        description="How often the kubelet's PodResources API is cross-checked against the pod "
+        "annotations.",
+    )
+    inventory_interval_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=MAX_INTERVAL_S,
+        description="How often the node's GPU inventory annotation is re-asserted (also on "
+        "start and health).",
+    )
+    pod_resources_socket: str = Field(
+        default="/var/lib/kubelet/pod-resources/kubelet.sock",
+        description="The kubelet's PodResources API socket, used to reconcile which pod got "
+        "which card.",
+    )
+    compat: PeerCompat = Field(
+        default_factory=PeerCompat,
+        description="Peer compat modes (Volcano, Aliyun gpushare): their pods' resources read "
+        "as shares.",
+    )
 
     @field_validator("resource_name", "memory_resource_name", "compute_resource_name")
     @classmethod
@@ -309,7 +474,10 @@ class GpuShare(_Model):
 
 
 class Sharing(_Model):
-    time_slicing: TimeSlicing = Field(default_factory=TimeSlicing)
+    time_slicing: TimeSlicing = Field(
+        default_factory=TimeSlicing,
+        description="NVIDIA-style time-slicing: several device ids per GPU, no limits.",
+    )
     gpu_share: GpuShare = Field(default_factory=GpuShare)
 
 
@@ -317,16 +485,28 @@ class Health(_Model):
     """Health-check knobs; NVIDIA's ``DP_DISABLE_HEALTHCHECKS`` / ``DP_ENABLE_HEALTHCHECKS``
     environment variables are honoured on top of these."""
 
-    disabled: bool = False
-    # Xids ignored in addition to the application Xids (13, 31, 43, 45, 68, 109).
-    ignored_xids: list[int] = Field(default_factory=list)
-    # Xids treated as fatal even when ignored by default or above.
-    critical_xids: list[int] = Field(default_factory=list)
-    # Report a GPU Healthy again after this many consecutive health checks without a critical
-    # event (not for a lost GPU: that needs the device back); None = never, as NVIDIA. A check
-    # is one wait for GPU events of 0.2 s, shorter when a non-critical event ends it, so 300
-    # checks are at most a minute without a critical Xid.
-    recover_after_healthy_checks: int | None = Field(default=None, ge=1, le=MAX_HEALTHY_CHECKS)
+    disabled: bool = Field(
+        default=False,
+        description="Turn health checking off: every GPU stays Healthy whatever happens.",
+    )
+    ignored_xids: list[int] = Field(
+        default_factory=list,
+        description="Xids ignored in addition to the application Xids (13, 31, 43, 45, 68, 109).",
+    )
+    critical_xids: list[int] = Field(
+        default_factory=list,
+        description="Xids treated as fatal even when ignored by default or above.",
+    )
+    recover_after_healthy_checks: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_HEALTHY_CHECKS,
+        description="Report a GPU Healthy again after this many consecutive health checks "
+        "without a critical event (not for a lost GPU: that needs the device back); None = "
+        "never, as NVIDIA. A check is one wait for GPU events of 0.2 s, shorter when a "
+        "non-critical event ends it, so 300 checks are at most a minute without a critical "
+        "Xid.",
+    )
 
     @field_validator("ignored_xids", "critical_xids")
     @classmethod
@@ -342,25 +522,47 @@ class Exporter(_Model):
     ``DP_DISABLE_HEALTHCHECKS=all``) the agent watches no GPU events, so the Xid counters stay
     at zero; a separate ``kubegpu exporter`` watches its own."""
 
-    # Serve the exporter from the agent; off, none of its modules (nor prometheus_client) load.
-    enabled: bool = False
-    # HOST:PORT for /metrics and /healthz (the DaemonSet uses `0.0.0.0:9400`).
-    listen: str = "127.0.0.1:9400"
-    # Seconds between background refreshes; a scrape only reads the latest one.
-    interval_s: float = Field(default=10.0, gt=0, le=MAX_EXPORTER_INTERVAL_S)
-    # Longest wait for one NVML read; the last snapshot is served meanwhile.
-    read_timeout_s: float = Field(default=5.0, gt=0, le=MAX_READ_TIMEOUT_S)
-    # The kubelet's PodResources socket, for which container holds which GPU; "" = do not ask
-    # (per-pod metrics are then absent).
-    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
-    # Where pod names come from: `logs` (the kubelet's pod log directory, no API access) or
-    # `api` (the node's pods from the API server, which also gives shared pods' shares for
-    # kubegpu_pod_gpu_over_share; needs API access).
-    pod_directory: Literal["logs", "api"] = "logs"
-    pod_log_dir: str = "/var/log/pods"
-    # procfs root in which GPU processes' cgroups are read (the host's: mount it, e.g. at
-    # /host/proc, or run with hostPID).
-    proc: str = "/proc"
+    enabled: bool = Field(
+        default=False,
+        description="Serve the exporter from the agent; off, none of its modules (nor "
+        "prometheus_client) load.",
+    )
+    listen: str = Field(
+        default="127.0.0.1:9400",
+        description="HOST:PORT for /metrics and /healthz (the DaemonSet uses `0.0.0.0:9400`).",
+    )
+    interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=MAX_EXPORTER_INTERVAL_S,
+        description="Seconds between background refreshes; a scrape only reads the latest one.",
+    )
+    read_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=MAX_READ_TIMEOUT_S,
+        description="Longest wait for one NVML read; the last snapshot is served meanwhile.",
+    )
+    pod_resources_socket: str = Field(
+        default="/var/lib/kubelet/pod-resources/kubelet.sock",
+        description="The kubelet's PodResources socket, for which container holds which GPU; "
+        '"" = do not ask (per-pod metrics are then absent).',
+    )
+    pod_directory: Literal["logs", "api"] = Field(
+        default="logs",
+        description="Where pod names come from: `logs` (the kubelet's pod log directory, no "
+        "API access) or `api` (the node's pods from the API server, which also gives shared "
+        "pods' shares for kubegpu_pod_gpu_over_share; needs API access).",
+    )
+    pod_log_dir: str = Field(
+        default="/var/log/pods",
+        description="The kubelet's pod log root, for podDirectory: logs.",
+    )
+    proc: str = Field(
+        default="/proc",
+        description="Procfs root in which GPU processes' cgroups are read (the host's: mount "
+        "it, e.g. at /host/proc, or run with hostPID).",
+    )
 
     @field_validator("listen")
     @classmethod
@@ -373,38 +575,63 @@ class DraSteering(_Model):
     """Steering DRA's first fit (docs/dra.md, "Steering"): the driver lists its devices in the
     order that serves the target workload's shares best under 07-Kubegpu's card choice."""
 
-    # The target workload, the same YAML file as the extender's `workload-file` (`pods:
-    # [{cpuMilli, gpuMilli, gpuCount, weight}]`; its single-card shares are what the order
-    # serves). Unset: no steering, devices in GPU index order.
-    workload_file: str | None = None
-    # How often the driver reads the claims allocated from its pool (one list of all
-    # ResourceClaims) and re-publishes its ResourceSlice if the order changed: at most once
-    # per interval.
-    interval_s: float = Field(default=5.0, gt=0, le=MAX_INTERVAL_S)
+    workload_file: str | None = Field(
+        default=None,
+        description="The target workload, the same YAML file as the extender's "
+        "`workload-file` (`pods: [{cpuMilli, gpuMilli, gpuCount, weight}]`; its single-card "
+        "shares are what the order serves). Unset: no steering, devices in GPU index order.",
+    )
+    interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=MAX_INTERVAL_S,
+        description="How often the driver reads the claims allocated from its pool (one list "
+        "of all ResourceClaims) and re-publishes its ResourceSlice if the order changed: at "
+        "most once per interval.",
+    )
 
 
 class Dra(_Model):
     """The DRA driver (`kubegpu dra-driver`, docs/dra.md), used with `gpuAllocation: dra`."""
 
-    # `mps`: a shared claim's container is held to its share by the CUDA MPS daemon the driver
-    # runs (same supervisor and settings as sharing.gpuShare.mps); `none`: accounting only.
-    enforcement: Literal["none", "mps"] = "none"
-    # The DRA driver's own MPS daemon, one per node for all its GPUs; same keys as
-    # sharing.gpuShare.mps, whose daemon it replaces on a DRA node.
-    mps: MpsSettings = Field(default_factory=MpsSettings)
+    enforcement: Literal["none", "mps"] = Field(
+        default="none",
+        description="`mps`: a shared claim's container is held to its share by the CUDA MPS "
+        "daemon the driver runs (same supervisor and settings as sharing.gpuShare.mps); "
+        "`none`: accounting only.",
+    )
+    mps: MpsSettings = Field(
+        default_factory=MpsSettings,
+        description="The DRA driver's own MPS daemon, one per node for all its GPUs; same keys "
+        "as sharing.gpuShare.mps, whose daemon it replaces on a DRA node.",
+    )
     steering: DraSteering = Field(default_factory=DraSteering)
 
 
 class AgentConfig(_Model):
-    version: Literal["v1"] = "v1"
-    flags: Flags = Field(default_factory=Flags)
-    resources: Resources = Field(default_factory=Resources)
-    sharing: Sharing = Field(default_factory=Sharing)
+    version: Literal["v1"] = Field(
+        default="v1", description="Config schema version; the only one is `v1`."
+    )
+    flags: Flags = Field(
+        default_factory=Flags,
+        description="Settings shaped like NVIDIA's device plugin `flags`.",
+    )
+    resources: Resources = Field(
+        default_factory=Resources,
+        description="Which GPUs are advertised under which extended resource name.",
+    )
+    sharing: Sharing = Field(
+        default_factory=Sharing,
+        description="Time-slicing (NVIDIA-compatible) and card-level sharing with the extender.",
+    )
     health: Health = Field(default_factory=Health)
     exporter: Exporter = Field(default_factory=Exporter)
-    # Who hands this node's GPUs to pods: `devicePlugin` (kubegpu device-plugin) or `dra`
-    # (kubegpu dra-driver). Never both: each refuses to start when this names the other.
-    gpu_allocation: Literal["devicePlugin", "dra"] = "devicePlugin"
+    gpu_allocation: Literal["devicePlugin", "dra"] = Field(
+        default="devicePlugin",
+        description="Who hands this node's GPUs to pods: `devicePlugin` (kubegpu "
+        "device-plugin) or `dra` (kubegpu dra-driver). Never both: each refuses to start when "
+        "this names the other.",
+    )
     dra: Dra = Field(default_factory=Dra)
 
     @model_validator(mode="after")

@@ -8,17 +8,17 @@ What is read, and from where, so the reference says only what the code does:
 * the node agent's file: every field of :class:`kubegpu.config.model.AgentConfig`, walked
   through pydantic's ``model_fields`` (YAML key = the field's alias, type from the annotation,
   default from the field, bounds from its ``Ge``/``Gt``/``Le`` metadata, allowed values from
-  ``Literal``); the description joins the field's ``description``, the comment above the field
-  in the model's source and the inline comment of the same key in the shipped
-  ``example-config.yaml`` (the user-facing text), then :data:`AGENT_NOTES` where both are
-  silent;
+  ``Literal``); the description is the field's ``description`` and nothing else (for a field
+  holding a model, followed by that model's docstring), the one text ``--help`` shows too;
 * which flag and environment variables override a field: ``kubegpu device-plugin``'s click
-  parameters and the option → config path table the command itself applies
-  (``kubegpu.cli.device_plugin._OVERRIDES``); environment names are the ones click would read,
-  explicit ``envvar`` first, then the ``KUBEGPU_<COMMAND>_<OPTION>`` name click derives;
+  parameters and the flag -> config table the command makes them from and applies
+  (``kubegpu.cli.device_plugin.CONFIG_FLAGS``); environment names are the ones click would
+  read, explicit ``envvar`` first, then the ``KUBEGPU_<COMMAND>_<OPTION>`` name click derives;
 * the extender: the fields of the :class:`kubegpu.config.extender.ExtenderConfig` model,
   each matched to the ``kubegpu extender`` option that sets it (the settings file's keys are
-  those option names);
+  those option names); the description is the option's help, which the option takes from the
+  field (or, for the resource names and compat modes, from the node agent's field it must
+  equal);
 * rules that span fields (:data:`AGENT_RULES`, :data:`EXTENDER_RULES`) cannot be read off a
   type, so they are written here as data *with a bad input each*; ``tests/docs`` feeds every
   bad input to the real loader or command and checks that it is refused as the rule says.
@@ -27,19 +27,16 @@ What is read, and from where, so the reference says only what the code does:
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import importlib
 import inspect
 import json
 import re
 import sys
-import textwrap
 import types
 import typing
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,111 +52,6 @@ from kubegpu.docgen.output import emit
 
 DEFAULT_OUTPUT = Path("docs/configuration.md")
 REGENERATE = "python -m kubegpu.docgen.configuration --write"
-
-# Descriptions for agent config fields that neither the model nor the example config explains,
-# keyed by YAML path. A test checks every key is a real field, so a renamed field cannot leave
-# a note behind.
-AGENT_NOTES: dict[str, str] = {
-    "version": "Config schema version; the only one is `v1`.",
-    "flags": "Settings shaped like NVIDIA's device plugin `flags`.",
-    "flags.plugin": "Settings shaped like NVIDIA's `flags.plugin`.",
-    "flags.plugin.cdiAnnotationPrefix": (
-        "Prefix of the pod annotation keys `Allocate` returns with the `cdi-annotations` "
-        "device list strategy."
-    ),
-    "resources": "Which GPUs are advertised under which extended resource name.",
-    "resources.gpus": (
-        "Product-name patterns and the resource each matching GPU is advertised as; the "
-        "first matching entry wins, a GPU matching none is not advertised."
-    ),
-    "resources.gpus[].pattern": (
-        "Shell glob matched against the GPU's product name (e.g. `*A100*`); the first "
-        "matching entry wins."
-    ),
-    "resources.gpus[].name": (
-        "Extended resource name for the matching GPUs; a bare name gets `nvidia.com/`."
-    ),
-    "sharing": "Time-slicing (NVIDIA-compatible) and card-level sharing with the extender.",
-    "sharing.timeSlicing": "NVIDIA-style time-slicing: several device ids per GPU, no limits.",
-    "sharing.timeSlicing.failRequestsGreaterThanOne": (
-        "Refuse (`Allocate` error) a container asking for more than one replica of a "
-        "time-sliced resource, as NVIDIA's option of the same name does."
-    ),
-    "sharing.timeSlicing.resources": "Which resources are time-sliced, and how many ways.",
-    "sharing.timeSlicing.resources[].name": "A resource from `resources.gpus` to time-slice.",
-    "sharing.timeSlicing.resources[].rename": (
-        "Advertise the replicas under this name instead (the GPUs leave the original name)."
-    ),
-    "sharing.timeSlicing.resources[].devices": (
-        "`all`, the first N GPUs by index, or a list of indices / UUIDs; anything but `all` "
-        "needs `rename` or `renameByDefault`."
-    ),
-    "sharing.gpuShare.mps": "The CUDA MPS control daemon run for `enforcement: mps`.",
-    "sharing.gpuShare.mps.restartInitialS": (
-        "First delay before restarting an MPS control daemon that exited (seconds; doubles)."
-    ),
-    "sharing.gpuShare.mps.restartMaxS": "Longest restart delay for the MPS daemon (seconds).",
-    "dra.mps.restartInitialS": (
-        "First delay before restarting an MPS control daemon that exited (seconds; doubles)."
-    ),
-    "dra.mps.restartMaxS": "Longest restart delay for the MPS daemon (seconds).",
-    "health.disabled": "Turn health checking off: every GPU stays Healthy whatever happens.",
-    "flags.failOnInitError": (
-        "When the GPU backend cannot be opened: `true` exits 1; `false` logs the error and "
-        "idles until stopped (for nodes without usable GPUs)."
-    ),
-    "flags.plugin.passDeviceSpecs": (
-        "Also return device specs for `/dev/nvidiactl`, `/dev/nvidia-uvm`, "
-        "`/dev/nvidia-uvm-tools` and each GPU's `/dev/nvidiaN` (under `devRoot` on the host)."
-    ),
-    "flags.plugin.deviceListStrategy": (
-        "How `Allocate` names the GPUs: `envvar` sets `NVIDIA_VISIBLE_DEVICES`; "
-        "`volume-mounts` mounts `/dev/null` at `/var/run/nvidia-container-devices/<id>`; "
-        "`cdi-cri` returns CDI device names; `cdi-annotations` returns them as a pod "
-        "annotation under `cdiAnnotationPrefix`. A `cdi-*` strategy also writes a CDI spec "
-        "into `cdiDir`."
-    ),
-    "flags.plugin.deviceIDStrategy": (
-        "What containers see in the device list: GPU UUIDs or indices."
-    ),
-    "flags.plugin.sharedDevicesAllocationPolicy": (
-        "Which time-slicing replicas `GetPreferredAllocation` prefers: `distributed` takes "
-        "from the least used GPU first, `packed` fills the busiest GPU first."
-    ),
-    "sharing.timeSlicing.renameByDefault": (
-        "Advertise every time-sliced resource as `<name>.shared` unless it has its own `rename`."
-    ),
-    "sharing.timeSlicing.resources[].replicas": (
-        "Device ids advertised per GPU (`<uuid>::0` ... `<uuid>::N-1`); nothing limits what "
-        "each replica's container uses."
-    ),
-    "sharing.gpuShare.enabled": (
-        "Advertise share slots next to the whole GPUs and serve the extender's decisions. "
-        "Needs API access (`--kubeconfig` or in-cluster) and `--node-name`, else exit 2."
-    ),
-    "sharing.gpuShare.resourceName": (
-        "The share-slot resource advertised per card (one slot per sharing container)."
-    ),
-    "sharing.gpuShare.memoryResourceName": (
-        "GPU memory in MiB that pods request; accounted by the extender only, never "
-        "advertised by the node."
-    ),
-    "sharing.gpuShare.computeResourceName": (
-        "Compute in milli-GPU (1000 = one card) that pods request; accounted by the extender "
-        "only, never advertised by the node."
-    ),
-    "sharing.gpuShare.devices": (
-        "Which cards offer share slots: `all`, the first N by index, or a list of indices / UUIDs."
-    ),
-    "sharing.gpuShare.enforcement": (
-        "`none`: the container is told its share in environment variables and nothing holds "
-        "it to it (trust-based). `mps`: the agent runs the CUDA MPS control daemon and sets "
-        "per-client memory and thread limits."
-    ),
-    "sharing.gpuShare.podResourcesSocket": (
-        "The kubelet's PodResources API socket, used to reconcile which pod got which card."
-    ),
-}
 
 
 @dataclass(frozen=True)
@@ -353,81 +245,6 @@ EXTENDER_RULES: tuple[Rule, ...] = (
 )
 
 
-# --- reading the sources -------------------------------------------------------------------
-
-
-def _field_comments(cls: type) -> dict[str, str]:
-    """The ``#`` comment lines directly above each annotated field in ``cls``'s source."""
-    try:
-        source = textwrap.dedent(inspect.getsource(cls))
-    except (OSError, TypeError):
-        return {}
-    lines = source.splitlines()
-    found: dict[str, str] = {}
-    for node in ast.parse(source).body[0].body:  # type: ignore[attr-defined]
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            above: list[str] = []
-            row = node.lineno - 2
-            while row >= 0 and lines[row].strip().startswith("#"):
-                above.insert(0, lines[row].strip().lstrip("#").strip())
-                row -= 1
-            inline = lines[node.lineno - 1].partition("  # ")[2].strip()
-            text = " ".join([*above, inline]).strip()
-            if text:
-                found[node.target.id] = text
-    return found
-
-
-_KEY_LINE = re.compile(r"^(?P<item>- )?(?P<key>[A-Za-z][A-Za-z0-9]*):(?P<rest>.*)$")
-
-
-def example_comments(text: str) -> dict[str, str]:
-    """Inline comments of the example config, keyed by YAML path (``resources.gpus[].name``).
-
-    A small indentation parser, enough for the shipped file's block style: each key's path is
-    the keys above it with smaller indentation; a ``- `` item marks its parent as a list.
-    """
-    stack: list[tuple[int, str]] = []
-    found: dict[str, str] = {}
-    for line in text.splitlines():
-        body = line.lstrip()
-        if not body or body.startswith("#"):
-            continue
-        indent = len(line) - len(body)
-        match = _KEY_LINE.match(body)
-        if match is None:
-            continue
-        if match["item"]:
-            indent += 2
-            if stack and not stack[-1][1].endswith("[]"):
-                stack[-1] = (stack[-1][0], stack[-1][1] + "[]")
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        path = ".".join([*(key for _, key in stack), match["key"]])
-        stack.append((indent, match["key"]))
-        comment = _inline_comment(match["rest"])
-        if comment and not comment.lower().startswith("example"):
-            found[path] = comment
-    return found
-
-
-def _inline_comment(rest: str) -> str:
-    """The text after the first `` #`` outside quotes (YAML's comment rule), else ``""``."""
-    quote = ""
-    for i, char in enumerate(rest):
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char == "#" and (i == 0 or rest[i - 1].isspace()):
-            return rest[i + 1 :].strip()
-    return ""
-
-
-def _shipped_example() -> str:
-    return (resources.files("kubegpu.config") / "example-config.yaml").read_text(encoding="utf-8")
-
-
 # --- types, defaults, bounds ---------------------------------------------------------------
 
 
@@ -552,12 +369,12 @@ def override_of(name: str, param: click.Option) -> Override:
 
 
 def agent_overrides() -> dict[str, Override]:
-    """Config path → what overrides it, from the command's own option → path table."""
-    from kubegpu.cli.device_plugin import _OVERRIDES
+    """Config path → what overrides it, from the command's own flag → config table."""
+    from kubegpu.cli.device_plugin import FLAG_TO_CONFIG
 
     by_name = {p.name: p for p in params("device-plugin")}
     found: dict[str, Override] = {}
-    for option, path in _OVERRIDES.items():
+    for option, path in FLAG_TO_CONFIG.items():
         found[path] = override_of("device-plugin", by_name[option])
     return found
 
@@ -599,14 +416,20 @@ def _class_intro(cls: type) -> str:
     return "" if doc == inherited else " ".join(doc.split())
 
 
+def field_description(info: FieldInfo) -> str:
+    """A field's text in the reference: its ``description``, then, for a field holding a
+    model, that model's docstring (what such a section is, wherever it is used)."""
+    annotation = info.annotation
+    intro = _class_intro(typing.cast(type, annotation)) if _is_model(annotation) else None
+    return _describe(info.description, intro)
+
+
 def agent_sections() -> list[SectionDoc]:
     """Every section of the agent config, depth first, with every field."""
     overrides = agent_overrides()
-    examples = example_comments(_shipped_example())
     sections: list[SectionDoc] = []
 
     def walk(model: type[BaseModel], prefix: str) -> None:
-        comments = _field_comments(model)
         fields: list[FieldDoc] = []
         nested: list[tuple[type[BaseModel], str]] = []
         for name, info in model.model_fields.items():
@@ -622,15 +445,7 @@ def agent_sections() -> list[SectionDoc]:
                     type=type_text(annotation) if item is None else "list of objects",
                     default=default,
                     bounds=bounds_text(info),
-                    description=_describe(
-                        info.description,
-                        AGENT_NOTES.get(path),
-                        comments.get(name),
-                        _class_intro(typing.cast(type, annotation))
-                        if _is_model(annotation)
-                        else None,
-                    )
-                    or _describe(examples.get(path)),
+                    description=field_description(info),
                     override=overrides.get(path),
                     section=section,
                 )
@@ -653,33 +468,6 @@ def agent_fields() -> Iterator[FieldDoc]:
 
 
 # --- the extender --------------------------------------------------------------------------
-
-# Descriptions for extender settings whose option has no help text, keyed by settings key.
-# A test checks every key is a real setting.
-EXTENDER_NOTES: dict[str, str] = {
-    "port": "Port to listen on.",
-    "tls-cert-file": "PEM certificate (chain) to serve HTTPS with; needs tls-key-file.",
-    "tls-key-file": "PEM private key of tls-cert-file.",
-    "workload-refresh-seconds": (
-        "How often the target workload of fgd/kubegpu is re-derived from the cluster's pods, "
-        "CPU-only ones included (not used with workload-file)."
-    ),
-    "bind-attempts": (
-        "How many times bind decides again when the pod changed meanwhile (409) before it "
-        "gives up with an error."
-    ),
-    "whole-gpu-resource": "Whole-GPU resource name (the node agent's wholeResourceName).",
-    "gpu-memory-resource": "GPU memory resource, MiB (the agent's memoryResourceName).",
-    "gpu-compute-resource": "GPU compute resource, milli-GPU (computeResourceName).",
-    "share-slot-resource": "Share-slot resource (the node agent's gpuShare resourceName).",
-}
-
-# ExtenderConfig field → ``kubegpu extender`` option, where the names differ.
-_EXTENDER_OPTION_FOR_FIELD = {
-    "workload_refresh_s": "workload_refresh_seconds",
-    "request_head_timeout_s": "request_head_timeout_seconds",
-    "request_body_timeout_s": "request_body_timeout_seconds",
-}
 
 
 @dataclass(frozen=True)
@@ -719,6 +507,9 @@ def _click_default(param: click.Option) -> str:
 
 def _extender_fields() -> Iterator[tuple[str, str, object, object]]:
     """(dotted field, option name, type, dataclass default) for every setting."""
+    from kubegpu.cli.extender import OPTION_FIELDS
+
+    option_for = {field: option for option, field in OPTION_FIELDS.items()}
     for name, info in ExtenderConfig.model_fields.items():
         kind = info.annotation
         if dataclasses.is_dataclass(kind):
@@ -731,7 +522,7 @@ def _extender_fields() -> Iterator[tuple[str, str, object, object]]:
                     continue
                 yield f"{name}.{g.name}", f"{g.name}_resource", inner_hints[g.name], g.default
         else:
-            option = _EXTENDER_OPTION_FOR_FIELD.get(name, name)
+            option = option_for.get(name, name)
             # A default_factory has no default to compare, as with a dataclass field.
             default = dataclasses.MISSING if info.default_factory else info.default
             yield name, option, kind, default
@@ -739,14 +530,13 @@ def _extender_fields() -> Iterator[tuple[str, str, object, object]]:
 
 def extender_settings() -> list[SettingDoc]:
     by_name = {p.name: p for p in params("extender")}
-    comments = _field_comments(ExtenderConfig)
     found: list[SettingDoc] = []
     for dotted, option, kind, _default in _extender_fields():
         param = by_name.get(option)
         if param is None:
             raise LookupError(
                 f"ExtenderConfig.{dotted} has no `kubegpu extender --{option.replace('_', '-')}`"
-                " option; map it in kubegpu.docgen.configuration._EXTENDER_OPTION_FOR_FIELD"
+                " option; declare it with kubegpu.cli.extender._setting"
             )
         found.append(
             SettingDoc(
@@ -755,10 +545,7 @@ def extender_settings() -> list[SettingDoc]:
                 type=type_text(kind),
                 default=_click_default(param),
                 bounds=_click_bounds(param),
-                description=_describe(
-                    param.help or EXTENDER_NOTES.get(param.opts[0].removeprefix("--"))
-                )
-                or _describe(comments.get(dotted)),
+                description=_describe(param.help),
                 override=override_of("extender", param),
             )
         )
@@ -825,7 +612,7 @@ def _option_table(name: str, skip: set[str] | None = None) -> list[str]:
 
 
 def _agent_part() -> list[str]:
-    from kubegpu.cli.device_plugin import _OVERRIDES
+    from kubegpu.cli.device_plugin import FLAG_TO_CONFIG
 
     out = [
         "## Node agent: `kubegpu device-plugin --config FILE`",
@@ -902,7 +689,7 @@ def _agent_part() -> list[str]:
         "### Options that are not in the file",
         "",
     ]
-    out += _option_table("device-plugin", skip=set(_OVERRIDES))
+    out += _option_table("device-plugin", skip=set(FLAG_TO_CONFIG))
     out += [
         "",
         "The config-file options above also accept the environment variable names NVIDIA's",
