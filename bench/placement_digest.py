@@ -16,7 +16,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from kubegpu.placement.policies import POLICIES, get_policy
+from kubegpu.placement.policies import get_policy, simulator_policies
 from kubegpu.simulate.arrivals import load_fixture
 from kubegpu.simulate.replay import ranked_engine, target_workload
 from kubegpu.simulate.traces import load_nodes, load_pods
@@ -50,7 +50,9 @@ def main() -> None:
     parser.add_argument("--seeds", default="42")
     parser.add_argument("--policy", default="all")
     args = parser.parse_args()
-    names = list(POLICIES) if args.policy == "all" else args.policy.split(",")
+    names = (
+        [p.name for p in simulator_policies()] if args.policy == "all" else args.policy.split(",")
+    )
     for seed in (int(s) for s in args.seeds.split(",")):
         for name in names:
             sha, placed = digest(args.traces, args.workload, seed, name)

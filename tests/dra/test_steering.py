@@ -14,9 +14,9 @@ from kubegpu.core.gpu import NodeInventory
 from kubegpu.dra.publisher import ResourceSlicePublisher
 from kubegpu.dra.slices import build_resource_slices
 from kubegpu.dra.steering import DeviceSteerer, card_free_milli, steered_order
+from kubegpu.placement.device_order import CardChoice, DeviceOrderEngine
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import GpuState, NodeState, PodRequest
-from kubegpu.placement.policies.device_order import CardChoice, DeviceOrderEngine
 from kubegpu.testing.waiting import wait_until_async
 
 from .conftest import NODE, Node, gpu, serve_node

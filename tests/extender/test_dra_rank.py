@@ -31,11 +31,11 @@ from kubegpu.extender.dra_view import FakeDraCluster
 from kubegpu.extender.scheduler import GpuScheduler
 from kubegpu.kube.resource_claims import claim_from_object
 from kubegpu.kube.resource_slices import slice_devices
+from kubegpu.placement.device_order import CardChoice, DeviceOrderEngine
 from kubegpu.placement.engine import PlacementEngine
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import GpuState, NodeState, PodRequest
 from kubegpu.placement.policies import get_policy
-from kubegpu.placement.policies.device_order import CardChoice, DeviceOrderEngine
 from kubegpu.sharing.accounting import PodUsage
 from tests.extender.dra_cluster import (
     DRIVER,

@@ -1,4 +1,4 @@
-"""DRA's card choice (``placement.policies.device_order``): first fit in slice order, first fit in
+"""DRA's card choice (``placement.device_order``): first fit in slice order, first fit in
 a steering driver's order, and that neither over-commits a card."""
 
 from __future__ import annotations
@@ -10,11 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubegpu.placement.engine import PlacementEngine
-from kubegpu.placement.fragmentation import TypicalWorkload
-from kubegpu.placement.model import MILLI_PER_GPU, GpuState, NodeState, PodRequest
-from kubegpu.placement.policies import get_policy
-from kubegpu.placement.policies.device_order import (
+from kubegpu.placement.device_order import (
     CardChoice,
     DeviceOrderEngine,
     check_steerable,
@@ -22,6 +18,10 @@ from kubegpu.placement.policies.device_order import (
     parse_card_choice,
     share_classes,
 )
+from kubegpu.placement.engine import PlacementEngine
+from kubegpu.placement.fragmentation import TypicalWorkload
+from kubegpu.placement.model import MILLI_PER_GPU, GpuState, NodeState, PodRequest
+from kubegpu.placement.policies import get_policy
 
 
 def node(
@@ -131,8 +131,7 @@ def test_steered_order_is_the_one_minimising_the_expected_cost_of_the_next_share
     engine = DeviceOrderEngine(
         [node("a", free)], "kubegpu", workload, card_choice=CardChoice.STEERED
     )
-    scorer = engine._kubegpu
-    assert scorer is not None
+    scorer = engine.node_scorer
     # The cost of a class on a value: our policy's card key (bucket, then free milli).
     costs: dict[tuple[int, int], float] = {}
     classes = [pod for pod, _ in share_classes(workload)]

@@ -29,15 +29,14 @@ def test_the_first_node_of_the_full_sort_with_best_seeing_each_state_first(seed:
         pod = random_pod(rng, i)
         rows = engine.feasible_rows(pod)
         if rows.size >= 2:
-            chosen = engine._kubegpu_best(pod, rows)  # first: its tables are cold here
-            keys = twin._kubegpu_keys(pod, rows)
+            chosen = engine.node_scorer.best(pod, rows)  # first: its tables are cold here
+            keys = twin.node_scorer.keys(pod, rows)
             assert chosen == int(np.lexsort(tuple(reversed(keys)))[0]), pod
             if pod.is_gpu_share:
                 # The card read back from the chosen state's order value (its remainder is
                 # the best card's free milli, whatever the bucket's sign) is the card a
                 # fresh pricing of the row picks.
-                scorer = engine._kubegpu
-                assert scorer is not None
+                scorer = engine.node_scorer
                 i = int(rows[chosen])
                 fresh = int(scorer.share_choice(pod, np.array([i]))[1][0])
                 assert scorer.card(i, pod) == fresh, pod

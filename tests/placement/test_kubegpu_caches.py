@@ -75,8 +75,7 @@ def test_the_looked_up_card_is_the_one_pricing_the_node_picks(seed: int) -> None
     rng = random.Random(50 + seed)
     workload = TypicalWorkload.from_pods([random_pod(rng, i) for i in range(60)])
     engine = PlacementEngine([random_node(rng, i) for i in range(40)], "kubegpu", workload)
-    scorer = engine._kubegpu
-    assert scorer is not None
+    scorer = engine.node_scorer
     checked = 0
     for i in range(80):
         pod = random_pod(rng, i)

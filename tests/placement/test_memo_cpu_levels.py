@@ -10,7 +10,6 @@ import random
 import numpy as np
 import pytest
 
-from kubegpu.placement import engine as engine_module
 from kubegpu.placement.engine import PlacementEngine
 from kubegpu.placement.fragmentation import (
     FragmentationMemo,
@@ -19,6 +18,7 @@ from kubegpu.placement.fragmentation import (
     node_fragment_milli,
 )
 from kubegpu.placement.model import GpuState, NodeState, PodRequest
+from kubegpu.placement.policies import fgd as fgd_module
 from kubegpu.placement.policies.fgd import FgdScorer, LevelledKey
 from tests.placement.test_kubegpu_caches import random_node, random_pod
 
@@ -129,15 +129,15 @@ def test_ours_with_cpu_levels_places_every_pod_as_with_exact_keys(
     workload = TypicalWorkload.from_pods(pods[:60])
     nodes = [random_node(rng, i) for i in range(40)]
     levelled = PlacementEngine(nodes, "kubegpu", workload)
-    assert levelled._fgd is not None and levelled._fgd.memo._cpu_levels is not None
+    assert levelled.node_scorer.fgd.memo._cpu_levels is not None
 
     class ExactMemo(FragmentationMemo):
         def __init__(self, workload: TypicalWorkload, *, cpu_levels: bool = False) -> None:
             super().__init__(workload)
 
-    monkeypatch.setattr(engine_module, "FragmentationMemo", ExactMemo)
+    monkeypatch.setattr(fgd_module, "FragmentationMemo", ExactMemo)
     exact = PlacementEngine(nodes, "kubegpu", workload)
-    assert exact._fgd is not None and exact._fgd.memo._cpu_levels is None
+    assert exact.node_scorer.fgd.memo._cpu_levels is None
     placed = 0
     for pod in pods:
         got = levelled.place(pod)
@@ -166,10 +166,9 @@ def test_scores_and_growth_looked_up_by_level_are_the_exact_ones(
         def __init__(self, workload: TypicalWorkload, *, cpu_levels: bool = False) -> None:
             super().__init__(workload)
 
-    monkeypatch.setattr(engine_module, "FragmentationMemo", ExactMemo)
+    monkeypatch.setattr(fgd_module, "FragmentationMemo", ExactMemo)
     exact = PlacementEngine(nodes, "kubegpu", workload)
-    ours, theirs = levelled._kubegpu, exact._kubegpu
-    assert ours is not None and theirs is not None
+    ours, theirs = levelled.node_scorer, exact.node_scorer
     compared = 0
     for pod in pods:
         rows = levelled.feasible_rows(pod)
@@ -196,8 +195,7 @@ def test_a_node_whose_cpu_moved_within_its_level_is_scored_by_lookup(
         for i, cpu in enumerate([96000, 95000, 3000, 9000, 5000])
     ]
     engine = PlacementEngine(nodes, "kubegpu", workload)
-    fgd = engine._fgd
-    assert fgd is not None
+    fgd = engine.node_scorer.fgd
     # (level before, level after) of each state whose fragments are computed.
     computed = levels_computed(fgd, monkeypatch)
     pod = PodRequest(4000, 1024, 1, 500, name="share")
@@ -217,13 +215,11 @@ def test_a_node_whose_cpu_moved_within_its_level_is_scored_by_lookup(
     assert scores.tolist() == exact.scores(pod, np.array([3, 4])).tolist()
     assert scores[0] == first[0] != scores[1]
     # So does a CPU-only pod's growth bucket (ours' third key) on those two.
-    scorer = engine._kubegpu
-    assert scorer is not None
+    scorer = engine.node_scorer
     cpu_pod = PodRequest(4000, 1024, name="cpu")
     growth = scorer._growth_bucket(cpu_pod, np.array([0, 1, 3, 4])).tolist()
     assert growth[0] == growth[1] != growth[3]
-    cold = PlacementEngine(nodes, "kubegpu", workload)._kubegpu
-    assert cold is not None
+    cold = PlacementEngine(nodes, "kubegpu", workload).node_scorer
     assert growth == [cold._growth_bucket(cpu_pod, np.array([i])).tolist()[0] for i in (0, 1, 3, 4)]
 
 
@@ -262,8 +258,8 @@ def test_classes_of_one_shape_share_their_levelled_scores_and_growths(
         NodeState("small", 96000, 6000, 262144, "T4", (GpuState(0, 1000), GpuState(1, 700))),
     ]
     engine = PlacementEngine(nodes, "kubegpu", workload)
-    fgd, scorer = engine._fgd, engine._kubegpu
-    assert fgd is not None and scorer is not None
+    scorer = engine.node_scorer
+    fgd = scorer.fgd
     computed = levels_computed(fgd, monkeypatch)
     exact = FgdScorer(engine, FragmentationMemo(workload))
     both = np.array([0, 1])
@@ -287,8 +283,7 @@ def test_classes_of_one_shape_share_their_levelled_scores_and_growths(
     def growth(cpu: int) -> list[float]:
         pod = PodRequest(cpu, 1024, name=f"cpu-{cpu}")
         got = scorer._growth_bucket(pod, both).tolist()
-        fresh = PlacementEngine(nodes, "kubegpu", workload)._kubegpu
-        assert fresh is not None
+        fresh = PlacementEngine(nodes, "kubegpu", workload).node_scorer
         assert got == fresh._growth_bucket(pod, both).tolist(), cpu
         return got
 

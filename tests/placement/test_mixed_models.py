@@ -316,5 +316,5 @@ def test_kubegpu_orders_cpu_pods_on_mixed_clusters_by_the_fragment_growth(seed: 
                 )
             # The engine's buckets (GROWTH_BUCKET_MILLI), from the growth by definition.
             buckets = np.floor(np.round(np.array(growth), 6) / 300.0)
-            assert eng._kubegpu_keys(pod, rows)[1].tolist() == buckets.tolist()
+            assert eng.node_scorer.keys(pod, rows)[1].tolist() == buckets.tolist()
         eng.place(pod)

@@ -74,12 +74,12 @@ def test_a_pod_free_to_go_anywhere_pays_the_pressure_of_the_model_it_takes() -> 
     free_pod = PodRequest(1000, 1024, 1, 1000)
     ours = PlacementEngine(nodes, "kubegpu", workload)
     rows = ours.feasible_rows(free_pod)
-    assert ours._kubegpu_keys(free_pod, rows)[0].tolist() == [25.0, 0.0]
+    assert ours.node_scorer.keys(free_pod, rows)[0].tolist() == [25.0, 0.0]
     assert ours.choose(free_pod).node == "g2"  # type: ignore[union-attr]
     # A share pays in proportion: its 500-milli gap (no share class could fill it) plus,
     # on T4, 500 of pressure: 1000 → 25 buckets on T4, 500 → 12 on G2.
     share = PodRequest(1000, 1024, 1, 500)
-    assert ours._kubegpu_keys(share, ours.feasible_rows(share))[0].tolist() == [25.0, 12.0]
+    assert ours.node_scorer.keys(share, ours.feasible_rows(share))[0].tolist() == [25.0, 12.0]
     # The T4-only pod has one place to go, pressure or not.
     t4_pod = PodRequest(1000, 1024, 1, 1000, gpu_models=frozenset({"T4"}))
     assert ours.choose(t4_pod).node == "t4"  # type: ignore[union-attr]

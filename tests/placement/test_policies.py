@@ -212,7 +212,7 @@ def test_kubegpu_breaks_a_shares_waste_tie_by_best_fit_then_rank() -> None:
     )
     nodes = [node("first", (330,), rank=0), node("tight", (300,), rank=1)]
     ours = engine(nodes, "kubegpu", workload)
-    keys = ours._kubegpu_keys(share(100), ours.feasible_rows(share(100)))
+    keys = ours.node_scorer.keys(share(100), ours.feasible_rows(share(100)))
     assert [key.tolist() for key in keys] == [[3, 3], [330, 300]]
     assert engine(nodes, "fgd", workload).score(share(100)) == {"first": 48, "tight": 48}
     assert ours.choose(share(100)).node == "tight"  # type: ignore[union-attr]

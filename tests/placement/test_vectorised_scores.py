@@ -76,7 +76,7 @@ def test_kubegpu_scores_equal_the_former_per_row_loop_on_random_clusters(seed: i
         pod = random_pod(rng)
         rows = engine.feasible_rows(pod)
         if rows.size >= 2:
-            keys = engine._kubegpu_keys(pod, rows)
+            keys = engine.node_scorer.keys(pod, rows)
             assert engine.scores(pod, rows).tolist() == scalar_order_scores(keys).tolist()
             checked += 1
         # Bind it somewhere so later pods see a changed cluster (and new row states).
@@ -114,9 +114,9 @@ def test_kubegpu_choice_is_the_first_node_of_the_full_sort_on_random_clusters(se
         pod = random_pod(rng)
         rows = engine.feasible_rows(pod)
         if rows.size >= 2:
-            keys = engine._kubegpu_keys(pod, rows)
+            keys = engine.node_scorer.keys(pod, rows)
             first = int(np.lexsort(tuple(reversed(keys)))[0])
-            assert engine._kubegpu_best(pod, rows) == first
+            assert engine.node_scorer.best(pod, rows) == first
             checked += 1
         engine.place(pod)
     assert checked >= 10

@@ -146,7 +146,7 @@ def test_kubegpu_places_each_share_on_the_card_of_least_cost_bucket(seed: int) -
         assert buckets[col] == buckets.min()
         assert free[col] == free[buckets == buckets.min()].min()
         # And no feasible node has a card in a lower bucket.
-        assert buckets.min() == engine._kubegpu_keys(pod, rows)[0].min()
+        assert buckets.min() == engine.node_scorer.keys(pod, rows)[0].min()
         engine.allocate(placement.node, pod, placement.gpu_indices)
         checked += 1
     assert checked >= 20

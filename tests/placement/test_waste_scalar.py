@@ -95,8 +95,7 @@ def test_the_scalar_card_choice_is_numpys(seed: int, monkeypatch: pytest.MonkeyP
     rng = random.Random(300 + seed)
     workload = TypicalWorkload.from_pods([random_pod(rng, i) for i in range(60)])
     engine = PlacementEngine([random_node(rng, i) for i in range(40)], "kubegpu", workload)
-    scorer = engine._kubegpu
-    assert scorer is not None
+    scorer = engine.node_scorer
     checked = 0
     for i in range(120):
         pod = random_pod(rng, i)

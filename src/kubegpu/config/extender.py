@@ -32,7 +32,12 @@ from kubegpu.core.names import model_key
 from kubegpu.core.version_skew import parse_version
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import PodRequest
-from kubegpu.placement.policies import POLICIES
+from kubegpu.placement.policies import (
+    DEFAULT_POLICY,
+    extender_accepts,
+    extender_names,
+    names_in_prose,
+)
 from kubegpu.sharing.resources import ResourceNames
 
 CONFIG_API_VERSION = "kubegpu.io/v1alpha1"
@@ -54,9 +59,6 @@ MAX_INFLIGHT_BODY_BYTES = 4 * MAX_BODY_BYTES
 MAX_REQUEST_TIMEOUT_S = 3600.0
 MAX_WORKLOAD_REFRESH_S = 86_400.0
 MAX_BIND_ATTEMPTS = 100
-# The extender's names for the placement engine's policies (extender.scheduler.POLICY_ALIASES
-# maps each to the engine's; a test keeps the two lists equal).
-POLICY_NAMES = frozenset({"binpack", "spread", "fgd", "kubegpu"})
 
 
 class ExtenderConfigError(ValueError):
@@ -74,8 +76,8 @@ class ExtenderConfig(BaseModel):
         description="Port of the verbs' listener (0 picks a free one, logged at start).",
     )
     policy: str = Field(
-        default="kubegpu",
-        description="binpack, spread, fgd or kubegpu (or any placement engine policy name).",
+        default=DEFAULT_POLICY,
+        description=f"{names_in_prose(extender_names())} (or any placement engine policy name).",
     )
     names: ResourceNames = Field(
         default_factory=ResourceNames,
@@ -190,7 +192,7 @@ class ExtenderConfig(BaseModel):
     # Not pydantic's (deprecated) ``validate``: the extender's own check of settings built from
     # flags, environment and file together, raising ExtenderConfigError naming the setting.
     def validate(self) -> None:  # type: ignore[override]
-        policies = set(POLICY_NAMES) | set(POLICIES)
+        policies = extender_accepts()  # the policy registry's
         if self.policy.lower() not in policies:
             raise ExtenderConfigError(
                 f"policy {self.policy!r} unknown; choose one of {sorted(policies)}"

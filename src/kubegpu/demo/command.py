@@ -698,10 +698,9 @@ def _run_async(
 # --------------------------------------------------------------------------- CLI
 def _known_policy(value: str) -> str:
     """The extender's own check, here: its refusal would come only after the cluster started."""
-    from kubegpu.extender.scheduler import POLICY_ALIASES
-    from kubegpu.placement.policies import POLICIES
+    from kubegpu.placement.policies import extender_accepts
 
-    known = set(POLICY_ALIASES) | set(POLICIES)
+    known = extender_accepts()
     if value.lower() not in known:
         raise click.BadParameter(f"{value!r} is not one of {', '.join(sorted(known))}")
     return value

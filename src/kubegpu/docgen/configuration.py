@@ -49,6 +49,7 @@ from kubegpu.cli.main import cli as root_command
 from kubegpu.config.extender import CONFIG_API_VERSION, CONFIG_KIND, ExtenderConfig
 from kubegpu.config.model import AgentConfig
 from kubegpu.docgen.output import emit
+from kubegpu.placement.policies import POLICIES, extender_names, names_in_prose
 
 DEFAULT_OUTPUT = Path("docs/configuration.md")
 REGENERATE = "python -m kubegpu.docgen.configuration --write"
@@ -180,7 +181,10 @@ AGENT_RULES: tuple[Rule, ...] = (
 
 EXTENDER_RULES: tuple[Rule, ...] = (
     Rule(
-        "`policy` must be `binpack`, `spread`, `fgd`, `kubegpu` or a placement engine policy.",
+        f"`policy` must be {names_in_prose(f'`{n}`' for n in extender_names())}, or a placement "
+        "engine policy: "
+        + names_in_prose(f"`{n}`" for n in POLICIES if n not in extender_names())
+        + ".",
         ["--policy", "roundrobin"],
         "unknown; choose one of",
     ),

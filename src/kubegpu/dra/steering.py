@@ -3,7 +3,7 @@
 DRA's allocator (kube-scheduler, ``k8s.io/dynamic-resource-allocation`` v0.35) takes the first
 device of a pool, in slice order, that fits the request; nothing scores devices yet (KEP-4970).
 So the order the driver publishes *is* the card choice. This module computes the order the
-simulator's ``steered`` mode uses (:mod:`kubegpu.placement.policies.device_order`), from what
+simulator's ``steered`` mode uses (:mod:`kubegpu.placement.device_order`), from what
 the driver can see: its inventory and the claims allocated from its pool.
 
 * :func:`card_free_milli`: each card's free share in milli-cards, the smaller of its free
@@ -11,7 +11,7 @@ the driver can see: its inventory and the claims allocated from its pool.
   of our pool: a share consumes its ``consumedCapacity``, a whole-card allocation the card).
 * :func:`steered_order`: the GPU indices in the order that minimises the expected cost of the
   next share's first fit over the target workload's share classes, under 07-Kubegpu's card
-  key, by running :class:`~kubegpu.placement.policies.device_order.DeviceOrderEngine` on a
+  key, by running :class:`~kubegpu.placement.device_order.DeviceOrderEngine` on a
   one-node cluster of this node.
 
 The order never decides whether a claim fits: the allocator checks every device's remaining
@@ -32,9 +32,9 @@ from kubegpu.core.dra import AllocatedDevice, device_index
 from kubegpu.core.dra_ports import PoolAllocationSource
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.dra.slices import COMPUTE_MILLI_PER_CARD
+from kubegpu.placement.device_order import CardChoice, DeviceOrderEngine
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import MILLI_PER_GPU, GpuState, NodeState
-from kubegpu.placement.policies.device_order import CardChoice, DeviceOrderEngine
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from kubegpu.extender.scheduler import GpuScheduler, extender_priorities
 from kubegpu.placement.engine import PlacementEngine
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import MILLI_PER_GPU, GpuState, NodeState, PodRequest
-from kubegpu.placement.policies import NodeScore, PolicySpec
+from kubegpu.placement.policies import PolicySpec
 from kubegpu.sharing.accounting import node_state
 from kubegpu.sharing.claim import read_claim
 from kubegpu.sharing.resources import pod_key
@@ -177,17 +177,13 @@ def dra_demand(
     return PodRequest(cpu_milli, memory_mib, 1, max(1, compute), memory, name=name)
 
 
-def needs_workload(policy: PolicySpec) -> bool:
-    return policy.node_score in (NodeScore.FGD, NodeScore.KUBEGPU)
-
-
 def ranking_engine(
     nodes: Sequence[NodeState], policy: PolicySpec, workload: TypicalWorkload | None
 ) -> PlacementEngine:
     """The engine DRA nodes are ranked on: ``nodes`` in name order, ranked by that order (the
     tie-break), with the extender's policy and target workload."""
     ranked = [replace(n, rank=i) for i, n in enumerate(sorted(nodes, key=lambda n: n.name))]
-    return PlacementEngine(ranked, policy, workload if needs_workload(policy) else None)
+    return PlacementEngine(ranked, policy, workload if policy.needs_workload else None)
 
 
 class DraRanker:
@@ -216,7 +212,7 @@ class DraRanker:
     def workload(self) -> TypicalWorkload | None:
         """The extender's target workload, the same definition /prioritize scores against,
         refreshed as often as the scheduler refreshes its own."""
-        if not needs_workload(self.scheduler.engine_policy):
+        if not self.scheduler.engine_policy.needs_workload:
             return None
         if self.scheduler.configured_workload is not None:
             return self.scheduler.configured_workload

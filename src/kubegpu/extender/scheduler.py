@@ -35,7 +35,7 @@ from kubegpu.extender.view import ClusterState
 from kubegpu.placement.engine import PlacementEngine, RowShapeChanged
 from kubegpu.placement.fragmentation import ClassKey, TypicalWorkload, class_key
 from kubegpu.placement.model import MILLI_PER_GPU
-from kubegpu.placement.policies import get_policy
+from kubegpu.placement.policies import extender_policy
 from kubegpu.placement.target import target_workload
 from kubegpu.sharing.accounting import NodeInfo, PodUsage, node_state
 from kubegpu.sharing.annotations import (
@@ -53,9 +53,6 @@ from kubegpu.sharing.resources import (
 
 log = logging.getLogger(__name__)
 
-# Extender policy name -> engine policy ("spread": BestFit's score upside down and the emptiest
-# card, ``kubegpu.placement.policies.SPREAD``).
-POLICY_ALIASES = {"binpack": "bestfit", "spread": "spread", "fgd": "fgd", "kubegpu": "kubegpu"}
 MAX_EXTENDER_PRIORITY = 10
 
 
@@ -110,7 +107,8 @@ class GpuScheduler:
     ) -> None:
         self.view = view
         self.policy = policy.strip().lower()
-        self.engine_policy = get_policy(POLICY_ALIASES.get(self.policy, self.policy))
+        # The registry's entry: the extender's own names ("binpack") or any registered one.
+        self.engine_policy = extender_policy(self.policy)
         self.configured_workload = workload
         self.workload_refresh_s = workload_refresh_s
         self.clock = clock
@@ -128,7 +126,7 @@ class GpuScheduler:
 
     # ------------------------------------------------------------------ engine upkeep
     def _needs_workload(self) -> bool:
-        return self.engine_policy.name in ("fgd", "kubegpu")
+        return self.engine_policy.needs_workload
 
     def current_workload(self) -> TypicalWorkload:
         """The configured distribution, else every pod in the cluster, CPU-only ones included,

@@ -1,8 +1,8 @@
 """Placement engine: pure cluster state, requests, feasibility, scoring and GPU choice.
 
-The values and policy table are importable from here without numpy; the engine itself lives
-in :mod:`kubegpu.placement.engine` (``PlacementEngine``, ``filter_nodes``, ``score_nodes``,
-``pick_gpus``).
+The values and the policy registry (:mod:`kubegpu.placement.policies`) are importable from
+here; the engine itself lives in :mod:`kubegpu.placement.engine` (``PlacementEngine``,
+``filter_nodes``, ``score_nodes``, ``pick_gpus``).
 """
 
 from kubegpu.placement.fragmentation import TypicalPod, TypicalWorkload

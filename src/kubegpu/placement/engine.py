@@ -3,11 +3,13 @@
 :class:`PlacementEngine` is a :class:`~kubegpu.placement.state.ClusterState` (the numpy arrays
 and every change to them) that also knows its policy: it asks
 :mod:`~kubegpu.placement.feasibility` where a pod fits, :mod:`~kubegpu.placement.explain` why
-not, the policy's node scorer (:mod:`~kubegpu.placement.policies`) which node is best, and the
-card table (:mod:`~kubegpu.placement.policies.cards`) which cards. The scheduler extender
-(filter / prioritize / bind) and the trace simulator both go through this class, so what we
-measure offline is what runs live. (The device plugin's preferred allocation is a different
-question, which cards of one node are best connected: ``kubegpu.placement.topology``.)
+not, and the node scorer and card chooser it built from its policy's registry entry
+(:mod:`kubegpu.placement.policies`, the shapes in :mod:`kubegpu.placement.policy`) which node
+and which card is best. The scheduler extender (filter / prioritize / bind) and the trace
+simulator both go through this class, so what we measure offline is what runs live. (DRA's
+card choice, first fit in a device order, is :mod:`kubegpu.placement.device_order`; the device
+plugin's preferred allocation is a different question, which cards of one node are best
+connected: ``kubegpu.placement.topology``.)
 """
 
 from __future__ import annotations
@@ -22,29 +24,19 @@ from kubegpu.placement.explain import (
     FITS,
     FITS_WITHOUT_GPU,
 )
-from kubegpu.placement.feasibility import eligible_cards, feasible_rows
-from kubegpu.placement.fragmentation import FragmentationMemo, TypicalWorkload
+from kubegpu.placement.feasibility import feasible_rows
+from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import MILLI_PER_GPU, Fit, NodeState, Placement, PodRequest
-from kubegpu.placement.policies import GpuChoice, NodeScore, PolicySpec, get_policy, simple
-from kubegpu.placement.policies.cards import (
-    CARD_KEYS,
-    first_by_keys,
-    lowest_full_cards,
-    random_card,
-)
-from kubegpu.placement.policies.fgd import FgdScorer
-from kubegpu.placement.policies.kubegpu import (
-    POPULAR_PERCENT,
-    KubegpuScorer,
-    order_scores,
-)
+from kubegpu.placement.policies import PolicySpec, get_policy
+from kubegpu.placement.policies.cards import eligible_row, lowest_full_cards
+from kubegpu.placement.policies.kubegpu import order_scores
+from kubegpu.placement.policy import PolicyInputs
 from kubegpu.placement.state import (
     ClusterState,
-    FloatArray,
     IntArray,
     RowShapeChanged,
 )
-from kubegpu.placement.waste import ModelWaste, WasteWeights
+from kubegpu.placement.waste import WasteWeights
 
 # The engine's API; RowShapeChanged (placement.state) and order_scores (policies.kubegpu) are
 # re-exported because the extender and the tests take them from here.
@@ -75,33 +67,13 @@ class PlacementEngine(ClusterState):
         waste_weights: WasteWeights | None = None,
     ) -> None:
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
-        if self.policy.node_score in (NodeScore.FGD, NodeScore.KUBEGPU) and workload is None:
+        if self.policy.needs_workload and workload is None:
             raise ValueError(f"policy {self.policy.name} needs a target workload")
         self._rng = np.random.default_rng(seed)
         super().__init__(nodes, track_states=workload is not None)
-        self._fgd: FgdScorer | None = None
-        self._kubegpu: KubegpuScorer | None = None
-        if workload is not None:
-            # Every memo keys the free CPU by its level (FragmentationMemo): the same values,
-            # computed less often. FGD gets it too: a baseline kept slow on purpose would only
-            # flatter our policy's speed against it.
-            if self.policy.node_score is NodeScore.KUBEGPU:
-                # Ours measures fragmentation against FGD's popular classes only (see
-                # KubegpuScorer.keys): the rare classes of the whole workload cost
-                # multi-GPU traces.
-                workload_measured = workload.popular(POPULAR_PERCENT)
-            else:
-                workload_measured = workload
-            self._fgd = FgdScorer(self, FragmentationMemo(workload_measured, cpu_levels=True))
-            if (
-                self.policy.node_score is NodeScore.KUBEGPU
-                or self.policy.gpu_choice is GpuChoice.WASTE
-            ):
-                # Ours orders nodes first by the waste a placement dooms, per card model,
-                # since pods limited to models fill only their models' cards.
-                weights = waste_weights or WasteWeights()
-                waste = ModelWaste.build(workload, self.capacity_by_model(), weights)
-                self._kubegpu = KubegpuScorer(self, self._fgd, waste)
+        inputs = PolicyInputs(self, workload, self._rng, waste_weights)
+        self.node_scorer = self.policy.node_scorer(inputs)
+        self.card_chooser = self.policy.cards.build(inputs, self.node_scorer)
 
     # ----------------------------------------------------------------- feasibility
     def feasible_rows(self, pod: PodRequest) -> IntArray:
@@ -123,36 +95,9 @@ class PlacementEngine(ClusterState):
     # ----------------------------------------------------------------- scoring
     def scores(self, pod: PodRequest, rows: IntArray) -> IntArray:
         """The policy's integer score (higher is better) of each of ``rows``, all feasible."""
-        kind = self.policy.node_score
         if rows.size == 0:
             return np.zeros(0, dtype=np.int64)
-        if kind is NodeScore.RANDOM:
-            return simple.random_score(self._rng, rows)
-        if kind is NodeScore.DOT_PROD:
-            return simple.dot_prod(self, pod, rows)
-        if kind is NodeScore.GPU_CLUSTERING:
-            return simple.gpu_clustering(self, pod, rows)
-        if kind is NodeScore.GPU_PACKING:
-            return simple.gpu_packing(self, pod, rows)
-        if kind is NodeScore.BEST_FIT:
-            return simple.best_fit(self, pod, rows)
-        if kind is NodeScore.SPREAD:
-            return simple.spread(self, pod, rows)
-        if kind is NodeScore.FGD:
-            assert self._fgd is not None
-            return self._fgd.scores(pod, rows)
-        assert self._kubegpu is not None
-        return self._kubegpu.scores(pod, rows)
-
-    def _kubegpu_keys(self, pod: PodRequest, rows: IntArray) -> list[FloatArray]:
-        """Our policy's sort keys of ``rows`` (:meth:`KubegpuScorer.keys`)."""
-        assert self._kubegpu is not None
-        return self._kubegpu.keys(pod, rows)
-
-    def _kubegpu_best(self, pod: PodRequest, rows: IntArray) -> int:
-        """Position in ``rows`` of our policy's best node (:meth:`KubegpuScorer.best`)."""
-        assert self._kubegpu is not None
-        return self._kubegpu.best(pod, rows)
+        return self.node_scorer.scores(pod, rows)
 
     # ----------------------------------------------------------------- card choice
     def pick_columns(self, i: int, pod: PodRequest) -> tuple[int, ...]:
@@ -162,21 +107,10 @@ class PlacementEngine(ClusterState):
         if pod.gpu_milli >= MILLI_PER_GPU:
             # Whole cards: every policy takes the lowest-index fully free ones.
             return lowest_full_cards(self, i, pod)
-        choice = self.policy.gpu_choice
-        keys = CARD_KEYS.get(choice)
-        if keys is not None:
-            return (first_by_keys(keys(self, i), self._eligible_row(i, pod)),)
-        if choice is GpuChoice.RANDOM:
-            return (random_card(self._rng, self._eligible_row(i, pod)),)
-        if choice is GpuChoice.WASTE:
-            assert self._kubegpu is not None
-            return (self._kubegpu.card(i, pod),)
-        assert self._fgd is not None
-        return self._fgd.row_choice(i, pod)[1]
+        return self.card_chooser.choose(i, pod)
 
     def _eligible_row(self, i: int, pod: PodRequest) -> npt.NDArray[np.bool_]:
-        row: npt.NDArray[np.bool_] = eligible_cards(self, np.array([i]), pod)[0]
-        return row
+        return eligible_row(self, i, pod)
 
     # ----------------------------------------------------------------- public, by name
     def filter(self, pod: PodRequest) -> list[Fit]:
@@ -221,14 +155,9 @@ class PlacementEngine(ClusterState):
         rows = self.feasible_rows(pod)
         if rows.size == 0:
             return None
-        if self._kubegpu is not None and self.policy.node_score is NodeScore.KUBEGPU:
-            best = self._kubegpu.best(pod, rows)
-            i = int(rows[best])
-            return i, self.pick_columns(i, pod), 100
-        scores = self.scores(pod, rows)
-        best = int(scores.argmax())  # first maximum = smallest rank among the best
+        best, score = self.node_scorer.choose(pod, rows)
         i = int(rows[best])
-        return i, self.pick_columns(i, pod), int(scores[best])
+        return i, self.pick_columns(i, pod), score
 
     def place(self, pod: PodRequest) -> Placement | None:
         """Choose and bind in one step (the simulator's loop); ``None`` if unschedulable."""

@@ -12,23 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kubegpu.placement.fragmentation import ClassKey, TypicalWorkload, spec_models
-from kubegpu.placement.policies import NodeScore, PolicySpec
-
-# FGD keeps the most popular classes covering this share of the pods (spec §6).
-FGD_POPULARITY_PERCENT = 95.0
+from kubegpu.placement.fragmentation import ClassKey, TypicalWorkload
+from kubegpu.placement.policy import PolicySpec
 
 
 def target_workload(policy: PolicySpec, classes: Iterable[ClassKey]) -> TypicalWorkload:
-    """The workload ``policy`` measures against, from one class key per pod.
+    """The workload ``policy`` measures against, from one class key per pod: its registry
+    entry's rule (:attr:`PolicySpec.target`).
 
-    FGD: the classes covering :data:`FGD_POPULARITY_PERCENT` of the pods, a model constraint
-    keyed as spelt (the paper's simulator does so; live pods come with one spelling). Ours:
-    every class, models as sets (it cuts to FGD's popular classes itself where it needs to,
-    ``kubegpu.placement.policies.kubegpu.KubegpuScorer.keys``). Other policies ignore the workload.
+    FGD's (:func:`kubegpu.placement.policies.fgd.target`, every policy but ours): the classes
+    covering 95 % of the pods, a model constraint keyed as spelt. Ours
+    (:func:`kubegpu.placement.policies.kubegpu.target`): every class, models as sets. Policies
+    that measure nothing ignore the workload.
     """
-    keys = list(classes)
-    if policy.node_score is NodeScore.KUBEGPU:
-        as_sets = [(c, m, n, "|".join(sorted(spec_models(s)))) for c, m, n, s in keys]
-        return TypicalWorkload.from_classes(as_sets, popularity_percent=100.0)
-    return TypicalWorkload.from_classes(keys, FGD_POPULARITY_PERCENT)
+    return policy.target(list(classes))

@@ -23,12 +23,19 @@ from pathlib import Path
 import click
 
 from kubegpu.cli.types import MAX_SEED, FiniteFloatRange, Folder, NonEmptyPath, input_file
-from kubegpu.placement.model import NodeState
-from kubegpu.placement.policies import POLICIES, PolicySpec, get_policy
-from kubegpu.placement.policies.device_order import (
+from kubegpu.placement.device_order import (
     CardChoice,
     check_steerable,
     parse_card_choice,
+)
+from kubegpu.placement.model import NodeState
+from kubegpu.placement.policies import (
+    DEFAULT_POLICY,
+    POLICIES,
+    PolicySpec,
+    get_policy,
+    names_in_prose,
+    simulator_policies,
 )
 from kubegpu.simulate.arrivals import Arrivals, generate_arrivals, load_fixture
 from kubegpu.simulate.replay import COLUMNS, discretise, replay, target_workload
@@ -150,7 +157,7 @@ def parse_policies(text: str) -> list[PolicySpec]:
     specs: list[PolicySpec] = []
     for part in text.split(","):
         if part.strip().lower() == "all":
-            specs.extend(POLICIES.values())
+            specs.extend(simulator_policies())
             continue
         try:
             specs.append(get_policy(part))
@@ -300,6 +307,22 @@ def _plot(out: Path, results: Sequence[JobResult]) -> Path:
     return path
 
 
+def _card_choice_help() -> str:
+    """``--card-choice``'s help, its lists of policies from their card rules in the registry."""
+    rules = [(p.name, p.cards) for p in POLICIES.values()]
+    searched = names_in_prose(name for name, rule in rules if rule.searched_order)
+    keyed = names_in_prose((name for name, rule in rules if rule.keys is not None), "and")
+    neither = names_in_prose(name for name, rule in rules if not rule.publishable)
+    return (
+        "How a GPU share's card is chosen on the policy's node, comma-separated to compare: "
+        "'policy' (the policy's own choice), 'first-fit' (DRA's allocator: the first card in "
+        "device index order that fits) or 'steered' (first fit in the order a steering DRA "
+        f"driver would publish: for {searched} the order minimising the expected cost of the "
+        f"workload's next share, for {keyed} their own card order; not {neither}). Other than "
+        "'policy', sc_policy gets the choice appended, e.g. '07-Kubegpu first-fit'."
+    )
+
+
 @click.command("simulate")
 @click.option(
     "--nodes",
@@ -319,11 +342,10 @@ def _plot(out: Path, results: Sequence[JobResult]) -> Path:
 @click.option(
     "--policy",
     "policies",
-    default="kubegpu",
+    default=DEFAULT_POLICY,
     show_default=True,
     callback=lambda _ctx, _param, value: parse_policies(value),
-    help="Comma-separated policies (random, dotprod, gpuclustering, gpupacking, bestfit, "
-    "fgd, kubegpu, or 'all').",
+    help=f"Comma-separated policies ({', '.join(p.name for p in simulator_policies())}, or 'all').",
 )
 @click.option(
     "--seeds",
@@ -366,13 +388,7 @@ def _plot(out: Path, results: Sequence[JobResult]) -> Path:
     default=CardChoice.POLICY.value,
     show_default=True,
     callback=lambda _ctx, _param, value: parse_card_choices(value),
-    help="How a GPU share's card is chosen on the policy's node, comma-separated to compare: "
-    "'policy' (the policy's own choice), 'first-fit' (DRA's allocator: the first card in device "
-    "index order that fits) or 'steered' (first fit in the order a steering DRA driver would "
-    "publish: for kubegpu the order minimising the expected cost of the workload's next share, "
-    "for bestfit, dotprod, gpuclustering, gpupacking and spread their own card order; not "
-    "fgd or random). Other than 'policy', sc_policy gets the choice appended, e.g. "
-    "'07-Kubegpu first-fit'.",
+    help=_card_choice_help(),
 )
 @click.option(
     "--paper",

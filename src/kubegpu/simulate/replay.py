@@ -13,11 +13,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
+from kubegpu.placement.device_order import CardChoice, DeviceOrderEngine
 from kubegpu.placement.engine import PlacementEngine
 from kubegpu.placement.fragmentation import ClassKey, TypicalWorkload, class_key
 from kubegpu.placement.model import MILLI_PER_GPU, NodeState, PodRequest
 from kubegpu.placement.policies import POLICIES, PolicySpec
-from kubegpu.placement.policies.device_order import CardChoice, DeviceOrderEngine
 from kubegpu.placement.target import target_workload as workload_for
 from kubegpu.placement.waste import WasteWeights
 from kubegpu.simulate.arrivals import Arrivals
@@ -64,7 +64,7 @@ def replay(
 ) -> ReplayResult:
     """Place every arriving pod with ``policy``; record the two counters after each.
     ``waste_weights`` vary our policy's constants (benchmarks only); ``card_choice`` picks
-    the card as DRA's allocator would (see ``placement.policies.device_order``)."""
+    the card as DRA's allocator would (see ``placement.device_order``)."""
     engine = ranked_engine(nodes, arrivals, policy, workload, seed, waste_weights, card_choice)
     count = len(arrivals.pods)
     arrived = np.zeros(count, dtype=np.int64)

@@ -1,64 +1,116 @@
-"""Scheduling policies as data: a name, the paper's label, how node and cards are chosen.
+"""The policy registry: every placement policy in one table, and the lookups that read it.
+
+Each entry is a :class:`~kubegpu.placement.policy.PolicySpec`: its names, how it scores nodes
+and chooses a share's card (built per engine, :mod:`kubegpu.placement.policy`), the target
+workload it measures against, and whether the extender and ``kubegpu simulate --policy all``
+list it. The engine builds its scorers from the entry; the extender (``--policy``, settings
+validation, DRA ranking), the simulator, the CLIs' help and the generated docs read their
+policies from here. Adding a policy is a module in this package (its scorer) and one entry in
+:data:`POLICIES`.
 
 The six paper policies are the ones of Weng et al. (ATC'23) as their simulator implements them
-(``shared/specs/fgd-methodology.md`` §6); ``kubegpu`` is ours; ``spread`` is the extender's
-opposite of bin packing. The engine dispatches on :attr:`PolicySpec.node_score` and
-:attr:`PolicySpec.gpu_choice`; nothing else differs. The scorers themselves live in this
-package's modules (:mod:`.simple`, :mod:`.fgd`, :mod:`.kubegpu`) and the card choice in
-:mod:`.cards`; this module imports no numpy, so the table is cheap to import.
+(``shared/specs/fgd-methodology.md`` §6): their scorers are :mod:`.simple` and :mod:`.fgd`;
+``kubegpu`` is ours (:mod:`.kubegpu`); ``spread`` is the extender's opposite of bin packing.
+The card rules that need no scorer are :mod:`.cards`.
 """
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
+from collections.abc import Iterable
 
+from kubegpu.placement.policies import cards, fgd, simple
+from kubegpu.placement.policies import kubegpu as ours
+from kubegpu.placement.policy import PolicySpec
 
-class NodeScore(enum.Enum):
-    RANDOM = "random"  # one feasible node drawn uniformly gets 100, the others 0
-    DOT_PROD = "dot-prod"  # Tetris-like dot product of free and requested (CPU, GPU)
-    GPU_CLUSTERING = "gpu-clustering"  # prefer nodes already hosting the same pod class
-    GPU_PACKING = "gpu-packing"  # prefer partly used cards, then partly used nodes
-    BEST_FIT = "best-fit"  # least (CPU, GPU) left after placement, min-max normalised
-    FGD = "fgd"  # least growth of expected fragmentation
-    KUBEGPU = "kubegpu"  # least doomed waste (card gaps, CPU-stranded GPU), then FGD, first fit
-    SPREAD = "spread"  # BestFit's score turned upside down: the emptiest node
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICIES",
+    "PolicySpec",
+    "extender_accepts",
+    "extender_names",
+    "extender_policy",
+    "get_policy",
+    "names_in_prose",
+    "simulator_policies",
+]
 
-
-class GpuChoice(enum.Enum):
-    RANDOM = "random"  # a uniformly drawn card that fits
-    BEST_FIT = "best-fit"  # the fitting card with the least free milli (lowest index on ties)
-    FRAGMENTATION = "fragmentation"  # the card whose use adds the least fragmentation
-    WASTE = "waste"  # the card whose use dooms the least waste, then the tightest
-    SPREAD = "spread"  # the fitting card with the most free milli, then memory (lowest index)
-
-
-@dataclass(frozen=True)
-class PolicySpec:
-    name: str  # CLI name, e.g. "fgd"
-    label: str  # the paper artifact's label, e.g. "06-FGD"
-    node_score: NodeScore
-    gpu_choice: GpuChoice
-
-
+# Table order is the order of every list made from it (``--policy all``'s runs and so
+# allocation.csv's rows, help texts, docs).
 POLICIES: dict[str, PolicySpec] = {
     p.name: p
     for p in (
-        PolicySpec("random", "01-Random", NodeScore.RANDOM, GpuChoice.RANDOM),
-        PolicySpec("dotprod", "02-DotProd", NodeScore.DOT_PROD, GpuChoice.BEST_FIT),
         PolicySpec(
-            "gpuclustering", "03-GpuClustering", NodeScore.GPU_CLUSTERING, GpuChoice.BEST_FIT
+            "random",
+            "01-Random",
+            node_scorer=simple.RandomNodes,
+            cards=cards.RANDOM,
+            target=fgd.target,
+            in_simulator_all=True,
         ),
-        PolicySpec("gpupacking", "04-GpuPacking", NodeScore.GPU_PACKING, GpuChoice.BEST_FIT),
-        PolicySpec("bestfit", "05-BestFit", NodeScore.BEST_FIT, GpuChoice.BEST_FIT),
-        PolicySpec("fgd", "06-FGD", NodeScore.FGD, GpuChoice.FRAGMENTATION),
-        PolicySpec("kubegpu", "07-Kubegpu", NodeScore.KUBEGPU, GpuChoice.WASTE),
+        PolicySpec(
+            "dotprod",
+            "02-DotProd",
+            node_scorer=simple.scored_by(simple.dot_prod),
+            cards=cards.BEST_FIT,
+            target=fgd.target,
+            in_simulator_all=True,
+        ),
+        PolicySpec(
+            "gpuclustering",
+            "03-GpuClustering",
+            node_scorer=simple.scored_by(simple.gpu_clustering),
+            cards=cards.BEST_FIT,
+            target=fgd.target,
+            in_simulator_all=True,
+        ),
+        PolicySpec(
+            "gpupacking",
+            "04-GpuPacking",
+            node_scorer=simple.scored_by(simple.gpu_packing),
+            cards=cards.BEST_FIT,
+            target=fgd.target,
+            in_simulator_all=True,
+        ),
+        PolicySpec(
+            "bestfit",
+            "05-BestFit",
+            node_scorer=simple.scored_by(simple.best_fit),
+            cards=cards.BEST_FIT,
+            target=fgd.target,
+            extender_name="binpack",
+            in_simulator_all=True,
+        ),
+        PolicySpec(
+            "fgd",
+            "06-FGD",
+            node_scorer=fgd.node_scorer,
+            cards=fgd.CARDS,
+            target=fgd.target,
+            needs_workload=True,
+            extender_name="fgd",
+            in_simulator_all=True,
+        ),
+        PolicySpec(
+            "kubegpu",
+            "07-Kubegpu",
+            node_scorer=ours.node_scorer,
+            cards=ours.CARDS,
+            target=ours.target,
+            needs_workload=True,
+            extender_name="kubegpu",
+            in_simulator_all=True,
+        ),
+        # Not one the paper grid runs (--policy all); the extender's, and simulate finds it.
+        PolicySpec(
+            "spread",
+            "Spread",
+            node_scorer=simple.scored_by(simple.spread),
+            cards=cards.SPREAD,
+            target=fgd.target,
+            extender_name="spread",
+        ),
     )
 }
-
-# Not in POLICIES, which is what the simulator's ``--policy all`` and the grid run (the paper's
-# six and ours); the extender's ``spread`` and ``kubegpu simulate --policy spread`` find it.
-SPREAD = PolicySpec("spread", "Spread", NodeScore.SPREAD, GpuChoice.SPREAD)
 
 DEFAULT_POLICY = "kubegpu"
 
@@ -66,8 +118,42 @@ DEFAULT_POLICY = "kubegpu"
 def get_policy(name: str) -> PolicySpec:
     """Look a policy up by CLI name or paper label, case-insensitively."""
     wanted = name.strip().lower()
-    for spec in (*POLICIES.values(), SPREAD):
+    for spec in POLICIES.values():
         if wanted in (spec.name, spec.label.lower(), spec.label.split("-", 1)[-1].lower()):
             return spec
-    known = ", ".join([*POLICIES, SPREAD.name])
+    known = ", ".join(POLICIES)
     raise KeyError(f"unknown policy {name!r}; known: {known}")
+
+
+def simulator_policies() -> list[PolicySpec]:
+    """What ``kubegpu simulate --policy all`` runs, in table order."""
+    return [p for p in POLICIES.values() if p.in_simulator_all]
+
+
+def extender_names() -> list[str]:
+    """The names the extender lists its policies under, in table order."""
+    return [p.extender_name for p in POLICIES.values() if p.extender_name is not None]
+
+
+def extender_accepts() -> frozenset[str]:
+    """Every name the extender's settings accept (lower case): its listed names and every
+    registered policy's own name."""
+    return frozenset(extender_names()) | frozenset(POLICIES)
+
+
+def extender_policy(name: str) -> PolicySpec:
+    """The policy the extender runs for ``name``: its listed name, else a registered name or
+    label (:func:`get_policy`)."""
+    wanted = name.strip().lower()
+    for spec in POLICIES.values():
+        if spec.extender_name == wanted:
+            return spec
+    return get_policy(wanted)
+
+
+def names_in_prose(names: Iterable[str], conjunction: str = "or") -> str:
+    """Policy names as help texts and docs list them: sorted, ``a, b or c``."""
+    ordered = sorted(names)
+    if len(ordered) < 2:
+        return "".join(ordered)
+    return f"{', '.join(ordered[:-1])} {conjunction} {ordered[-1]}"

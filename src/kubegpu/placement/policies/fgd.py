@@ -3,7 +3,8 @@ share the card whose use grows it least.
 
 A node's FGD score depends only on its fragmentation state (free CPU, free milli per card,
 model) and the pod's class, so :class:`FgdScorer` keeps, per pod class, a table from the
-state's id (:attr:`ClusterState.state_id`) to its score, computed once per state.
+state's id (:attr:`ClusterState.state_id`) to its score, computed once per state. The
+registry's entry takes :func:`node_scorer`, :data:`CARDS` and :func:`target` from here.
 """
 
 from __future__ import annotations
@@ -16,13 +17,25 @@ import numpy.typing as npt
 
 from kubegpu.placement.feasibility import eligible_cards
 from kubegpu.placement.fragmentation import (
+    ClassKey,
     FragmentationMemo,
+    TypicalWorkload,
     sigmoid_score,
     whole_card_sorted_after,
 )
 from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
 from kubegpu.placement.policies.cards import lowest_full_cards
+from kubegpu.placement.policy import (
+    CardChooser,
+    CardRule,
+    NodeScorer,
+    PolicyInputs,
+    ScoredNodes,
+)
 from kubegpu.placement.state import ClusterState, IntArray, StateKey
+
+# FGD keeps the most popular classes covering this share of the pods (spec §6).
+POPULARITY_PERCENT = 95.0
 
 # A pod's class as the per-state tables key it.
 PodKey = tuple[int, int, int, frozenset[str]]
@@ -69,7 +82,7 @@ def fill_from_levelled(
     return todo
 
 
-class FgdScorer:
+class FgdScorer(ScoredNodes):
     """FGD's node score and card choice over ``state``; ``memo`` measures fragmentation
     against the target workload."""
 
@@ -296,6 +309,51 @@ class FgdScorer:
             if score > best_score:  # strictly greater: the lowest index wins ties
                 best_score, best_col = score, col
         return best_score, (best_col,)
+
+
+def target(classes: Sequence[ClassKey]) -> TypicalWorkload:
+    """FGD's target workload: the classes covering :data:`POPULARITY_PERCENT` of the pods, a
+    model constraint keyed as spelt (the paper's simulator does so; live pods come with one
+    spelling)."""
+    return TypicalWorkload.from_classes(classes, POPULARITY_PERCENT)
+
+
+def fgd_scorer(inputs: PolicyInputs, workload: TypicalWorkload) -> FgdScorer:
+    """FGD over the engine's state, measuring fragmentation against ``workload``.
+
+    Its memo keys the free CPU by its level (:class:`FragmentationMemo`): the same values,
+    computed less often. FGD gets it as ours does: a baseline kept slow on purpose would only
+    flatter our policy's speed against it."""
+    return FgdScorer(inputs.state, FragmentationMemo(workload, cpu_levels=True))
+
+
+def node_scorer(inputs: PolicyInputs) -> FgdScorer:
+    """The registry's FGD node scorer: against the whole target workload."""
+    return fgd_scorer(inputs, required_workload(inputs))
+
+
+def required_workload(inputs: PolicyInputs) -> TypicalWorkload:
+    if inputs.workload is None:  # the engine refuses this first for a policy that says so
+        raise ValueError("fragmentation is measured against a target workload; none given")
+    return inputs.workload
+
+
+class FragmentationCards:
+    """FGD's card choice: the card whose use adds the least fragmentation."""
+
+    def __init__(self, fgd: FgdScorer) -> None:
+        self.fgd = fgd
+
+    def choose(self, i: int, pod: PodRequest) -> tuple[int, ...]:
+        return self.fgd.row_choice(i, pod)[1]
+
+
+def _fragmentation_cards(inputs: PolicyInputs, scorer: NodeScorer) -> CardChooser:
+    # The node scorer's own tables where it is FGD's (it scored the node by the same choice).
+    return FragmentationCards(scorer if isinstance(scorer, FgdScorer) else node_scorer(inputs))
+
+
+CARDS = CardRule("fragmentation", _fragmentation_cards)
 
 
 def mixed_share_options(

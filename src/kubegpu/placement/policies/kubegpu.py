@@ -5,7 +5,8 @@ The waste a placement dooms is :mod:`kubegpu.placement.waste`'s. Ties on it are 
 best fit of the share's card (shares), FGD's score (whole cards; the score is
 :class:`~kubegpu.placement.policies.fgd.FgdScorer`'s) or fragmentation growth (CPU-only pods),
 see :meth:`KubegpuScorer.keys`. Every key is cached per node state and pod class, as FGD's
-score is, so a replay computes each once.
+score is, so a replay computes each once. The registry's entry takes :func:`node_scorer`,
+:data:`CARDS` and :func:`target` from here.
 """
 
 from __future__ import annotations
@@ -18,17 +19,25 @@ import numpy as np
 import numpy.typing as npt
 
 from kubegpu.placement.feasibility import eligible_cards
-from kubegpu.placement.fragmentation import FragmentationMemo
+from kubegpu.placement.fragmentation import (
+    ClassKey,
+    FragmentationMemo,
+    TypicalWorkload,
+    spec_models,
+)
 from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
 from kubegpu.placement.policies.fgd import (
     FgdScorer,
     LevelledKey,
     ShapeKey,
+    fgd_scorer,
     fill_from_levelled,
+    required_workload,
     shape_key,
 )
+from kubegpu.placement.policy import CardChooser, CardRule, NodeScorer, PolicyInputs
 from kubegpu.placement.state import ClusterState, FloatArray, IntArray, StateKey
-from kubegpu.placement.waste import ModelWaste, numpy_floor, numpy_round6
+from kubegpu.placement.waste import ModelWaste, WasteWeights, numpy_floor, numpy_round6
 
 # Our policy breaks ties of CPU-only pods by fragmentation growth in buckets of this many
 # milli-GPU (see KubegpuScorer.keys for why not the exact value).
@@ -95,6 +104,11 @@ class KubegpuScorer:
     @property
     def memo(self) -> FragmentationMemo:
         return self.fgd.memo
+
+    def choose(self, pod: PodRequest, rows: IntArray) -> tuple[int, int]:
+        """:meth:`best`, scored 100 as :meth:`scores` scores the first of the order (without
+        pricing the others)."""
+        return self.best(pod, rows), 100
 
     def best(self, pod: PodRequest, rows: IntArray) -> int:
         """Position in ``rows`` of the first node of our order (the same node as sorting by
@@ -528,6 +542,47 @@ class KubegpuScorer:
             known[sid] = bucket
             levelled[coarse] = bucket
         return np.array([known[sid] for sid in sids], dtype=np.float64)
+
+
+def target(classes: Sequence[ClassKey]) -> TypicalWorkload:
+    """Our target workload: every class, models as sets (the scorer cuts to FGD's popular
+    classes itself where it needs to, :meth:`KubegpuScorer.keys`)."""
+    as_sets = [(c, m, n, "|".join(sorted(spec_models(s)))) for c, m, n, s in classes]
+    return TypicalWorkload.from_classes(as_sets, popularity_percent=100.0)
+
+
+def node_scorer(inputs: PolicyInputs) -> KubegpuScorer:
+    """The registry's node scorer of ours.
+
+    Fragmentation is measured against FGD's popular classes only (see
+    :meth:`KubegpuScorer.keys`): the rare classes of the whole workload cost multi-GPU
+    traces. The waste is priced per card model, since pods limited to models fill only their
+    models' cards."""
+    workload = required_workload(inputs)
+    fgd = fgd_scorer(inputs, workload.popular(POPULAR_PERCENT))
+    weights = inputs.waste_weights or WasteWeights()
+    waste = ModelWaste.build(workload, inputs.state.capacity_by_model(), weights)
+    return KubegpuScorer(inputs.state, fgd, waste)
+
+
+class WasteCards:
+    """Our card choice: the card whose use dooms the least waste, then the tightest."""
+
+    def __init__(self, scorer: KubegpuScorer) -> None:
+        self.scorer = scorer
+
+    def choose(self, i: int, pod: PodRequest) -> tuple[int, ...]:
+        return (self.scorer.card(i, pod),)
+
+
+def _waste_cards(inputs: PolicyInputs, scorer: NodeScorer) -> CardChooser:
+    # Our node scorer's own tables: it priced the chosen node by this very card.
+    return WasteCards(scorer if isinstance(scorer, KubegpuScorer) else node_scorer(inputs))
+
+
+# A DRA driver cannot publish our choice as one comparator; device_order searches the order
+# that serves the workload's next share best.
+CARDS = CardRule("waste", _waste_cards, searched_order=True)
 
 
 def split_order(values: FloatArray) -> tuple[FloatArray, FloatArray]:

@@ -1,16 +1,23 @@
 """The node scores that need no memory between calls: Random, DotProd, GpuClustering,
 GpuPacking, BestFit (the paper simulator's, spec §6) and Spread (BestFit upside down).
 
-Each is a function of (state, pod, feasible rows) to one integer score per row, higher better.
+Each is a function of (state, pod, feasible rows) to one integer score per row, higher better
+(:data:`ScoreFunction`); :func:`scored_by` makes one a policy's node scorer. Random draws from
+the engine's generator instead (:class:`RandomNodes`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
 from kubegpu.placement.feasibility import eligible_cards
 from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
+from kubegpu.placement.policy import NodeScorer, PolicyInputs, ScoredNodes, ScorerFactory
 from kubegpu.placement.state import ClusterState, FloatArray, IntArray
+
+ScoreFunction = Callable[[ClusterState, PodRequest, IntArray], IntArray]
 
 # Normalisers of the paper's DotProd and BestFit: the largest node spec in the openb cluster
 # (128 cores, 8 cards), fixed rather than per-cluster so scores do not shift as nodes join.
@@ -85,3 +92,33 @@ def min_max_normalise(raw: FloatArray) -> IntArray:
     if high == low:
         return np.zeros(scores.size, dtype=np.int64)
     return (scores - low) * 100 // (high - low)
+
+
+class FunctionScorer(ScoredNodes):
+    """A node scorer that is a :data:`ScoreFunction` of the engine's state."""
+
+    def __init__(self, state: ClusterState, score: ScoreFunction) -> None:
+        self.state = state
+        self.score = score
+
+    def scores(self, pod: PodRequest, rows: IntArray) -> IntArray:
+        return self.score(self.state, pod, rows)
+
+
+def scored_by(score: ScoreFunction) -> ScorerFactory:
+    """The registry's node scorer for a policy whose score is ``score``."""
+
+    def build(inputs: PolicyInputs) -> NodeScorer:
+        return FunctionScorer(inputs.state, score)
+
+    return build
+
+
+class RandomNodes(ScoredNodes):
+    """One feasible node drawn uniformly from the engine's generator gets 100, the others 0."""
+
+    def __init__(self, inputs: PolicyInputs) -> None:
+        self.rng = inputs.rng
+
+    def scores(self, pod: PodRequest, rows: IntArray) -> IntArray:
+        return random_score(self.rng, rows)

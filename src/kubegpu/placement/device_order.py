@@ -5,12 +5,14 @@ walks the node's pool in slice order and takes the first device with enough free
 consumable capacity, the first whose remaining memory and compute cover the request), and
 Kubernetes has no device scoring yet (KEP-4970). A scheduler extender can still rank *nodes*;
 the card is out of its hands. :class:`DeviceOrderEngine` models that: the node is the policy's
-choice, as today, and the card is the first fit in a device order.
+choice, as today, and the card is the first fit in a device order. (The engine's own card
+choice is the policy's, :mod:`kubegpu.placement.engine`; this is its DRA variant, beside it.)
 
 * ``first-fit``: the order our driver publishes, device (GPU) index order.
 * ``steered``: the order a driver could publish to steer first fit, re-published whenever the
-  node's allocations change. For a policy whose card choice is a comparator (BestFit, Spread)
-  that comparator's order, which makes first fit the policy's choice. For ours: the order of
+  node's allocations change. For a policy whose card rule is a comparator (BestFit, Spread;
+  :attr:`CardRule.keys <kubegpu.placement.policy.CardRule.keys>`) that comparator's order,
+  which makes first fit the policy's choice. For ours: the order of
   the node's cards (by free milli) that minimises the expected cost of the *next* share's first
   fit over the workload's share classes, the cost being our own card key for that share
   (:meth:`DeviceOrderEngine._search_order`). One order cannot suit every share size, so this
@@ -34,8 +36,8 @@ import numpy.typing as npt
 from kubegpu.placement.engine import PlacementEngine
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import MILLI_PER_GPU, NodeState, PodRequest
-from kubegpu.placement.policies import POLICIES, SPREAD, GpuChoice, PolicySpec
-from kubegpu.placement.policies.cards import CARD_KEYS
+from kubegpu.placement.policies import POLICIES, PolicySpec
+from kubegpu.placement.policies.kubegpu import WasteCards
 from kubegpu.placement.state import IntArray
 from kubegpu.placement.waste import WasteWeights
 
@@ -49,9 +51,6 @@ class CardChoice(enum.Enum):
 DEFAULT_CARD_CHOICE = CardChoice.POLICY
 # A node's distinct free milli values up to which every order of them is tried (6! = 720).
 MAX_SEARCHED_VALUES = 6
-# Policies whose card preference is a ranking the driver can publish: ours (by waste) and the
-# orderings of the card table. FGD's and Random's choices rank nothing a slice could carry.
-STEERABLE = (GpuChoice.WASTE, *CARD_KEYS)
 
 
 def parse_card_choice(name: str) -> CardChoice:
@@ -64,14 +63,14 @@ def parse_card_choice(name: str) -> CardChoice:
 
 
 def check_steerable(policy: PolicySpec) -> None:
-    """``ValueError`` unless ``policy``'s card preference can be published as a device order."""
-    if policy.gpu_choice not in STEERABLE:
-        steerable = ", ".join(
-            p.name for p in (*POLICIES.values(), SPREAD) if p.gpu_choice in STEERABLE
-        )
+    """``ValueError`` unless ``policy``'s card preference can be published as a device order
+    (:attr:`CardRule.publishable <kubegpu.placement.policy.CardRule.publishable>`): FGD's and
+    Random's choices rank nothing a slice could carry."""
+    if not policy.cards.publishable:
+        steerable = ", ".join(p.name for p in POLICIES.values() if p.cards.publishable)
         raise ValueError(
             f"card choice 'steered' needs a policy whose card preference is an order a driver "
-            f"can publish; {policy.name} chooses cards by {policy.gpu_choice.value} "
+            f"can publish; {policy.name} chooses cards by {policy.cards.name} "
             f"(steerable: {steerable})"
         )
 
@@ -132,7 +131,7 @@ class DeviceOrderEngine(PlacementEngine):
         index_order = np.arange(count, dtype=np.int64)
         if self.card_choice is not CardChoice.STEERED:
             return index_order
-        keys = CARD_KEYS.get(self.policy.gpu_choice)
+        keys = self.policy.cards.keys
         if keys is not None:
             # The policy's comparator orders all cards alike, whatever the pod.
             ranked = tuple(k[:count] for k in keys(self, i))
@@ -162,11 +161,12 @@ class DeviceOrderEngine(PlacementEngine):
         Every order is tried up to :data:`MAX_SEARCHED_VALUES` values; beyond, best fit."""
         count = int(self.gpu_count[i])
         values = sorted({int(v) for v in self.card_free[i, :count].tolist() if v > 0})
-        if len(values) < 2 or not self.shares or self._kubegpu is None:
+        chooser = self.card_chooser
+        if len(values) < 2 or not self.shares or not isinstance(chooser, WasteCards):
             return tuple(values)
         if len(values) > MAX_SEARCHED_VALUES:
             return tuple(values)
-        scorer = self._kubegpu
+        scorer = chooser.scorer
         rows = np.array([i])
         candidates = np.array(values, dtype=np.int64)
         costs = np.empty((len(self.shares), len(values)))
