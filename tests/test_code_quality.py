@@ -51,6 +51,7 @@ def test_core_imports_no_edge() -> None:
 LAYER_CONTRACTS = (
     "The pure core imports no edge",
     "The simulator imports no edge and no I/O library",
+    "Policies import no engine",
     "Edges are independent of each other",
     "Edges import no role, command line or tool",
     "lightkube only in the kube edge",
