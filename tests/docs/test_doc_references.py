@@ -7,6 +7,7 @@ The scan and its rules are in ``tests/docs/references.py``; config keys are chec
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,13 @@ def test_the_architecture_package_map_names_every_package() -> None:
     rows = set(_first_column(ROOT / "docs" / "architecture.md", "## Package map"))
     packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     assert rows == packages, (sorted(packages - rows), sorted(rows - packages))
+
+
+def test_the_import_rule_names_every_contract_and_only_those() -> None:
+    """architecture.md's list of contracts is pyproject.toml's, by name."""
+    with (ROOT / "pyproject.toml").open("rb") as handle:
+        contracts = tomllib.load(handle)["tool"]["importlinter"]["contracts"]
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rule = page.split("\n## The import rule\n", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"^- \*\*(.+?)\*\*:", rule, flags=re.M))
+    assert named == {c["name"] for c in contracts}
