@@ -41,7 +41,9 @@ def _usage(message: str) -> NoReturn:
 @gpu_backend_options()
 @click.option(
     "--kubelet-dir",
-    type=Folder(purpose="create sockets"),
+    # Only its plugins_registry/ and plugins/ subfolders are written (a DaemonSet mounts just
+    # those, under a read-only root filesystem): the root itself need not be writable.
+    type=Folder(writable=False, purpose="create sockets"),
     default="/var/lib/kubelet",
     show_default=True,
     help="The kubelet's root: the registration socket goes in plugins_registry/, the DRA "
