@@ -23,7 +23,8 @@ binding through a dict-typed resource class instead (see the tests).
 
 from kubegpu.testing.apiserver.errors import StatusError
 from kubegpu.testing.apiserver.objects import make_namespace, make_node, make_pod
-from kubegpu.testing.apiserver.server import FakeApiServer, RequestRecord, ServerThread
+from kubegpu.testing.apiserver.server import FakeApiServer, RequestRecord
+from kubegpu.testing.apiserver.server_thread import ServerThread
 from kubegpu.testing.apiserver.store import ChangeEvent, Store
 
 __all__ = [
