@@ -1,16 +1,23 @@
 """What a GPU container is handed, the same from the device plugin and the DRA driver: the
 environment variables a share is told through, and the device nodes every GPU container needs.
-Both edges take them from here, so a pod sees one set of names whichever path served it."""
+Both edges take them from here, so a pod sees one set of names whichever path served it; what a
+shared container is told in them is :func:`kubegpu.sharing.contract.share_contract`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePath, PurePosixPath
 
+# The cards a container sees, where kubegpu names them (the device plugin's device-list
+# strategy may name them otherwise: by index, volume mounts or CDI).
+ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 # Environment every sharing container gets (docs/sharing.md).
 ENV_UUID = "KUBEGPU_GPU_UUID"
 ENV_MEMORY_LIMIT = "KUBEGPU_GPU_MEMORY_LIMIT_MIB"
 ENV_COMPUTE = "KUBEGPU_GPU_COMPUTE_MILLI"
 ENV_ENFORCEMENT = "KUBEGPU_GPU_ENFORCEMENT"
+# A DRA share's allocation ``shareID`` (docs/dra.md); the device plugin has none to tell.
+ENV_SHARE_ID = "KUBEGPU_DRA_SHARE_ID"
 # CUDA MPS client settings a share is held to under `enforcement: mps`.
 ENV_MPS_PIPE = "CUDA_MPS_PIPE_DIRECTORY"
 ENV_MPS_LOG = "CUDA_MPS_LOG_DIRECTORY"
@@ -43,3 +50,9 @@ class MpsDirs:
 
     pipe_dir: str
     log_dir: str
+
+    @classmethod
+    def under(cls, host_dir: str | PurePath) -> MpsDirs:
+        """The folders under the daemon's ``host_dir`` (``mps.hostDir``): ``pipe/`` and ``log/``."""
+        root = PurePosixPath(host_dir)
+        return cls(str(root / "pipe"), str(root / "log"))
