@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from kubegpu.enforcement.mps import MpsDaemon, MpsSpec
+from kubegpu.config.model import Dra, GpuShare
+from kubegpu.enforcement.mps import MpsDaemon, MpsSpec, mps_spec_for
+from kubegpu.sharing.contract import Grant, share_contract
 from kubegpu.testing.waiting import wait_until_async
 from tests.enforcement.fakes import HUNG, install_fake_mps_control
 
@@ -38,6 +40,34 @@ async def wait_for(check: Callable[[], object], what: str, timeout_s: float = 10
 def log_lines(spec: MpsSpec) -> list[str]:
     path = spec.log_dir / "control.log"
     return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        GpuShare.model_validate({"enforcement": "mps", "mps": {"hostDir": "/var/run/mps/"}}),
+        Dra.model_validate(
+            {"enforcement": "mps", "mps": {"controlArgs": ["-f", "-v"], "restartMaxS": 9}}
+        ),
+    ],
+    ids=["device-plugin", "dra-driver"],
+)
+def test_the_daemon_listens_where_the_share_contract_sends_its_clients(
+    settings: GpuShare | Dra,
+) -> None:
+    spec = mps_spec_for(settings.mps, ["GPU-aaaa"])
+    m = settings.mps
+    assert spec == MpsSpec(
+        m.control_command,
+        tuple(m.control_args),
+        Path(m.host_dir),
+        ("GPU-aaaa",),
+        m.restart_initial_s,
+        m.restart_max_s,
+    )
+    told = share_contract(Grant("GPU-aaaa", 0, 1024, 100), settings)
+    assert told.mounts == (str(spec.pipe_dir), str(spec.log_dir))
+    assert (told.env["CUDA_MPS_PIPE_DIRECTORY"], told.env["CUDA_MPS_LOG_DIRECTORY"]) == told.mounts
 
 
 async def test_the_daemon_is_started_restarted_after_a_kill_and_told_to_quit_on_stop(

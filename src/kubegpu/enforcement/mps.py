@@ -30,6 +30,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kubegpu.config.model import MpsSettings
+from kubegpu.core.container import MpsDirs
+
 log = logging.getLogger(__name__)
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -53,11 +56,11 @@ class MpsSpec:
 
     @property
     def pipe_dir(self) -> Path:
-        return self.host_dir / "pipe"
+        return Path(MpsDirs.under(self.host_dir).pipe_dir)
 
     @property
     def log_dir(self) -> Path:
-        return self.host_dir / "log"
+        return Path(MpsDirs.under(self.host_dir).log_dir)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -210,14 +213,13 @@ async def _exited(proc: asyncio.subprocess.Process, within_s: float) -> bool:
     return True
 
 
-def mps_spec_for(
-    command: str,
-    args: Sequence[str],
-    host_dir: str | Path,
-    gpus: Sequence[str],
-    restart_initial_s: float,
-    restart_max_s: float,
-) -> MpsSpec:
+def mps_spec_for(settings: MpsSettings, gpus: Sequence[str]) -> MpsSpec:
+    """The daemon ``settings`` (``sharing.gpuShare.mps`` or ``dra.mps``) ask for, on ``gpus``."""
     return MpsSpec(
-        command, tuple(args), Path(host_dir), tuple(gpus), restart_initial_s, restart_max_s
+        settings.control_command,
+        tuple(settings.control_args),
+        Path(settings.host_dir),
+        tuple(gpus),
+        settings.restart_initial_s,
+        settings.restart_max_s,
     )

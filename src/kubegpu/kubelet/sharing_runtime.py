@@ -61,14 +61,7 @@ class SharingRuntime:
         slot_cards = [str(g.uuid) for p in plans if p.share_slots for g in p.gpus]
         paths = None
         if share.enforcement == "mps":
-            spec = mps_spec_for(
-                share.mps.control_command,
-                share.mps.control_args,
-                share.mps.host_dir,
-                slot_cards,
-                share.mps.restart_initial_s,
-                share.mps.restart_max_s,
-            )
+            spec = mps_spec_for(share.mps, slot_cards)
             paths = MpsDirs(str(spec.pipe_dir), str(spec.log_dir))
             if self.mps is not None and self.mps.spec != spec:
                 await self._stop_mps()

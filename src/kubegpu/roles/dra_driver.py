@@ -183,15 +183,7 @@ async def run_with_ports(
         if config.dra.enforcement == "mps":
             from kubegpu.enforcement.mps import MpsDaemon, mps_spec_for
 
-            m = config.dra.mps
-            spec = mps_spec_for(
-                m.control_command,
-                m.control_args,
-                m.host_dir,
-                [gpu.uuid for gpu in inventory.gpus],
-                m.restart_initial_s,
-                m.restart_max_s,
-            )
+            spec = mps_spec_for(config.dra.mps, [gpu.uuid for gpu in inventory.gpus])
             mps_daemon = MpsDaemon(spec, node=node)
             await mps_daemon.start()
             mps = MpsDirs(str(spec.pipe_dir), str(spec.log_dir))
