@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
+from kubegpu.core.container import ENV_COMPUTE, ENV_MEMORY_LIMIT, ENV_UUID
 from kubegpu.core.dra import AllocatedDevice, ClaimRef
 from kubegpu.dra.api.dra.v1 import api_pb2 as v1
 from kubegpu.dra.api.dra.v1 import api_pb2_grpc as v1_grpc
@@ -18,7 +19,7 @@ from kubegpu.dra.api.dra.v1beta1 import api_pb2 as v1beta1
 from kubegpu.dra.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from kubegpu.dra.cdi import ENV_COMPUTE, ENV_MEMORY_LIMIT, ENV_UUID, spec_path
+from kubegpu.dra.cdi import spec_path
 from kubegpu.dra.server import DraPluginServer, RegistrationStatus
 from kubegpu.socket_claim import SocketInUse, socket_identity
 from kubegpu.unix_channels import unix_aio_channel
@@ -324,15 +325,12 @@ async def test_unknown_method_path_is_unimplemented(node: Node, served: DraPlugi
     assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_env_names_match_the_device_plugin() -> None:
+def test_env_and_device_nodes_match_the_device_plugin() -> None:
     from kubegpu.dra import cdi
-    from kubegpu.kubelet import resources, shares
+    from kubegpu.kubelet import coordinator, resources
 
-    assert (cdi.ENV_UUID, cdi.ENV_MEMORY_LIMIT, cdi.ENV_COMPUTE) == (
-        shares.ENV_UUID,
-        shares.ENV_MEMORY_LIMIT,
-        shares.ENV_COMPUTE,
-    )
+    # One contract tells a share what it holds, whichever path serves it.
+    assert cdi.share_contract is coordinator.share_contract
     assert cdi.CONTROL_DEVICE_NODES == resources.CONTROL_DEVICE_NODES
 
 

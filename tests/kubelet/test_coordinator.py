@@ -17,7 +17,7 @@ from kubegpu.kube.agent_api import LightkubeNodeApi
 from kubegpu.kubelet.board import DeviceBoard
 from kubegpu.kubelet.cluster import DeviceHolding
 from kubegpu.kubelet.coordinator import SharingCoordinator
-from kubegpu.kubelet.resources import AllocationRefused, build_plans, slot_id
+from kubegpu.kubelet.resources import AllocationRefused, BindMount, build_plans, slot_id
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
     AllocationDecision,
@@ -26,6 +26,7 @@ from kubegpu.sharing.annotations import (
     decode_allocation,
     encode_allocation,
 )
+from kubegpu.sharing.contract import Grant, share_contract
 from kubegpu.sharing.findings import DRIFT_ANNOTATION
 from kubegpu.sharing.ledger import ALLOCATED_ANNOTATION, decode_ledger
 from kubegpu.testing.apiserver import FakeApiServer, make_node
@@ -176,6 +177,37 @@ async def test_the_api_being_down_refuses_shares_but_not_whole_gpus(
     assert caught.value.code == "UNAVAILABLE"
     alloc = await coordinator.allocate(whole_plan, [CARDS[1]])
     assert alloc.envs["NVIDIA_VISIBLE_DEVICES"] == CARDS[1]
+
+
+async def test_a_share_is_answered_with_the_share_contract_beside_the_strategys_device_list(
+    server: FakeApiServer,
+) -> None:
+    config = AgentConfig.model_validate(
+        {
+            "flags": {"plugin": {"deviceIDStrategy": "index"}},
+            "sharing": {"gpuShare": {"enabled": True, "slotsPerCard": 2, "enforcement": "mps"}},
+        }
+    )
+    client = server.async_client()
+    coordinator = SharingCoordinator(
+        NODE, config, LightkubeNodeApi(client, NODE), DeviceBoard(HealthFeed())
+    )
+    coordinator.set_plans(build_plans(config, INVENTORY))
+    server.store.put("pods", shared_pod("p", 2, ("main",), compute=333, memory=4096))
+    slot_plan = next(p for p in coordinator.plans if p.share_slots)
+    try:
+        answer = await coordinator.allocate(slot_plan, [slot_id(INVENTORY.gpus[2].uuid, 0)])
+    finally:
+        await client.close()
+    told = share_contract(Grant(CARDS[2], 2, 4096, 333), config.sharing.gpu_share)
+    # The device-list strategy names the card (by index here); everything else is the contract.
+    assert answer.envs == {"NVIDIA_VISIBLE_DEVICES": "2", **told.share_env}
+    assert told.mps is not None and told.mps.thread_percentage == 34
+    pipe, log = "/run/kubegpu/mps/pipe", "/run/kubegpu/mps/log"
+    assert answer.mounts == (
+        BindMount(pipe, pipe, read_only=False),
+        BindMount(log, log, read_only=False),
+    )
 
 
 async def test_a_conflicting_ledger_write_is_redone_on_fresh_data(

@@ -8,7 +8,6 @@ from dataclasses import replace
 import pytest
 
 from kubegpu.config.model import AgentConfig
-from kubegpu.core.container import MpsDirs
 from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2
 from kubegpu.kubelet.plugin import _device_message
@@ -20,7 +19,6 @@ from kubegpu.kubelet.shares import (
     preferred_whole_cards,
     read_node_pod,
     share_candidates,
-    share_env,
     shared_decision,
 )
 from kubegpu.sharing.annotations import (
@@ -426,16 +424,6 @@ def test_ledger_round_trips_and_rejects_garbage() -> None:
     ):
         with pytest.raises(LedgerError):
             decode_ledger(bad)
-
-
-def test_share_env_rounds_the_thread_percentage_up_and_names_the_card_in_mps_limits() -> None:
-    share = CardShare(UUID0, 0, 5, 2048)
-    env = share_env(UUID0, share, "mps", MpsDirs("/run/p", "/run/l"))
-    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "1"
-    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{UUID0}=2048M"
-    trust = share_env(UUID0, share, "none", None)
-    assert trust["KUBEGPU_GPU_MEMORY_LIMIT_MIB"] == "2048"
-    assert not any(k.startswith("CUDA_MPS") for k in trust)
 
 
 def test_whole_pods_are_steered_to_the_oldest_decision_that_is_still_free() -> None:

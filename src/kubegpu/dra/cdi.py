@@ -4,12 +4,13 @@ One spec file per claim (``<cdi_dir>/kubegpu-dra-<claim uid>.json``) holding one
 allocated GPU, named ``<claim uid>-<device>``, so the kubelet can hand the runtime fully qualified
 names (``<kind>=<name>``) and Unprepare can remove exactly that claim's file. The kind is our own
 (default ``<driver>/claim``) so it never clashes with nvidia-ctk's ``nvidia.com/gpu`` spec or the
-device plugin's. A share's memory and compute go into the environment under the same names the
-device plugin uses (docs/sharing.md); with ``enforcement: mps`` a share also gets the MPS
-client's pipe and log folders (mounted) and its per-client limits, as the device plugin's
-``Allocate`` hands them out, so the driver's MPS daemon holds it to its share. The spec is a
-property of the claim, not of a container: every container that uses the claim resolves the
-same device, so a claim is one share however many containers use it.
+device plugin's. Each device's environment and mounts are the share contract
+(:func:`kubegpu.sharing.contract.share_contract`), the device plugin's too: a share's memory and
+compute under the same names (docs/sharing.md), its share ID, and with ``enforcement: mps`` the
+MPS client's pipe and log folders (mounted) and its per-client limits, so the driver's MPS
+daemon holds it to its share. The spec is a property of the claim, not of a container: every
+container that uses the claim resolves the same device, so a claim is one share however many
+containers use it.
 """
 
 from __future__ import annotations
@@ -21,27 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from kubegpu.atomic_file import write_atomically
-from kubegpu.core.container import (
-    CONTROL_DEVICE_NODES,
-    ENV_COMPUTE,
-    ENV_ENFORCEMENT,
-    ENV_MEMORY_LIMIT,
-    ENV_MPS_LOG,
-    ENV_MPS_MEMORY,
-    ENV_MPS_PIPE,
-    ENV_MPS_THREADS,
-    ENV_UUID,
-    MpsDirs,
-    host_path,
-    mps_thread_percentage,
-)
+from kubegpu.config.model import Dra
+from kubegpu.core.container import CONTROL_DEVICE_NODES, host_path
 from kubegpu.core.gpu import GpuDevice
+from kubegpu.sharing.contract import Grant, ShareContract, ShareSettings, share_contract
 
 CDI_VERSION = "0.6.0"
 
-# The share's names are the device plugin's too (core.container).
-ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-ENV_SHARE_ID = "KUBEGPU_DRA_SHARE_ID"
+# The config's defaults: shares are accounted, not enforced (no MPS).
+UNENFORCED: ShareSettings = Dra()
 
 
 @dataclass(frozen=True)
@@ -97,54 +86,39 @@ def devices_together(device: ClaimDevice, devices: Sequence[ClaimDevice]) -> lis
     return sorted(together, key=lambda d: d.gpu.index)
 
 
-def _mib(device: ClaimDevice) -> int | None:
-    return device.memory_bytes // 2**20 if device.memory_bytes is not None else None
+def _grant(device: ClaimDevice) -> Grant:
+    memory_mib = device.memory_bytes // 2**20 if device.memory_bytes is not None else None
+    return Grant(
+        device.gpu.uuid, device.gpu.index, memory_mib, device.compute_milli, device.share_id
+    )
 
 
-def device_env(
+def device_contract(
     device: ClaimDevice,
-    mps: MpsDirs | None = None,
+    shares: ShareSettings = UNENFORCED,
     together: Sequence[ClaimDevice] | None = None,
-) -> list[str]:
-    """The container's environment for one device; ``mps`` only under ``enforcement: mps``;
-    ``together``: the devices it comes with (:func:`devices_together`), itself alone by
-    default. The GPU list and MPS's per-GPU memory limits name all of them; the share's own
-    limits (``KUBEGPU_GPU_*``) are this device's."""
-    together = together or [device]
-    uuids = ",".join(d.gpu.uuid for d in together)
-    env: dict[str, str] = {ENV_VISIBLE_DEVICES: uuids, ENV_UUID: uuids}
-    memory_mib = _mib(device)
-    if memory_mib is not None:
-        env[ENV_MEMORY_LIMIT] = str(memory_mib)
-    if device.compute_milli is not None:
-        env[ENV_COMPUTE] = str(device.compute_milli)
-    if device.share_id is not None:
-        env[ENV_SHARE_ID] = device.share_id
-    if device.is_share:
-        env[ENV_ENFORCEMENT] = "mps" if mps is not None else "none"
-    if device.is_share and mps is not None:
-        env[ENV_MPS_PIPE] = mps.pipe_dir
-        env[ENV_MPS_LOG] = mps.log_dir
-        limits = [f"{d.gpu.uuid}={_mib(d)}M" for d in together if _mib(d) is not None]
-        if limits:
-            env[ENV_MPS_MEMORY] = ",".join(limits)
-        if device.compute_milli is not None:
-            env[ENV_MPS_THREADS] = str(mps_thread_percentage(device.compute_milli))
-    return [f"{key}={value}" for key, value in env.items()]
+) -> ShareContract:
+    """What a container that gets ``device`` is told under ``shares`` (the config's ``dra``
+    section); ``together``: the devices it comes with (:func:`devices_together`), itself
+    alone by default. The GPU list and MPS's per-GPU memory limits name all of them; the
+    share's own limits (``KUBEGPU_GPU_*``) are this device's."""
+    return share_contract(
+        _grant(device), shares, together=[_grant(d) for d in together or [device]]
+    )
 
 
 def _device_edits(
-    device: ClaimDevice, dev_root: str, mps: MpsDirs | None, together: Sequence[ClaimDevice]
+    device: ClaimDevice, dev_root: str, shares: ShareSettings, together: Sequence[ClaimDevice]
 ) -> dict[str, Any]:
+    told = device_contract(device, shares, together)
     edits: dict[str, Any] = {
         "deviceNodes": [_node(dev_root, device.gpu.device_node)],
-        "env": device_env(device, mps, together),
+        "env": [f"{key}={value}" for key, value in told.env.items()],
     }
-    if device.is_share and mps is not None:
+    if told.mounts:
         # The MPS client talks to the daemon through these folders: the same path inside.
         edits["mounts"] = [
-            {"hostPath": d, "containerPath": d, "options": ["rbind", "rw"]}
-            for d in (mps.pipe_dir, mps.log_dir)
+            {"hostPath": d, "containerPath": d, "options": ["rbind", "rw"]} for d in told.mounts
         ]
     return edits
 
@@ -154,15 +128,16 @@ def claim_spec(
     devices: Sequence[ClaimDevice],
     kind: str,
     dev_root: str = "/",
-    mps: MpsDirs | None = None,
+    shares: ShareSettings = UNENFORCED,
 ) -> dict[str, Any]:
+    """The CDI spec of a claim; ``shares``: the config's ``dra`` section (enforcement, MPS)."""
     return {
         "cdiVersion": CDI_VERSION,
         "kind": kind,
         "devices": [
             {
                 "name": cdi_device_name(claim_uid, d.name),
-                "containerEdits": _device_edits(d, dev_root, mps, devices_together(d, devices)),
+                "containerEdits": _device_edits(d, dev_root, shares, devices_together(d, devices)),
             }
             for d in devices
         ],

@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kubegpu.core.container import MpsDirs
 from kubegpu.core.dra import (
     ClaimAllocation,
     ClaimRef,
@@ -34,6 +33,7 @@ from kubegpu.core.gpu import NodeInventory
 from kubegpu.dra import cdi
 from kubegpu.dra.checkpoint import Checkpoint, CheckpointError
 from kubegpu.dra.slices import holds_whole_card, pool_name
+from kubegpu.sharing.contract import ShareSettings
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,9 @@ class DriverSettings:
     checkpoint_path: Path
     cdi_kind: str | None = None  # default: "<driver>/claim"
     dev_root: str = "/"
-    # Set under `enforcement: mps`: shares are prepared as clients of the driver's MPS daemon.
-    mps: MpsDirs | None = None
+    # The config's `dra` section: under `enforcement: mps` shares are prepared as clients of
+    # the driver's MPS daemon.
+    shares: ShareSettings = cdi.UNENFORCED
 
     @property
     def kind(self) -> str:
@@ -123,7 +124,7 @@ class ClaimPreparer:
             raise PrepareError(f"claim {claim}: {exc}") from None
         devices = self._resolve(allocation)
         spec = cdi.claim_spec(
-            claim.uid, devices, self.settings.kind, self.settings.dev_root, self.settings.mps
+            claim.uid, devices, self.settings.kind, self.settings.dev_root, self.settings.shares
         )
         cdi.write_claim_spec(self.settings.cdi_dir, claim.uid, spec)
         prepared = PreparedClaim(

@@ -33,15 +33,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from kubegpu.config.model import AgentConfig
-from kubegpu.core.container import MpsDirs
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.kubelet.board import DeviceBoard
 from kubegpu.kubelet.cluster import ConflictError, NodeApi, PodResourcesApi
-from kubegpu.kubelet.peer_compat import peer_env, peers_of
+from kubegpu.kubelet.peer_compat import peer_ask, peers_of
 from kubegpu.kubelet.pod_view import NodePodView
 from kubegpu.kubelet.reconcile import RecordKeeper, now_rfc3339
 from kubegpu.kubelet.resources import (
@@ -59,11 +58,11 @@ from kubegpu.kubelet.shares import (
     preferred_whole_cards,
     share_candidates,
     share_cards,
-    share_env,
     whole_decision_cards,
 )
 from kubegpu.sharing.annotations import CardShare
 from kubegpu.sharing.claim import annotation_patch, grant
+from kubegpu.sharing.contract import Grant, PeerAsk, share_contract
 from kubegpu.sharing.ledger import GrantedContainer
 from kubegpu.sharing.resources import ResourceNames
 
@@ -93,7 +92,6 @@ class SharingCoordinator:
         board: DeviceBoard,
         *,
         pod_resources: PodResourcesApi | None = None,
-        mps: MpsDirs | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.node = node
@@ -101,7 +99,6 @@ class SharingCoordinator:
         self.api = api
         self.board = board
         self.pod_resources = pod_resources
-        self.mps = mps
         self.clock = clock
         self.names = resource_names(config)
         self.plans: list[ResourcePlan] = []
@@ -372,7 +369,7 @@ class SharingCoordinator:
             )
             card_mib = self.records.cards().get(card, (0, 0))[1]
             return self._answer(
-                plan, slot, share, peer_env(self.config, claim, container, share, card_mib)
+                plan, slot, share, peer_ask(self.config, claim, container, card_mib)
             )
         raise AllocationRefused(
             "ABORTED",
@@ -381,21 +378,16 @@ class SharingCoordinator:
         )
 
     def _answer(
-        self, plan: ResourcePlan, slot: str, share: CardShare, peers: Mapping[str, str]
+        self, plan: ResourcePlan, slot: str, share: CardShare, peer: PeerAsk | None
     ) -> AllocateAnswer:
-        """The container's answer: the slot's devices, told ``share`` (the decided share,
-        exactly what was just recorded as granted), and ``peers``: a peer's variables for a
-        container that asked in a compat mode."""
+        """The container's answer: the slot's devices, named by the device-list strategy, and
+        the share contract for ``share`` (the decided share, exactly what was just recorded as
+        granted; ``peer``: the container asked in a compat mode)."""
         base = plan.allocate(self.config, [slot])
-        enforcement = self.config.sharing.gpu_share.enforcement
-        ours = share_env(share.uuid, share, enforcement, self.mps)
-        envs = {**base.envs, **peers, **ours}
-        mounts = list(base.mounts)
-        if enforcement == "mps" and self.mps is not None:
-            # Read-write: MPS clients open the daemon's pipes for writing.
-            mounts.append(BindMount(self.mps.pipe_dir, self.mps.pipe_dir, read_only=False))
-            mounts.append(BindMount(self.mps.log_dir, self.mps.log_dir, read_only=False))
-        return replace(base, envs=envs, mounts=tuple(mounts))
+        told = share_contract(Grant.of(share), self.config.sharing.gpu_share, peer=peer)
+        # Read-write: MPS clients open the daemon's pipes for writing.
+        mps = (BindMount(d, d, read_only=False) for d in told.mounts)
+        return replace(base, envs={**base.envs, **told.share_env}, mounts=(*base.mounts, *mps))
 
     # -- reconciliation ----------------------------------------------------------------------
 

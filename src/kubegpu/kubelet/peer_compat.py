@@ -1,5 +1,6 @@
-"""The node agent's side of the peer compat modes (``sharing.gpuShare.compat``): the peer's
-environment at ``Allocate`` and the peer's node figures on the Node.
+"""The node agent's side of the peer compat modes (``sharing.gpuShare.compat``): what a peer's
+container asked for at ``Allocate`` (told to it by :func:`kubegpu.sharing.contract.share_contract`)
+and the peer's node figures on the Node.
 
 The rules are :mod:`kubegpu.sharing.peers`; this module applies them to the agent's config and
 its pods, and re-asserts the node figures. Those are extended resources patched straight into
@@ -16,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from kubegpu.config.model import AgentConfig
-from kubegpu.sharing.annotations import CardShare
 from kubegpu.sharing.claim import PodClaim
-from kubegpu.sharing.peers import PeerCompat, container_env, node_capacity, peer_compat, peer_named
+from kubegpu.sharing.contract import PeerAsk
+from kubegpu.sharing.peers import PeerCompat, node_capacity, peer_compat, peer_named
 
 log = logging.getLogger(__name__)
 
@@ -33,32 +34,26 @@ def peers_of(config: AgentConfig) -> tuple[PeerCompat, ...]:
     )
 
 
-def peer_env(
-    config: AgentConfig, claim: PodClaim, container: str, share: CardShare, card_memory_mib: int
-) -> dict[str, str]:
-    """The peer's variables for ``container`` of ``claim`` when it asked in a compat mode, else
-    nothing. The pod's total (Aliyun's ``_POD``) adds up its app containers and sidecars in the
-    peer's unit, as gpushare's extender records it."""
+def peer_ask(
+    config: AgentConfig, claim: PodClaim, container: str, card_memory_mib: int
+) -> PeerAsk | None:
+    """What ``container`` of ``claim`` asked for when it asked in a compat mode, else ``None``.
+    The pod's total (Aliyun's ``_POD``) adds up its app containers and sidecars in the peer's
+    unit, as gpushare's extender records it."""
     totals = claim.totals
     peers = peers_of(config)
     if totals is None or not peers:
-        return {}
+        return None
     asked = next((c for c in totals.containers if c.name == container), None)
     if asked is None or not asked.peer:
-        return {}
+        return None
     peer = peer_named(peers, asked.peer)
     if peer is None:
-        return {}
+        return None
     pod_units = sum(
         c.peer_units for c in totals.containers if c.peer == peer.name and (not c.init or c.sidecar)
     )
-    return container_env(
-        peer,
-        card_index=share.index,
-        card_memory_mib=card_memory_mib,
-        container_units=asked.peer_units,
-        pod_units=pod_units or asked.peer_units,
-    )
+    return PeerAsk(peer, card_memory_mib, asked.peer_units, pod_units or asked.peer_units)
 
 
 @runtime_checkable

@@ -1,4 +1,5 @@
-"""Which pending pod a share-slot ``Allocate`` serves, and what its container is told.
+"""Which pending pod a share-slot ``Allocate`` serves (what its container is told is
+:func:`kubegpu.sharing.contract.share_contract`).
 
 The device plugin API gives ``Allocate`` no pod identity, only the slot ids the kubelet chose.
 We make the choice deterministic instead of guessing (docs/allocation-protocol.md, "Who calls
@@ -24,18 +25,6 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kubegpu.core.container import (
-    ENV_COMPUTE,
-    ENV_ENFORCEMENT,
-    ENV_MEMORY_LIMIT,
-    ENV_MPS_LOG,
-    ENV_MPS_MEMORY,
-    ENV_MPS_PIPE,
-    ENV_MPS_THREADS,
-    ENV_UUID,
-    MpsDirs,
-    mps_thread_percentage,
-)
 from kubegpu.sharing.annotations import AllocationDecision, CardShare
 from kubegpu.sharing.claim import PodClaim, decided_for_another_node, read_claim, reconcile
 from kubegpu.sharing.ledger import Ledger
@@ -352,23 +341,7 @@ def preferred_whole_cards(
     return None
 
 
-# --------------------------------------------------------------------------- the answer
-def share_env(uuid: str, share: CardShare, enforcement: str, mps: MpsDirs | None) -> dict[str, str]:
-    """What a sharing container is told about its share (and held to, with MPS)."""
-    env = {
-        ENV_UUID: uuid,
-        ENV_MEMORY_LIMIT: str(share.gpu_memory_mib),
-        ENV_COMPUTE: str(share.compute_milli),
-        ENV_ENFORCEMENT: enforcement,
-    }
-    if enforcement == "mps" and mps is not None:
-        env[ENV_MPS_PIPE] = mps.pipe_dir
-        env[ENV_MPS_LOG] = mps.log_dir
-        env[ENV_MPS_MEMORY] = f"{uuid}={share.gpu_memory_mib}M"
-        env[ENV_MPS_THREADS] = str(mps_thread_percentage(share.compute_milli))
-    return env
-
-
+# --------------------------------------------------------------------------- describing
 def describe_pending(pods: Sequence[NodePod]) -> str:
     if not pods:
         return "no pod on this node is waiting for a share"

@@ -54,15 +54,12 @@ class SharingRuntime:
         share = config.sharing.gpu_share
         if not share.enabled:
             return
-        from kubegpu.core.container import MpsDirs
         from kubegpu.enforcement.mps import MpsDaemon, mps_spec_for
         from kubegpu.kubelet.coordinator import SharingCoordinator
 
         slot_cards = [str(g.uuid) for p in plans if p.share_slots for g in p.gpus]
-        paths = None
         if share.enforcement == "mps":
             spec = mps_spec_for(share.mps, slot_cards)
-            paths = MpsDirs(str(spec.pipe_dir), str(spec.log_dir))
             if self.mps is not None and self.mps.spec != spec:
                 await self._stop_mps()
             if self.mps is None:
@@ -76,7 +73,6 @@ class SharingRuntime:
             self.api,
             self.board,
             pod_resources=self.pod_resources,
-            mps=paths,
         )
         self.coordinator.set_plans(plans)
         self._task = asyncio.create_task(self.coordinator.run(), name="gpu-share")

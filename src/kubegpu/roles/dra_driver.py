@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from kubegpu.config.health import health_policy
-from kubegpu.config.model import AgentConfig
+from kubegpu.config.model import AgentConfig, Dra
 from kubegpu.core.backend import GpuBackend
-from kubegpu.core.container import MpsDirs
 from kubegpu.core.dra import DEFAULT_DRIVER_NAME
 from kubegpu.core.dra_ports import ResourceClaimReader, ResourceSliceSink
 from kubegpu.core.gpu import GpuUuid
@@ -77,14 +76,14 @@ class DraDriverSettings:
     def checkpoint_path(self) -> Path:
         return self.state_dir / CHECKPOINT_FILE
 
-    def driver_settings(self, mps: MpsDirs | None) -> DriverSettings:
+    def driver_settings(self, shares: Dra) -> DriverSettings:
         return DriverSettings(
             driver=self.driver,
             node_name=self.node_name,
             cdi_dir=self.cdi_dir,
             checkpoint_path=self.checkpoint_path,
             dev_root=self.dev_root,
-            mps=mps,
+            shares=shares,
         )
 
 
@@ -155,7 +154,6 @@ async def run_with_ports(
         )
     judge_health(feed, backend, inventory, node_name=node)
     mps_daemon = None
-    mps: MpsDirs | None = None
     probes = DriverProbes(node, settings.driver)
     probe_server: HttpThread | None = None
     claim: SocketClaim | None = None
@@ -186,7 +184,6 @@ async def run_with_ports(
             spec = mps_spec_for(config.dra.mps, [gpu.uuid for gpu in inventory.gpus])
             mps_daemon = MpsDaemon(spec, node=node)
             await mps_daemon.start()
-            mps = MpsDirs(str(spec.pipe_dir), str(spec.log_dir))
         log.info(
             "node %s: DRA driver %s for %d GPU(s), enforcement %s, %s, sockets %s and %s",
             node,
@@ -198,7 +195,7 @@ async def run_with_ports(
             settings.sockets.dra,
         )
         refused = await serve_dra_driver(
-            settings.driver_settings(mps),
+            settings.driver_settings(config.dra),
             inventory,
             claims,
             slices,
