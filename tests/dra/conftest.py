@@ -16,7 +16,8 @@ from kubegpu.core.dra import DEFAULT_DRIVER_NAME
 from kubegpu.core.dra_ports import FakeResourceClaimSource, ResourceSliceSink
 from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
 from kubegpu.dra.driver import ClaimPreparer, DriverSettings
-from kubegpu.dra.server import DraPluginServer, SocketPaths, serve_dra_driver
+from kubegpu.dra.registration import SocketPaths
+from kubegpu.dra.server import DraPluginServer, serve_dra_driver
 
 NODE = "node-a"
 

@@ -20,7 +20,8 @@ from kubegpu.dra.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2 as reg
 from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from kubegpu.dra.cdi import spec_path
-from kubegpu.dra.server import DraPluginServer, RegistrationStatus
+from kubegpu.dra.registration import RegistrationStatus
+from kubegpu.dra.server import DraPluginServer
 from kubegpu.socket_claim import SocketInUse, socket_identity
 from kubegpu.unix_channels import unix_aio_channel
 
@@ -335,7 +336,7 @@ def test_env_and_device_nodes_match_the_device_plugin() -> None:
 
 
 def test_socket_paths_default_to_the_kubelet_directories() -> None:
-    from kubegpu.dra.server import SocketPaths
+    from kubegpu.dra.registration import SocketPaths
 
     paths = SocketPaths.for_driver("gpu.kubegpu.io")
     assert paths.registration == Path("/var/lib/kubelet/plugins_registry/gpu.kubegpu.io-reg.sock")

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 from kubegpu.core.health import HealthEvent, HealthEventKind
+from kubegpu.extender.metrics import ExtenderMetrics
 from kubegpu.extender.pending import PendingGpuPods
-from kubegpu.extender.server import ExtenderMetrics
 from kubegpu.sharing.resources import ResourceNames
 from tests.exporter.conftest import Node
 from tests.exporter.test_collector import registry_for

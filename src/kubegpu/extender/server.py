@@ -13,24 +13,23 @@ is locked, never a node.
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import contextlib
 import dataclasses
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kubegpu.config.extender import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_INFLIGHT_BODY_BYTES
 from kubegpu.extender.dra_rank import DraRanker
 from kubegpu.extender.leader import LeaderGate
+from kubegpu.extender.metrics import ExtenderMetrics, PodLocks
 from kubegpu.extender.pending import PendingGpuPods
 from kubegpu.extender.scheduler import GpuScheduler, Unschedulable, reason_category
 from kubegpu.extender.wire import (
@@ -80,8 +79,6 @@ EXTENDER_MAX_CONNECTIONS = 4096
 # The metrics listener faces Prometheus and the kubelet's probes, on the pod network.
 METRICS_LIMITS = HttpLimits(max_body_bytes=1024, max_inflight_body_bytes=64 * 1024)
 
-_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-
 
 class _Refused(Exception):
     """A bind step's refusal: ``result`` labels the binds metric, ``reason`` goes back to
@@ -91,90 +88,6 @@ class _Refused(Exception):
         super().__init__(reason)
         self.result = result
         self.reason = reason
-
-
-class PodLocks:
-    """One lock per pod UID, so binds of one pod run one after another (kube-scheduler retries
-    a bind after its ``httpTimeout`` while the first handler may still run): the view keeps one
-    reservation per UID, and two binds of a pod at once would overwrite each other's.
-
-    A lock is forgotten only when no bind holds it *or waits for it*. ``Lock.locked()`` is
-    not that test: between a release and the woken waiter running it reads False, and dropping
-    the lock then hands the next bind a fresh one that runs beside the waiter."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-
-    def __len__(self) -> int:
-        return len(self._locks)
-
-    @contextlib.asynccontextmanager
-    async def hold(self, uid: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(uid) or (asyncio.Lock(), 0)
-        self._locks[uid] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[uid]
-            if users == 1:
-                del self._locks[uid]
-            else:
-                self._locks[uid] = (lock, users - 1)
-
-
-class ExtenderMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-        self.latency = Histogram(
-            "kubegpu_extender_request_duration_seconds",
-            "Time to answer one extender call, by verb.",
-            ["verb"],
-            registry=registry,
-            buckets=_BUCKETS,
-        )
-        self.decisions = Counter(
-            "kubegpu_extender_decisions_total",
-            "Filter and bind outcomes for GPU pods.",
-            ["verb", "outcome"],
-            registry=registry,
-        )
-        self.rejections = Counter(
-            "kubegpu_extender_node_rejections_total",
-            "Nodes rejected for a GPU pod, by reason.",
-            ["reason"],
-            registry=registry,
-        )
-        self.binds = Counter(
-            "kubegpu_extender_binds_total",
-            "Bind requests by result.",
-            ["result"],
-            registry=registry,
-        )
-        self.conflicts = Counter(
-            "kubegpu_extender_bind_conflicts_total",
-            "409 Conflicts met while recording a decision (each one retried).",
-            registry=registry,
-        )
-        self.bad_requests = Counter(
-            "kubegpu_extender_bad_requests_total",
-            "Requests refused as malformed, by verb.",
-            ["verb"],
-            registry=registry,
-        )
-        self.refused = Counter(
-            "kubegpu_extender_requests_refused_total",
-            "Requests refused before their handler ran: too-large (413), busy (503: the "
-            "in-flight body budget is spent), timeout (408: the body did not arrive in time), "
-            "bad-request (400), connections (closed on arrival over the connection cap).",
-            ["reason"],
-            registry=registry,
-        )
-        self.body_bytes_in_flight = Gauge(
-            "kubegpu_extender_request_body_bytes_in_flight",
-            "Bytes of request bodies read or reserved and not yet released.",
-            registry=registry,
-        )
 
 
 class ExtenderApp:

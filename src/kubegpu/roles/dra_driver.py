@@ -31,9 +31,9 @@ from kubegpu.core.health_feed import HealthFeed
 from kubegpu.dra.checkpoint import Checkpoint, CheckpointError
 from kubegpu.dra.driver import DriverSettings
 from kubegpu.dra.probes import DriverProbes
+from kubegpu.dra.registration import SocketPaths
 from kubegpu.dra.server import (
     SlicePublishError,
-    SocketPaths,
     serve_dra_driver,
     wait_for_sockets,
 )
