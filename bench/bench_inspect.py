@@ -54,8 +54,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kubegpu.inspect.command import InspectOptions, build_cluster_report, inspect_once
-from kubegpu.inspect.model import Filters, ReadCache, build_report
+from kubegpu.inspect.model import ReadCache, build_report
 from kubegpu.inspect.render import render_text, report_to_json
+from kubegpu.inspect.report import Filters
 from kubegpu.kube.cluster_reader import list_cluster, make_client
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,

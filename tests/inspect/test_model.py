@@ -7,21 +7,20 @@ from typing import Any
 import jsonschema
 import pytest
 
-from kubegpu.inspect.model import (
+from kubegpu.inspect.model import ReadCache, build_report
+from kubegpu.inspect.reading import gpu_node_names
+from kubegpu.inspect.render import load_schema, report_to_json
+from kubegpu.inspect.report import (
     Filters,
     InspectReport,
     InventoryState,
     NodeView,
     PendingState,
     PlacedBy,
-    ReadCache,
     UnplacedReason,
     UsageState,
     WarningKind,
-    build_report,
-    gpu_node_names,
 )
-from kubegpu.inspect.render import load_schema, report_to_json
 from kubegpu.inspect.usage import NodeUsage, UsageResult
 from tests.inspect import mixed_cluster as mc
 

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from kubegpu.inspect.model import WarningKind, build_report
+from kubegpu.inspect.model import build_report
+from kubegpu.inspect.report import WarningKind
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
     AllocationDecision,

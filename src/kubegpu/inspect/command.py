@@ -33,15 +33,10 @@ from kubegpu.inspect.exporters import (
     exporter_url,
     fetch_usage,
 )
-from kubegpu.inspect.model import (
-    Filters,
-    InspectReport,
-    ReadCache,
-    build_report,
-    gpu_node_names,
-    node_address,
-)
+from kubegpu.inspect.model import ReadCache, build_report
+from kubegpu.inspect.reading import gpu_node_names, node_address
 from kubegpu.inspect.render import render_text, report_to_json
+from kubegpu.inspect.report import Filters, InspectReport
 from kubegpu.inspect.usage import UsageResult
 from kubegpu.kube.cluster_reader import (
     ClusterError,

@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from kubegpu.inspect.model import Filters, InspectReport, NodeView
+from kubegpu.inspect.report import Filters, InspectReport, NodeView
 from kubegpu.sharing.peers import MIB_PER_UNIT
 
 

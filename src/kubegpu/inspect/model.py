@@ -18,28 +18,45 @@ Rules worth knowing:
   depend on who is looking.
 * CPU-only nodes (no inventory, no advertised GPUs, no GPU pods) are counted, not listed.
 
+The values live in :mod:`kubegpu.inspect.report`, the JSON accessors in
+:mod:`kubegpu.inspect.reading` and one node's cards, warnings and totals in
+:mod:`kubegpu.inspect.node_view`; this module reads the pods, assembles the report and applies
+its filters.
+
 Pure: no I/O, no clock (the caller passes ``generated_at``).
 """
 
 from __future__ import annotations
 
-import enum
-from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kubegpu.inspect.usage import NodeUsage, UsageResult
-from kubegpu.placement.model import MILLI_PER_GPU
-from kubegpu.sharing.accounting import NodeInfo
-from kubegpu.sharing.annotations import (
-    INVENTORY_ANNOTATION,
-    AllocationDecision,
-    AnnotationError,
-    CardShare,
-    GpuRecord,
-    decode_inventory,
+from kubegpu.inspect.node_view import NodeWork, PodFacts, node_view, sum_totals
+from kubegpu.inspect.reading import (
+    allocatable_count,
+    node_inventory,
+    pod_phase,
+    pod_started,
+    refused_by_scheduler,
+    version_key,
 )
+from kubegpu.inspect.report import (
+    CardView,
+    DriftWarning,
+    Filters,
+    InspectReport,
+    NodeView,
+    PendingCard,
+    PendingPod,
+    PendingState,
+    PodOnCard,
+    UnplacedPod,
+    UsageState,
+    WarningKind,
+)
+from kubegpu.inspect.usage import UsageResult
+from kubegpu.sharing.accounting import NodeInfo
 from kubegpu.sharing.claim import (
     TERMINAL_PHASES,
     decided_elsewhere,
@@ -47,324 +64,13 @@ from kubegpu.sharing.claim import (
     read_claim,
     share_without_decision,
 )
-from kubegpu.sharing.resources import (
-    RequestError,
-    ResourceNames,
-    parse_quantity,
-)
-
-
-class UsageState(enum.Enum):
-    OFF = "off"  # not asked for
-    OK = "ok"
-    UNAVAILABLE = "unavailable"  # asked, no answer: shown as "?"
-
-
-class InventoryState(enum.Enum):
-    OK = "ok"
-    MISSING = "missing"  # the node agent has not published one
-    INVALID = "invalid"  # published but unreadable
-
-
-class PendingState(enum.Enum):
-    BINDING = "binding"  # decided and recorded, not yet bound
-    STARTING = "starting"  # bound with a decision, containers not started (no Allocate yet)
-    UNSCHEDULED = "unscheduled"  # asks for GPUs, no node and no decision yet
-    # The scheduler tried and said no (PodScheduled=False); it tries again when the cluster
-    # changes. The demo summary and the scheduler stand-in call these pods "refused" too.
-    REFUSED = "refused"
-
-
-class UnplacedReason(enum.Enum):
-    NO_DECISION = "no-decision"  # whole GPUs without an allocation annotation
-    UNKNOWN_CARD = "unknown-card"  # the decision names a card the node does not publish
-    NO_INVENTORY = "no-inventory"  # the node publishes no (readable) inventory
-
-
-class PlacedBy(enum.Enum):
-    """Who says which card a pod holds."""
-
-    DECISION = "decision"  # the extender's allocation annotation
-    # The node's kubelet (PodResources, read through the exporter): a whole-GPU pod the
-    # extender never decided for, placed only when usage was fetched.
-    KUBELET = "kubelet"
-
-
-class WarningKind(enum.Enum):
-    OVERCOMMITTED_CARD = "overcommitted-card"
-    UNKNOWN_CARD = "unknown-card"
-    UNHEALTHY_CARD_IN_USE = "unhealthy-card-in-use"
-    DECISION_NODE_MISMATCH = "decision-node-mismatch"
-    INDEX_MISMATCH = "index-mismatch"
-    MALFORMED_ALLOCATION = "malformed-allocation"
-    INVALID_INVENTORY = "invalid-inventory"
-    MISSING_INVENTORY = "missing-inventory"
-    SHARE_WITHOUT_DECISION = "share-without-decision"
-    NOT_ENOUGH_FREE_CARDS = "not-enough-free-cards"
-    OVER_SHARE = "over-share"
-    UNREADABLE_POD = "unreadable-pod"
-
-
-@dataclass(frozen=True)
-class PodOnCard:
-    """One pod's hold on one card (pod totals over its containers, as the extender charges)."""
-
-    namespace: str
-    name: str
-    phase: str
-    shared: bool
-    memory_mib: int
-    compute_milli: int
-    bound: bool = True
-    used_memory_mib: int | None = None  # from the exporter, when it reported this pod
-    over_share: bool | None = None
-    placed_by: PlacedBy = PlacedBy.DECISION
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True)
-class CardView:
-    index: int
-    uuid: str
-    model: str
-    memory_mib: int
-    healthy: bool
-    allocated_memory_mib: int
-    allocated_compute_milli: int
-    pods: tuple[PodOnCard, ...] = ()
-    used_memory_mib: int | None = None
-    utilization_ratio: float | None = None
-
-    @property
-    def free_memory_mib(self) -> int:
-        return max(0, self.memory_mib - self.allocated_memory_mib)
-
-    @property
-    def overcommitted(self) -> bool:
-        return (
-            self.allocated_memory_mib > self.memory_mib
-            or self.allocated_compute_milli > MILLI_PER_GPU
-        )
-
-
-@dataclass(frozen=True)
-class UnplacedPod:
-    """A pod charged to the node whose cards are unknown (see :class:`UnplacedReason`)."""
-
-    namespace: str
-    name: str
-    phase: str
-    reason: UnplacedReason
-    whole_gpus: int
-    compute_milli: int
-    memory_mib: int  # what its decision says; for no-decision pods: the extender's assumption
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True)
-class Totals:
-    """Sums over cards (a node) or nodes (the cluster). ``gpus`` counts published cards, or
-    the advertised ``nvidia.com/gpu`` count where no inventory is published."""
-
-    nodes: int
-    gpus: int
-    healthy_gpus: int
-    memory_mib: int
-    allocated_memory_mib: int
-    allocated_compute_milli: int
-    free_gpus: int  # healthy cards with nothing allocated
-    largest_free_memory_mib: int  # the biggest share one healthy card can still take
-    unplaced_whole_gpus: int
-    used_memory_mib: int | None = None  # sum over cards with a reading; None: no reading
-    pods: int = 0
-
-
-@dataclass(frozen=True)
-class NodeView:
-    name: str
-    address: str
-    inventory: InventoryState
-    cards: tuple[CardView, ...]
-    unplaced: tuple[UnplacedPod, ...]
-    totals: Totals
-    advertised_gpus: int = 0
-    inventory_error: str = ""
-    usage: UsageState = UsageState.OFF
-    usage_error: str = ""
-
-
-@dataclass(frozen=True)
-class PendingCard:
-    uuid: str
-    index: int
-    memory_mib: int
-    compute_milli: int
-
-
-@dataclass(frozen=True)
-class PendingPod:
-    namespace: str
-    name: str
-    state: PendingState
-    node: str  # the decided (or bound) node; empty while unscheduled
-    whole_gpus: int
-    memory_mib: int  # shared requests: MiB asked for on one card
-    compute_milli: int
-    cards: tuple[PendingCard, ...] = ()
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True)
-class DriftWarning:
-    kind: WarningKind
-    message: str
-    node: str = ""
-    uuid: str = ""
-    pod: str = ""  # namespace/name
-
-
-@dataclass(frozen=True)
-class Filters:
-    nodes: tuple[str, ...] = ()
-    namespace: str = ""
-
-
-@dataclass(frozen=True)
-class InspectReport:
-    generated_at: str
-    nodes: tuple[NodeView, ...]
-    pending: tuple[PendingPod, ...]
-    warnings: tuple[DriftWarning, ...]
-    totals: Totals
-    filters: Filters = Filters()
-    cpu_only_nodes: int = 0
-    usage: UsageState = UsageState.OFF
-
-
-# --------------------------------------------------------------------------- reading JSON
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def _node_address(node: Mapping[str, Any]) -> str:
-    status = node.get("status")
-    addresses = status.get("addresses") if isinstance(status, Mapping) else None
-    found: dict[str, str] = {}
-    for item in addresses if isinstance(addresses, list) else []:
-        if isinstance(item, Mapping) and isinstance(item.get("address"), str):
-            found.setdefault(str(item.get("type")), item["address"])
-    for kind in ("InternalIP", "ExternalIP", "Hostname"):
-        if kind in found:
-            return found[kind]
-    return str(_meta(node).get("name") or "")
-
-
-def node_address(node: Mapping[str, Any]) -> str:
-    """Where the node's exporter is reached: InternalIP, else ExternalIP, else hostname."""
-    return _node_address(node)
-
-
-def _allocatable(node: Mapping[str, Any], name: str) -> int:
-    status = node.get("status")
-    allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
-    if not isinstance(allocatable, Mapping) or name not in allocatable:
-        return 0
-    try:
-        return int(parse_quantity(allocatable[name]))
-    except RequestError:
-        return 0
-
-
-def _node_inventory(node: Mapping[str, Any]) -> NodeInfo:
-    name = str(_meta(node).get("name") or "")
-    annotations = _meta(node).get("annotations")
-    raw = annotations.get(INVENTORY_ANNOTATION) if isinstance(annotations, Mapping) else None
-    if raw is None:
-        return NodeInfo(name, 0, 0)
-    try:
-        return NodeInfo(name, 0, 0, decode_inventory(raw))
-    except AnnotationError as exc:
-        return NodeInfo(name, 0, 0, None, str(exc))
-
-
-def _refused(pod: Mapping[str, Any]) -> bool:
-    """Whether the scheduler has tried the pod and found no node (PodScheduled=False)."""
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(
-        isinstance(c, Mapping) and c.get("type") == "PodScheduled" and c.get("status") == "False"
-        for c in conditions
-    )
-
-
-def _phase(pod: Mapping[str, Any]) -> str:
-    status = pod.get("status")
-    phase = status.get("phase") if isinstance(status, Mapping) else None
-    return phase if isinstance(phase, str) and phase else "Pending"
-
-
-def _started(pod: Mapping[str, Any], phase: str) -> bool:
-    """Whether the kubelet has started the pod (so its device Allocate has happened)."""
-    if phase != "Pending":
-        return True
-    status = pod.get("status")
-    statuses = status.get("containerStatuses") if isinstance(status, Mapping) else None
-    for item in statuses if isinstance(statuses, list) else []:
-        state = item.get("state") if isinstance(item, Mapping) else None
-        if isinstance(state, Mapping) and ("running" in state or "terminated" in state):
-            return True
-    return False
-
-
-def gpu_node_names(
-    nodes: Iterable[Mapping[str, Any]],
-    filters: Filters = Filters(),
-    names: ResourceNames | None = None,
-) -> list[str]:
-    """Nodes worth asking for usage: they publish an inventory or advertise GPUs, and pass
-    the node filter. Cheap (no annotation is parsed), so usage can be fetched before the
-    report is built."""
-    names = names or ResourceNames()
-    wanted = set(filters.nodes)
-    found: list[str] = []
-    for node in nodes:
-        meta = _meta(node)
-        name = meta.get("name")
-        if not isinstance(name, str) or not name or (wanted and name not in wanted):
-            continue
-        annotations = meta.get("annotations")
-        published = isinstance(annotations, Mapping) and INVENTORY_ANNOTATION in annotations
-        if published or _allocatable(node, names.whole_gpu) or _allocatable(node, names.share_slot):
-            found.append(name)
-    return found
+from kubegpu.sharing.resources import ResourceNames
 
 
 # --------------------------------------------------------------------------- building
-@dataclass
-class _PodFacts:
-    namespace: str
-    name: str
-    phase: str
-    node: str  # where it is charged
-    bound: bool
-    decision: AllocationDecision | None
-    whole_gpus: int
-    compute_milli: int
-    gpu_memory_mib: int
-
-
 @dataclass(frozen=True)
 class _PodReading:
-    facts: _PodFacts | None
+    facts: PodFacts | None
     warnings: tuple[DriftWarning, ...]
     pending: tuple[PendingPod, ...]
 
@@ -377,21 +83,6 @@ class ReadCache:
 
     nodes: dict[tuple[str, str], NodeInfo] = field(default_factory=dict)
     pods: dict[tuple[str, str], _PodReading] = field(default_factory=dict)
-
-
-def _version_key(obj: Mapping[str, Any], id_field: str) -> tuple[str, str] | None:
-    meta = _meta(obj)
-    ident, version = meta.get(id_field), meta.get("resourceVersion")
-    if isinstance(ident, str) and ident and isinstance(version, str) and version:
-        return ident, version
-    return None
-
-
-@dataclass
-class _NodeWork:
-    json: Mapping[str, Any]
-    info: NodeInfo
-    pods: list[_PodFacts] = field(default_factory=list)
 
 
 def build_report(
@@ -409,22 +100,22 @@ def build_report(
     (watch mode) reuses the readings of objects whose resourceVersion has not changed."""
     names = names or ResourceNames()
     warnings: list[DriftWarning] = []
-    work: dict[str, _NodeWork] = {}
+    work: dict[str, NodeWork] = {}
     memo = cache if cache is not None else ReadCache()
     node_memo: dict[tuple[str, str], NodeInfo] = {}
     for node in nodes:
-        key = _version_key(node, "name")
+        key = version_key(node, "name")
         info = memo.nodes.get(key) if key else None
         if info is None:
-            info = _node_inventory(node)
+            info = node_inventory(node)
         if key:
             node_memo[key] = info
         if info.name:
-            work[info.name] = _NodeWork(node, info)
+            work[info.name] = NodeWork(node, info)
     pending: list[PendingPod] = []
     pod_memo: dict[tuple[str, str], _PodReading] = {}
     for pod in pods:
-        key = _version_key(pod, "uid")
+        key = version_key(pod, "uid")
         reading = memo.pods.get(key) if key else None
         if reading is None:
             found: list[DriftWarning] = []
@@ -454,7 +145,7 @@ def build_report(
     cpu_only = 0
     for name in sorted(work):
         item = work[name]
-        advertised = _allocatable(item.json, names.whole_gpu) + _allocatable(
+        advertised = allocatable_count(item.json, names.whole_gpu) + allocatable_count(
             item.json, names.share_slot
         )
         has_gpu_facts = (
@@ -468,7 +159,7 @@ def build_report(
             continue
         node_usage = None if usage is None else usage.get(name)
         views.append(
-            _node_view(item, _allocatable(item.json, names.whole_gpu), node_usage, warnings)
+            node_view(item, allocatable_count(item.json, names.whole_gpu), node_usage, warnings)
         )
 
     memo.nodes, memo.pods = node_memo, pod_memo  # forget objects no longer listed
@@ -479,7 +170,7 @@ def build_report(
             nodes=tuple(views),
             pending=tuple(sorted(pending, key=lambda p: (p.state.value, p.namespace, p.name))),
             warnings=tuple(warnings),
-            totals=_sum_totals(views),
+            totals=sum_totals(views),
             filters=filters,
             cpu_only_nodes=cpu_only,
             usage=report_usage,
@@ -492,8 +183,8 @@ def _read_pod(
     names: ResourceNames,
     warnings: list[DriftWarning],
     pending: list[PendingPod],
-) -> _PodFacts | None:
-    phase = _phase(pod)
+) -> PodFacts | None:
+    phase = pod_phase(pod)
     if phase in TERMINAL_PHASES or not mentions_gpu(pod, names):
         return None  # most pods of a cluster: skip the full request arithmetic
     claim = read_claim(pod, names)
@@ -518,7 +209,7 @@ def _read_pod(
             PendingPod(
                 namespace,
                 name,
-                PendingState.REFUSED if _refused(pod) else PendingState.UNSCHEDULED,
+                PendingState.REFUSED if refused_by_scheduler(pod) else PendingState.UNSCHEDULED,
                 "",
                 totals.whole_gpus,
                 totals.gpu_memory_mib,
@@ -547,7 +238,7 @@ def _read_pod(
     # What the pod holds, by podstate.read_pod's rules (the extender's), without reading the
     # pod a second time: its decision's cards, else (bound, no usable decision) whole GPUs
     # on cards nobody recorded.
-    if decision is not None and (not bound_to or not _started(pod, phase)):
+    if decision is not None and (not bound_to or not pod_started(pod, phase)):
         pending.append(
             PendingPod(
                 namespace,
@@ -563,7 +254,7 @@ def _read_pod(
                 ),
             )
         )
-    return _PodFacts(
+    return PodFacts(
         namespace,
         name,
         phase,
@@ -573,311 +264,6 @@ def _read_pod(
         totals.whole_gpus if decision is None else 0,
         totals.compute_milli,
         totals.gpu_memory_mib,
-    )
-
-
-def _node_view(
-    item: _NodeWork,
-    advertised: int,
-    result: UsageResult | None,
-    warnings: list[DriftWarning],
-) -> NodeView:
-    name = item.info.name
-    inventory = item.info.inventory
-    if inventory is not None:
-        state = InventoryState.OK
-    elif item.info.inventory_error:
-        state = InventoryState.INVALID
-        warnings.append(
-            DriftWarning(
-                WarningKind.INVALID_INVENTORY,
-                f"node {name}: {item.info.inventory_error}; its cards are unknown",
-                node=name,
-            )
-        )
-    else:
-        state = InventoryState.MISSING
-        if item.pods:
-            warnings.append(
-                DriftWarning(
-                    WarningKind.MISSING_INVENTORY,
-                    f"node {name}: {len(item.pods)} GPU pod(s) but no {INVENTORY_ANNOTATION} "
-                    "annotation (node agent not running?); their cards are unknown",
-                    node=name,
-                )
-            )
-    records: dict[str, GpuRecord] = inventory.by_uuid() if inventory is not None else {}
-    node_usage: NodeUsage | None = result.usage if result is not None else None
-    held: dict[str, list[PodOnCard]] = defaultdict(list)
-    unplaced: list[UnplacedPod] = []
-    undecided: list[_PodFacts] = []
-    for facts in sorted(item.pods, key=lambda f: (f.namespace, f.name)):
-        if facts.decision is None:
-            if not facts.whole_gpus:
-                continue
-            # No decision names its cards, but the node's kubelet knows them: place the pod
-            # there (marked as the kubelet's word) rather than on cards assumed free.
-            placed = _kubelet_cards(facts, node_usage, records)
-            for given in placed:
-                pod_key3 = (facts.namespace, facts.name, given.uuid)
-                held[given.uuid].append(
-                    PodOnCard(
-                        facts.namespace,
-                        facts.name,
-                        facts.phase,
-                        False,
-                        given.memory_mib,
-                        MILLI_PER_GPU,
-                        facts.bound,
-                        node_usage.pod_memory_used_mib.get(pod_key3) if node_usage else None,
-                        None,
-                        PlacedBy.KUBELET,
-                    )
-                )
-            if facts.whole_gpus > len(placed):
-                undecided.append(replace(facts, whole_gpus=facts.whole_gpus - len(placed)))
-            continue
-        unknown: list[CardShare] = []
-        for card in facts.decision.cards:
-            record = records.get(card.uuid)
-            if record is None:
-                unknown.append(card)
-                continue
-            if record.index != card.index:
-                warnings.append(
-                    DriftWarning(
-                        WarningKind.INDEX_MISMATCH,
-                        f"pod {facts.namespace}/{facts.name}: decision says card {card.uuid} "
-                        f"is index {card.index}; node {name} publishes index {record.index}",
-                        node=name,
-                        uuid=card.uuid,
-                        pod=f"{facts.namespace}/{facts.name}",
-                    )
-                )
-            pod_key3 = (facts.namespace, facts.name, card.uuid)
-            held[card.uuid].append(
-                PodOnCard(
-                    facts.namespace,
-                    facts.name,
-                    facts.phase,
-                    facts.decision.shared,
-                    card.gpu_memory_mib,
-                    card.compute_milli,
-                    facts.bound,
-                    node_usage.pod_memory_used_mib.get(pod_key3) if node_usage else None,
-                    node_usage.pod_over_share.get(pod_key3) if node_usage else None,
-                )
-            )
-        if unknown:
-            reason = (
-                UnplacedReason.UNKNOWN_CARD
-                if inventory is not None
-                else UnplacedReason.NO_INVENTORY
-            )
-            unplaced.append(
-                UnplacedPod(
-                    facts.namespace,
-                    facts.name,
-                    facts.phase,
-                    reason,
-                    0 if facts.decision.shared else len(unknown),
-                    sum(c.compute_milli for c in unknown),
-                    sum(c.gpu_memory_mib for c in unknown),
-                )
-            )
-            if inventory is not None:
-                for card in unknown:
-                    warnings.append(
-                        DriftWarning(
-                            WarningKind.UNKNOWN_CARD,
-                            f"pod {facts.namespace}/{facts.name}: decision names card "
-                            f"{card.uuid} (index {card.index}), which node {name} does not have",
-                            node=name,
-                            uuid=card.uuid,
-                            pod=f"{facts.namespace}/{facts.name}",
-                        )
-                    )
-
-    cards: list[CardView] = []
-    for record in inventory.gpus if inventory is not None else ():
-        on_card = tuple(held.get(record.uuid, ()))
-        cards.append(
-            CardView(
-                index=record.index,
-                uuid=record.uuid,
-                model=record.model,
-                memory_mib=record.memory_mib,
-                healthy=record.healthy,
-                allocated_memory_mib=sum(p.memory_mib for p in on_card),
-                allocated_compute_milli=sum(p.compute_milli for p in on_card),
-                pods=on_card,
-                used_memory_mib=node_usage.gpu_memory_used_mib.get(record.uuid)
-                if node_usage
-                else None,
-                utilization_ratio=node_usage.gpu_utilization_ratio.get(record.uuid)
-                if node_usage
-                else None,
-            )
-        )
-    _card_warnings(name, cards, warnings)
-
-    # Whole-GPU pods without a decision: the extender assumes the highest-index cards still
-    # free; we charge their memory the same way so both agree, but name no card.
-    free_cards = sorted(
-        (c for c in cards if c.allocated_memory_mib == 0 and c.allocated_compute_milli == 0),
-        key=lambda c: -c.index,
-    )
-    free_count = len(free_cards)
-    assumed: set[str] = set()
-    wanted = 0
-    for facts in undecided:
-        taken, free_cards = free_cards[: facts.whole_gpus], free_cards[facts.whole_gpus :]
-        assumed.update(c.uuid for c in taken)
-        wanted += facts.whole_gpus
-        reason = (
-            UnplacedReason.NO_DECISION if inventory is not None else UnplacedReason.NO_INVENTORY
-        )
-        unplaced.append(
-            UnplacedPod(
-                facts.namespace,
-                facts.name,
-                facts.phase,
-                reason,
-                facts.whole_gpus,
-                facts.whole_gpus * MILLI_PER_GPU,
-                sum(c.memory_mib for c in taken),
-            )
-        )
-    if inventory is not None and wanted > free_count:
-        warnings.append(
-            DriftWarning(
-                WarningKind.NOT_ENOUGH_FREE_CARDS,
-                f"node {name}: pods without a decision hold {wanted} whole GPU(s) but only "
-                f"{free_count} card(s) are free of decided pods",
-                node=name,
-            )
-        )
-    if node_usage is not None:
-        for shown in cards:
-            for pod in shown.pods:
-                if pod.over_share:
-                    warnings.append(
-                        DriftWarning(
-                            WarningKind.OVER_SHARE,
-                            f"pod {pod.key} uses {pod.used_memory_mib} MiB on card {shown.uuid} "
-                            f"of node {name}; its share is {pod.memory_mib} MiB",
-                            node=name,
-                            uuid=shown.uuid,
-                            pod=pod.key,
-                        )
-                    )
-    usage_state = UsageState.OFF
-    usage_error = ""
-    if result is not None:
-        usage_state = UsageState.OK if result.usage is not None else UsageState.UNAVAILABLE
-        usage_error = result.error
-    unplaced_tuple = tuple(unplaced)
-    return NodeView(
-        name=name,
-        address=_node_address(item.json),
-        inventory=state,
-        cards=tuple(cards),
-        unplaced=unplaced_tuple,
-        totals=_node_totals(cards, unplaced_tuple, assumed, advertised if inventory is None else 0),
-        advertised_gpus=advertised,
-        inventory_error=item.info.inventory_error,
-        usage=usage_state,
-        usage_error=usage_error,
-    )
-
-
-def _kubelet_cards(
-    facts: _PodFacts, usage: NodeUsage | None, records: Mapping[str, GpuRecord]
-) -> list[GpuRecord]:
-    """The node's published cards the kubelet says the pod holds (lowest index first, at most
-    as many as it asks for); none when usage was not fetched or does not mention the pod."""
-    if usage is None:
-        return []
-    reported = usage.pod_cards.get((facts.namespace, facts.name), frozenset())
-    known = sorted((records[u] for u in reported if u in records), key=lambda r: r.index)
-    return known[: facts.whole_gpus]
-
-
-def _card_warnings(node: str, cards: Iterable[CardView], warnings: list[DriftWarning]) -> None:
-    for card in cards:
-        if card.overcommitted:
-            warnings.append(
-                DriftWarning(
-                    WarningKind.OVERCOMMITTED_CARD,
-                    f"node {node} card {card.index} ({card.uuid}): "
-                    f"{card.allocated_memory_mib}/{card.memory_mib} MiB and "
-                    f"{card.allocated_compute_milli}/{MILLI_PER_GPU} milli allocated "
-                    f"to {', '.join(p.key for p in card.pods)}",
-                    node=node,
-                    uuid=card.uuid,
-                )
-            )
-        if not card.healthy and card.pods:
-            warnings.append(
-                DriftWarning(
-                    WarningKind.UNHEALTHY_CARD_IN_USE,
-                    f"node {node} card {card.index} ({card.uuid}) is unhealthy and still "
-                    f"holds {', '.join(p.key for p in card.pods)}",
-                    node=node,
-                    uuid=card.uuid,
-                )
-            )
-
-
-def _node_totals(
-    cards: Collection[CardView],
-    unplaced: Collection[UnplacedPod],
-    assumed_taken: Collection[str],
-    advertised_only: int,
-) -> Totals:
-    readings = [c.used_memory_mib for c in cards if c.used_memory_mib is not None]
-    open_cards = [
-        c
-        for c in cards
-        if c.healthy and c.uuid not in assumed_taken and c.allocated_compute_milli < MILLI_PER_GPU
-    ]
-    pods = {p.key for c in cards for p in c.pods} | {u.key for u in unplaced}
-    return Totals(
-        nodes=1,
-        gpus=len(cards) or advertised_only,
-        healthy_gpus=sum(1 for c in cards if c.healthy) if cards else advertised_only,
-        memory_mib=sum(c.memory_mib for c in cards),
-        allocated_memory_mib=sum(c.allocated_memory_mib for c in cards)
-        + sum(u.memory_mib for u in unplaced),
-        allocated_compute_milli=sum(c.allocated_compute_milli for c in cards)
-        + sum(u.compute_milli for u in unplaced),
-        free_gpus=sum(
-            1 for c in open_cards if c.allocated_memory_mib == 0 and c.allocated_compute_milli == 0
-        )
-        if cards
-        else max(0, advertised_only - sum(u.whole_gpus for u in unplaced)),
-        largest_free_memory_mib=max((c.free_memory_mib for c in open_cards), default=0),
-        unplaced_whole_gpus=sum(u.whole_gpus for u in unplaced),
-        used_memory_mib=sum(readings) if readings else None,
-        pods=len(pods),
-    )
-
-
-def _sum_totals(views: Iterable[NodeView]) -> Totals:
-    views = list(views)
-    readings = [v.totals.used_memory_mib for v in views if v.totals.used_memory_mib is not None]
-    return Totals(
-        nodes=len(views),
-        gpus=sum(v.totals.gpus for v in views),
-        healthy_gpus=sum(v.totals.healthy_gpus for v in views),
-        memory_mib=sum(v.totals.memory_mib for v in views),
-        allocated_memory_mib=sum(v.totals.allocated_memory_mib for v in views),
-        allocated_compute_milli=sum(v.totals.allocated_compute_milli for v in views),
-        free_gpus=sum(v.totals.free_gpus for v in views),
-        largest_free_memory_mib=max((v.totals.largest_free_memory_mib for v in views), default=0),
-        unplaced_whole_gpus=sum(v.totals.unplaced_whole_gpus for v in views),
-        used_memory_mib=sum(readings) if readings else None,
-        pods=sum(v.totals.pods for v in views),
     )
 
 
@@ -923,7 +309,7 @@ def _filtered(report: InspectReport) -> InspectReport:
         nodes=tuple(nodes),
         pending=pending,
         warnings=warnings,
-        totals=_sum_totals(nodes),
+        totals=sum_totals(nodes),
         filters=report.filters,
         cpu_only_nodes=0 if wanted_nodes else report.cpu_only_nodes,
         usage=report.usage,

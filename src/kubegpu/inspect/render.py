@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
-from kubegpu.inspect.model import (
+from kubegpu.inspect.report import (
     CardView,
     InspectReport,
     InventoryState,
