@@ -13,7 +13,7 @@ knows which container holds which slot, so the records are repaired from it:
   (the grant, as handed out), and ``X/n`` takes over what had been decided (and perhaps already
   handed out) for ``P/c``. Nothing is created or lost, only relabelled, so every card's total
   over the pods' decisions stays what the extender decided and what was handed out. The holder
-  is written first with a :class:`~kubegpu.kubelet.shares.Trade` note; an agent that stops
+  is written first with a :class:`~kubegpu.sharing.ledger.Trade` note; an agent that stops
   before ``X``'s records are rewritten leaves a state the next one finishes (``_finish``).
 * **No record.** Nobody recorded a grant for ``S`` (the ledger was lost or edited): the holder
   is recorded with its own decided share on ``S``'s card, the only guess there is.
