@@ -33,9 +33,10 @@ def daemon() -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     control = pipe_dir / "control"
     control.unlink(missing_ok=True)
+    # Logged before the pipe appears: a test that waits for the pipe then finds the line.
+    _log(log_dir, f"started {os.getpid()} gpus={os.environ.get('CUDA_VISIBLE_DEVICES', '')}")
     os.mkfifo(control)
     (pipe_dir / "nvidia-cuda-mps-control.pid").write_text(str(os.getpid()))
-    _log(log_dir, f"started {os.getpid()} gpus={os.environ.get('CUDA_VISIBLE_DEVICES', '')}")
     while True:
         with control.open() as fifo:  # blocks until a client opens it for writing
             for line in fifo:

@@ -80,6 +80,8 @@ async def test_the_daemon_is_started_restarted_after_a_kill_and_told_to_quit_on_
         await wait_for(lambda: (spec.pipe_dir / "control").exists(), "control pipe created")
         first = daemon.pid
         assert first is not None
+        # The fake daemon makes its pipe, then writes its line: wait for the line too.
+        await wait_for(lambda: log_lines(spec) != [], "first log line")
         assert log_lines(spec) == [f"started {first} gpus=GPU-aaaa,GPU-bbbb"]
 
         os.kill(first, signal.SIGKILL)
