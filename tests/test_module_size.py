@@ -28,7 +28,6 @@ ALLOWED: dict[str, str] = {
     "placement/policies/kubegpu.py": "our policy's scorer: the waste keys, their vectorised "
     "evaluation and the card choice are one algorithm (docs/benchmarks.md measures it whole)",
     "simulate/command.py": "the simulate command's options and its run grid; 13 lines over",
-    "testing/kubelet.py": "being split (issue 26)",
 }
 
 
