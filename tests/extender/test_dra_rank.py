@@ -3,7 +3,6 @@ the ranking, which must pick the node the simulator's engine picks on the same s
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import replace
@@ -49,6 +48,7 @@ from tests.extender.dra_cluster import (
     whole_request,
     whole_result,
 )
+from tests.json_mutants import paths, replaced
 
 MIB = 2**20
 A100 = "NVIDIA-A100-SXM4-80GB"  # model_key of the product name
@@ -468,30 +468,6 @@ def test_only_the_newest_generation_of_a_pool_counts() -> None:
     assert newest_devices([old]) == old.devices
 
 
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    children = (
-        value.items()
-        if isinstance(value, dict)
-        else enumerate(value)
-        if isinstance(value, list)
-        else ()
-    )
-    found = []
-    for key, child in children:
-        found.append((*prefix, key))
-        found.extend(_paths(child, (*prefix, key)))
-    return found
-
-
-def _replaced(value: Any, path: tuple[Any, ...], new: Any) -> Any:
-    copy = json.loads(json.dumps(value))
-    target = copy
-    for key in path[:-1]:
-        target = target[key]
-    target[path[-1]] = new
-    return copy
-
-
 def test_a_pod_with_any_field_of_the_wrong_type_is_ranked_zero_never_an_exception() -> None:
     """kube-scheduler sends every pod to /prioritize-dra; one whose ``status`` was a string
     was a 500 with a traceback."""
@@ -500,9 +476,9 @@ def test_a_pod_with_any_field_of_the_wrong_type_is_ranked_zero_never_an_exceptio
     pod = dra_pod("one", {"gpu": "one-claim"}, templates={"extra": "extra-claim"})
     nodes = ["plain", "dra-a"]
     failures = []
-    for path in [(), *_paths(pod)]:
+    for path in [(), *paths(pod)]:
         for new in ("text", 7, True, None, [], ["x"], {}, {"k": "v"}):
-            broken = new if path == () else _replaced(pod, path, new)
+            broken = new if path == () else replaced(pod, path, new)
             try:
                 scores = rank.rank(broken, nodes) if isinstance(broken, dict) else None
             except Exception as exc:

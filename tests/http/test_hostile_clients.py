@@ -27,6 +27,7 @@ from tests.http.surfaces import (
     probe_surface,
     webhook_surface,
 )
+from tests.json_mutants import paths, replaced
 
 WELL_BEHAVED = "127.0.0.1"
 HOSTILE = "127.0.0.2"
@@ -203,29 +204,6 @@ def test_json_nested_past_the_limit_is_a_400(
         assert status == 400, (body[:80], answer[:300])
 
 
-def paths_in(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    """Every path to a value inside ``value`` (its keys and list indexes)."""
-    children = (
-        value.items()
-        if isinstance(value, dict)
-        else enumerate(value)
-        if isinstance(value, list)
-        else ()
-    )
-    for key, child in children:
-        yield (*prefix, key)
-        yield from paths_in(child, (*prefix, key))
-
-
-def replaced(value: Any, path: tuple[Any, ...], new: Any) -> Any:
-    copy = json.loads(json.dumps(value))
-    target = copy
-    for key in path[:-1]:
-        target = target[key]
-    target[path[-1]] = new
-    return copy
-
-
 WRONG_TYPES: tuple[Any, ...] = ("text", 7, -1.5, True, None, [], ["x"], {}, {"k": "v"})
 
 
@@ -236,7 +214,7 @@ def test_a_field_of_any_wrong_type_is_never_a_500(
     surface = listeners[name]
     valid = surface.json_posts[path]
     failures = []
-    cases = [(p, new) for p in paths_in(valid) for new in WRONG_TYPES]
+    cases = [(p, new) for p in paths(valid) for new in WRONG_TYPES]
     cases += [((), new) for new in WRONG_TYPES]  # the whole body
     conn = http.client.HTTPConnection("127.0.0.1", surface.port, timeout=20)
     try:
@@ -292,20 +270,22 @@ class HalfOpenFlood:
         self.opened += 1
         return conn
 
+    @staticmethod
+    def _still_open(conn: socket.socket) -> bool:
+        try:
+            return conn.recv(1) != b""
+        except BlockingIOError:
+            return True  # still open, still waiting
+        except OSError:
+            return False
+
     def _run(self) -> None:
         held: list[socket.socket | None] = [None] * self.count
         while not self._stop.is_set():
             for i, conn in enumerate(held):
-                if conn is not None:
-                    try:
-                        if conn.recv(1) == b"":
-                            conn.close()
-                            conn = None
-                    except BlockingIOError:
-                        pass  # still open, still waiting
-                    except OSError:
-                        conn.close()
-                        conn = None
+                if conn is not None and not self._still_open(conn):
+                    conn.close()
+                    conn = None
                 held[i] = conn or self._open()
             time.sleep(0.01)
         for conn in held:

@@ -9,7 +9,6 @@ with a well-formed AdmissionReview or raise ReviewError."""
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import re
 from collections.abc import Iterator
@@ -20,9 +19,10 @@ import pytest
 from kubegpu.sharing.peers import peer_compat
 from kubegpu.sharing.resources import ResourceNames
 from kubegpu.webhook.review import ReviewError, review_response
+from tests.json_mutants import JsonPath as Path
+from tests.json_mutants import paths, replaced
 
 NAMES = ResourceNames(peers=peer_compat(["volcano", "aliyun"]))
-Path = tuple[str | int, ...]
 
 # One of each JSON type, empty and not.
 REPLACEMENTS: tuple[Any, ...] = ("x", "", 7, 0, 2.5, -1, [], ["x"], {}, {"x": "y"}, None, True)
@@ -102,25 +102,6 @@ BASES: dict[str, dict[str, Any]] = {
     "unserved": UNSERVED,
     "unservable": UNSERVABLE,
 }
-
-
-def paths(value: Any, at: Path = ()) -> Iterator[Path]:
-    """Every path to a value nested in ``value`` (``value`` itself excluded)."""
-    items: Any = value.items() if isinstance(value, dict) else enumerate(value)
-    if not isinstance(value, dict | list):
-        return
-    for key, item in items:
-        yield (*at, key)
-        yield from paths(item, (*at, key))
-
-
-def replaced(doc: dict[str, Any], path: Path, new: Any) -> dict[str, Any]:
-    out = copy.deepcopy(doc)
-    target: Any = out
-    for key in path[:-1]:
-        target = target[key]
-    target[path[-1]] = copy.deepcopy(new)
-    return out
 
 
 def check_answer(answer: Any) -> None:
