@@ -205,16 +205,21 @@ class Cluster:
 
     # ---------------------------------------------------------------- start
     def start(self) -> None:
+        self.start_control_plane()
+        self._start_default_scheduler()
+        self._start_containerd()
+        self._import_images()
+        self.start_kubelet()
+
+    def start_control_plane(self) -> None:
+        """etcd, the API server and the controller-manager only: what a cluster of KWOK nodes
+        (kubegpu_e2e/scale) needs, with no kubelet, runtime or default scheduler."""
         _require_own_network_namespace()
         self._claim_host_paths()
         self._pki()
         self._start_etcd()
         self._start_apiserver()
         self._start_controller_manager()
-        self._start_default_scheduler()
-        self._start_containerd()
-        self._import_images()
-        self.start_kubelet()
 
     def _claim_host_paths(self) -> None:
         socket_path = KUBELET_DEVICE_PLUGINS / "kubelet.sock"
