@@ -123,6 +123,8 @@ class Cluster:
     # A containerd of our own build (e2e/components/containerd) instead of Debian's, with CDI
     # on and the run's CDI folder as its spec folder: what the DRA scenarios need.
     containerd_bin_dir: Path | None = None
+    # Added to kube-controller-manager's flags (the scale replay turns node lifecycle off).
+    controller_manager_flags: list[str] = field(default_factory=list)
     run_dir: Path = field(init=False)
     processes: dict[str, HostProcess] = field(init=False, default_factory=dict)
     stopped: bool = field(init=False, default=False)
@@ -383,6 +385,7 @@ class Cluster:
                 "--leader-elect=false",
                 "--v=1",
                 *self._gate_flags(),
+                *self.controller_manager_flags,
             ],
         )
         process.wait_until(lambda: component_healthz(port), 120, "controller-manager /healthz")
