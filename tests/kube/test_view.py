@@ -234,3 +234,38 @@ def test_a_second_reservation_of_a_pod_is_refused_not_written_over_the_first() -
     view.unreserve("uid-a")
     view.reserve(dataclasses.replace(first, node="node-2"))
     assert view.usages_on("node-1") == [] and len(view.usages_on("node-2")) == 1
+
+
+def test_a_tentative_reservation_counts_only_while_the_pod_holds_nothing_else() -> None:
+    """One pod counts once: its bind's reservation, then what the API server says, then where
+    prioritize expects it (kubegpu.extender.inflight); deleting or binding the pod drops the
+    tentative one."""
+    view = ClusterView(None)  # type: ignore[arg-type]  # no I/O: reservations are local
+    card = CardShare("GPU-a", 0, 600, 4096)
+    expected = PodUsage("uid-a", "default/a", "node-1", 1000, 1024, (card,), bound=False)
+    view.hold_tentative(expected)
+    view.hold_tentative(dataclasses.replace(expected, node="node-2"))  # scored again: replaced
+    assert view.usages_on("node-1") == [] and len(view.usages_on("node-2")) == 1
+    view.reserve(expected)  # its bind: the reservation wins, the tentative one is not added
+    assert view.usages_on("node-1") == [expected] and view.usages_on("node-2") == []
+    view.unreserve("uid-a")
+    assert [u.node for u in view.usages_on("node-2")] == ["node-2"]
+    assert view.drop_tentative("uid-a") is not None and view.usages_on("node-2") == []
+    assert view.drop_tentative("uid-a") is None
+
+    pod = whole_pod("a", 1)
+    pod["metadata"].update(uid="uid-a", resourceVersion="5")
+    view.hold_tentative(expected)
+    view.apply_pod(pod)  # pending, nothing decided: still expected on node-1
+    assert view.usages_on("node-1") == [expected]
+    bound = copy.deepcopy(pod)
+    bound["metadata"]["resourceVersion"] = "6"
+    bound["spec"]["nodeName"] = "node-3"  # bound by someone else
+    view.apply_pod(bound)
+    assert view.tentative == {} and view.usages_on("node-1") == []
+    assert [u.node for u in view.usages_on("node-3")] == ["node-3"]
+    view.hold_tentative(dataclasses.replace(expected, uid="uid-b", key="default/b"))
+    other = whole_pod("b", 1)
+    other["metadata"].update(uid="uid-b", resourceVersion="7")
+    view.apply_pod(other, deleted=True)
+    assert view.tentative == {} and view.usages_on("node-1") == []

@@ -7,7 +7,11 @@ guard, so a stale event (or a relist older than a patch reply we applied ourselv
 pod back. A deleted pod's UID is remembered for a while (UIDs never come back, so a reply about
 it that was in flight when it went is stale) and then forgotten: per-pod state stays
 proportional to the live pods however many come and go. Local *reservations* (a bind in
-flight) sit beside the observed pods and win over them until the bind settles.
+flight) sit beside the observed pods and win over them until the bind settles. Below both sit
+*tentative* reservations: where the extender expects kube-scheduler to bind a pod it has just
+scored (:mod:`kubegpu.extender.inflight`). One pod counts once, by the first of reservation,
+observed usage and tentative one it has; the watch drops a pod's tentative one when the pod is
+deleted, bound or decided.
 
 Consumers read :attr:`ClusterView.dirty_nodes` (nodes whose usage changed) and
 :attr:`ClusterView.topology_version` (bumped when a node appears or disappears; a node whose
@@ -95,6 +99,7 @@ class ClusterView:
         self.nodes: dict[str, NodeInfo] = {}
         self.observed: dict[str, PodUsage] = {}  # uid -> what the API says the pod holds
         self.reservations: dict[str, PodUsage] = {}  # uid -> a bind in flight
+        self.tentative: dict[str, PodUsage] = {}  # uid -> where a scored pod is expected
         self.pod_json: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> pod
         self._pod_rv: dict[str, int] = {}  # uid -> newest resourceVersion applied, live pods
         # uid -> when its deletion was applied, oldest first; kept tombstone_s (far longer than
@@ -114,7 +119,7 @@ class ClusterView:
 
     # ------------------------------------------------------------------ reading
     def usage(self, uid: str) -> PodUsage | None:
-        return self.reservations.get(uid) or self.observed.get(uid)
+        return self.reservations.get(uid) or self.observed.get(uid) or self.tentative.get(uid)
 
     def pods(self) -> dict[str, PodUsage]:
         merged = dict(self.observed)
@@ -137,6 +142,7 @@ class ClusterView:
             "versions": len(self._pod_rv),
             "observed": len(self.observed),
             "reservations": len(self.reservations),
+            "tentative": len(self.tentative),
             "problems": len(self.problems),
             "tombstones": len(self._tombstones),
             "on_node": sum(len(uids) for uids in self._on_node.values()),
@@ -157,7 +163,22 @@ class ClusterView:
     def unreserve(self, uid: str) -> None:
         usage = self.reservations.pop(uid, None)
         if usage is not None:
-            self._touch(usage, self.observed.get(uid))
+            self._touch(usage, self.usage(uid))
+
+    def hold_tentative(self, usage: PodUsage) -> None:
+        """Expect the pod on ``usage.node`` until a bind settles it: counted like a reservation
+        while the pod holds nothing else, replacing an earlier tentative one of the pod."""
+        before = self.usage(usage.uid)
+        self.tentative[usage.uid] = usage
+        self._touch(before, self.usage(usage.uid))
+
+    def drop_tentative(self, uid: str) -> PodUsage | None:
+        """Forget the pod's tentative reservation; returns it (None: it had none)."""
+        before = self.usage(uid)
+        usage = self.tentative.pop(uid, None)
+        if usage is not None:
+            self._touch(before, self.usage(uid))
+        return usage
 
     def _touch(self, before: PodUsage | None, after: PodUsage | None) -> None:
         if before == after:
@@ -185,6 +206,7 @@ class ClusterView:
         before = self.usage(uid)
         if deleted:
             self.observed.pop(uid, None)
+            self.tentative.pop(uid, None)
             if pod_uid(self.pod_json.get(key) or {}) == uid:
                 self.pod_json.pop(key)  # not a namesake created since
             self._uid_key.pop(uid, None)
@@ -204,6 +226,8 @@ class ClusterView:
                 self.observed.pop(uid, None)
             else:
                 self.observed[uid] = reading.usage
+            if reading.usage is not None or (pod.get("spec") or {}).get("nodeName"):
+                self.tentative.pop(uid, None)  # bound or decided: what it holds is known now
         self._touch(before, self.usage(uid))
 
     async def resync_pods(self) -> None:
