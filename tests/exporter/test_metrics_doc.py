@@ -72,6 +72,8 @@ def extender_families() -> list[Metric]:
     metrics.rejections.labels("no-gpu").inc()
     metrics.binds.labels("bound").inc()
     metrics.conflicts.inc()
+    metrics.stale_binds.labels("none").inc()
+    metrics.tentative.labels("made").inc()
     metrics.bad_requests.labels("bind").inc()
     metrics.refused.labels("busy").inc()
     registry.register(PendingGpuPods(list, ResourceNames(), lambda: True))  # as ExtenderApp does

@@ -154,6 +154,7 @@ class NodeView:
         self.nodes = {n: NodeInfo(n, cpu, 512 * 1024) for n, cpu in nodes.items()}
         self.usages = dict(usages)
         self.pod_json: dict[tuple[str, str], dict[str, Any]] = {}
+        self.tentative: dict[str, PodUsage] = {}
         self.dirty_nodes: set[str] = set()
         self.topology_version = 0
         self.synced = asyncio.Event()
@@ -162,7 +163,16 @@ class NodeView:
     def usages_on(self, node: str) -> list[PodUsage]:
         return list(self.usages.get(node, ()))
 
+    def usage(self, uid: str) -> PodUsage | None:
+        return None
+
     def reserve(self, usage: PodUsage) -> None:
+        raise AssertionError("ranking reserves nothing")
+
+    def hold_tentative(self, usage: PodUsage) -> None:
+        raise AssertionError("ranking reserves nothing")
+
+    def drop_tentative(self, uid: str) -> PodUsage | None:
         raise AssertionError("ranking reserves nothing")
 
     def unreserve(self, uid: str) -> None:

@@ -71,6 +71,26 @@ class ExtenderMetrics:
             ["result"],
             registry=registry,
         )
+        self.stale_binds = Counter(
+            "kubegpu_extender_stale_binds_total",
+            "Binds refused for want of room on the node kube-scheduler chose, which the "
+            "extender's filter had passed: its answer had gone stale. By where the pod's "
+            "tentative reservation was: same-node, other-node, none.",
+            ["tentative"],
+            registry=registry,
+        )
+        self.tentative = Counter(
+            "kubegpu_extender_tentative_reservations_total",
+            "Tentative reservations (where a scored pod is expected to be bound) by event: "
+            "made, then one of confirmed, moved, replaced, expired, gone.",
+            ["event"],
+            registry=registry,
+        )
+        self.tentative_held = Gauge(
+            "kubegpu_extender_tentative_reservations_held",
+            "Tentative reservations the cluster view holds now.",
+            registry=registry,
+        )
         self.conflicts = Counter(
             "kubegpu_extender_bind_conflicts_total",
             "409 Conflicts met while recording a decision (each one retried).",

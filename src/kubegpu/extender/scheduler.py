@@ -15,7 +15,7 @@ import logging
 import operator
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -330,6 +330,15 @@ class GpuScheduler:
     def decide(self, pod: dict[str, Any], request: GpuRequest, node: str) -> AllocationDecision:
         """Choose the cards on ``node`` and reserve them in the view (undo with
         ``view.unreserve(uid)``); raises :class:`Unschedulable` with the reason."""
+        decision = self.choose(request, node)
+        self.view.reserve(usage_of(pod, request, decision, bound=False))
+        # Apply the reservation to the engine now, so the next decision in this loop step sees it.
+        self.engine()
+        return decision
+
+    def choose(self, request: GpuRequest, node: str) -> AllocationDecision:
+        """The cards the pod would get on ``node`` now, reserving nothing; raises
+        :class:`Unschedulable` with the reason."""
         info = self.view.nodes.get(node)
         if info is None:
             raise Unschedulable(f"{node}: not yet seen by the kubegpu extender's node watch")
@@ -365,24 +374,25 @@ class GpuScheduler:
             )
             containers = _split_whole(request, cards)
         decided_at = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        decision = AllocationDecision(
+        return AllocationDecision(
             node, cards, containers, decided_at, self.policy, request.kind is RequestKind.SHARED
         )
-        uid = pod_uid(pod)
-        self.view.reserve(
-            PodUsage(
-                uid,
-                pod_key(pod),
-                node,
-                request.cpu_milli,
-                request.host_memory_mib,
-                cards,
-                bound=False,
-            )
-        )
-        # Apply the reservation to the engine now, so the next decision in this loop step sees it.
-        self.engine()
-        return decision
+
+
+def usage_of(
+    pod: Mapping[str, Any], request: GpuRequest, decision: AllocationDecision, *, bound: bool
+) -> PodUsage:
+    """What ``pod`` holds once ``decision`` is made: its CPU and memory requests on the node,
+    and the decided cards."""
+    return PodUsage(
+        pod_uid(pod),
+        pod_key(pod),
+        decision.node,
+        request.cpu_milli,
+        request.host_memory_mib,
+        decision.cards,
+        bound=bound,
+    )
 
 
 def _pick(names: Sequence[str], positions: npt.NDArray[np.int64]) -> tuple[str, ...]:

@@ -28,6 +28,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kubegpu.config.extender import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_INFLIGHT_BODY_BYTES
 from kubegpu.extender.dra_rank import DraRanker
+from kubegpu.extender.inflight import NONE, InFlight
 from kubegpu.extender.leader import LeaderGate
 from kubegpu.extender.metrics import ExtenderMetrics, PodLocks
 from kubegpu.extender.pending import PendingGpuPods
@@ -113,6 +114,7 @@ class ExtenderApp:
         self.view = scheduler.view
         self.pods = pods
         self.metrics = ExtenderMetrics(registry or CollectorRegistry())
+        self.inflight = InFlight(scheduler, self.metrics)  # filter and score see binds to come
         self.metrics.registry.register(
             PendingGpuPods(
                 lambda: list(self.view.pod_json.values()), self.view.names, self.view.synced.is_set
@@ -250,7 +252,7 @@ class ExtenderApp:
             self.metrics.decisions.labels("filter", "invalid-request").inc()
             self.metrics.rejections.labels("invalid-request").inc(len(args.node_names))
             return _reply(filter_result(args, [], {}, dict.fromkeys(args.node_names, reason)))
-        outcome = self.scheduler.filter(gpu, args.node_names)
+        outcome = self.inflight.filter(args.pod, gpu, args.node_names)
         if gpu.kind is not RequestKind.NONE:
             self.metrics.decisions.labels(
                 "filter", "schedulable" if outcome.passed else "unschedulable"
@@ -284,7 +286,7 @@ class ExtenderApp:
             return _reply([])  # filter already explained it
         if not self.view.synced.is_set():
             return _reply([])
-        _, rows, scores = self.scheduler.prioritize_rows(gpu, args.node_names)
+        _, rows, scores = self.inflight.prioritize(args.pod, gpu, args.node_names)
         names = self.scheduler.row_names
         if self._priorities is None or self._priorities.names is not names:
             self._priorities = PriorityEncoder(names)  # once per engine rebuild
@@ -320,6 +322,7 @@ class ExtenderApp:
         """Bind one pod; returns "" or the reason it was not bound. kube-scheduler's steps:
         reserve the cards (in memory), write the decision on the pod (pre-bind), post the
         Binding, and on failure unreserve. A 409 on the write decides again on fresh data."""
+        tentative = NONE  # where the pod's tentative reservation was, if it had one
         try:
             await self._admit_bind()
             pod = self.view.pod_json.get((namespace, name))
@@ -339,6 +342,8 @@ class ExtenderApp:
                 if claim.decision is not None and claim.decision.node == node:
                     # A retried bind whose decision is already recorded: keep it.
                     return await self._post_binding(claim, node, recorded=True)
+                if attempt == 1:  # in the step that decides: the room it held is the pod's own
+                    tentative = self.inflight.settle(uid, node)
                 decision = self._reserve(pod, request, node)
                 if not await self._write_decision(claim, decision, attempt):
                     continue  # 409: the pod moved on; read it again and decide again
@@ -350,7 +355,11 @@ class ExtenderApp:
             )
         except _Refused as refused:
             self.metrics.binds.labels(refused.result).inc()
+            if refused.result == "no-fit":  # the node passed our filter: that answer went stale
+                self.metrics.stale_binds.labels(tentative).inc()
             return refused.reason
+        finally:
+            self.inflight.settle(uid, node)  # whichever way it went, the bind ends it
 
     async def _admit_bind(self) -> None:
         """Binds wait for the first sync and, with leader election, for the lease."""

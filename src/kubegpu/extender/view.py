@@ -14,19 +14,31 @@ from kubegpu.sharing.resources import ResourceNames
 
 
 class ClusterState(Protocol):
-    """Nodes, the GPU pods on them and the binds in flight, as the extender last saw them."""
+    """Nodes, the GPU pods on them and the binds in flight, as the extender last saw them.
+
+    A pod counts once, by the first it has of: its reservation (a bind in flight), what the
+    API server says it holds, its tentative reservation (where prioritize expects it to be
+    bound, :mod:`kubegpu.extender.inflight`); the pod watch drops a tentative one when the pod
+    is deleted, bound or decided."""
 
     names: ResourceNames
     nodes: dict[str, NodeInfo]
     pod_json: dict[tuple[str, str], dict[str, Any]]  # (namespace, name) -> the pod
+    tentative: dict[str, PodUsage]  # uid -> where a scored pod is expected to be bound
     dirty_nodes: set[str]  # nodes whose usage changed since the engine last read them
     topology_version: int  # bumps when a node appears, goes or changes shape
     synced: asyncio.Event  # set once the first listing of nodes and pods is in
 
     def usages_on(self, node: str) -> list[PodUsage]: ...
 
+    def usage(self, uid: str) -> PodUsage | None: ...
+
     def reserve(self, usage: PodUsage) -> None: ...
 
     def unreserve(self, uid: str) -> None: ...
+
+    def hold_tentative(self, usage: PodUsage) -> None: ...
+
+    def drop_tentative(self, uid: str) -> PodUsage | None: ...
 
     def apply_pod(self, pod: Mapping[str, Any], *, deleted: bool = False) -> None: ...
