@@ -407,10 +407,20 @@ class Cluster:
         process.wait_until(lambda: component_healthz(port), 120, "kube-scheduler /healthz")
 
     def _start_containerd(self) -> None:
-        cni_conf = self.run_dir / "cni"
+        config = self.write_containerd_config(self.containerd_dir, self._cni_network())
+        process = self._process(
+            "containerd", [self._containerd("containerd"), "--config", str(config)]
+        )
+        process.wait_until(self.containerd_socket.exists, 60, "containerd's socket")
+
+    def write_containerd_config(
+        self, d: Path, cni_network: dict[str, Any], cdi_dir: Path | None = None
+    ) -> Path:
+        """containerd's config with root, state and sockets under ``d`` (``d/containerd.sock``)
+        and ``cni_network`` as its only network; the multi-node cluster writes one per node."""
+        cni_conf = d.parent / f"{d.name}-cni"
         cni_conf.mkdir()
-        (cni_conf / "10-kubegpu-e2e.conflist").write_text(json.dumps(self._cni_network()))
-        d = self.containerd_dir
+        (cni_conf / "10-kubegpu-e2e.conflist").write_text(json.dumps(cni_network))
         config = d / "config.toml"
         d.mkdir()
         config.write_text(
@@ -418,7 +428,7 @@ class Cluster:
 root = "{d / "root"}"
 state = "{d / "state"}"
 [grpc]
-  address = "{self.containerd_socket}"
+  address = "{d / "containerd.sock"}"
 [ttrpc]
   address = "{d / "containerd.sock.ttrpc"}"
 [plugins."io.containerd.grpc.v1.cri"]
@@ -427,7 +437,7 @@ state = "{d / "state"}"
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
   disable_apparmor = true
-{self._cdi_config()}  [plugins."io.containerd.grpc.v1.cri".cni]
+{self._cdi_config(cdi_dir or self.cdi_dir)}  [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni_conf}"
     max_conf_num = 1
@@ -440,12 +450,14 @@ state = "{d / "state"}"
         SystemdCgroup = false
 """
         )
-        process = self._process(
-            "containerd", [self._containerd("containerd"), "--config", str(config)]
-        )
-        process.wait_until(self.containerd_socket.exists, 60, "containerd's socket")
+        return config
 
-    def _cni_network(self) -> dict[str, Any]:
+    def _cni_network(
+        self,
+        subnet: str = POD_CIDR,
+        gateway: str = POD_GATEWAY,
+        ipam_dir: Path | None = None,
+    ) -> dict[str, Any]:
         """Each pod: its own network namespace with lo and an eth0 (containerd needs one: with
         lo alone it fails the sandbox, "failed to find network info for sandbox"), the other
         end of whose veth is in the suite's namespace. The pod's only routes are to the gateway
@@ -460,8 +472,8 @@ state = "{d / "state"}"
                     "ipMasq": False,
                     "ipam": {
                         "type": "host-local",
-                        "dataDir": str(self.run_dir / "cni-ipam"),
-                        "ranges": [[{"subnet": POD_CIDR, "gateway": POD_GATEWAY}]],
+                        "dataDir": str(ipam_dir or self.run_dir / "cni-ipam"),
+                        "ranges": [[{"subnet": subnet, "gateway": gateway}]],
                         "routes": [{"dst": SERVICE_CIDR}],
                     },
                 }
@@ -472,13 +484,13 @@ state = "{d / "state"}"
         """containerd or ctr: ours when the cluster has its own build, else the machine's."""
         return str(self.containerd_bin_dir / name) if self.containerd_bin_dir else name
 
-    def _cdi_config(self) -> str:
+    def _cdi_config(self, cdi_dir: Path) -> str:
         # A version-2 config, which containerd 2 migrates on load (its CRI section splits into
         # io.containerd.cri.v1.runtime and .images); the same file then serves both versions.
         if self.containerd_bin_dir is None:
             return ""
         # The run's folder for the driver as a host process, /var/run/cdi for the chart's.
-        return f'  enable_cdi = true\n  cdi_spec_dirs = ["{self.cdi_dir}", "/var/run/cdi"]\n'
+        return f'  enable_cdi = true\n  cdi_spec_dirs = ["{cdi_dir}", "/var/run/cdi"]\n'
 
     def ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -188,9 +188,10 @@ class KubegpuRoles:
         """Any other kubegpu role as a host process, logged like the others."""
         return self._start(name, argv, kubeconfig)
 
-    def start_scheduler(self) -> HostProcess:
+    def start_scheduler(self, *extra_args: str) -> HostProcess:
         """A second kube-scheduler with the shipped KubeSchedulerConfiguration; only the API
-        access the Deployment gets from its service account is added (clientConnection)."""
+        access the Deployment gets from its service account is added (clientConnection), and
+        ``extra_args`` (feature gates, log verbosity)."""
         shipped = DEPLOY / "overlays" / "second-scheduler" / "kube-scheduler-config.yaml"
         config = yaml.safe_load(shipped.read_text())
         kubeconfig = self.kubeconfigs["kubegpu-scheduler"]
@@ -207,6 +208,7 @@ class KubegpuRoles:
                 "--bind-address=127.0.0.1",
                 f"--secure-port={self.scheduler_port}",
                 "--v=2",
+                *extra_args,
             ],
         )
         process.wait_until(

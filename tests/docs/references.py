@@ -66,6 +66,8 @@ UPSTREAM_FLAGS = frozenset(
         # kube-scheduler's leader election (install.md: the scheduler's own Lease)
         "--leader-elect-resource-name",
         "--leader-elect-resource-namespace",
+        # klog's per-file verbosity (e2e.md: kube-scheduler's score lines of schedule_one.go)
+        "--vmodule",
         # valgrind (benchmarks.md: how a figure was measured)
         "--tool",
         "--cache-sim",
