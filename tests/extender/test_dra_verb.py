@@ -16,7 +16,7 @@ from kubegpu.kube.list_watch import Backoff
 from kubegpu.roles.extender import ExtenderService
 from kubegpu.testing.apiserver import FakeApiServer, make_node
 from kubegpu.testing.waiting import wait_until_async
-from tests.extender.cluster import filter_args, http_session, post, running_extender
+from tests.extender.cluster import filter_args, http_session, post, running_extender, whole_pod
 from tests.extender.dra_api import DraApi, serve
 from tests.extender.dra_cluster import (
     DRIVER,
@@ -89,12 +89,13 @@ async def test_a_dra_pod_is_ranked_from_the_slices_and_the_allocated_claims() ->
         await wait_until_async(dra_a_first, timeout_s=30, what="dra-a ranked first")
 
 
-async def test_a_pod_without_claims_scores_zero_and_starts_no_dra_watch() -> None:
+async def test_a_gpu_pod_without_claims_scores_zero_and_starts_no_dra_watch() -> None:
+    # A device-plugin GPU pod is /prioritize's; a CPU-only pod is ranked here by the policy
+    # (tests/extender/test_ranking.py).
     api = DraApi()
     api.put("resourceslices", node_slice("dra-a", 2))
     async with dra_extender(api) as ext, http_session() as http:
-        pod = dra_pod("p", {})
-        del pod["spec"]["resourceClaims"]
+        pod = whole_pod("p", 1)
         status, body = await post(http, f"{ext.url}/prioritize-dra", filter_args(pod, NODES))
     assert status == 200 and scores(body) == dict.fromkeys(NODES, 0)
     assert api.lists == []  # nothing listed: no DRA pod has asked
@@ -122,12 +123,12 @@ async def test_a_malformed_body_is_refused_with_a_json_error() -> None:
     assert status == 400 and "Pod must be an object" in body["Error"]
 
 
-async def test_the_default_wiring_answers_zero_for_a_pod_without_claims() -> None:
-    # No DRA stand-in: the extender as the role builds it; a plain pod touches no DRA object.
+async def test_the_default_wiring_answers_zero_for_a_gpu_pod_without_claims() -> None:
+    # No DRA stand-in: the extender as the role builds it; a plain GPU pod touches no DRA
+    # object.
     async with FakeApiServer() as server:
         server.store.put("nodes", make_node("n1"))
         async with running_extender(server) as ext, http_session() as http:
-            pod = dra_pod("p", {})
-            del pod["spec"]["resourceClaims"]
+            pod = whole_pod("p", 1)
             status, body = await post(http, f"{ext.url}/prioritize-dra", filter_args(pod, ["n1"]))
     assert status == 200 and body == [{"Host": "n1", "Score": 0}]

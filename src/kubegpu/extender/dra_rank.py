@@ -36,7 +36,8 @@ from typing import Any
 from kubegpu.core.dra import AllocatedDevice, device_index
 from kubegpu.core.dra_cluster import DraClaim, SliceDevice
 from kubegpu.extender.dra_view import DraClusterState
-from kubegpu.extender.scheduler import GpuScheduler, extender_priorities
+from kubegpu.extender.ranking import extender_priorities, ranked
+from kubegpu.extender.scheduler import GpuScheduler
 from kubegpu.placement.engine import PlacementEngine
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import MILLI_PER_GPU, GpuState, NodeState, PodRequest
@@ -285,7 +286,7 @@ class DraRanker:
             return scores
         engine = self._engine_for(states)
         rows = engine.feasible_rows(request)
-        priorities = extender_priorities(engine.scores(request, rows))
+        priorities = extender_priorities(*ranked(engine, request, rows))
         for row, priority in zip(rows.tolist(), priorities.tolist(), strict=True):
             scores[engine.names[row]] = priority
         return scores

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kubegpu.extender.ranking import extender_priorities, ranked
 from kubegpu.extender.reasons import (
     EXPLAIN_CATEGORIES,
     STRUCTURAL_CATEGORIES,
@@ -52,14 +53,6 @@ from kubegpu.sharing.resources import (
 )
 
 log = logging.getLogger(__name__)
-
-MAX_EXTENDER_PRIORITY = 10
-
-
-def extender_priorities(scores: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Engine scores 0..100 as extender priorities 0..10 (rounded half up): the one scaling of
-    /prioritize and /prioritize-dra."""
-    return (scores * MAX_EXTENDER_PRIORITY + 50) // 100
 
 
 class Unschedulable(Exception):
@@ -323,9 +316,10 @@ class GpuScheduler:
         wanted = np.flatnonzero(feasible[rows])  # positions in node_names, in their order
         by_row = np.argsort(rows[wanted], kind="stable")  # the engine wants tie-break order
         ordered = rows[wanted][by_row]
-        scores = np.empty(wanted.size, dtype=np.int64)
-        scores[by_row] = engine.scores(pod, ordered)
-        return wanted, rows[wanted], extender_priorities(scores)
+        ordered_scores, best = ranked(engine, pod, ordered)
+        priorities = np.empty(wanted.size, dtype=np.int64)
+        priorities[by_row] = extender_priorities(ordered_scores, best)
+        return wanted, rows[wanted], priorities
 
     def decide(self, pod: dict[str, Any], request: GpuRequest, node: str) -> AllocationDecision:
         """Choose the cards on ``node`` and reserve them in the view (undo with

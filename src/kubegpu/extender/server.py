@@ -32,6 +32,7 @@ from kubegpu.extender.inflight import NONE, InFlight
 from kubegpu.extender.leader import LeaderGate
 from kubegpu.extender.metrics import ExtenderMetrics, PodLocks
 from kubegpu.extender.pending import PendingGpuPods
+from kubegpu.extender.ranking import cpu_pod_priorities, names_with
 from kubegpu.extender.scheduler import GpuScheduler, Unschedulable, reason_category
 from kubegpu.extender.wire import (
     ExtenderArgs,
@@ -296,17 +297,36 @@ class ExtenderApp:
 
     async def handle_prioritize_dra(self, request: web.Request) -> web.Response:
         """The second extender entry's verb (no managed resources, so kube-scheduler sends
-        every pod): a score per node for a pod that asks for our GPUs through ResourceClaims,
-        0 everywhere for any other pod (``kubegpu.extender.dra_rank``)."""
+        every pod): a score per node for a pod that asks for our GPUs through ResourceClaims
+        (``kubegpu.extender.dra_rank``) and for a pod that asks for no GPU at all (the policy
+        places it: ``kubegpu.extender.ranking``), 0 everywhere for any other pod."""
         try:
             args = await self._extender_args(request, "prioritize-dra")
         except WireError as exc:
             return self._bad("prioritize-dra", exc)
-        if self.dra is None:
-            scores = dict.fromkeys(args.node_names, 0)
-        else:
-            scores = self.dra.rank(args.pod, args.node_names)
+        scores = self._cpu_pod_scores(args)
+        if scores is None:
+            if self.dra is None:
+                scores = dict.fromkeys(args.node_names, 0)
+            else:
+                scores = self.dra.rank(args.pod, args.node_names)
         return _reply(priority_list(list(scores.items())))
+
+    def _cpu_pod_scores(self, args: ExtenderArgs) -> dict[str, int] | None:
+        """Scores of a pod asking for no GPU at all, by the policy (``kubegpu.extender.ranking``);
+        ``None`` for any other pod."""
+        if not self.view.synced.is_set() or (args.pod.get("spec") or {}).get("resourceClaims"):
+            return None
+        try:
+            gpu = self._gpu_request(args)
+        except RequestError:
+            return None
+        if gpu.kind is not RequestKind.NONE:
+            return None
+        engine = self.scheduler.engine()  # first: rows() maps names onto this engine's rows
+        rows = self.scheduler.rows(args.node_names)
+        priorities = cpu_pod_priorities(engine, gpu.to_placement(), rows)
+        return names_with(args.node_names, priorities)
 
     # ------------------------------------------------------------------ bind
     async def handle_bind(self, request: web.Request) -> web.Response:
