@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import OUT, _bin_dir, _leftovers, _results, _test_namespace, stop_default_cluster
-from kubegpu_e2e.cluster import http_ok
+from kubegpu_e2e.cluster import http_ok, write_kubeconfig
+from kubegpu_e2e.dra import ACCOUNT, COMPONENT
 from kubegpu_e2e.kubegpu import KubegpuRoles
 from kubegpu_e2e.multinode import (
     NODES,
@@ -308,3 +310,125 @@ def test_fgd_and_kubegpu_choose_different_nodes_as_the_engine_does(
         delete_pod(mn, fragmented, "probe-fgd")
     finally:
         restart_extender(roles, "kubegpu", workload)
+
+
+# ------------------------------------------------------------------ (c) DRA: /prioritize-dra
+DRA_SHARE_CLASS = "gpu-share.kubegpu.io"
+
+
+def dra_share_pod(
+    name: str, namespace: str, compute: int, node: str | None = None
+) -> list[dict[str, Any]]:
+    """A ResourceClaimTemplate for one share (compute milli, 2Gi) and a pod of the
+    kubegpu-scheduler that claims from it (pinned to ``node`` when given)."""
+    capacity = {"requests": {"memory": "2Gi", "compute": str(compute)}}
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": DRA_SHARE_CLASS,
+                                "capacity": capacity,
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    obj = pod(name, namespace, [container("c")], scheduler=SCHEDULER)
+    obj["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    obj["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": name}]
+    requests(obj, cpu="100m")
+    if node is not None:
+        pinned(obj, node)
+    return [template, obj]
+
+
+def slice_devices(mn: MultiNodeCluster, node: str) -> int:
+    found = mn.cluster.get("resourceslices", f"--field-selector=spec.nodeName={node}")
+    return sum(len(s["spec"].get("devices", [])) for s in found["items"])
+
+
+@pytest.fixture(scope="module")
+def dra_drivers(multinode: MultiNode) -> Iterator[MultiNodeCluster]:
+    """`kubegpu dra-driver` on each of the three nodes (beside its node agent: a pod asking
+    for a claim is served by DRA, one asking for kubegpu's resources by the agent), with the
+    component's RBAC and DeviceClasses applied by the real kubectl."""
+    mn, roles = multinode
+    c = mn.cluster
+    for name in ("dra-driver-rbac.yaml", "deviceclasses.yaml"):
+        c.kubectl("apply", "--server-side", "-f", str(COMPONENT / name))
+    token = c.kubectl("create", "token", ACCOUNT, "-n", "kubegpu", "--duration=12h").stdout.strip()
+    kubeconfig = write_kubeconfig(
+        c.run_dir / f"{ACCOUNT}.kubeconfig", c.server, c.ca.cert, user=ACCOUNT, token=token
+    )
+    for node in mn.nodes:
+        argv = mn.dra_driver_argv(node, kubeconfig, COMPONENT / "dra-driver-config.yaml")
+        roles.start_role(f"kubegpu-dra-driver-{node.name}", argv)
+    for node in mn.nodes:
+        c.wait_for(
+            f"{node.name}'s ResourceSlice with its {node.gpu_count} cards",
+            lambda n=node: slice_devices(mn, n.name) == n.gpu_count,
+            timeout=90,
+        )
+    # The extender starts watching slices and claims at its first /prioritize-dra call and
+    # scores every node 0 until that watch has listed them: kube-scheduler's first DRA pod
+    # with a choice to make would be ranked blind. Make that first call here, then wait.
+    body = json.dumps({"pod": warm_pod(), "nodenames": [n.name for n in mn.nodes]}).encode()
+    post = urllib.request.Request(
+        f"http://127.0.0.1:{roles.extender_port}/prioritize-dra",
+        body,
+        {"Content-Type": "application/json"},
+    )
+    urllib.request.urlopen(post, timeout=10).read()
+    log = roles.processes["kubegpu-extender"].log
+    c.wait_for(
+        "the extender's DRA view listed the slices",
+        lambda: "resourceslices at version" in log.read_text(errors="replace"),
+        timeout=60,
+    )
+    yield mn
+
+
+def warm_pod() -> dict[str, Any]:
+    claims = [{"name": "gpu", "resourceClaimName": "none"}]
+    meta = {"name": "warm", "namespace": "default"}
+    return {"metadata": meta, "spec": {"resourceClaims": claims}}
+
+
+def test_prioritize_dra_on_three_nodes_is_followed(
+    multinode: MultiNode, dra_drivers: MultiNodeCluster, fragmented: str
+) -> None:
+    """A pod asking for a share through a ResourceClaim: kube-scheduler sends it to the
+    extender's `/prioritize-dra` entry (the only one interested: it requests none of the other's
+    resources) with all three nodes, which rank the nodes' DRA card state (the slices and the
+    allocated claims) by the placement engine; after a 300-milli DRA share on the busy mixed
+    node, the 700-milli share lands on the node the extender ranks best, though the in-tree
+    plugins favour another, and DRA's allocator gives it a card there."""
+    mn, roles = multinode
+    c = mn.cluster
+    create(c, *dra_share_pod("dra-setup", fragmented, 300, MIXED))
+    wait_running(c, fragmented, "dra-setup")
+    name = "dra-probe"
+    create(c, *dra_share_pod(name, fragmented, PROBE_COMPUTE))
+    found = scheduled(mn, roles, fragmented, "dra-probe")
+    wait_running(c, fragmented, "dra-probe")
+    in_tree, extender, total = check_scores(found)
+    cycle = found.cycles[-1]
+    assert all(len(scores) == 1 for scores in cycle.extenders.values()), cycle.extenders
+    print(json.dumps({"cycle": cycle.__dict__}, indent=1))
+    print(found.bound_line)
+    node = c.get("pod", "-n", fragmented, "dra-probe")["spec"]["nodeName"]
+    assert node == found.bound_to == extender == total
+    assert in_tree != extender, "the in-tree scores alone pick the extender's node: no contest"
+    claims = c.get("resourceclaims", "-n", fragmented)["items"]
+    (probe_claim,) = [x for x in claims if x["metadata"]["ownerReferences"][0]["name"] == name]
+    (result,) = probe_claim["status"]["allocation"]["devices"]["results"]
+    assert result["pool"] == node, result
