@@ -326,6 +326,10 @@ class Cluster:
         gates = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(self.feature_gates.items()))
         return [f"--feature-gates={gates}"] if gates else []
 
+    def start_apiserver(self) -> None:
+        """The API server again after a stop (the scale replay's fault scenario)."""
+        self._start_apiserver()
+
     def _start_apiserver(self) -> None:
         argv = [
             self._bin("kube-apiserver"),
@@ -389,6 +393,11 @@ class Cluster:
             ],
         )
         process.wait_until(lambda: component_healthz(port), 120, "controller-manager /healthz")
+
+    def start_default_scheduler(self) -> None:
+        """The default kube-scheduler (the scale replay's "scheduler alone" run starts it on a
+        control plane started alone)."""
+        self._start_default_scheduler()
 
     def _start_default_scheduler(self) -> None:
         port = self.ports["scheduler"]

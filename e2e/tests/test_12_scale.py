@@ -97,3 +97,18 @@ def test_the_real_scheduler_allocates_what_the_simulator_does(
 def _cpu_only_bound(run: PolicyRun, t: trace.ReplayTrace) -> int:
     cpu_only = {p.name for p in t.pods if p.gpu_count == 0}
     return sum(1 for p in run.outcome.pods if p.name in cpu_only and p.result == "bound")
+
+
+def test_the_replay_survives_a_killed_leader_and_an_api_server_restart(
+    scale: ScaleCluster, small_trace: trace.ReplayTrace
+) -> None:
+    result = asyncio.run(scale.run_with_faults(small_trace, "kubegpu", SEED))
+    _results.setdefault("scale replay with faults", {}).update(result)
+    faults = result["faults"]
+    assert faults["leader_killed"] != faults["new_leader"], faults
+    assert "leader_kill_recovered_s" in faults and "apiserver_restart_recovered_s" in faults
+    assert result["overcommitted"] == [] and result["decisions_on_another_node"] == []
+    assert result["late_binds"] == 0
+    assert result["bound"] + result["refused"] == len(small_trace.pods)
+    # The new leader's extender rebuilt the same state from the API server: the same choices.
+    assert abs(result["difference_pp"]) <= AGREEMENT_PP, result

@@ -19,13 +19,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2
 import lightkube
 from lightkube.resources.core_v1 import Namespace, Pod
 
 from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
 from kubegpu.sharing.claim import read_claim
 from kubegpu.sharing.resources import RequestKind
-from kubegpu_e2e.scale.trace import REPLAY_LABEL, gpu_milli, pod_manifest
+from kubegpu_e2e.scale.trace import REPLAY_LABEL, SCHEDULER_NAME, gpu_milli, pod_manifest
 
 BOUND = "bound"
 REFUSED = "refused"
@@ -88,6 +89,7 @@ class PodWatch:
         self.waiters: dict[str, asyncio.Future[None]] = {}
         self.late_binds: list[str] = []
         self.refusals_seen = 0
+        self.watch_errors: list[str] = []
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
 
@@ -96,14 +98,25 @@ class PodWatch:
         await self._ready.wait()
 
     async def _run(self) -> None:
-        listing = self.client.list(Pod, namespace=self.namespace)
-        async for _ in listing:
-            pass
-        version = listing.resourceVersion
-        self._ready.set()
-        stream = self.client.watch(Pod, namespace=self.namespace, resource_version=version)
-        async for _event, pod in stream:
-            self._seen(pod.to_dict())
+        # A list, then a watch from its version; when the API server goes away (the fault
+        # scenario restarts it) or ends the watch, list again: nothing changed meanwhile is
+        # missed, since a list shows every pod's current state.
+        while True:
+            try:
+                listing = self.client.list(Pod, namespace=self.namespace)
+                async for pod in listing:
+                    self._seen(pod.to_dict())
+                self._ready.set()
+                stream = self.client.watch(
+                    Pod, namespace=self.namespace, resource_version=listing.resourceVersion
+                )
+                async for _event, pod in stream:
+                    self._seen(pod.to_dict())
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # the API server restarting, a watch expiring
+                self.watch_errors.append(f"{type(error).__name__}: {error}"[:200])
+                await asyncio.sleep(0.5)
 
     def _seen(self, pod: Mapping[str, Any]) -> None:
         name = (pod.get("metadata") or {}).get("name", "")
@@ -138,6 +151,27 @@ class PodWatch:
                 await self._task
 
 
+async def create_pod(client: lightkube.AsyncClient, manifest: dict[str, Any]) -> None:
+    """Create, retrying while the API server cannot be reached (the fault scenario restarts
+    it); an "already exists" after a retry means the first try went through."""
+    deadline = time.monotonic() + 120
+    retried = False
+    while True:
+        try:
+            await client.create(Pod.from_dict(manifest))
+            return
+        except lightkube.ApiError as error:
+            if retried and error.status.code == 409:
+                return
+            if error.status.code not in (429, 500, 503, 504) or time.monotonic() > deadline:
+                raise
+        except (OSError, httpx2.TransportError):
+            if time.monotonic() > deadline:
+                raise
+        retried = True
+        await asyncio.sleep(0.5)
+
+
 async def ensure_namespace(client: lightkube.AsyncClient, namespace: str) -> None:
     with contextlib.suppress(lightkube.ApiError):
         await client.create(Namespace.from_dict({"metadata": {"name": namespace}}))
@@ -159,7 +193,7 @@ async def replay_in_order(
     try:
         for i, pod in enumerate(pods):
             settled = watch.expect(pod.name or "", gpu_milli(pod))
-            await client.create(Pod.from_dict(pod_manifest(pod, namespace, run)))
+            await create_pod(client, pod_manifest(pod, namespace, run))
             try:
                 await asyncio.wait_for(settled, pod_timeout_s)
             except TimeoutError:
@@ -168,7 +202,9 @@ async def replay_in_order(
                     f"within {pod_timeout_s:.0f} s (pod {i + 1} of {len(pods)})"
                 ) from None
             if progress is not None:
-                progress(i + 1, len(pods), watch)
+                step = progress(i + 1, len(pods), watch)
+                if asyncio.iscoroutine(step):
+                    await step  # the fault scenario acts between pods
         wall = time.monotonic() - started
         # Refused pods stay in the scheduler's queue: give retries a moment to show a late bind.
         await asyncio.sleep(5)
@@ -185,6 +221,7 @@ async def replay_burst(
     run: str,
     parallel: int = 8,
     settle_timeout_s: float = 600.0,
+    scheduler_name: str = SCHEDULER_NAME,
 ) -> ReplayOutcome:
     """Every pod created as fast as ``parallel`` creators can; waits until all are settled."""
     await ensure_namespace(client, namespace)
@@ -197,7 +234,7 @@ async def replay_burst(
     async def create(pod: PodRequest) -> None:
         async with gate:
             futures.append(watch.expect(pod.name or "", gpu_milli(pod)))
-            await client.create(Pod.from_dict(pod_manifest(pod, namespace, run)))
+            await create_pod(client, pod_manifest(pod, namespace, run, scheduler_name))
 
     try:
         await asyncio.gather(*(create(p) for p in pods))
@@ -236,6 +273,16 @@ def card_overcommit(pods: Sequence[Mapping[str, Any]]) -> list[str]:
             held[card.uuid] += card.compute_milli
     problems += [f"card {u}: {m} milli held" for u, m in held.items() if m > MILLI_PER_GPU]
     return problems
+
+
+def decided_elsewhere(pods: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Bound pods whose recorded decision names another node than the one they are bound
+    to: a pod decided twice (by two extenders, or before and after a failover)."""
+    return [
+        f"{p['metadata']['name']}: decided for {claim.elsewhere}, bound to {claim.node}"
+        for p in pods
+        if (claim := read_claim(p)).elsewhere
+    ]
 
 
 async def delete_run(client: lightkube.AsyncClient, namespace: str, timeout_s: float = 300) -> None:

@@ -10,8 +10,10 @@ deleted, so each policy starts on empty nodes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,10 +23,11 @@ import numpy as np
 import yaml
 
 from kubegpu.kube.client import load_kubeconfig_file
+from kubegpu.placement.model import PodRequest
 from kubegpu_e2e.cluster import Cluster
 from kubegpu_e2e.kubegpu import KubegpuRoles
 from kubegpu_e2e.processes import HostProcess
-from kubegpu_e2e.scale import fleet, replay, trace
+from kubegpu_e2e.scale import faults, fleet, replay, trace
 from kubegpu_e2e.scale.trace import ReplayTrace
 
 NODE_LIFECYCLE_OFF = "--controllers=*,-node-lifecycle-controller"
@@ -210,6 +213,142 @@ class ScaleCluster:
             )
         )
         return run
+
+    async def run_burst(
+        self,
+        t: ReplayTrace,
+        pods: Sequence[PodRequest],
+        *,
+        with_extender: bool,
+        policy: str = "kubegpu",
+        parallel: int = 8,
+    ) -> dict[str, Any]:
+        """``pods`` created as fast as ``parallel`` creators can, scheduled by the kubegpu
+        scheduler with the extender, or by a plain kube-scheduler alone; pods per second from
+        the first creation to the last pod settled, CPU and memory of the scheduling
+        processes. The pods are deleted afterwards."""
+        assert self.roles is not None
+        kind = "extender" if with_extender else "alone"
+        if with_extender:
+            self.start_scheduling(policy, t)
+            processes = {
+                n: self.roles.processes[n] for n in ("kubegpu-scheduler", "kubegpu-extender")
+            }
+            scheduler_name = trace.SCHEDULER_NAME
+        else:
+            self.cluster.start_default_scheduler()
+            processes = {"kube-scheduler": self.cluster.processes["kube-scheduler"]}
+            scheduler_name = "default-scheduler"
+        before = {n: process_usage(p) for n, p in processes.items()}
+        client = self.client()
+        namespace = f"burst-{kind}"
+        try:
+            outcome = await replay.replay_burst(
+                client, pods, namespace, kind, parallel=parallel, scheduler_name=scheduler_name
+            )
+            after = {n: process_usage(p) for n, p in processes.items()}
+            bound = await replay.bound_pods(client, namespace, kind)
+            metrics: dict[str, float] = {}
+            if with_extender:
+                metrics = scrape(
+                    f"http://127.0.0.1:{self.roles.extender_metrics_port}/metrics",
+                    (
+                        "kubegpu_extender_binds_total",
+                        "kubegpu_extender_stale_binds_total",
+                        "kubegpu_extender_tentative_reservations_total",
+                    ),
+                )
+                self.stop_scheduling()
+            else:
+                self.cluster.processes.pop("kube-scheduler").stop(grace=10)
+            await replay.delete_run(client, namespace)
+        finally:
+            await client.close()
+        latencies = outcome.latencies_s()
+        settled = sum(1 for p in outcome.pods if p.result)
+        return {
+            "scheduling": kind,
+            "pods": len(pods),
+            "bound": sum(1 for p in outcome.pods if p.result == replay.BOUND),
+            "allocation_pct": round(100.0 * outcome.bound_milli() / t.capacity_milli, 3),
+            "wall_s": round(outcome.wall_s, 1),
+            "pods_per_s": round(settled / outcome.wall_s, 1),
+            "bind_latency_p50_ms": round(1000 * latencies[len(latencies) // 2], 1)
+            if latencies
+            else None,
+            "bind_latency_p99_ms": round(1000 * latencies[int(len(latencies) * 0.99)], 1)
+            if latencies
+            else None,
+            "late_binds": len(outcome.late_binds),
+            "overcommitted": replay.card_overcommit(bound) if with_extender else [],
+            "usage": {
+                n: {
+                    "cpu_s": round(after[n]["cpu_s"] - before[n]["cpu_s"], 1),
+                    "peak_rss_mib": after[n]["peak_rss_mib"],
+                }
+                for n in after
+            },
+            "extender": metrics,
+        }
+
+    async def run_with_faults(self, t: ReplayTrace, policy: str, seed: int) -> dict[str, Any]:
+        """``t`` in order with two scheduler replicas (``faults``): the leader pair killed
+        after half the pods, the API server restarted after three quarters. Returns the run's
+        summary, which replica led before and after, and the seconds each fault cost: from
+        the fault to the next pod settled."""
+        assert self.roles is not None
+        workload = self.cluster.run_dir / f"workload-{policy}.yaml"
+        workload.write_text(yaml.safe_dump(trace.workload_file(t, policy)))
+        replicas = {
+            name: faults.Replica(name, self.roles, policy, workload)
+            for name in ("replica-a", "replica-b")
+        }
+        for replica in replicas.values():
+            replica.start()
+        events: dict[str, Any] = {}
+        self.cluster.wait_for(
+            "a replica holding the Lease",
+            lambda: faults.lease_holder(self.cluster).split("_")[0] in replicas,
+            timeout=60,
+        )
+        kill_at, restart_at = len(t.pods) // 2, 3 * len(t.pods) // 4
+        pending: dict[str, float] = {}
+
+        async def between(done: int, total: int, watch: replay.PodWatch) -> None:
+            for fault, started in list(pending.items()):
+                events[f"{fault}_recovered_s"] = time.monotonic() - started
+                del pending[fault]
+            if done == kill_at:
+                leader = faults.lease_holder(self.cluster).split("_")[0]
+                events["leader_killed"] = leader
+                pending["leader_kill"] = time.monotonic()
+                replicas[leader].kill()
+            elif done == restart_at:
+                events["new_leader"] = faults.lease_holder(self.cluster).split("_")[0]
+                pending["apiserver_restart"] = time.monotonic()
+                events["apiserver_down_s"] = await asyncio.to_thread(
+                    faults.restart_apiserver, self.cluster
+                )
+
+        namespace = f"faults-{policy}"
+        client = self.client()
+        try:
+            outcome = await replay.replay_in_order(
+                client, t.pods, namespace, f"faults-{policy}", progress=between
+            )
+            pods = await replay.bound_pods(client, namespace, f"faults-{policy}")
+            for replica in replicas.values():
+                replica.stop()
+            await replay.delete_run(client, namespace)
+        finally:
+            await client.close()
+        run = PolicyRun(policy, outcome, trace.simulated(t, policy, seed), t.capacity_milli)
+        run.overcommit = replay.card_overcommit(pods)
+        return {
+            **run.summary(),
+            "faults": faults.summary(events),
+            "decisions_on_another_node": replay.decided_elsewhere(pods),
+        }
 
     def stop(self) -> list[str]:
         if self.roles is not None:

@@ -179,7 +179,9 @@ def workload_file(trace: ReplayTrace, policy: str) -> dict[str, Any]:
     }
 
 
-def pod_manifest(pod: PodRequest, namespace: str, run: str) -> dict[str, Any]:
+def pod_manifest(
+    pod: PodRequest, namespace: str, run: str, scheduler_name: str = SCHEDULER_NAME
+) -> dict[str, Any]:
     """The Pod a user would apply for ``pod``: whole cards as ``nvidia.com/gpu``, a share as one
     slot with its compute and memory, CPU and memory requests; scheduled by kubegpu."""
     requests: dict[str, str] = {"cpu": f"{pod.cpu_milli}m", "memory": f"{pod.memory_mib}Mi"}
@@ -203,7 +205,7 @@ def pod_manifest(pod: PodRequest, namespace: str, run: str) -> dict[str, Any]:
             "annotations": annotations,
         },
         "spec": {
-            "schedulerName": SCHEDULER_NAME,
+            "schedulerName": scheduler_name,
             "terminationGracePeriodSeconds": 0,
             "containers": [
                 {

@@ -1,0 +1,143 @@
+"""The openb replay on 1,213 KWOK nodes through the real kube-scheduler: the benchmark behind
+docs/benchmarks.md ("openb on the real control plane"). Run it as root with
+
+    e2e/run --bench-scale [--workload default] [--seed 42] [--skip-burst]
+
+(e2e/run makes the network namespace, builds the components and sweeps up afterwards). It
+writes ``bench-scale.json`` and ``bench-scale.png`` under e2e/out/bench-scale/:
+
+1. for ``fgd`` and ``kubegpu``: the trace's pods one at a time in the arrival fixture's order
+   until 100 % of the GPUs have arrived, the allocation ratio read from the API server beside
+   ``kubegpu simulate``'s on the same pods, and where the two first part;
+2. side by side on the same nodes: the trace's whole-GPU pods created as fast as the API
+   server takes them, through the scheduler with the extender and through a plain
+   kube-scheduler alone (what the device plugin alone allows): pods per second end to end,
+   CPU seconds and peak memory of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kubegpu_e2e.processes import built
+from kubegpu_e2e.scale import trace
+from kubegpu_e2e.scale.session import ScaleCluster
+
+E2E = Path(__file__).resolve().parents[2]
+REPO = E2E.parent
+DEFAULT_TRACES = REPO.parent / "shared" / "traces" / "openb"
+
+
+def _progress(label: str) -> Any:
+    last = [0.0]
+
+    def report(done: int, total: int, watch: Any) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 30 or done == total:
+            last[0] = now
+            print(f"  {label}: {done}/{total} pods settled", flush=True)
+
+    return report
+
+
+def plot(runs: dict[str, dict[str, Any]], capacity_milli: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = {"fgd": "tab:blue", "kubegpu": "tab:red"}
+    for policy, run in runs.items():
+        arrived = [100.0 * a / capacity_milli for a in run["arrived_milli"]]
+        real = [100.0 * u / capacity_milli for u in run["curve_real_milli"]]
+        simulated = [100.0 * u / capacity_milli for u in run["curve_simulated_milli"]]
+        colour = colours.get(policy, "black")
+        ax.plot(
+            arrived, simulated, color=colour, linewidth=3, alpha=0.35, label=f"{policy}, simulated"
+        )
+        ax.plot(arrived, real, color=colour, linewidth=1, label=f"{policy}, real kube-scheduler")
+    ax.set_xlabel("arrived GPU demand, % of the cluster's GPUs")
+    ax.set_ylabel("GPUs allocated, %")
+    ax.set_xlim(60, 100)
+    ax.set_ylim(60, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title("openb on 1,213 KWOK nodes: real scheduler and simulator")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    t = trace.openb(args.trace_dir, args.workload, args.seed)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    scale = ScaleCluster(
+        Path(built("KUBEGPU_E2E_BIN", E2E / "components" / "build.sh")),
+        out,
+        built("KUBEGPU_E2E_KWOK", E2E / "components" / "kwok" / "build.sh"),
+    )
+    report: dict[str, Any] = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "machine": f"{platform.processor() or platform.machine()}, {_cpus()} CPUs",
+        "trace": f"openb_pod_list_{args.workload}, arrivals seed {args.seed}",
+        "nodes": len(t.nodes),
+        "pods_to_100_percent": len(t.pods),
+    }
+    try:
+        started = time.monotonic()
+        scale.start()
+        report["nodes_created_s"] = round(await scale.add_nodes(t), 1)
+        report["control_plane_start_s"] = round(time.monotonic() - started, 1)
+        print(
+            f"{len(t.nodes)} KWOK nodes ready after {report['control_plane_start_s']} s", flush=True
+        )
+        report["in_order"] = {}
+        curves: dict[str, dict[str, Any]] = {}
+        for policy in args.policies:
+            run = await scale.run_policy(t, policy, args.seed, progress=_progress(policy))
+            report["in_order"][policy] = run.summary()
+            curves[policy] = json.loads((out / f"replay-{policy}.json").read_text())
+            print(json.dumps(run.summary()), flush=True)
+        plot(curves, t.capacity_milli, out / "bench-scale.png")
+        if not args.skip_burst:
+            whole = [p for p in t.pods if p.gpu_count and p.gpu_milli >= 1000]
+            report["burst_whole_gpu_pods"] = {}
+            for with_extender in (True, False):
+                result = await scale.run_burst(t, whole, with_extender=with_extender)
+                report["burst_whole_gpu_pods"][result["scheduling"]] = result
+                print(json.dumps(result), flush=True)
+    finally:
+        report["leftovers"] = scale.stop()
+    (out / "bench-scale.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACES)
+    parser.add_argument("--workload", default="default")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--policies", nargs="+", default=["fgd", "kubegpu"])
+    parser.add_argument("--skip-burst", action="store_true")
+    parser.add_argument("--out", type=Path, default=E2E / "out" / "bench-scale")
+    args = parser.parse_args()
+    report = asyncio.run(main_async(args))
+    print(json.dumps({k: v for k, v in report.items() if k != "leftovers"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Faults during the replay: two scheduler replicas, each a kube-scheduler with its own kubegpu
+extender (as the second-scheduler Deployment runs them, one pod each), electing a leader on one
+Lease; the leader pair is killed mid-replay, and later the API server is restarted.
+
+Each kube-scheduler runs in a UTS namespace of its own with the replica's name as host name:
+kube-scheduler writes ``<hostname>_<uuid>`` as the Lease's holder, and the extender beside it
+binds only while the holder starts with its ``--leader-identity`` (``kubegpu.extender.leader``).
+On one machine both would otherwise carry the machine's name, and both extenders would bind.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kubegpu_e2e.cluster import Cluster, component_healthz, free_port, http_ok
+from kubegpu_e2e.kubegpu import DEPLOY, KubegpuRoles, _kubegpu
+from kubegpu_e2e.processes import HostProcess
+
+LEASE = "kube-system/kubegpu-scheduler"
+
+
+class Replica:
+    def __init__(self, name: str, roles: KubegpuRoles, policy: str, workload: Path) -> None:
+        self.name = name
+        self.roles = roles
+        self.cluster: Cluster = roles.cluster
+        self.policy = policy
+        self.workload = workload
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self.scheduler_port = free_port()
+        self.extender: HostProcess | None = None
+        self.scheduler: HostProcess | None = None
+
+    def start(self) -> None:
+        config = DEPLOY / "overlays" / "second-scheduler" / "extender-config.yaml"
+        self.extender = self.roles.start_role(
+            f"kubegpu-extender-{self.name}",
+            [
+                _kubegpu(),
+                "extender",
+                f"--config={config}",
+                f"--kubeconfig={self.roles.kubeconfigs['kubegpu-extender']}",
+                f"--port={self.port}",
+                "--metrics-host=127.0.0.1",
+                f"--metrics-port={self.metrics_port}",
+                f"--policy={self.policy}",
+                f"--workload-file={self.workload}",
+                f"--leader-lease={LEASE}",
+                f"--leader-identity={self.name}",
+            ],
+        )
+        self.extender.wait_until(
+            lambda: http_ok(f"http://127.0.0.1:{self.metrics_port}/healthz"), 60, "extender"
+        )
+        shipped = DEPLOY / "overlays" / "second-scheduler" / "kube-scheduler-config.yaml"
+        document = yaml.safe_load(shipped.read_text())
+        kubeconfig = self.roles.kubeconfigs["kubegpu-scheduler"]
+        document["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+        for extender in document["extenders"]:
+            extender["urlPrefix"] = f"http://127.0.0.1:{self.port}"
+        path = self.cluster.run_dir / f"kubegpu-scheduler-{self.name}.yaml"
+        path.write_text(yaml.safe_dump(document))
+        argv = [
+            str(self.cluster.bin_dir / "kube-scheduler"),
+            f"--config={path}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={self.scheduler_port}",
+            "--v=2",
+        ]
+        # Its own host name, in a UTS namespace of its own (see the module's docstring).
+        wrapped = ["unshare", "--uts", "sh", "-c", f'hostname {self.name} && exec "$@"', "sh"]
+        self.scheduler = self.roles.start_role(f"kubegpu-scheduler-{self.name}", wrapped + argv)
+        self.scheduler.wait_until(
+            lambda: component_healthz(self.scheduler_port), 120, "kube-scheduler"
+        )
+
+    def kill(self) -> None:
+        """SIGKILL both processes, as a node that dies takes the pod with it."""
+        for process in (self.scheduler, self.extender):
+            if process is not None and process.popen is not None:
+                process.popen.send_signal(signal.SIGKILL)
+                process.popen.wait(timeout=30)
+
+    def stop(self) -> None:
+        for process in (self.scheduler, self.extender):
+            if process is not None:
+                process.stop(grace=10)
+
+
+def lease_holder(cluster: Cluster) -> str:
+    namespace, name = LEASE.split("/")
+    spec = cluster.get("lease", "-n", namespace, name).get("spec") or {}
+    return str(spec.get("holderIdentity") or "")
+
+
+def restart_apiserver(cluster: Cluster) -> float:
+    """Stop the API server and start it again on the same port and data; seconds until it is
+    ready again."""
+    started = time.monotonic()
+    cluster.processes.pop("kube-apiserver").stop(grace=10)
+    cluster.start_apiserver()
+    return time.monotonic() - started
+
+
+def summary(events: dict[str, Any]) -> dict[str, Any]:
+    return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in events.items()}
