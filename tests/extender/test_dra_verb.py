@@ -89,16 +89,22 @@ async def test_a_dra_pod_is_ranked_from_the_slices_and_the_allocated_claims() ->
         await wait_until_async(dra_a_first, timeout_s=30, what="dra-a ranked first")
 
 
-async def test_a_gpu_pod_without_claims_scores_zero_and_starts_no_dra_watch() -> None:
+async def test_a_gpu_pod_without_claims_scores_zero_and_its_call_starts_the_dra_lists() -> None:
     # A device-plugin GPU pod is /prioritize's; a CPU-only pod is ranked here by the policy
-    # (tests/extender/test_ranking.py).
+    # (tests/extender/test_ranking.py). Any call of the entry starts the DRA lists, so the
+    # first DRA pod finds them loaded (kube-scheduler calls the entry for every pod).
     api = DraApi()
     api.put("resourceslices", node_slice("dra-a", 2))
     async with dra_extender(api) as ext, http_session() as http:
+        assert api.lists == []  # nothing listed before the entry is called
         pod = whole_pod("p", 1)
         status, body = await post(http, f"{ext.url}/prioritize-dra", filter_args(pod, NODES))
-    assert status == 200 and scores(body) == dict.fromkeys(NODES, 0)
-    assert api.lists == []  # nothing listed: no DRA pod has asked
+        assert status == 200 and scores(body) == dict.fromkeys(NODES, 0)
+        assert ext.app.dra is not None
+        await wait_until_async(
+            ext.app.dra.dra.synced.is_set, timeout_s=30, what="the DRA view's lists"
+        )
+    assert sorted({kind for kind, _ in api.lists}) == ["resourceclaims", "resourceslices"]
 
 
 async def test_a_pod_whose_claim_is_unknown_scores_zero_with_a_log_line(

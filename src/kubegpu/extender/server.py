@@ -304,6 +304,11 @@ class ExtenderApp:
             args = await self._extender_args(request, "prioritize-dra")
         except WireError as exc:
             return self._bad("prioritize-dra", exc)
+        if self.dra is not None:
+            # The entry is configured, so DRA pods may come: list slices and claims from the
+            # first call of any pod (kube-scheduler calls it for every pod), not the first DRA
+            # pod's, which would otherwise be ranked blind while the lists load.
+            self.dra.dra.start()
         scores = self._cpu_pod_scores(args)
         if scores is None:
             if self.dra is None:
