@@ -11,6 +11,7 @@ On one machine both would otherwise carry the machine's name, and both extenders
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ class Replica:
         self.scheduler_port = free_port()
         self.extender: HostProcess | None = None
         self.scheduler: HostProcess | None = None
+        self.killed = False
 
     def start(self) -> None:
         config = DEPLOY / "overlays" / "second-scheduler" / "extender-config.yaml"
@@ -83,16 +85,60 @@ class Replica:
         )
 
     def kill(self) -> None:
-        """SIGKILL both processes, as a node that dies takes the pod with it."""
+        """SIGKILL both processes, as a node that dies takes the pod with it; the pod is not
+        replaced here (its node is gone), so the other replica must take over."""
+        self.killed = True
         for process in (self.scheduler, self.extender):
             if process is not None and process.popen is not None:
                 process.popen.send_signal(signal.SIGKILL)
                 process.popen.wait(timeout=30)
 
+    def restart_exited(self) -> list[str]:
+        """Start again a process of this replica that exited by itself, as the kubelet
+        restarts a container: kube-scheduler exits when it cannot renew its Lease (the API
+        server away longer than its renew deadline), by design."""
+        if self.killed:
+            return []
+        restarted = []
+        for name, process in (("scheduler", self.scheduler), ("extender", self.extender)):
+            if (
+                process is not None
+                and process.popen is not None
+                and process.popen.poll() is not None
+            ):
+                process.start()
+                restarted.append(f"{self.name} {name}")
+        return restarted
+
     def stop(self) -> None:
         for process in (self.scheduler, self.extender):
             if process is not None:
                 process.stop(grace=10)
+
+
+class Supervisor:
+    """Restarts the replicas' processes that exit by themselves, every second, in a thread
+    (the kubelet's part for the replicas' pods); ``restarts`` lists what it restarted, when."""
+
+    def __init__(self, replicas: list[Replica]) -> None:
+        self.replicas = replicas
+        self.restarts: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="replica-supervisor", daemon=True)
+
+    def __enter__(self) -> Supervisor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            for replica in self.replicas:
+                for what in replica.restart_exited():
+                    self.restarts.append((time.monotonic(), what))
 
 
 def lease_holder(cluster: Cluster) -> str:

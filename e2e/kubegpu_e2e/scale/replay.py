@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,10 @@ from kubegpu_e2e.scale.trace import REPLAY_LABEL, SCHEDULER_NAME, gpu_milli, pod
 
 BOUND = "bound"
 REFUSED = "refused"
+
+# (pod, namespace, run, scheduler name) -> the Pod to create; trace.pod_manifest by default
+# (the device-plugin path), the DRA replay's builds a Pod with a claim from a template.
+ManifestBuilder = Callable[[PodRequest, str, str, str], dict[str, Any]]
 
 
 @dataclass
@@ -184,6 +188,8 @@ async def replay_in_order(
     run: str,
     pod_timeout_s: float = 120.0,
     progress: Any = None,
+    manifest: ManifestBuilder = pod_manifest,
+    scheduler_name: str = SCHEDULER_NAME,
 ) -> ReplayOutcome:
     """Each pod created once the previous one is settled (bound or unschedulable)."""
     await ensure_namespace(client, namespace)
@@ -193,7 +199,7 @@ async def replay_in_order(
     try:
         for i, pod in enumerate(pods):
             settled = watch.expect(pod.name or "", gpu_milli(pod))
-            await create_pod(client, pod_manifest(pod, namespace, run))
+            await create_pod(client, manifest(pod, namespace, run, scheduler_name))
             try:
                 await asyncio.wait_for(settled, pod_timeout_s)
             except TimeoutError:
@@ -222,6 +228,7 @@ async def replay_burst(
     parallel: int = 8,
     settle_timeout_s: float = 600.0,
     scheduler_name: str = SCHEDULER_NAME,
+    manifest: ManifestBuilder = pod_manifest,
 ) -> ReplayOutcome:
     """Every pod created as fast as ``parallel`` creators can; waits until all are settled."""
     await ensure_namespace(client, namespace)
@@ -234,7 +241,7 @@ async def replay_burst(
     async def create(pod: PodRequest) -> None:
         async with gate:
             futures.append(watch.expect(pod.name or "", gpu_milli(pod)))
-            await create_pod(client, pod_manifest(pod, namespace, run, scheduler_name))
+            await create_pod(client, manifest(pod, namespace, run, scheduler_name))
 
     try:
         await asyncio.gather(*(create(p) for p in pods))

@@ -332,10 +332,13 @@ class ScaleCluster:
 
         namespace = f"faults-{policy}"
         client = self.client()
+        supervisor = faults.Supervisor(list(replicas.values()))
         try:
-            outcome = await replay.replay_in_order(
-                client, t.pods, namespace, f"faults-{policy}", progress=between
-            )
+            with supervisor:
+                outcome = await replay.replay_in_order(
+                    client, t.pods, namespace, f"faults-{policy}", progress=between
+                )
+            events["restarted"] = [what for _, what in supervisor.restarts]
             pods = await replay.bound_pods(client, namespace, f"faults-{policy}")
             for replica in replicas.values():
                 replica.stop()
