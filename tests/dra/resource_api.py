@@ -11,6 +11,7 @@ every request's path is kept (``paths``), matched by a route or not.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
 import json
@@ -88,7 +89,9 @@ class ResourceApi:
             return _status(404, "NotFound", f"resourceclaims {key[1]!r} not found")
         return _json(self.claims[key])
 
-    async def _list_claims(self, request: web.Request) -> web.Response:
+    async def _list_claims(self, request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") in ("1", "true"):
+            return await self._watch_claims(request)
         self.requests.append(("list", "resourceclaims"))
         return _json(
             {
@@ -98,6 +101,35 @@ class ResourceApi:
                 "metadata": {"resourceVersion": "1"},
             }
         )
+
+    async def _watch_claims(self, request: web.Request) -> web.StreamResponse:
+        """A watch of the claims (steering's): tests change ``self.claims`` directly, so the
+        stream compares it with what it last sent every few milliseconds and sends the
+        differences as ADDED / MODIFIED / DELETED events, until ``timeoutSeconds``."""
+        self.requests.append(("watch", "resourceclaims"))
+        response = web.StreamResponse()
+        response.content_type = "application/json"
+        await response.prepare(request)
+        sent = {k: copy.deepcopy(v) for k, v in self.claims.items()}
+        deadline = asyncio.get_running_loop().time() + float(
+            request.query.get("timeoutSeconds", "300")
+        )
+        while asyncio.get_running_loop().time() < deadline:
+            if request.transport is None or request.transport.is_closing():
+                break  # the client went away
+            now = {k: copy.deepcopy(v) for k, v in self.claims.items()}
+            events = [("DELETED", sent[k]) for k in sent if k not in now]
+            events += [
+                ("ADDED" if k not in sent else "MODIFIED", v)
+                for k, v in now.items()
+                if sent.get(k) != v
+            ]
+            for kind, obj in events:
+                line = json.dumps({"type": kind, "object": self._stamp(obj)}) + "\n"
+                await response.write(line.encode())
+            sent = now
+            await asyncio.sleep(0.02)
+        return response
 
     async def _list_slices(self, request: web.Request) -> web.Response:
         self.requests.append(("list", "resourceslices"))

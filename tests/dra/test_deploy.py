@@ -15,9 +15,11 @@ from kubegpu.config.load import load_config
 from kubegpu.core.dra import DEFAULT_DRIVER_NAME, ClaimRef
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.dra.publisher import ResourceSlicePublisher
+from kubegpu.kube.pool_allocations import WatchedPoolAllocations
 from kubegpu.kube.resource_claims import LightkubeResourceClaimSource
 from kubegpu.kube.resource_slices import LightkubeResourceSliceSink
 from kubegpu.roles.dra_driver import socket_paths
+from kubegpu.testing.waiting import wait_until_async
 
 from ..deploy.manifests import (
     arg_value,
@@ -140,7 +142,7 @@ async def test_the_cluster_role_grants_exactly_what_the_driver_calls(
     async with serve(api) as client:
         # Everything the driver does with the API: publish (list, create, delete a stale
         # slice), republish on a health change (update), read a claim to prepare it (get),
-        # read the claims allocated from the pool to steer (list).
+        # read the claims allocated from the pool to steer (list, then watch).
         publisher = ResourceSlicePublisher(
             NODE, DEFAULT_DRIVER_NAME, LightkubeResourceSliceSink(client)
         )
@@ -148,6 +150,16 @@ async def test_the_cluster_role_grants_exactly_what_the_driver_calls(
         await publisher.publish(inventory, {inventory.gpus[0].uuid: "Xid 48"})
         await LightkubeResourceClaimSource(client).allocation(claim, DEFAULT_DRIVER_NAME)
         await LightkubeResourceClaimSource(client).pool_allocations(DEFAULT_DRIVER_NAME, NODE)
+        watched = WatchedPoolAllocations(client, DEFAULT_DRIVER_NAME)
+        watched.start()
+        try:
+            await wait_until_async(
+                lambda: ("watch", "resourceclaims") in api.requests,
+                timeout_s=20,
+                what="the claim watch",
+            )
+        finally:
+            await watched.close()
     used: dict[str, set[str]] = {}
     for verb, resource in api.requests:
         used.setdefault(resource, set()).add(verb)

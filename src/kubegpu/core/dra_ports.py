@@ -7,6 +7,7 @@ node drive.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -28,6 +29,19 @@ class PoolAllocationSource(Protocol):
     async def pool_allocations(self, driver: str, pool: str) -> list[AllocatedDevice]:
         """Every device of ``pool`` allocated to a claim now (all namespaces), each with the
         capacity it consumed: what the allocator counts as taken from the pool."""
+        ...
+
+
+class WatchedPoolAllocationSource(PoolAllocationSource, Protocol):
+    """A :class:`PoolAllocationSource` kept current by a watch, answering from memory, that
+    says when a pool's allocations change (:mod:`kubegpu.kube.pool_allocations`)."""
+
+    def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def changed(self, pool: str) -> asyncio.Event:
+        """Set whenever ``pool``'s allocations may have changed; the caller clears it."""
         ...
 
 

@@ -302,6 +302,7 @@ async def serve_dra_driver(
     retry_s: float = REPUBLISH_RETRY_S,
     steer: Callable[[], Awaitable[Sequence[int]]] | None = None,
     steer_interval_s: float = DEFAULT_STEER_INTERVAL_S,
+    steer_wake: asyncio.Event | None = None,
     probes: DriverProbes | None = None,
     checkpoint: Checkpoint | None = None,
     claim: SocketClaim | None = None,
@@ -321,8 +322,11 @@ async def serve_dra_driver(
     With ``steer`` (:meth:`kubegpu.dra.steering.DeviceSteerer.order`), the devices are listed
     in the order it returns, asked at start and then every ``steer_interval_s``: the slices
     are re-published only when that order changed (the publisher skips identical devices), so
-    at most once per interval. A failing ``steer`` is logged and the last order kept: the
-    order steers DRA's first fit, the allocator's own accounting decides what fits.
+    at most once per interval. With ``steer_wake`` (set by the claim watch,
+    :meth:`kubegpu.kube.pool_allocations.WatchedPoolAllocations.changed`, whenever the pool's
+    allocations change), it is asked again at once, the interval being only the longest wait.
+    A failing ``steer`` is logged and the last order kept: the order steers DRA's first fit,
+    the allocator's own accounting decides what fits.
 
     ``probes`` (:class:`~kubegpu.dra.probes.DriverProbes`, the ``/healthz`` and ``/readyz``
     target) is told of every publish, of both sockets served and removed, and of each
@@ -408,9 +412,15 @@ async def serve_dra_driver(
                 waits = [retry_s] if pending else []
                 if steer is not None:
                     waits.append(max(0.0, next_steer - loop.time()))
-                await _wait_any((stop, changed), min(waits) if waits else None)
+                wakes = (stop, changed) if steer_wake is None else (stop, changed, steer_wake)
+                await _wait_any(wakes, min(waits) if waits else None)
                 if stop.is_set():
                     break
+                if steer_wake is not None and steer_wake.is_set():
+                    # Cleared before the claims are read: a change while steering wakes us
+                    # again, so the last allocation is never left unsteered.
+                    steer_wake.clear()
+                    next_steer = loop.time()
                 steer_due = steer is not None and loop.time() >= next_steer
                 if not (changed.is_set() or pending or steer_due):
                     continue

@@ -11,6 +11,7 @@ from typing import Any
 
 import lightkube
 
+from kubegpu.kube.pool_allocations import WatchedPoolAllocations
 from kubegpu.kube.resource_claims import LightkubeResourceClaimSource
 from kubegpu.kube.resource_slices import LightkubeResourceSliceSink
 
@@ -24,6 +25,10 @@ class DraApi:
         self._client = lightkube.AsyncClient(kube_config, field_manager=FIELD_MANAGER)
         self.claims = LightkubeResourceClaimSource(self._client)
         self.slices = LightkubeResourceSliceSink(self._client)
+
+    def pool_watch(self, driver: str) -> WatchedPoolAllocations:
+        """The claims of every pool of ``driver``, by list + watch (steering)."""
+        return WatchedPoolAllocations(self._client, driver)
 
     async def close(self) -> None:
         await self._client.close()

@@ -25,7 +25,12 @@ from kubegpu.config.health import health_policy
 from kubegpu.config.model import AgentConfig, Dra
 from kubegpu.core.backend import GpuBackend
 from kubegpu.core.dra import DEFAULT_DRIVER_NAME
-from kubegpu.core.dra_ports import ResourceClaimReader, ResourceSliceSink
+from kubegpu.core.dra_ports import (
+    PoolAllocationSource,
+    ResourceClaimReader,
+    ResourceSliceSink,
+    WatchedPoolAllocationSource,
+)
 from kubegpu.core.gpu import GpuUuid
 from kubegpu.core.health_feed import HealthFeed
 from kubegpu.dra.checkpoint import Checkpoint, CheckpointError
@@ -109,7 +114,15 @@ async def run_dra_driver(
 
     api = DraApi(kube_config)
     try:
-        return await run_with_ports(settings, config, backend, api.claims, api.slices, stop=stop)
+        return await run_with_ports(
+            settings,
+            config,
+            backend,
+            api.claims,
+            api.slices,
+            stop=stop,
+            pool_watch=api.pool_watch(settings.driver),
+        )
     finally:
         await api.close()
 
@@ -122,8 +135,11 @@ async def run_with_ports(
     slices: ResourceSliceSink,
     *,
     stop: asyncio.Event | None = None,
+    pool_watch: WatchedPoolAllocationSource | None = None,
 ) -> int:
-    """:func:`run_dra_driver` with the API ports given (a test passes fakes)."""
+    """:func:`run_dra_driver` with the API ports given (a test passes fakes). With steering on
+    and ``pool_watch``, the steerer reads its pool's allocations from that watch and the slice
+    is re-steered as soon as they change; without it, ``claims`` is polled every interval."""
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -143,12 +159,17 @@ async def run_with_ports(
 
     feed.subscribe(on_verdict_flip)
     steerer = None
+    steer_wake: asyncio.Event | None = None
     if settings.steering_workload is not None:
+        allocations: PoolAllocationSource = claims
+        if pool_watch is not None:
+            allocations = pool_watch
+            steer_wake = pool_watch.changed(pool_name(node))
         steerer = DeviceSteerer(
             inventory,
             settings.driver,
             pool_name(node),
-            claims,
+            allocations,
             settings.steering_workload,
             settings.cpu_milli,
         )
@@ -194,6 +215,8 @@ async def run_with_ports(
             settings.sockets.registration,
             settings.sockets.dra,
         )
+        if steer_wake is not None and pool_watch is not None:
+            pool_watch.start()  # until it has listed, the steerer keeps index order
         refused = await serve_dra_driver(
             settings.driver_settings(config.dra),
             inventory,
@@ -205,6 +228,7 @@ async def run_with_ports(
             health_changed=changed,
             steer=steerer.order if steerer is not None else None,
             steer_interval_s=config.dra.steering.interval_s,
+            steer_wake=steer_wake,
             probes=probes,
             checkpoint=checkpoint,
             claim=claim,
@@ -226,6 +250,8 @@ async def run_with_ports(
             # in-flight requests may be waiting on.
             await loop.run_in_executor(None, probe_server.stop)
         await loop.run_in_executor(None, feed.close)
+        if pool_watch is not None:
+            await pool_watch.close()
         if mps_daemon is not None:
             await mps_daemon.stop()
         if claim is not None:
