@@ -2,6 +2,8 @@
 docs/benchmarks.md ("openb on the real control plane"). Run it as root with
 
     e2e/run --bench-scale [--workload default] [--seed 42] [--skip-burst]
+        [--dra [--dra-variants first-fit steered ranked steered-ranked]] [--policies ...]
+        [--small]
 
 (e2e/run makes the network namespace, builds the components and sweeps up afterwards). It
 writes ``bench-scale.json`` and ``bench-scale.png`` under e2e/out/bench-scale/:
@@ -12,7 +14,14 @@ writes ``bench-scale.json`` and ``bench-scale.png`` under e2e/out/bench-scale/:
 2. side by side on the same nodes: the trace's whole-GPU pods created as fast as the API
    server takes them, through the scheduler with the extender and through a plain
    kube-scheduler alone (what the device plugin alone allows): pods per second end to end,
-   CPU seconds and peak memory of each.
+   CPU seconds and peak memory of each;
+3. with ``--dra``, the DRA column (``kubegpu_e2e/scale/dra.py``) on its own control plane
+   with DRA's gates: the same nodes and pods in the same order, GPUs asked by claims from
+   templates, through DRA's first fit, kubegpu's steering, the extender's ranking and both;
+   with the simulator's figures for the same pods (07-Kubegpu's node choice; its own card
+   choice, first fit and steered) and what steering recovers of first fit's loss.
+   ``--policies`` (none: ``--policies`` with no name) and ``--skip-burst`` leave out the other
+   parts; ``--small`` replays CI's generated 100-node trace instead of openb.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from kubegpu_e2e.processes import built
-from kubegpu_e2e.scale import trace
+from kubegpu_e2e.scale import dra, trace
 from kubegpu_e2e.scale.session import ScaleCluster
 
 E2E = Path(__file__).resolve().parents[2]
@@ -76,9 +85,63 @@ def plot(runs: dict[str, dict[str, Any]], capacity_milli: int, path: Path) -> No
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    t = trace.openb(args.trace_dir, args.workload, args.seed)
+    t = trace.small() if args.small else trace.openb(args.trace_dir, args.workload, args.seed)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {}
+    if args.policies or not args.skip_burst:
+        report = await device_plugin_part(args, t, out)
+    if args.dra:
+        report["dra"] = await dra_part(args, t, out)
+    report.setdefault("trace", f"openb_pod_list_{args.workload}, arrivals seed {args.seed}")
+    if args.small:
+        report["trace"] = "trace.small(): 100 generated nodes, arrivals seed 7"
+    (out / "bench-scale.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+async def dra_part(args: argparse.Namespace, t: trace.ReplayTrace, out: Path) -> dict[str, Any]:
+    scale = dra.DraScaleCluster(
+        Path(built("KUBEGPU_E2E_BIN", E2E / "components" / "build.sh")),
+        out / "dra",
+        built("KUBEGPU_E2E_KWOK", E2E / "components" / "kwok" / "build.sh"),
+    )
+    part: dict[str, Any] = {"nodes": len(t.nodes), "pods_to_100_percent": len(t.pods)}
+    try:
+        started = time.monotonic()
+        scale.start()
+        await scale.add_nodes(t)
+        part["control_plane_start_s"] = round(time.monotonic() - started, 1)
+        part["variants"] = {}
+        for name in args.dra_variants:
+            run = await scale.run_variant(t, dra.VARIANTS[name], progress=_progress(name))
+            part["variants"][name] = run.summary()
+            print(json.dumps(run.summary()), flush=True)
+    finally:
+        part["leftovers"] = scale.stop()
+    simulated = dra.simulated_card_choices(t, args.seed)
+    part["simulated_allocation_pct"] = simulated
+    ratios = {n: v["allocation_pct"] for n, v in part["variants"].items()}
+    full = simulated["policy"]
+    base = ratios.get("first-fit")
+    part["recovered_of_first_fit_loss"] = {
+        n: dra.gap_closed(r, base, full) for n, r in ratios.items() if base is not None
+    }
+    if "ranked" in ratios:
+        part["recovered_under_ranking"] = {
+            n: dra.gap_closed(r, ratios["ranked"], full)
+            for n, r in ratios.items()
+            if dra.VARIANTS[n].ranked
+        }
+    part["simulated_steered_recovers"] = dra.gap_closed(
+        simulated["steered"], simulated["first-fit"], full
+    )
+    return part
+
+
+async def device_plugin_part(
+    args: argparse.Namespace, t: trace.ReplayTrace, out: Path
+) -> dict[str, Any]:
     scale = ScaleCluster(
         Path(built("KUBEGPU_E2E_BIN", E2E / "components" / "build.sh")),
         out,
@@ -106,7 +169,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             report["in_order"][policy] = run.summary()
             curves[policy] = json.loads((out / f"replay-{policy}.json").read_text())
             print(json.dumps(run.summary()), flush=True)
-        plot(curves, t.capacity_milli, out / "bench-scale.png")
+        if curves:
+            plot(curves, t.capacity_milli, out / "bench-scale.png")
         if not args.skip_burst:
             whole = [p for p in t.pods if p.gpu_count and p.gpu_milli >= 1000]
             report["burst_whole_gpu_pods"] = {}
@@ -116,7 +180,6 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 print(json.dumps(result), flush=True)
     finally:
         report["leftovers"] = scale.stop()
-    (out / "bench-scale.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
@@ -131,7 +194,15 @@ def main() -> None:
     parser.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACES)
     parser.add_argument("--workload", default="default")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--policies", nargs="+", default=["fgd", "kubegpu"])
+    parser.add_argument("--policies", nargs="*", default=["fgd", "kubegpu"])
+    parser.add_argument("--dra", action="store_true", help="add the DRA variants")
+    parser.add_argument(
+        "--dra-variants",
+        nargs="+",
+        choices=sorted(dra.VARIANTS),
+        default=["first-fit", "steered", "ranked", "steered-ranked"],
+    )
+    parser.add_argument("--small", action="store_true", help="CI's 100-node trace, not openb")
     parser.add_argument("--skip-burst", action="store_true")
     parser.add_argument("--out", type=Path, default=E2E / "out" / "bench-scale")
     args = parser.parse_args()

@@ -83,6 +83,12 @@ VARIANTS = {
     "steered": Variant("steered", "watch", ranked=False),
     "steered-ranked": Variant("steered-ranked", "watch", ranked=True, simulated=CardChoice.STEERED),
     "ranked": Variant("ranked", "off", ranked=True, simulated=CardChoice.FIRST_FIT),
+    # The driver's steering as it was before issue 27: each node's claims polled every
+    # interval (5 s, the default dra.steering.intervalS), for the before/after figures.
+    "steered-poll": Variant("steered-poll", "poll", ranked=False),
+    "steered-ranked-poll": Variant(
+        "steered-ranked-poll", "poll", ranked=True, simulated=CardChoice.STEERED
+    ),
 }
 
 
