@@ -13,6 +13,7 @@ import aiohttp
 from kubegpu.kube.list_watch import Backoff
 from kubegpu.roles.extender import ExtenderService
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, decode_allocation
+from kubegpu.sharing.podstore import PodStoreError
 from kubegpu.sharing.resources import GPU_MODELS_ANNOTATION
 from kubegpu.testing.apiserver import FakeApiServer, StatusError, Store
 from kubegpu.testing.waiting import wait_until_async
@@ -93,8 +94,8 @@ async def test_a_pod_changed_between_read_and_patch_is_read_again_and_decided_af
                 pod["metadata"]["labels"]["changed-by"] = "someone-else"
                 store.put("pods", pod)
 
-            server.before("patch", "pods", restrict, name="p")
-            gets, patches = server.count("get", "pods"), server.count("patch", "pods")
+            server.before("create", "pods/binding", restrict, name="p")
+            gets, bindings = server.count("get", "pods"), server.count("create", "pods/binding")
             assert await bind(http, ext, server, "p", "node-m") == ""
             conflicts = await metric(http, ext, "kubegpu_extender_bind_conflicts_total ")
         pod = stored(server, "p")
@@ -103,9 +104,9 @@ async def test_a_pod_changed_between_read_and_patch_is_read_again_and_decided_af
     assert decision.node == pod["spec"]["nodeName"] == "node-m"
     assert decision.cards[0].index == 1 - picked
     assert pod["metadata"]["labels"]["changed-by"] == "someone-else"  # nothing clobbered
-    # The stale patch was refused (409), the pod read again, and a second patch applied.
+    # The stale Binding was refused (409), the pod read again, and a second one applied.
     assert conflicts == "kubegpu_extender_bind_conflicts_total 1.0"
-    assert server.count("patch", "pods") - patches == 2
+    assert server.count("create", "pods/binding") - bindings == 2
     assert server.count("get", "pods") - gets == 1
 
 
@@ -122,7 +123,7 @@ async def test_a_pod_that_keeps_changing_is_refused_and_its_cards_stay_free() ->
 
         async with running_extender(server, bind_attempts=3) as ext, http_session() as http:
             await seen(ext, server, "busy")
-            server.before("patch", "pods", touch, name="busy", count=3)
+            server.before("create", "pods/binding", touch, name="busy", count=3)
             error = await bind(http, ext, server, "busy", "node-a")
             assert error == "pod default/busy: kept changing while binding (3 attempts)"
             assert decision_of(server, "busy") is None
@@ -163,14 +164,16 @@ async def test_a_binding_that_landed_though_its_reply_was_lost_keeps_its_decisio
         server.store.put("pods", whole_pod("first", 1))
         server.store.put("pods", whole_pod("second", 1))
 
-        def lands_then_times_out(store: Store) -> None:
-            pod = stored(server, "first")
-            pod["spec"]["nodeName"] = "node-a"
-            store.put("pods", pod)
-            raise StatusError("Timeout", "the server was unable to return a response in time")
-
         async with running_extender(server) as ext, http_session() as http:
-            server.before("create", "pods/binding", lands_then_times_out, name="first")
+            real_bind = ext.app.pods.bind
+
+            async def lands_then_times_out(*args: Any, **kwargs: Any) -> None:
+                # The API server applies the Binding (decision and node in one write), and
+                # the reply is lost on the way back.
+                await real_bind(*args, **kwargs)
+                raise PodStoreError("the server was unable to return a response in time")
+
+            ext.app.pods.bind = lands_then_times_out  # type: ignore[method-assign]
             # The pod is on node-a with the cards the decision names: the bind did happen.
             assert await bind(http, ext, server, "first", "node-a") == ""
             assert decision_of(server, "first").cards[0].index == 0

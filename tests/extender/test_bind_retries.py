@@ -2,7 +2,7 @@
 ``httpTimeout`` and retries it (perhaps on another node) while the first handler still waits on a
 slow API server: they run one after another, however many queue up, so no two reservations of
 the pod overwrite each other and no card is promised twice. Over real HTTP against the fake API
-server, with the API held on one pod's patches."""
+server, with the API held on one pod's Bindings (which carry its decision)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ async def test_three_overlapping_binds_of_one_pod_and_one_of_another_never_overc
         server.store.put("pods", shared_pod("b", 4096, 600))
         uids = {n: server.store.get("pods", "default", n)["metadata"]["uid"] for n in "ab"}  # type: ignore[index]
 
-        # The API is slow on pod a's patches: each waits for the test to let it go. The first
+        # The API is slow on pod a's Bindings: each waits for the test to let it go. The first
         # then fails (a 500), the others go through.
         reached = [asyncio.Event() for _ in range(3)]
         release = [asyncio.Event() for _ in range(3)]
@@ -51,7 +51,7 @@ async def test_three_overlapping_binds_of_one_pod_and_one_of_another_never_overc
             if index == 0:
                 raise StatusError("InternalError", "etcd is slow today")
 
-        server.before("patch", "pods", slow, name="a", count=10)
+        server.before("create", "pods/binding", slow, name="a", count=10)
 
         async with running_extender(server) as ext, http_session() as http:
 

@@ -71,11 +71,25 @@ class ApiPodStore:
             )
         return _json(pod)
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        *,
+        annotations: Mapping[str, str] | None = None,
+        resource_version: str = "",
+    ) -> None:
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
+        if annotations:
+            metadata["annotations"] = dict(annotations)
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "metadata": metadata,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         binding = cast(Any, _BindingRequest)(body)  # dict-built generic resource

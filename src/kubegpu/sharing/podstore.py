@@ -1,7 +1,8 @@
 """The port through which the scheduler extender reads, annotates and binds pods.
 
 The extender's bind needs three things of the API server: read one pod, merge annotations
-onto it with its resourceVersion as precondition, and POST its Binding. This protocol names
+onto it with its resourceVersion as precondition, and POST its Binding (which can carry
+annotations and that precondition itself: one write instead of two). This protocol names
 them with our errors instead of a client library's, so the extender imports no Kubernetes
 client (``kubegpu.kube.binding`` is the real implementation; a test may bring its own).
 """
@@ -46,6 +47,17 @@ class PodStore(Protocol):
         when it is not empty; returns the patched pod's JSON."""
         ...
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """POST the pod's Binding to ``node``, with its UID as precondition."""
+    async def bind(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        *,
+        annotations: Mapping[str, str] | None = None,
+        resource_version: str = "",
+    ) -> None:
+        """POST the pod's Binding to ``node``, with its UID as precondition, and its
+        ``resource_version`` too when not empty. The API server sets ``annotations`` on the pod
+        in the same write (it copies a Binding's annotations onto the pod it binds)."""
         ...
