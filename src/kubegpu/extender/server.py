@@ -463,9 +463,7 @@ class ExtenderApp:
                 resource_version=claim.resource_version,
             )
         except PodConflict:
-            self.view.unreserve(claim.uid)
-            self.metrics.conflicts.inc()
-            log.info("pod %s changed while binding (attempt %d)", claim.key, attempt)
+            self._conflict(claim, attempt)
             return None
         except PodStoreError as exc:
             landed = await self._bound_to(claim, node)
@@ -482,16 +480,25 @@ class ExtenderApp:
             # cards as an observed pod until the watch brings the real one.
             self.view.apply_pod(_bound_copy(pod, annotations, node))
             self.view.unreserve(claim.uid)
-        log.info(
-            "pod %s -> node %s cards %s (%s)",
-            claim.key,
-            node,
-            ",".join(str(i) for i in decision.gpu_indices),
-            self.scheduler.policy,
-        )
+        self._log_decision(claim, decision)
         self.metrics.binds.labels("bound").inc()
         self.metrics.decisions.labels("bind", "bound").inc()
         return ""
+
+    def _conflict(self, claim: PodClaim, attempt: int) -> None:
+        """A 409 on the bind's write: release the reservation; the caller decides again."""
+        self.view.unreserve(claim.uid)
+        self.metrics.conflicts.inc()
+        log.info("pod %s changed while binding (attempt %d)", claim.key, attempt)
+
+    def _log_decision(self, claim: PodClaim, decision: AllocationDecision) -> None:
+        log.info(
+            "pod %s -> node %s cards %s (%s)",
+            claim.key,
+            decision.node,
+            ",".join(str(i) for i in decision.gpu_indices),
+            self.scheduler.policy,
+        )
 
     async def _bound_to(self, claim: PodClaim, node: str) -> dict[str, Any] | None:
         """The pod, read again, when it is bound to ``node`` with a decision recorded (a
@@ -522,9 +529,7 @@ class ExtenderApp:
                 claim.namespace, claim.name, patch, claim.resource_version
             )
         except PodConflict:
-            self.view.unreserve(claim.uid)
-            self.metrics.conflicts.inc()
-            log.info("pod %s changed while binding (attempt %d)", claim.key, attempt)
+            self._conflict(claim, attempt)
             return False
         except PodStoreError as exc:
             self.view.unreserve(claim.uid)
@@ -534,13 +539,7 @@ class ExtenderApp:
         # The patched pod now carries the decision: it holds the cards as an observed pod.
         self.view.apply_pod(patched)
         self.view.unreserve(claim.uid)
-        log.info(
-            "pod %s -> node %s cards %s (%s)",
-            claim.key,
-            decision.node,
-            ",".join(str(i) for i in decision.gpu_indices),
-            self.scheduler.policy,
-        )
+        self._log_decision(claim, decision)
         return True
 
     async def _post_binding(self, claim: PodClaim, node: str, *, recorded: bool) -> str:
