@@ -4,6 +4,7 @@ and e2e/out/report.json."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -144,6 +145,33 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluste
         record["helm"] = release.history
         record["fixes_forced_by_the_real_install"] = list(FIXES_FORCED)
         _leftovers.extend(c.stop())
+
+
+@pytest.fixture(scope="module")
+def small_trace() -> Any:
+    """The scale replay's small generated cluster and trace (kubegpu_e2e/scale/trace.py):
+    100 nodes, and the pods until 100 % of their GPUs have arrived."""
+    from kubegpu_e2e.scale import trace
+
+    return trace.small(nodes=100, pods=1_000)
+
+
+def started_scale_cluster(factory: Any, out_name: str, record_name: str, t: Any) -> Iterator[Any]:
+    """A control plane of KWOK nodes made from trace ``t`` (``factory``: the scale cluster
+    class of kubegpu_e2e/scale), for one module; the default cluster goes first."""
+    stop_default_cluster()
+    started = time.monotonic()
+    kwok = built("KUBEGPU_E2E_KWOK", E2E / "components" / "kwok" / "build.sh")
+    s = factory(_bin_dir(), OUT / out_name, kwok)
+    record = _results.setdefault(record_name, {"outcome": "failed"})
+    try:
+        s.start()
+        record["nodes_created_s"] = round(asyncio.run(s.add_nodes(t)), 1)
+        record["outcome"] = "passed"
+        record["duration_s"] = round(time.monotonic() - started, 1)
+        yield s
+    finally:
+        _leftovers.extend(s.stop())
 
 
 def record_install(key: str, value: Any) -> None:

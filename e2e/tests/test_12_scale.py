@@ -9,13 +9,11 @@ may hold more than it has. Runs on its own control plane (no kubelet), after the
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import OUT, _bin_dir, _results, stop_default_cluster
-from kubegpu_e2e.processes import built
+from conftest import _results, started_scale_cluster
 from kubegpu_e2e.scale import trace
 from kubegpu_e2e.scale.session import PolicyRun, ScaleCluster
 
@@ -26,31 +24,9 @@ SEED = 42
 AGREEMENT_PP = 0.3
 
 
-def _kwok_binary() -> Path:
-    return built("KUBEGPU_E2E_KWOK", E2E / "components" / "kwok" / "build.sh")
-
-
-@pytest.fixture(scope="module")
-def small_trace() -> trace.ReplayTrace:
-    return trace.small(nodes=100, pods=1_000)
-
-
 @pytest.fixture(scope="module")
 def scale(small_trace: trace.ReplayTrace) -> Iterator[ScaleCluster]:
-    stop_default_cluster()
-    started = time.monotonic()
-    s = ScaleCluster(_bin_dir(), OUT / "scale", _kwok_binary())
-    record = _results.setdefault("scale cluster start", {"outcome": "failed"})
-    try:
-        s.start()
-        record["nodes_created_s"] = round(asyncio.run(s.add_nodes(small_trace)), 1)
-        record["outcome"] = "passed"
-        record["duration_s"] = round(time.monotonic() - started, 1)
-        yield s
-    finally:
-        from conftest import _leftovers
-
-        _leftovers.extend(s.stop())
+    yield from started_scale_cluster(ScaleCluster, "scale", "scale cluster start", small_trace)
 
 
 def test_kwok_nodes_carry_what_the_node_agent_publishes(

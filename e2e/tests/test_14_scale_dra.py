@@ -11,13 +11,11 @@ control plane with DRA's gates (no kubelet), after test_13."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import OUT, _bin_dir, _results, stop_default_cluster
-from kubegpu_e2e.processes import built
+from conftest import _results, started_scale_cluster
 from kubegpu_e2e.scale import dra, trace
 from kubegpu_e2e.scale.dra import VARIANTS, DraRun, DraScaleCluster
 
@@ -29,27 +27,10 @@ ORDER = ("first-fit", "steered", "ranked", "steered-ranked")
 
 
 @pytest.fixture(scope="module")
-def small_trace() -> trace.ReplayTrace:
-    return trace.small(nodes=100, pods=1_000)
-
-
-@pytest.fixture(scope="module")
 def scale_dra(small_trace: trace.ReplayTrace) -> Iterator[DraScaleCluster]:
-    stop_default_cluster()
-    started = time.monotonic()
-    kwok = built("KUBEGPU_E2E_KWOK", E2E / "components" / "kwok" / "build.sh")
-    s = DraScaleCluster(_bin_dir(), OUT / "scale-dra", kwok)
-    record = _results.setdefault("scale DRA cluster start", {"outcome": "failed"})
-    try:
-        s.start()
-        record["nodes_created_s"] = round(asyncio.run(s.add_nodes(small_trace)), 1)
-        record["outcome"] = "passed"
-        record["duration_s"] = round(time.monotonic() - started, 1)
-        yield s
-    finally:
-        from conftest import _leftovers
-
-        _leftovers.extend(s.stop())
+    yield from started_scale_cluster(
+        DraScaleCluster, "scale-dra", "scale DRA cluster start", small_trace
+    )
 
 
 @pytest.fixture(scope="module")

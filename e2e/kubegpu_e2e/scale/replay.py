@@ -30,6 +30,8 @@ from kubegpu_e2e.scale.trace import REPLAY_LABEL, SCHEDULER_NAME, gpu_milli, pod
 
 BOUND = "bound"
 REFUSED = "refused"
+# How long a replay keeps watching after the last pod settled, for a late bind to show.
+LATE_BIND_GRACE_S = 5.0
 
 # (pod, namespace, run, scheduler name) -> the Pod to create; trace.pod_manifest by default
 # (the device-plugin path), the DRA replay's builds a Pod with a claim from a template.
@@ -148,6 +150,11 @@ class PodWatch:
         self.waiters[name] = future
         return future
 
+    def outcome(self, pods: Sequence[PodRequest], wall_s: float) -> ReplayOutcome:
+        """What became of ``pods``, in their order, after a replay of ``wall_s`` seconds."""
+        outcomes = [self.outcomes[p.name or ""] for p in pods]
+        return ReplayOutcome(outcomes, wall_s, list(self.late_binds), self.refusals_seen)
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
@@ -213,11 +220,10 @@ async def replay_in_order(
                     await step  # the fault scenario acts between pods
         wall = time.monotonic() - started
         # Refused pods stay in the scheduler's queue: give retries a moment to show a late bind.
-        await asyncio.sleep(5)
+        await asyncio.sleep(LATE_BIND_GRACE_S)
     finally:
         await watch.stop()
-    outcomes = [watch.outcomes[p.name or ""] for p in pods]
-    return ReplayOutcome(outcomes, wall, list(watch.late_binds), watch.refusals_seen)
+    return watch.outcome(pods, wall)
 
 
 async def replay_burst(
@@ -247,11 +253,11 @@ async def replay_burst(
         await asyncio.gather(*(create(p) for p in pods))
         await asyncio.wait_for(asyncio.gather(*futures), settle_timeout_s)
         wall = time.monotonic() - started
-        await asyncio.sleep(5)
+        # Refused pods stay in the scheduler's queue: give retries a moment to show a late bind.
+        await asyncio.sleep(LATE_BIND_GRACE_S)
     finally:
         await watch.stop()
-    outcomes = [watch.outcomes[p.name or ""] for p in pods]
-    return ReplayOutcome(outcomes, wall, list(watch.late_binds), watch.refusals_seen)
+    return watch.outcome(pods, wall)
 
 
 async def bound_pods(
