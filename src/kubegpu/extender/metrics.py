@@ -43,6 +43,12 @@ class PodLocks:
                 self._locks[uid] = (lock, users - 1)
 
 
+# The label values of kubegpu_extender_stale_binds_total and of
+# kubegpu_extender_tentative_reservations_total (kubegpu.extender.inflight sets them).
+STALE_BIND_PLACES = ("same-node", "other-node", "none")
+TENTATIVE_EVENTS = ("made", "confirmed", "moved", "replaced", "expired", "gone")
+
+
 class ExtenderMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -86,6 +92,12 @@ class ExtenderMetrics:
             ["event"],
             registry=registry,
         )
+        # Every labelled series from the start, at 0: a stale bind is rare, and a series that
+        # appears only with the first one cannot be rated or alerted on before it.
+        for where in STALE_BIND_PLACES:
+            self.stale_binds.labels(where)
+        for event in TENTATIVE_EVENTS:
+            self.tentative.labels(event)
         self.tentative_held = Gauge(
             "kubegpu_extender_tentative_reservations_held",
             "Tentative reservations the cluster view holds now.",
