@@ -192,25 +192,8 @@ class KubegpuRoles:
         """A second kube-scheduler with the shipped KubeSchedulerConfiguration; only the API
         access the Deployment gets from its service account is added (clientConnection), and
         ``extra_args`` (feature gates, log verbosity)."""
-        shipped = DEPLOY / "overlays" / "second-scheduler" / "kube-scheduler-config.yaml"
-        config = yaml.safe_load(shipped.read_text())
-        kubeconfig = self.kubeconfigs["kubegpu-scheduler"]
-        config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
-        path = self.cluster.run_dir / "kubegpu-scheduler-config.yaml"
-        path.write_text(yaml.safe_dump(config))
-        process = self._start(
-            "kubegpu-scheduler",
-            [
-                str(self.cluster.bin_dir / "kube-scheduler"),
-                f"--config={path}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={self.scheduler_port}",
-                "--v=2",
-                *extra_args,
-            ],
-        )
+        argv = self.scheduler_argv("kubegpu-scheduler", self.scheduler_port)
+        process = self._start("kubegpu-scheduler", [*argv, *extra_args])
         process.wait_until(
             lambda: component_healthz(self.scheduler_port),
             120,
@@ -226,6 +209,29 @@ class KubegpuRoles:
             timeout=60,
         )
         return process
+
+    def scheduler_argv(self, name: str, port: int, extender_url: str = "") -> list[str]:
+        """kube-scheduler's command line with the shipped KubeSchedulerConfiguration, written
+        as ``<name>.yaml`` in the run folder with the service account's API access added
+        (clientConnection) and, with ``extender_url``, every extender entry pointed there."""
+        shipped = DEPLOY / "overlays" / "second-scheduler" / "kube-scheduler-config.yaml"
+        config = yaml.safe_load(shipped.read_text())
+        kubeconfig = self.kubeconfigs["kubegpu-scheduler"]
+        config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+        if extender_url:
+            for extender in config["extenders"]:
+                extender["urlPrefix"] = extender_url
+        path = self.cluster.run_dir / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return [
+            str(self.cluster.bin_dir / "kube-scheduler"),
+            f"--config={path}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            "--v=2",
+        ]
 
     def start_labeller(self) -> HostProcess:
         return self._start(

@@ -16,8 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kubegpu_e2e.cluster import Cluster, component_healthz, free_port, http_ok
 from kubegpu_e2e.kubegpu import DEPLOY, KubegpuRoles, _kubegpu
 from kubegpu_e2e.processes import HostProcess
@@ -60,23 +58,9 @@ class Replica:
         self.extender.wait_until(
             lambda: http_ok(f"http://127.0.0.1:{self.metrics_port}/healthz"), 60, "extender"
         )
-        shipped = DEPLOY / "overlays" / "second-scheduler" / "kube-scheduler-config.yaml"
-        document = yaml.safe_load(shipped.read_text())
-        kubeconfig = self.roles.kubeconfigs["kubegpu-scheduler"]
-        document["clientConnection"] = {"kubeconfig": str(kubeconfig)}
-        for extender in document["extenders"]:
-            extender["urlPrefix"] = f"http://127.0.0.1:{self.port}"
-        path = self.cluster.run_dir / f"kubegpu-scheduler-{self.name}.yaml"
-        path.write_text(yaml.safe_dump(document))
-        argv = [
-            str(self.cluster.bin_dir / "kube-scheduler"),
-            f"--config={path}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={self.scheduler_port}",
-            "--v=2",
-        ]
+        argv = self.roles.scheduler_argv(
+            f"kubegpu-scheduler-{self.name}", self.scheduler_port, f"http://127.0.0.1:{self.port}"
+        )
         # Its own host name, in a UTS namespace of its own (see the module's docstring).
         wrapped = ["unshare", "--uts", "sh", "-c", f'hostname {self.name} && exec "$@"', "sh"]
         self.scheduler = self.roles.start_role(f"kubegpu-scheduler-{self.name}", wrapped + argv)
