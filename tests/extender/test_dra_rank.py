@@ -371,18 +371,20 @@ def test_the_best_ranked_node_is_the_simulators_choice_on_the_same_state(
 
     demand = rank.demand(pod)
     assert demand is not None
-    # The simulator: its engine over the hand-written states, tie-break ranks in name order,
-    # choosing as replay's engine.place does (and as the steered DRA card choice does: it
-    # changes the card, not the node).
+    # The simulator: its DRA engine (the allocator's first fit in slice order, here index
+    # order) over the hand-written states, tie-break ranks in name order, choosing as
+    # replay's engine.place does.
     engine_policy = get_policy(GpuScheduler(view, policy).engine_policy.name)
     states = [replace(n, rank=i) for i, n in enumerate(expected_states(view))]
-    simulated = PlacementEngine(states, engine_policy, WORKLOAD).choose(demand)
+    simulated = DeviceOrderEngine(
+        states, engine_policy, WORKLOAD, card_choice=CardChoice.FIRST_FIT
+    ).choose(demand)
     assert simulated is not None
-    if policy == "kubegpu":
-        steered = DeviceOrderEngine(
-            states, engine_policy, WORKLOAD, card_choice=CardChoice.STEERED
-        ).choose(demand)
-        assert steered is not None and steered.node == simulated.node
+    if policy != "kubegpu" or not demand.is_gpu_share:
+        # Only our policy's shares weigh the card the allocator takes: the rest is the
+        # policy's own node choice.
+        own = PlacementEngine(states, engine_policy, WORKLOAD).choose(demand)
+        assert own is not None and own.node == simulated.node
     best = max(scores.values())
     top = [n for n in sorted(scores) if scores[n] == best]
     assert simulated.node in top
@@ -486,3 +488,40 @@ def test_a_pod_with_any_field_of_the_wrong_type_is_ranked_zero_never_an_exceptio
                 continue
             assert scores is None or set(scores) == set(nodes)
     assert not failures, "\n".join(failures[:20])
+
+
+def test_the_ranking_prices_the_card_first_fit_takes_in_each_slices_order() -> None:
+    # A 100-milli share. Its best card on the cluster is dra-b's card 0 (700 free: the rest
+    # fills with the workload's shares), which the allocator takes there in index order. Once
+    # dra-b's slice lists card 1 (800 free, a worse fit) first, first fit there would take
+    # card 1, and the ranking moves to a node whose first fit is a cheaper card. Either way
+    # the best-ranked node is the DRA engine's choice under the same slice orders.
+    nodes = ["dra-a", "dra-b", "dra-c", "dra-d", "dra-e"]
+    rank, dra, view = ranker()
+    dra.put_claim(claim_from_object(claim("small-claim", [share_request("8Gi", "100")]), DRIVER))
+    pod = dra_pod("small", {"gpu": "small-claim"})
+    demand = rank.demand(pod)
+    assert demand is not None
+    states = [replace(n, rank=i) for i, n in enumerate(expected_states(view))]
+    policy = get_policy("kubegpu")
+
+    def top(scores: dict[str, int]) -> str:
+        return min(n for n in scores if scores[n] == max(scores.values()))
+
+    def simulated(orders: dict[str, list[int]]) -> str:
+        engine = DeviceOrderEngine(
+            states, policy, WORKLOAD, card_choice=CardChoice.FIRST_FIT, published_orders=orders
+        )
+        placed = engine.choose(demand)
+        assert placed is not None
+        return placed.node
+
+    assert top(rank.rank(pod, nodes)) == simulated({}) == "dra-b"
+    listing = node_slice("dra-b", 4)
+    devices = listing["spec"]["devices"]
+    listing["spec"]["devices"] = [devices[1], devices[0], devices[2], devices[3]]
+    decoded = slice_devices(listing, DRIVER)
+    assert decoded is not None
+    dra.publish("dra-b", decoded)
+    moved = top(rank.rank(pod, nodes))
+    assert moved == simulated({"dra-b": [1, 0, 2, 3]}) != "dra-b"

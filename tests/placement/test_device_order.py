@@ -79,6 +79,57 @@ def test_first_fit_helper_walks_the_order_and_refuses_too_few() -> None:
         first_fit(order, eligible, 3)
 
 
+# ----------------------------------------------------------------- the node, seeing the card
+def test_our_node_choice_prices_the_card_the_allocator_will_take() -> None:
+    # Shares of 500 and 300. Node a (rank 0): card 0 whole, card 1 with 300 free; node b: the
+    # same cards the other way round. Our policy ranks by a node's best card, which both have
+    # (the 300 card for a 300 share), so it picks a by rank. The allocator on a walks to card
+    # 0 first and breaks a whole card. Pricing the card first fit takes sends the share to b,
+    # where card 0 is the tight one: the card our policy wanted, on another node.
+    workload = TypicalWorkload.from_pods([share(500)] * 5 + [share(300)] * 5)
+    nodes = [node("a", [1000, 300]), node("b", [300, 1000])]
+    policy = PlacementEngine(nodes, "kubegpu", workload).choose(share(300))
+    assert policy is not None and (policy.node, policy.gpu_indices) == ("a", (1,))
+    blind = DeviceOrderEngine(
+        nodes, "kubegpu", workload, card_choice=CardChoice.FIRST_FIT, allocator_aware=False
+    ).choose(share(300))
+    assert blind is not None and (blind.node, blind.gpu_indices) == ("a", (0,))
+    aware = DeviceOrderEngine(nodes, "kubegpu", workload, card_choice=CardChoice.FIRST_FIT)
+    placed = aware.choose(share(300))
+    assert placed is not None and (placed.node, placed.gpu_indices) == ("b", (0,))
+    # Whole cards and other policies: the policy's own node.
+    whole = PodRequest(1000, 1024, 1, MILLI_PER_GPU)
+    assert aware.choose(whole) == PlacementEngine(nodes, "kubegpu", workload).choose(whole)
+    best_fit = DeviceOrderEngine(nodes, "bestfit", card_choice=CardChoice.FIRST_FIT)
+    own = PlacementEngine(nodes, "bestfit").choose(share(300))
+    chosen = best_fit.choose(share(300))
+    assert own is not None and chosen is not None and chosen.node == own.node
+
+
+def test_a_published_device_order_is_the_one_first_fit_walks_and_the_ranking_prices() -> None:
+    # The cluster's slices list node a's cards as 1, 0 (a steering driver's order, read by
+    # the extender): first fit on a now takes the tight card, so a wins again by rank.
+    workload = TypicalWorkload.from_pods([share(500)] * 5 + [share(300)] * 5)
+    nodes = [node("a", [1000, 300]), node("b", [300, 1000])]
+    engine = DeviceOrderEngine(
+        nodes,
+        "kubegpu",
+        workload,
+        card_choice=CardChoice.FIRST_FIT,
+        published_orders={"a": [1, 0]},
+    )
+    assert engine.device_order(0).tolist() == [1, 0]
+    assert engine.device_order(1).tolist() == [0, 1]
+    placed = engine.choose(share(300))
+    assert placed is not None and (placed.node, placed.gpu_indices) == ("a", (1,))
+    # Index order published again: back to b; unknown and repeated indices are ignored, and
+    # cards the order leaves out follow in index order.
+    engine.set_published_order("a", [0, 7, 0])
+    assert engine.device_order(0).tolist() == [0, 1]
+    again = engine.choose(share(300))
+    assert again is not None and (again.node, again.gpu_indices) == ("b", (0,))
+
+
 # ----------------------------------------------------------------- steered
 def test_steered_puts_first_the_card_our_policy_prefers_for_the_workloads_shares() -> None:
     # The workload: 80 % shares of 500 milli, 20 % of 300. Card 0 has 600 free, card 1 1000.

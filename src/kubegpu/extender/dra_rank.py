@@ -19,9 +19,11 @@ The pure part, table-tested:
   one share (compute milli, memory MiB).
 
 :class:`DraRanker` then scores the candidate nodes that publish a slice with the extender's
-own policy and target workload on a :class:`~kubegpu.placement.engine.PlacementEngine` of
-those nodes: the engine ``kubegpu simulate`` places with, so the best-ranked node is the node
-the simulator would choose on the same state (``tests/extender/test_dra_rank.py``).
+own policy and target workload on a :class:`~kubegpu.placement.device_order.DeviceOrderEngine`
+of those nodes, which knows each node's device order as its slice lists it: the engine
+``kubegpu simulate --card-choice first-fit`` (or ``steered``) places with, so the best-ranked
+node is the node the simulator would choose on the same state, the one where the card the
+allocator will take costs least (``tests/extender/test_dra_rank.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from kubegpu.core.dra_cluster import DraClaim, SliceDevice
 from kubegpu.extender.dra_view import DraClusterState
 from kubegpu.extender.ranking import extender_priorities, ranked
 from kubegpu.extender.scheduler import GpuScheduler
-from kubegpu.placement.engine import PlacementEngine
+from kubegpu.placement.device_order import CardChoice, DeviceOrderEngine
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import MILLI_PER_GPU, GpuState, NodeState, PodRequest
 from kubegpu.placement.policies import PolicySpec
@@ -179,12 +181,31 @@ def dra_demand(
 
 
 def ranking_engine(
-    nodes: Sequence[NodeState], policy: PolicySpec, workload: TypicalWorkload | None
-) -> PlacementEngine:
+    nodes: Sequence[NodeState],
+    policy: PolicySpec,
+    workload: TypicalWorkload | None,
+    device_orders: Mapping[str, Sequence[int]] | None = None,
+) -> DeviceOrderEngine:
     """The engine DRA nodes are ranked on: ``nodes`` in name order, ranked by that order (the
-    tie-break), with the extender's policy and target workload."""
+    tie-break), with the extender's policy and target workload, and each node's cards in
+    the order its slice lists them (``device_orders``, device indices; index order where
+    absent): the allocator takes the first that fits, and the ranking prices that card
+    (:meth:`DeviceOrderEngine.best_position
+    <kubegpu.placement.device_order.DeviceOrderEngine.best_position>`)."""
     ranked = [replace(n, rank=i) for i, n in enumerate(sorted(nodes, key=lambda n: n.name))]
-    return PlacementEngine(ranked, policy, workload if policy.needs_workload else None)
+    return DeviceOrderEngine(
+        ranked,
+        policy,
+        workload if policy.needs_workload else None,
+        card_choice=CardChoice.FIRST_FIT,
+        published_orders=device_orders,
+    )
+
+
+def slice_order(devices: Sequence[SliceDevice]) -> tuple[int, ...]:
+    """The device indices of our cards in the order the node's slices list them (the order
+    the allocator walks)."""
+    return tuple(i for i in (device_index(d.name) for d in devices) if i is not None)
 
 
 class DraRanker:
@@ -207,8 +228,9 @@ class DraRanker:
         self._workload: TypicalWorkload | None = None
         self._workload_at = -math.inf
         self._engine_states: tuple[NodeState, ...] | None = None
+        self._engine_orders: dict[str, tuple[int, ...]] | None = None
         self._engine_workload: TypicalWorkload | None = None
-        self._engine: PlacementEngine | None = None
+        self._engine: DeviceOrderEngine | None = None
 
     def workload(self) -> TypicalWorkload | None:
         """The extender's target workload, the same definition /prioritize scores against,
@@ -284,22 +306,27 @@ class DraRanker:
         states = self.node_states(node_names)
         if not states:
             return scores
-        engine = self._engine_for(states)
+        orders = {n.name: slice_order(self.dra.devices_on(n.name)) for n in states}
+        engine = self._engine_for(states, orders)
         rows = engine.feasible_rows(request)
         priorities = extender_priorities(*ranked(engine, request, rows))
         for row, priority in zip(rows.tolist(), priorities.tolist(), strict=True):
             scores[engine.names[row]] = priority
         return scores
 
-    def _engine_for(self, states: list[NodeState]) -> PlacementEngine:
+    def _engine_for(
+        self, states: list[NodeState], orders: dict[str, tuple[int, ...]]
+    ) -> DeviceOrderEngine:
         workload = self.workload()
         ordered = tuple(sorted(states, key=lambda n: n.name))
         if (
             self._engine is None
             or ordered != self._engine_states
+            or orders != self._engine_orders
             or workload is not self._engine_workload
         ):
-            self._engine = ranking_engine(ordered, self.scheduler.engine_policy, workload)
+            self._engine = ranking_engine(ordered, self.scheduler.engine_policy, workload, orders)
             self._engine_states = ordered
+            self._engine_orders = orders
             self._engine_workload = workload
         return self._engine

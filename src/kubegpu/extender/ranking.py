@@ -50,7 +50,7 @@ def ranked(
     """Scores of ``rows`` (feasible, in rank order) and the position of the engine's choice."""
     if rows.size == 0:
         return np.zeros(0, dtype=np.int64), None
-    best, _ = engine.node_scorer.choose(pod, rows)
+    best, _ = engine.best_position(pod, rows)
     return engine.scores(pod, rows), best
 
 

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from kubegpu.placement.engine import PlacementEngine
+from kubegpu.placement.feasibility import eligible_cards
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import MILLI_PER_GPU, NodeState, PodRequest
 from kubegpu.placement.policies import POLICIES, PolicySpec
@@ -109,15 +110,88 @@ class DeviceOrderEngine(PlacementEngine):
         seed: int = 0,
         waste_weights: WasteWeights | None = None,
         card_choice: CardChoice = DEFAULT_CARD_CHOICE,
+        *,
+        published_orders: Mapping[str, Sequence[int]] | None = None,
+        allocator_aware: bool = True,
     ) -> None:
+        # Rows whose free resources changed since their steered order was last computed
+        # (refresh_row adds to it, from the base class's constructor on).
+        self._stale_orders: set[int] = set()
         super().__init__(nodes, policy, workload, seed=seed, waste_weights=waste_weights)
+        # Per row, each card column's position in its device order (index order until a
+        # row's steered order is computed).
+        self._positions: IntArray = np.broadcast_to(
+            np.arange(self.card_free.shape[1], dtype=np.int64), self.card_free.shape
+        ).copy()
         if card_choice is CardChoice.STEERED:
             check_steerable(self.policy)
         self.card_choice = card_choice
+        self.allocator_aware = allocator_aware
         self.shares = share_classes(workload)
+        # Rows whose slice lists its cards in an order other than index order, as read from
+        # the cluster (the extender): row -> card columns in slice order.
+        self._published: dict[int, IntArray] = {}
+        for node, indices in (published_orders or {}).items():
+            self.set_published_order(node, indices)
         # Per node state (free CPU, free milli per card, model): the published order of the
         # distinct free milli values, so each state's order is searched once.
         self._value_orders: dict[int, tuple[int, ...]] = {}
+
+    def set_published_order(self, node: str, indices: Sequence[int]) -> None:
+        """``node``'s slice lists its cards (device indices) in ``indices`` order; cards it
+        does not name follow in index order."""
+        i = self.row_of(node)
+        columns = list(self.card_index[i][: self.gpu_count[i]])
+        ordered = [columns.index(g) for g in dict.fromkeys(indices) if g in columns]
+        ordered += [c for c in range(len(columns)) if c not in ordered]
+        order = np.array(ordered, dtype=np.int64)
+        if ordered == sorted(ordered):
+            self._published.pop(i, None)
+        else:
+            self._published[i] = order
+        self._positions[i, order] = np.arange(order.size)
+
+    def best_position(self, pod: PodRequest, rows: IntArray) -> tuple[int, int]:
+        """For a share under our policy, the node whose card *the allocator will take* (the
+        first fit in its device order) costs least by our card cost, ties to rank order;
+        the policy's own choice otherwise.
+
+        The policy ranks a node by its best card, but DRA's allocator takes the first card
+        that fits, so ranking by the best card sends the share to a node where it then lands
+        on a worse one. Pricing the card the allocator takes instead finds, among a
+        cluster's many nodes, one where first fit *is* a good card: on openb's share-heavy
+        trace this recovers most of what first fit loses (docs/benchmarks.md, "Placement
+        quality under DRA")."""
+        chooser = self.card_chooser
+        if (
+            self.card_choice is CardChoice.POLICY
+            or not self.allocator_aware
+            or not pod.is_gpu_share
+            or not isinstance(chooser, WasteCards)
+            or rows.size == 0
+        ):
+            return super().best_position(pod, rows)
+        values = chooser.scorer.share_card_values(pod, rows)
+        taken = self.first_fit_columns(rows, eligible_cards(self, rows, pod))
+        best = int(values[np.arange(rows.size), taken].argmin())  # first least: rank order
+        return best, 100
+
+    def refresh_row(self, i: int) -> None:
+        super().refresh_row(i)
+        self._stale_orders.add(i)
+
+    def first_fit_columns(self, rows: IntArray, eligible: npt.NDArray[np.bool_]) -> IntArray:
+        """Per row of ``rows``, the column of the first ``eligible`` card in its device order
+        (each row needs one; a row with none reads column 0)."""
+        if self.card_choice is CardChoice.STEERED and self._stale_orders:
+            for i in self._stale_orders:
+                order = self.device_order(i)
+                self._positions[i, order] = np.arange(order.size)
+            self._stale_orders.clear()
+        columns: IntArray = np.where(eligible, self._positions[rows], eligible.shape[1]).argmin(
+            axis=1
+        )
+        return columns
 
     def pick_columns(self, i: int, pod: PodRequest) -> tuple[int, ...]:
         if self.card_choice is CardChoice.POLICY or pod.gpu_count == 0:
@@ -129,6 +203,9 @@ class DeviceOrderEngine(PlacementEngine):
         """Row ``i``'s card columns in the order its ResourceSlice lists them now."""
         count = int(self.gpu_count[i])
         index_order = np.arange(count, dtype=np.int64)
+        published = self._published.get(i)
+        if published is not None:
+            return published
         if self.card_choice is not CardChoice.STEERED:
             return index_order
         keys = self.policy.cards.keys

@@ -99,6 +99,12 @@ class PlacementEngine(ClusterState):
             return np.zeros(0, dtype=np.int64)
         return self.node_scorer.scores(pod, rows)
 
+    def best_position(self, pod: PodRequest, rows: IntArray) -> tuple[int, int]:
+        """The position in ``rows`` (feasible, in rank order) of the node the engine places
+        ``pod`` on, and its score: the policy's choice (a DRA variant also weighs the card
+        the allocator will take, :mod:`kubegpu.placement.device_order`)."""
+        return self.node_scorer.choose(pod, rows)
+
     # ----------------------------------------------------------------- card choice
     def pick_columns(self, i: int, pod: PodRequest) -> tuple[int, ...]:
         """Card columns of row ``i`` the policy gives ``pod`` (which must fit there)."""
@@ -155,7 +161,7 @@ class PlacementEngine(ClusterState):
         rows = self.feasible_rows(pod)
         if rows.size == 0:
             return None
-        best, score = self.node_scorer.choose(pod, rows)
+        best, score = self.best_position(pod, rows)
         i = int(rows[best])
         return i, self.pick_columns(i, pod), score
 

@@ -42,13 +42,22 @@ def ranked_engine(
     seed: int,
     waste_weights: WasteWeights | None = None,
     card_choice: CardChoice = CardChoice.POLICY,
+    allocator_aware: bool = True,
 ) -> PlacementEngine:
     """An engine over ``nodes`` with the tie-break ranks of this arrival sequence; a
-    ``card_choice`` other than the policy's picks cards as DRA's allocator would."""
+    ``card_choice`` other than the policy's picks cards as DRA's allocator would, and its
+    node choice prices that card unless ``allocator_aware`` is off (benchmarks only: the
+    ranking before issue 27)."""
     ranked = [replace(n, rank=arrivals.node_ranks[n.name]) for n in nodes]
     if card_choice is not CardChoice.POLICY:
         return DeviceOrderEngine(
-            ranked, policy, workload, seed, waste_weights, card_choice=card_choice
+            ranked,
+            policy,
+            workload,
+            seed,
+            waste_weights,
+            card_choice=card_choice,
+            allocator_aware=allocator_aware,
         )
     return PlacementEngine(ranked, policy, workload, seed=seed, waste_weights=waste_weights)
 
@@ -61,11 +70,15 @@ def replay(
     seed: int,
     waste_weights: WasteWeights | None = None,
     card_choice: CardChoice = CardChoice.POLICY,
+    allocator_aware: bool = True,
 ) -> ReplayResult:
     """Place every arriving pod with ``policy``; record the two counters after each.
     ``waste_weights`` vary our policy's constants (benchmarks only); ``card_choice`` picks
-    the card as DRA's allocator would (see ``placement.device_order``)."""
-    engine = ranked_engine(nodes, arrivals, policy, workload, seed, waste_weights, card_choice)
+    the card as DRA's allocator would (see ``placement.device_order``; ``allocator_aware``
+    as :func:`ranked_engine`)."""
+    engine = ranked_engine(
+        nodes, arrivals, policy, workload, seed, waste_weights, card_choice, allocator_aware
+    )
     count = len(arrivals.pods)
     arrived = np.zeros(count, dtype=np.int64)
     used = np.zeros(count, dtype=np.int64)

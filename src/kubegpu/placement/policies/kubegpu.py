@@ -350,12 +350,15 @@ class KubegpuScorer:
         state = self.state
         if rows.size <= SCALAR_ROWS and pod.gpu_memory_mib is None:
             return self._share_choice_scalar(pod, rows)
-        free = state.card_free[rows]
         bucket = self._card_buckets(pod, rows)
-        # Lexicographic (bucket, free milli) in one number: free milli is below the stride
-        # (cards that do not fit have an infinite bucket whatever their free milli).
-        cols = (bucket * (2 * MILLI_PER_GPU + 2) + free).argmin(axis=1)
+        cols = card_values(bucket, state.card_free[rows]).argmin(axis=1)
         return bucket[np.arange(rows.size), cols], cols.astype(np.int64)
+
+    def share_card_values(self, pod: PodRequest, rows: IntArray) -> FloatArray:
+        """Per card of each of ``rows``: what a share costs there, as one number ordered as
+        :meth:`share_choice` ranks cards (:func:`card_values`); the row minimum is its card.
+        Prices any card, so a card someone else picks (DRA's allocator) is comparable."""
+        return card_values(self._card_buckets(pod, rows), self.state.card_free[rows])
 
     def _share_choice_scalar(self, pod: PodRequest, rows: IntArray) -> tuple[FloatArray, IntArray]:
         """:meth:`share_choice` on a few rows, priced one node at a time in Python floats
@@ -583,6 +586,14 @@ def _waste_cards(inputs: PolicyInputs, scorer: NodeScorer) -> CardChooser:
 # A DRA driver cannot publish our choice as one comparator; device_order searches the order
 # that serves the workload's next share best.
 CARDS = CardRule("waste", _waste_cards, searched_order=True)
+
+
+def card_values(buckets: FloatArray, free: IntArray) -> FloatArray:
+    """Lexicographic (cost bucket, free milli) per card in one number: free milli is below
+    the stride, and a card the share does not fit has an infinite bucket whatever its free
+    milli. The least is the best card: least waste, then best fit."""
+    values: FloatArray = buckets * (2 * MILLI_PER_GPU + 2) + free
+    return values
 
 
 def split_order(values: FloatArray) -> tuple[FloatArray, FloatArray]:
