@@ -4,9 +4,12 @@ Under Dynamic Resource Allocation the scheduler's allocator, not a scorer, picks
 walks the node's pool in slice order and takes the first device with enough free capacity (for
 consumable capacity, the first whose remaining memory and compute cover the request), and
 Kubernetes has no device scoring yet (KEP-4970). A scheduler extender can still rank *nodes*;
-the card is out of its hands. :class:`DeviceOrderEngine` models that: the node is the policy's
-choice, as today, and the card is the first fit in a device order. (The engine's own card
-choice is the policy's, :mod:`kubegpu.placement.engine`; this is its DRA variant, beside it.)
+the card is out of its hands. :class:`DeviceOrderEngine` models that: the card is the first
+fit in a device order, and the node is the policy's choice with, for our policy's shares, each
+node priced by the card first fit will take there rather than by its best card
+(:meth:`DeviceOrderEngine.best_position`; the extender's DRA ranking runs this engine). (The
+engine's own card choice is the policy's, :mod:`kubegpu.placement.engine`; this is its DRA
+variant, beside it.)
 
 * ``first-fit``: the order our driver publishes, device (GPU) index order.
 * ``steered``: the order a driver could publish to steer first fit, re-published whenever the
@@ -15,9 +18,10 @@ choice is the policy's, :mod:`kubegpu.placement.engine`; this is its DRA variant
   which makes first fit the policy's choice. For ours: the order of
   the node's cards (by free milli) that minimises the expected cost of the *next* share's first
   fit over the workload's share classes, the cost being our own card key for that share
-  (:meth:`DeviceOrderEngine._search_order`). One order cannot suit every share size, so this
-  recovers only part of what first fit loses (docs/benchmarks.md, "Placement quality under
-  DRA", also says what the driver and the extender would have to do).
+  (:meth:`DeviceOrderEngine._search_order`). One order cannot suit every share size: under a
+  node choice blind to the allocator's card it recovered about half of what first fit lost;
+  the node choice that prices that card recovers most of it with or without an order
+  (docs/benchmarks.md, "Placement quality under DRA").
 
 Either way the allocator's accounting stays the authority: a card is taken only if the pod
 fits it now (:func:`~kubegpu.placement.feasibility.eligible_cards`), the order only says which
