@@ -92,7 +92,7 @@ def test_capacities_allow_shares_by_memory_and_compute_and_default_to_the_whole_
             "value": "1000",
             "requestPolicy": {
                 "default": "1000",
-                "validRange": {"min": "50", "max": "1000", "step": "50"},
+                "validRange": {"min": "10", "max": "1000", "step": "10"},
             },
         },
     }

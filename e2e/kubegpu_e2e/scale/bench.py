@@ -1,7 +1,7 @@
 """The openb replay on 1,213 KWOK nodes through the real kube-scheduler: the benchmark behind
 docs/benchmarks.md ("openb on the real control plane"). Run it as root with
 
-    e2e/run --bench-scale [--workload default] [--seed 42] [--skip-burst]
+    e2e/run --bench-scale [--workload default] [--seed 42] [--skip-burst] [--faults]
         [--dra [--dra-variants first-fit steered ranked steered-ranked]] [--policies ...]
         [--small]
 
@@ -18,8 +18,12 @@ writes ``bench-scale.json`` and ``bench-scale.png`` under e2e/out/bench-scale/:
 3. with ``--dra``, the DRA column (``kubegpu_e2e/scale/dra.py``) on its own control plane
    with DRA's gates: the same nodes and pods in the same order, GPUs asked by claims from
    templates, through DRA's first fit, kubegpu's steering, the extender's ranking and both;
-   with the simulator's figures for the same pods (07-Kubegpu's node choice; its own card
-   choice, first fit and steered) and what steering recovers of first fit's loss.
+   with the simulator's figures for the same pods (kubegpu's node choice; its own card
+   choice, first fit and steered; first fit under the ranking blind to the allocator's card)
+   and what steering and the ranking recover of first fit's loss;
+4. with ``--faults``, the in-order replay (policy kubegpu) with two extender replicas behind
+   the Lease, the leader killed at half the pods and the API server restarted at three
+   quarters: no over-commit, no pod bound twice or late, the seconds each fault cost.
    ``--policies`` (none: ``--policies`` with no name) and ``--skip-burst`` leave out the other
    parts; ``--small`` replays CI's generated 100-node trace instead of openb.
 """
@@ -89,7 +93,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {}
-    if args.policies or not args.skip_burst:
+    if args.policies or not args.skip_burst or args.faults:
         report = await device_plugin_part(args, t, out)
     if args.dra:
         report["dra"] = await dra_part(args, t, out)
@@ -117,6 +121,8 @@ async def dra_part(args: argparse.Namespace, t: trace.ReplayTrace, out: Path) ->
             run = await scale.run_variant(t, dra.VARIANTS[name], progress=_progress(name))
             part["variants"][name] = run.summary()
             print(json.dumps(run.summary()), flush=True)
+            # Kept as each variant ends: a later variant's failure loses only itself.
+            (out / "bench-scale-dra-partial.json").write_text(json.dumps(part, indent=2) + "\n")
     finally:
         part["leftovers"] = scale.stop()
     simulated = dra.simulated_card_choices(t, args.seed)
@@ -136,6 +142,16 @@ async def dra_part(args: argparse.Namespace, t: trace.ReplayTrace, out: Path) ->
     part["simulated_steered_recovers"] = dra.gap_closed(
         simulated["steered"], simulated["first-fit"], full
     )
+    # What the ranked variants recover of what first fit loses under the ranking blind to
+    # the allocator's card (simulated: the extender's ranking before issue 27, which the real
+    # ranked variant matched pod for pod on the small trace).
+    blind = simulated[dra.BLIND_FIRST_FIT]
+    part["recovered_of_blind_first_fit_loss"] = {
+        n: dra.gap_closed(r, blind, full) for n, r in ratios.items() if dra.VARIANTS[n].ranked
+    }
+    part["simulated_recovered_of_blind_first_fit_loss"] = {
+        c: dra.gap_closed(simulated[c], blind, full) for c in ("first-fit", "steered")
+    }
     return part
 
 
@@ -171,6 +187,12 @@ async def device_plugin_part(
             print(json.dumps(run.summary()), flush=True)
         if curves:
             plot(curves, t.capacity_milli, out / "bench-scale.png")
+        if args.faults:
+            # Two extender replicas behind the Lease: the leader killed at half the pods, the
+            # API server restarted at three quarters (test_12's scenario, on every node).
+            result = await scale.run_with_faults(t, "kubegpu", args.seed)
+            report["faults"] = result
+            print(json.dumps(result), flush=True)
         if not args.skip_burst:
             whole = [p for p in t.pods if p.gpu_count and p.gpu_milli >= 1000]
             report["burst_whole_gpu_pods"] = {}
@@ -204,6 +226,12 @@ def main() -> None:
     )
     parser.add_argument("--small", action="store_true", help="CI's 100-node trace, not openb")
     parser.add_argument("--skip-burst", action="store_true")
+    parser.add_argument(
+        "--faults",
+        action="store_true",
+        help="add the replay with two extender replicas, the leader killed and the API "
+        "server restarted (policy kubegpu)",
+    )
     parser.add_argument("--out", type=Path, default=E2E / "out" / "bench-scale")
     args = parser.parse_args()
     report = asyncio.run(main_async(args))

@@ -50,7 +50,7 @@ from kubegpu_e2e.cluster import Cluster, write_kubeconfig
 from kubegpu_e2e.dra import COMPONENT, FEATURE_GATES
 from kubegpu_e2e.processes import HostProcess
 from kubegpu_e2e.scale import fleet, replay, trace
-from kubegpu_e2e.scale.session import NODE_LIFECYCLE_OFF, ScaleCluster, process_usage
+from kubegpu_e2e.scale.session import SCALE_CONTROLLER_MANAGER_FLAGS, ScaleCluster, process_usage
 from kubegpu_e2e.scale.trace import ReplayTrace
 
 E2E = Path(__file__).resolve().parents[2]
@@ -77,6 +77,9 @@ class Variant:
     # own scores).
     simulated: CardChoice | None = None
 
+
+# simulated_card_choices' key of first fit under the ranking blind to the allocator's card.
+BLIND_FIRST_FIT = "first-fit-blind"
 
 VARIANTS = {
     "first-fit": Variant("first-fit", "off", ranked=False),
@@ -244,15 +247,26 @@ def device_capacities(
 # ---------------------------------------------------------------- the simulator's figures
 def simulated_card_choices(t: ReplayTrace, seed: int) -> dict[str, float]:
     """``kubegpu simulate``'s allocation ratio (%) at 100 % arrived on the same pods and order,
-    07-Kubegpu's node choice, for each card choice: its own (what the device plugin with our
-    extender gives), DRA's first fit in index order, and first fit in the steered order."""
+    under kubegpu's node choice, for each card choice: its own (what the device plugin with
+    our extender gives), DRA's first fit in index order, and first fit in the steered order,
+    the node choice pricing the card the allocator takes (what the ranked variants do); and
+    ``first-fit-blind``, first fit under the node choice that ranks by the policy's own best
+    card (the extender's DRA ranking before issue 27), the baseline steering and the ranking
+    are measured against."""
     spec = POLICIES[STEERING_POLICY]
     workload = target_workload(spec, t.originals)
     arrivals = trace._arrivals(t)
     out = {}
+
+    def ratio(choice: CardChoice, aware: bool = True) -> float:
+        result = simulate_replay(
+            t.nodes, arrivals, spec, workload, seed, card_choice=choice, allocator_aware=aware
+        )
+        return round(100.0 * float(result.used_milli[-1]) / t.capacity_milli, 3)
+
     for choice in CardChoice:
-        result = simulate_replay(t.nodes, arrivals, spec, workload, seed, card_choice=choice)
-        out[choice.value] = round(100.0 * float(result.used_milli[-1]) / t.capacity_milli, 3)
+        out[choice.value] = ratio(choice)
+    out[BLIND_FIRST_FIT] = ratio(CardChoice.FIRST_FIT, aware=False)
     return out
 
 
@@ -317,7 +331,7 @@ class DraScaleCluster(ScaleCluster):
         self.cluster = Cluster(
             bin_dir=bin_dir,
             out_dir=out_dir,
-            controller_manager_flags=[NODE_LIFECYCLE_OFF],
+            controller_manager_flags=list(SCALE_CONTROLLER_MANAGER_FLAGS),
             feature_gates=dict(FEATURE_GATES),
         )
         self.kwok = fleet.Kwok(self.cluster, kwok_binary)
@@ -477,7 +491,9 @@ class DraScaleCluster(ScaleCluster):
                 self.cluster.processes.pop("kube-scheduler").stop(grace=10)
             publishes = self.stop_slice_fleet()
             await replay.delete_run(client, namespace)
-            await _wait_no_claims(client, namespace)
+            # The controller-manager deletes each claim after its pod: a few per second more
+            # than the trace has pods takes longer than CI's trace.
+            await _wait_no_claims(client, namespace, max(300.0, len(claims) / 5))
         finally:
             await client.close()
         by_name = {p.name: p for p in t.pods}

@@ -29,12 +29,15 @@ MAX_DEVICES_PER_SLICE = 64
 # card, and every share's memory limit stays a whole number of MiB.
 MEMORY_STEP_BYTES = 256 * 2**20
 # Compute is in milli-cards as whole numbers ("1000" = the whole card, "250" = a quarter), the
-# unit of kubegpu.io/gpu-compute; shares in steps of 50. Not cards with milli suffixes ("250m"):
+# unit of kubegpu.io/gpu-compute; shares in steps of 10, one percent, the finest share MPS
+# enforces (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is a whole percent). Steps of 50 rounded openb's
+# shares (multiples of 10) up and cost 1.5 pp of a full cluster's GPUs on the real allocator
+# (docs/benchmarks.md, "openb on the real control plane"). Not cards with milli suffixes ("250m"):
 # kube-scheduler's allocator (k8s.io/dynamic-resource-allocation v0.35, roundUpRange) rounds a
 # request to the policy's step with Quantity.Value(), which rounds a fraction up to 1, so every
 # "250m" share consumed the whole card's "1" and a card took one share only (docs/e2e.md).
 COMPUTE_MILLI_PER_CARD = 1000
-COMPUTE_STEP_MILLI = 50
+COMPUTE_STEP_MILLI = 10
 
 # resource.k8s.io/v1 DeviceAttributeMaxValueLength: a longer string is refused by the API server.
 MAX_ATTRIBUTE_STRING = 64
