@@ -525,3 +525,25 @@ def test_the_ranking_prices_the_card_first_fit_takes_in_each_slices_order() -> N
     dra.publish("dra-b", decoded)
     moved = top(rank.rank(pod, nodes))
     assert moved == simulated({"dra-b": [1, 0, 2, 3]}) != "dra-b"
+
+
+def test_a_cpu_only_pod_is_ranked_on_the_dra_cards_beside_the_plain_nodes() -> None:
+    # Under DRA the node view sees no cards on a DRA node; the CPU-only pod is ranked on one
+    # engine with the DRA nodes' cards from their slices and claims and the plain node as the
+    # node view has it: its top node is the simulator's choice on that cluster.
+    rank, _, view = ranker()
+    nodes = ["plain", "dra-a", "dra-b", "dra-c", "dra-d", "dra-e"]
+    pod = PodRequest(4000, 4096, name="default/cpu")
+    scores = rank.rank_cpu_pod(pod, nodes)
+    assert scores is not None and set(scores) == set(nodes)
+    states = rank.node_states(nodes, plain=True)
+    assert sorted(n.name for n in states) == sorted(nodes)
+    dra_states = {n.name: n for n in expected_states(view)}
+    assert all(n == dra_states[n.name] for n in states if n.name != "plain")
+    ranked_states = [replace(n, rank=i) for i, n in enumerate(sorted(states, key=lambda n: n.name))]
+    placed = PlacementEngine(ranked_states, get_policy("kubegpu"), WORKLOAD).choose(pod)
+    assert placed is not None
+    best = max(scores.values())
+    assert best == 10 and min(n for n in scores if scores[n] == best) == placed.node
+    # Without a slice among the candidates, the caller ranks on the node view.
+    assert rank.rank_cpu_pod(pod, ["plain"]) is None

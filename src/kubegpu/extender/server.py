@@ -328,6 +328,11 @@ class ExtenderApp:
             return None
         if gpu.kind is not RequestKind.NONE:
             return None
+        if self.dra is not None:
+            # DRA nodes' cards are in slices and claims, not in the node view.
+            scores = self.dra.rank_cpu_pod(gpu.to_placement(), args.node_names)
+            if scores is not None:
+                return scores
         engine = self.scheduler.engine()  # first: rows() maps names onto this engine's rows
         rows = self.scheduler.rows(args.node_names)
         priorities = cpu_pod_priorities(engine, gpu.to_placement(), rows)
