@@ -10,7 +10,7 @@ and the driver's RBAC are the component's (``deploy/components/dra-driver``). A 
   the request policy's default, the whole card;
 * a share: one device of ``gpu-share.kubegpu.io`` with ``capacity.requests`` of its compute
   in milli-cards and ``trace.SHARE_MEMORY_MIB`` of memory (the policy rounds both up to its
-  steps: 50 milli, 256 MiB), as the device-plugin replay asks;
+  steps: 10 milli, 256 MiB), as the device-plugin replay asks;
 * a pod limited to GPU models: a CEL selector on the device's ``productName``.
 
 Variants (``VARIANTS``): DRA's first fit through the default kube-scheduler, with kubegpu's
@@ -165,7 +165,7 @@ def dra_pod_manifest(
 # ---------------------------------------------------------------- reading claims back
 def consumed_milli(pod: PodRequest) -> int:
     """The compute a pod's claim consumes once allocated: whole cards, or a share rounded up
-    to the request policy's step (50 milli)."""
+    to the request policy's step (``COMPUTE_STEP_MILLI``)."""
     if pod.gpu_milli >= MILLI_PER_GPU:
         return pod.gpu_count * MILLI_PER_GPU
     return pod.gpu_count * (-(-pod.gpu_milli // COMPUTE_STEP_MILLI) * COMPUTE_STEP_MILLI)
