@@ -41,17 +41,13 @@ def run(traces: Path, out: Path, workloads: list[str], seeds: str, jobs: int) ->
     return time.perf_counter() - started
 
 
-def seed_list(text: str) -> list[int]:
-    first, _, last = text.partition("-")
-    return list(range(int(first), int(last or first) + 1))
-
-
 def run_blind(traces: Path, out: Path, workloads: list[str], seeds: str) -> None:
     """First fit under the node choice that ranks by the policy's best card (blind to the
     allocator's): ``blind.csv``, workload, seed, allocation ratio at 100 % arrived."""
     from kubegpu.placement.device_order import CardChoice
     from kubegpu.placement.policies import POLICIES
     from kubegpu.simulate.arrivals import load_fixture
+    from kubegpu.simulate.command import parse_seeds
     from kubegpu.simulate.replay import COLUMNS, discretise, replay, target_workload
     from kubegpu.simulate.traces import load_nodes, load_pods
 
@@ -61,7 +57,7 @@ def run_blind(traces: Path, out: Path, workloads: list[str], seeds: str) -> None
     for workload in workloads:
         pods = load_pods(traces / f"openb_pod_list_{workload}.csv")
         target = target_workload(spec, pods)
-        for seed in seed_list(seeds):
+        for seed in parse_seeds(seeds):
             fixture = traces / "arrivals" / f"openb_pod_list_{workload}_seed{seed}.txt.gz"
             arrivals = load_fixture(fixture, pods, nodes)
             result = replay(

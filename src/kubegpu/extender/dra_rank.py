@@ -252,7 +252,15 @@ class DraRanker:
         node watch knows (its CPU and memory come from there, as for /prioritize). With
         ``plain``, the nodes without our slice too, with the cards the node view gives them
         (the device plugin's): the whole cluster as one engine sees it."""
+        return self._states_and_orders(node_names, plain=plain)[0]
+
+    def _states_and_orders(
+        self, node_names: Iterable[str], *, plain: bool = False
+    ) -> tuple[list[NodeState], dict[str, tuple[int, ...]]]:
+        """:meth:`node_states`, and each DRA node's :func:`slice_order`, from one read of
+        each node's devices (every ranking call reads every candidate node)."""
         states: list[NodeState] = []
+        orders: dict[str, tuple[int, ...]] = {}
         for name in dict.fromkeys(node_names):
             devices = self.dra.devices_on(name)
             info = self.view.nodes.get(name)
@@ -262,6 +270,7 @@ class DraRanker:
                 if plain:
                     states.append(node_state(info, self.view.usages_on(name)))
                 continue
+            orders[name] = slice_order(devices)
             pools = {d.pool for d in devices}
             allocated = [a for pool in sorted(pools) for a in self.dra.allocated_in(pool)]
             cards = card_states(devices, allocated)
@@ -270,7 +279,7 @@ class DraRanker:
             states.append(
                 replace(base, gpu_model=models.pop() if len(models) == 1 else "", gpus=cards)
             )
-        return states
+        return states, orders
 
     def demand(self, pod: Mapping[str, Any]) -> PodRequest | None:
         """The pod's DRA demand; None when it asks nothing of our driver; raises
@@ -311,10 +320,9 @@ class DraRanker:
             return scores
         if request is None:
             return scores
-        states = self.node_states(node_names)
+        states, orders = self._states_and_orders(node_names)
         if not states:
             return scores
-        orders = {n.name: slice_order(self.dra.devices_on(n.name)) for n in states}
         engine = self._engine_for(states, orders)
         rows = engine.feasible_rows(request)
         priorities = extender_priorities(*ranked(engine, request, rows))
@@ -333,10 +341,9 @@ class DraRanker:
         self.dra.start()
         if not self.dra.synced.is_set() or not self.view.synced.is_set():
             return None
-        if not any(self.dra.devices_on(name) for name in node_names):
+        states, orders = self._states_and_orders(node_names, plain=True)
+        if not orders:  # no candidate publishes our slice (that the node view knows)
             return None
-        states = self.node_states(node_names, plain=True)
-        orders = {n.name: slice_order(self.dra.devices_on(n.name)) for n in states}
         engine = self._engine_for(states, orders)
         known = set(engine.names)
         rows = np.array(
