@@ -262,6 +262,45 @@ def test_taints_a_gpu_after_a_critical_xid_and_untaints_it_after_recovery(
     assert d.group_is_gone()
 
 
+def test_each_class_of_nvidias_xid_catalog_taints_the_slice_as_the_catalog_says(
+    driver: Callable[..., Driver], api: ResourceApi
+) -> None:
+    # No quiet-check recovery: only the fake's restore (the GPU reset and answering) clears one.
+    d = driver({"gpuAllocation": "dra"})
+    d.wait(lambda: node_devices(api) and d.control.exists(), "ResourceSlice")
+    # application only (94), no action (63), GPU reset (95), node reboot (79): docs/xid-policy.md
+    for gpu, xid in ((0, 94), (1, 63), (2, 95), (3, 79)):
+        reply = send_fake_gpu_command(d.control, "xid", gpu=gpu, xid=xid)
+        assert reply["ok"], reply
+    d.wait(
+        lambda: all("taints" in node_devices(api)[name] for name in ("gpu-2", "gpu-3")),
+        "taints on gpu-2 and gpu-3",
+    )
+    # Each GPU's own monitor logs the Xids it lets pass: proof they were judged, not unseen.
+    d.wait(
+        lambda: all(f"ignoring Xid {xid} " in d.log.read_text() for xid in (94, 63)),
+        "Xids 94 and 63 judged",
+    )
+    devices = node_devices(api)
+    assert [n for n, dev in devices.items() if "taints" in dev] == ["gpu-2", "gpu-3"]
+    for name, xid in (("gpu-2", "95"), ("gpu-3", "79")):
+        (taint,) = devices[name]["taints"]
+        assert (taint["key"], taint["effect"]) == (f"{DRIVER}/unhealthy", "NoSchedule")
+        assert xid in taint["value"]
+
+    for gpu in (2, 3):
+        assert send_fake_gpu_command(d.control, "restore", gpu=gpu)["ok"]
+    d.wait(lambda: "taints" not in node_devices(api)["gpu-2"], "gpu-2 untainted after its reset")
+    d.wait(
+        lambda: "GPU 3 (" in d.log.read_text() and "stays unhealthy" in d.log.read_text(),
+        "GPU 3 answering again judged",
+    )
+    # GPU 3's verdict never flipped, so nothing republished its device: still tainted.
+    assert "taints" in node_devices(api)["gpu-3"]
+    assert [n for n, dev in node_devices(api).items() if "taints" in dev] == ["gpu-3"]
+    assert d.stop() == 0, d.log.read_text()
+
+
 def test_enforcement_mps_runs_the_daemon_and_hands_a_share_its_limits(
     driver: Callable[..., Driver], api: ResourceApi, short_dir: Path
 ) -> None:

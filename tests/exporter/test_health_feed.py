@@ -141,11 +141,11 @@ def test_an_xid_struck_gpu_comes_back_after_the_agents_quiet_checks_here_too(
         )
     )
     try:
-        backend.inject_xid(1, 79)
+        backend.inject_xid(1, 95)  # an Xid a GPU reset clears (79 would wait for a reboot)
         wait_until(lambda: agent_said == [False, True], f"agent said {agent_said}")
         wait_until(lambda: feed_said == [True, False, True], f"feed said {feed_said}")
         assert feed.healthy_map()[uuid] is True
-        assert feed.tally().xid_counts == {(uuid, 79): 1}
+        assert feed.tally().xid_counts == {(uuid, 95): 1}
     finally:
         feed.close()
         agent.stop()
@@ -158,7 +158,7 @@ def test_a_lost_gpu_needs_recovery_not_quiet_checks_and_keeps_its_xid_count(
     feed = watching(counted, HealthCheckPolicy(recover_after_healthy_checks=1))
     uuid = backend.snapshot().gpus[3].uuid
     try:
-        backend.inject_xid(3, 79)
+        backend.inject_xid(3, 95)
         backend.lose(3)
         wait_until(lambda: not feed.tally().healthy(uuid), "loss not seen")
         counted.wait_for_checks(
@@ -167,7 +167,7 @@ def test_a_lost_gpu_needs_recovery_not_quiet_checks_and_keeps_its_xid_count(
         assert not feed.tally().healthy(uuid)
         backend.restore(3)
         wait_until(lambda: feed.tally().healthy(uuid), "recovery not seen")
-        assert feed.tally().xid_counts == {(uuid, 79): 1}
+        assert feed.tally().xid_counts == {(uuid, 95): 1}
     finally:
         feed.close()
 

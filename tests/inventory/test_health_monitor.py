@@ -11,10 +11,16 @@ import pytest
 
 from kubegpu.core.backend import HealthWatcher
 from kubegpu.core.gpu import GpuUuid, NodeInventory
-from kubegpu.core.health import HealthCheckPolicy, HealthEvent, HealthEventKind
+from kubegpu.core.health import (
+    CATALOG_IGNORED_XIDS,
+    HealthCheckPolicy,
+    HealthEvent,
+    HealthEventKind,
+)
 from kubegpu.inventory.fake import FakeGpuBackend
-from kubegpu.inventory.health import HealthMonitor, describe_ignored_xids
+from kubegpu.inventory.health import HealthMonitor, describe_ignored_xids, describe_reboot_xids
 from kubegpu.inventory.spec import resolve_fake_spec
+from kubegpu.testing.waiting import wait_until
 
 WAIT_S = 10.0  # generous upper bound; the callbacks normally arrive within one poll
 
@@ -84,16 +90,20 @@ def test_an_xid_disabled_by_env_changes_nothing(backend: FakeGpuBackend) -> None
         assert recorder.wait_for(1) == [(uuid, False, "Xid 48 (double-bit ECC error)")]
 
 
+def xids(codes: set[int] | frozenset[int]) -> str:
+    return f"Xids {sorted(codes)}"
+
+
 IGNORED_CASES = [
-    pytest.param({}, "Xids [13, 31, 43, 45, 68, 109]", id="default: the application Xids"),
+    pytest.param({}, xids(CATALOG_IGNORED_XIDS), id="default: the catalog's passing Xids"),
     pytest.param(
         {"DP_ENABLE_HEALTHCHECKS": "13"},
-        "Xids [31, 43, 45, 68, 109]",
+        xids(CATALOG_IGNORED_XIDS - {13}),
         id="enable=13 takes 13 out of the ignored set",
     ),
     pytest.param(
         {"DP_DISABLE_HEALTHCHECKS": "79", "DP_ENABLE_HEALTHCHECKS": "13,31"},
-        "Xids [43, 45, 68, 79, 109]",
+        xids((CATALOG_IGNORED_XIDS | {79}) - {13, 31}),
         id="disable adds, enable removes",
     ),
     pytest.param(
@@ -105,9 +115,9 @@ IGNORED_CASES = [
         {"DP_ENABLE_HEALTHCHECKS": "all"}, "no Xid (every Xid is critical)", id="enable=all"
     ),
     pytest.param(
-        {"DP_ENABLE_HEALTHCHECKS": "13,31,43,45,68,109"},
+        {"DP_ENABLE_HEALTHCHECKS": ",".join(map(str, sorted(CATALOG_IGNORED_XIDS)))},
         "no Xid (every Xid is critical)",
-        id="every application Xid enabled",
+        id="every passing Xid enabled",
     ),
 ]
 
@@ -120,12 +130,36 @@ def test_the_ignored_xids_are_described_as_the_policy_applies_them(
     described = describe_ignored_xids(policy)
     assert described == text
     # The description is the policy's own verdict, not the lists it was built from.
-    passed = {code for code in range(1, 200) if not policy.is_xid_critical(code)}
+    passed = {code for code in range(1, 400) if not policy.is_xid_critical(code)}
     listed = {int(n) for n in re.findall(r"\d+", described)}
     if described.startswith("every Xid except"):
-        assert passed == set(range(1, 200)) - listed
+        assert passed == set(range(1, 400)) - listed
     else:
         assert passed == listed
+
+
+@pytest.mark.parametrize(
+    ("policy", "text"),
+    [
+        pytest.param(
+            HealthCheckPolicy(), "; Xids [54, 79, 151] wait for a node reboot", id="catalog"
+        ),
+        pytest.param(
+            HealthCheckPolicy.from_nvidia_env({"DP_DISABLE_HEALTHCHECKS": "79"}),
+            "; Xids [54, 151] wait for a node reboot",
+            id="79 ignored: it waits for nothing",
+        ),
+        pytest.param(
+            HealthCheckPolicy.from_nvidia_env({}, xid_policy="nvidia-device-plugin"),
+            "",
+            id="device plugin: none",
+        ),
+    ],
+)
+def test_the_xids_that_wait_for_a_reboot_are_described_as_the_policy_applies_them(
+    policy: HealthCheckPolicy, text: str
+) -> None:
+    assert describe_reboot_xids(policy) == text
 
 
 def test_start_logs_the_effective_ignored_xids(
@@ -138,7 +172,10 @@ def test_start_logs_the_effective_ignored_xids(
     )
     with monitor:
         pass
-    assert "node n1: watching 4 GPUs; ignoring Xids [31, 43, 45, 68, 109]" in caplog.messages
+    assert (
+        f"node n1: watching 4 GPUs; ignoring {xids(CATALOG_IGNORED_XIDS - {13})}; "
+        "Xids [54, 79, 151] wait for a node reboot"
+    ) in caplog.messages
 
 
 def test_a_lost_gpu_is_unhealthy_until_restored(backend: FakeGpuBackend) -> None:
@@ -171,10 +208,10 @@ def test_gpu_recovers_after_n_quiet_checks_when_the_policy_allows(
     uuid = backend.snapshot().gpus[0].uuid
     policy = HealthCheckPolicy(recover_after_healthy_checks=3)
     with monitor_for(backend, policy, recorder) as monitor:
-        backend.inject_xid(0, 79)
+        backend.inject_xid(0, 95)
         calls = recorder.wait_for(2)
         assert calls == [
-            (uuid, False, "Xid 79 (GPU has fallen off the bus)"),
+            (uuid, False, "Xid 95 (uncontained ECC error)"),
             (uuid, True, "no critical event in 3 consecutive health checks"),
         ]
         assert monitor.health()[uuid] is True
@@ -188,7 +225,7 @@ def test_a_lost_gpu_does_not_recover_from_quiet_checks(backend: FakeGpuBackend) 
         backend.lose(0)
         recorder.wait_for(1)
         # A second GPU's Xid recovers after one quiet check; by then GPU 0 has had many.
-        backend.inject_xid(1, 79)
+        backend.inject_xid(1, 95)
         calls = recorder.wait_for(3)
     assert [(call[0], call[1]) for call in calls[:3]] == [
         (uuid, False),
@@ -196,6 +233,105 @@ def test_a_lost_gpu_does_not_recover_from_quiet_checks(backend: FakeGpuBackend) 
         (backend.snapshot().gpus[1].uuid, True),
     ]
     assert all(call[0] != uuid or not call[1] for call in recorder.calls)
+
+
+# One Xid of each class of NVIDIA's catalog (docs/xid-policy.md), judged on the fake backend.
+
+
+@pytest.mark.parametrize(
+    "xid",
+    [
+        pytest.param(94, id="application: contained ECC error"),
+        pytest.param(13, id="application: graphics engine exception"),
+        pytest.param(63, id="no action: row remapping event"),
+        pytest.param(45, id="no action: preemptive cleanup"),
+    ],
+)
+def test_an_xid_that_needs_no_more_than_an_application_restart_keeps_the_gpu_healthy(
+    backend: FakeGpuBackend, xid: int
+) -> None:
+    recorder = Recorder()
+    uuid = backend.snapshot().gpus[1].uuid
+    with monitor_for(backend, HealthCheckPolicy(), recorder):
+        # The GPU's events are judged in order: the Xid 95 after it is the first verdict only
+        # if the one before it changed nothing.
+        backend.inject_xid(1, xid)
+        backend.inject_xid(1, 95)
+        assert recorder.wait_for(1) == [(uuid, False, "Xid 95 (uncontained ECC error)")]
+
+
+@pytest.mark.parametrize(
+    ("env", "xid"),
+    [
+        pytest.param({}, 95, id="gpu reset: uncontained ECC error"),
+        pytest.param({}, 109, id="gpu reset: context switch timeout"),
+        pytest.param({}, 48, id="gpu reset: double-bit ECC, by its workflow"),
+        pytest.param({}, 4242, id="an Xid the catalog lacks: critical, as before"),
+        pytest.param({"DP_ENABLE_HEALTHCHECKS": "94"}, 94, id="an application Xid made critical"),
+    ],
+)
+def test_an_xid_that_needs_a_gpu_reset_holds_until_the_gpu_is_restored(
+    backend: FakeGpuBackend, env: dict[str, str], xid: int
+) -> None:
+    recorder = Recorder()
+    uuid = backend.snapshot().gpus[2].uuid
+    with monitor_for(backend, HealthCheckPolicy.from_nvidia_env(env), recorder) as monitor:
+        backend.inject_xid(2, xid)
+        assert recorder.wait_for(1)[0][:2] == (uuid, False)
+        backend.restore(2)  # the fake's reset: its watchers hear the GPU is back
+        assert recorder.wait_for(2)[1] == (uuid, True, "GPU answers again: restored")
+        assert monitor.health()[uuid] is True
+
+
+def wait_for_log(caplog: pytest.LogCaptureFixture, text: str) -> None:
+    wait_until(lambda: any(text in m for m in caplog.messages), timeout_s=WAIT_S, what=text)
+
+
+@pytest.mark.parametrize(
+    "xid",
+    [
+        pytest.param(79, id="RESTART_BM: fallen off the bus"),
+        pytest.param(151, id="RESTART_VM: key rotation error"),
+        pytest.param(54, id="CHECK_MECHANICALS: auxiliary power"),
+    ],
+)
+def test_an_xid_that_needs_a_node_reboot_survives_restore_and_quiet_checks(
+    backend: FakeGpuBackend, caplog: pytest.LogCaptureFixture, xid: int
+) -> None:
+    caplog.set_level(logging.INFO, logger="kubegpu.inventory.health")
+    recorder = Recorder()
+    gpus = backend.snapshot().gpus
+    policy = HealthCheckPolicy(recover_after_healthy_checks=1)
+    with monitor_for(backend, policy, recorder) as monitor:
+        backend.inject_xid(0, xid)
+        backend.lose(0)  # as NVML reports a GPU that fell off the bus
+        assert recorder.wait_for(1)[0][:2] == (gpus[0].uuid, False)
+        backend.restore(0)
+        wait_for_log(caplog, f"GPU 0 ({gpus[0].uuid}) answers again but stays unhealthy")
+        # Another GPU's reset-class Xid recovers after one quiet check; GPU 0 had many by then.
+        backend.inject_xid(1, 95)
+        calls = recorder.wait_for(3)
+        assert monitor.health()[gpus[0].uuid] is False
+    assert [call[:2] for call in calls] == [
+        (gpus[0].uuid, False),
+        (gpus[1].uuid, False),
+        (gpus[1].uuid, True),
+    ]
+    assert all(call[0] != gpus[0].uuid or not call[1] for call in recorder.calls)
+    assert "needs a node reboot" in caplog.text
+
+
+def test_the_device_plugin_policy_lets_xid_79_recover_like_any_other(
+    backend: FakeGpuBackend,
+) -> None:
+    recorder = Recorder()
+    uuid = backend.snapshot().gpus[3].uuid
+    policy = HealthCheckPolicy.from_nvidia_env({}, xid_policy="nvidia-device-plugin")
+    with monitor_for(backend, policy, recorder):
+        backend.inject_xid(3, 79)
+        recorder.wait_for(1)
+        backend.restore(3)
+        assert recorder.wait_for(2)[1] == (uuid, True, "GPU answers again: restored")
 
 
 def test_a_failing_callback_does_not_stop_monitoring(backend: FakeGpuBackend) -> None:

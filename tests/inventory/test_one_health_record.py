@@ -60,7 +60,7 @@ def test_a_judge_restarted_on_the_same_record_recovers_what_the_last_one_judged(
     flips = Flips(feed)
     judge_health(feed, backend, inventory, poll_timeout_s=0.02)
     try:
-        backend.inject_xid(1, 79)
+        backend.inject_xid(1, 95)  # a GPU reset clears it: quiet checks may bring it back
         flips.wait_for((uuid, False))
     finally:
         feed.close()
@@ -87,3 +87,41 @@ def test_a_verdict_flip_is_told_once_with_its_gpu_and_reason_until_unsubscribed(
     assert feed.set_healthy(a, True, "recovered")
     assert heard == [(a, False, "Xid 79")]
     assert feed.healthy(a) and feed.healthy(b)
+
+
+def test_a_gpu_held_for_a_node_reboot_stays_held_by_a_restarted_judge_while_the_policy_says_so(
+    backend: FakeGpuBackend,
+) -> None:
+    inventory = backend.snapshot()
+    uuid = inventory.gpus[2].uuid
+    feed = HealthFeed(gpu.uuid for gpu in inventory.gpus)
+    flips = Flips(feed)
+    judge_health(feed, backend, inventory, poll_timeout_s=0.02)
+    try:
+        backend.inject_xid(2, 79)
+        flips.wait_for((uuid, False))
+    finally:
+        feed.close()
+    assert feed.held_for_reboot(uuid) == 79
+
+    # A reload that turns quiet-check recovery on: the record, not the old judge, knew why.
+    feed.policy = HealthCheckPolicy(recover_after_healthy_checks=1)
+    judge_health(feed, backend, inventory, poll_timeout_s=0.02)
+    try:
+        backend.inject_xid(3, 95)  # GPU 3 recovers after one quiet check; GPU 2 had many
+        flips.wait_for((inventory.gpus[3].uuid, False))
+        flips.wait_for((inventory.gpus[3].uuid, True))
+        assert feed.unhealthy().keys() == {uuid}
+    finally:
+        feed.close()
+
+    # A reload to NVIDIA's device plugin's rule, which holds no Xid for a reboot, lets it go.
+    feed.policy = HealthCheckPolicy.from_nvidia_env(
+        {}, recover_after_healthy_checks=1, xid_policy="nvidia-device-plugin"
+    )
+    judge_health(feed, backend, inventory, poll_timeout_s=0.02)
+    try:
+        flips.wait_for((uuid, True))
+    finally:
+        feed.close()
+    assert feed.held_for_reboot(uuid) is None

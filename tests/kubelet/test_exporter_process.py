@@ -183,6 +183,50 @@ def test_the_agents_health_monitor_feeds_health_and_xid_counts(node: ExporterNod
     assert value(samples, "kubegpu_gpu_healthy", uuid=UUIDS[2]) == 0.0
 
 
+def test_each_class_of_nvidias_xid_catalog_on_the_stream_and_the_metrics(
+    node: ExporterNode,
+) -> None:
+    """One Xid of each class (docs/xid-policy.md) on its own GPU: the kubelet's ListAndWatch
+    stream and the exporter say the same, before and after the fake resets the GPUs."""
+    base = node.url()
+    scrape_until(base, every_gpu)
+    control, kubelet = node.plugin.control, node.kubelet
+    seq = kubelet.update_count(RESOURCE)
+    # application only (94), no action (63), GPU reset (95), node reboot (79)
+    for gpu, xid in ((0, 94), (1, 63), (2, 95), (3, 79)):
+        assert send_fake_gpu_command(control, "xid", gpu=gpu, xid=xid)["ok"]
+    update = kubelet.wait_for_devices(
+        RESOURCE,
+        lambda d: not d[UUIDS[2]].healthy and not d[UUIDS[3]].healthy,
+        timeout_s=10,
+        after_sequence=seq,
+    )
+    for index, xid in ((0, 94), (1, 63)):
+        node.plugin.wait_for_log(f"GPU {index} ({UUIDS[index]}): ignoring Xid {xid} ")
+    assert {u for u, d in update.devices.items() if not d.healthy} == set(UUIDS[2:])
+    samples = scrape_until(
+        base,
+        lambda s: all(
+            value(s, "kubegpu_gpu_xid_errors_total", uuid=UUIDS[i], xid=str(x)) == 1.0
+            for i, x in ((0, 94), (1, 63), (2, 95), (3, 79))
+        ),
+    )
+    # Every Xid counted; only the GPU-reset and node-reboot ones cost the GPU its verdict.
+    assert [value(samples, "kubegpu_gpu_healthy", uuid=u) for u in UUIDS] == [1, 1, 0, 0]
+    assert kubelet.devices(RESOURCE)[UUIDS[0]].healthy
+    assert kubelet.devices(RESOURCE)[UUIDS[1]].healthy
+
+    # The fake's restore: the GPUs were reset and answer again.
+    for gpu in (2, 3):
+        assert send_fake_gpu_command(control, "restore", gpu=gpu)["ok"]
+    kubelet.wait_for_devices(RESOURCE, lambda d: d[UUIDS[2]].healthy, timeout_s=10)
+    node.plugin.wait_for_log(f"GPU 3 ({UUIDS[3]}) answers again but stays unhealthy")
+    assert not kubelet.devices(RESOURCE)[UUIDS[3]].healthy
+    samples = scrape_until(base, lambda s: value(s, "kubegpu_gpu_healthy", uuid=UUIDS[2]) == 1)
+    assert [value(samples, "kubegpu_gpu_healthy", uuid=u) for u in UUIDS] == [1, 1, 1, 0]
+    assert kubelet.allocatable(RESOURCE) == 3
+
+
 def test_per_pod_metrics_come_from_the_kubelets_pod_resources(node: ExporterNode) -> None:
     base = node.url()
     alloc = node.kubelet.allocate(

@@ -11,6 +11,7 @@ from kubegpu.config import load_config
 from kubegpu.config.health import health_policy
 from kubegpu.config.model import AgentConfig
 from kubegpu.core.gpu import NodeInventory
+from kubegpu.core.health import HealthEvent, HealthEventKind
 from kubegpu.core.health_feed import HealthFeed
 from kubegpu.inventory.spec import resolve_fake_spec
 from kubegpu.kubelet.board import DeviceBoard
@@ -230,3 +231,23 @@ def test_config_health_knobs_combine_with_nvidia_env() -> None:
     assert not policy.is_xid_critical(109)
     assert policy.is_xid_critical(13)
     assert policy.is_xid_critical(79)
+
+
+@pytest.mark.parametrize(
+    ("xid_policy", "passes", "critical", "waits_for_reboot"),
+    [
+        pytest.param("catalog", {94, 13}, {109, 79}, True, id="catalog"),
+        pytest.param("nvidia-device-plugin", {109, 13}, {94, 79}, False, id="device plugin"),
+    ],
+)
+def test_config_xid_policy_picks_the_rule_the_lists_apply_on(
+    xid_policy: str, passes: set[int], critical: set[int], waits_for_reboot: bool
+) -> None:
+    cfg = config(**{"health.xidPolicy": xid_policy, "health.criticalXids": [43]})
+    policy = health_policy(cfg.health, {"DP_DISABLE_HEALTHCHECKS": "48"})
+    assert all(not policy.is_xid_critical(code) for code in passes)
+    assert all(policy.is_xid_critical(code) for code in critical | {43})
+    assert not policy.is_xid_critical(48)
+    assert policy.needs_node_reboot(HealthEvent(HealthEventKind.XID, None, xid=79)) is (
+        waits_for_reboot
+    )

@@ -286,7 +286,8 @@ def test_recovery_after_quiet_checks_and_restored_gpus_reach_the_stream(tempdir:
         xid_gpu, lost_gpu = T4_UUIDS[0], T4_UUIDS[3]
 
         seq = kubelet.update_count(RESOURCE)
-        send_fake_gpu_command(control, "xid", gpu=0, xid=79)
+        # An Xid a GPU reset clears (79 would wait for a node reboot whatever the checks say).
+        send_fake_gpu_command(control, "xid", gpu=0, xid=95)
         kubelet.wait_for_devices(
             RESOURCE, lambda d: not d[xid_gpu].healthy, timeout_s=10, after_sequence=seq
         )

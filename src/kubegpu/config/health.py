@@ -16,9 +16,12 @@ from kubegpu.core.health import HealthCheckPolicy
 
 
 def health_policy(health: Health, env: Mapping[str, str]) -> HealthCheckPolicy:
-    """NVIDIA's ``DP_*_HEALTHCHECKS`` environment first, then the config file's knobs on top."""
+    """The file's Xid policy, NVIDIA's ``DP_*_HEALTHCHECKS`` environment on it, then the file's
+    Xid lists on top."""
     base = HealthCheckPolicy.from_nvidia_env(
-        env, recover_after_healthy_checks=health.recover_after_healthy_checks
+        env,
+        recover_after_healthy_checks=health.recover_after_healthy_checks,
+        xid_policy=health.xid_policy,
     )
     return dataclasses.replace(
         base,

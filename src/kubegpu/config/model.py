@@ -489,9 +489,17 @@ class Health(_Model):
         default=False,
         description="Turn health checking off: every GPU stays Healthy whatever happens.",
     )
+    xid_policy: Literal["catalog", "nvidia-device-plugin"] = Field(
+        default="catalog",
+        description="Which Xids are critical before `ignoredXids`, `criticalXids` and NVIDIA's "
+        "`DP_*_HEALTHCHECKS` apply: `catalog` follows NVIDIA's Xid catalog (docs/xid-policy.md: "
+        "Xids that only need the application restarted pass, those that need a node reboot "
+        "keep the GPU unhealthy until the agent restarts); `nvidia-device-plugin` is NVIDIA's "
+        "device plugin's rule (13, 31, 43, 45, 68 and 109 pass, every other Xid is critical).",
+    )
     ignored_xids: list[int] = Field(
         default_factory=list,
-        description="Xids ignored in addition to the application Xids (13, 31, 43, 45, 68, 109).",
+        description="Xids ignored in addition to those `xidPolicy` lets pass.",
     )
     critical_xids: list[int] = Field(
         default_factory=list,
@@ -502,10 +510,10 @@ class Health(_Model):
         ge=1,
         le=MAX_HEALTHY_CHECKS,
         description="Report a GPU Healthy again after this many consecutive health checks "
-        "without a critical event (not for a lost GPU: that needs the device back); None = "
-        "never, as NVIDIA. A check is one wait for GPU events of 0.2 s, shorter when a "
-        "non-critical event ends it, so 300 checks are at most a minute without a critical "
-        "Xid.",
+        "without a critical event (not for a lost GPU: that needs the device back; nor after "
+        "an Xid that needs a node reboot under `xidPolicy`); None = never, as NVIDIA. A check "
+        "is one wait for GPU events of 0.2 s, shorter when a non-critical event ends it, so 300 "
+        "checks are at most a minute without a critical Xid.",
     )
 
     @field_validator("ignored_xids", "critical_xids")

@@ -1,7 +1,9 @@
 """GPU health as domain values: what happened to a GPU and whether it makes the GPU unusable.
 
 Which Xid codes count as critical is policy, kept here as data so that the NVML watcher, the
-fake backend and the tests all apply the same rule.
+fake backend and the tests all apply the same rule. Its default follows NVIDIA's Xid catalog
+(:mod:`kubegpu.core.xid_catalog`, docs/xid-policy.md); NVIDIA's device plugin's older rule is
+the other choice a cluster can make (``health.xidPolicy``).
 """
 
 from __future__ import annotations
@@ -9,13 +11,30 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from kubegpu.core.gpu import GpuUuid
+from kubegpu.core.xid_catalog import HEALTHY_CLASSES, XidClass, xid_meaning, xids_of
 
-# Xids caused by the application, not the GPU (NVIDIA's device plugin ignores the same set):
-# 13 graphics engine exception, 31 GPU memory page fault, 43 GPU stopped processing,
-# 45 preemptive cleanup, 68 video processor exception, 109 context switch timeout.
-APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+# Xids after which NVIDIA's catalog leaves the GPU in service: only the application restarts
+# (RESTART_APP), or nothing needs doing (IGNORE, and 45, which follows another Xid).
+CATALOG_IGNORED_XIDS: frozenset[int] = xids_of(*HEALTHY_CLASSES)
+# Xids after which the catalog restarts the node (or re-seats the card): the GPU stays unhealthy
+# until the agent restarts with the node, whatever it sees meanwhile.
+NODE_REBOOT_XIDS: frozenset[int] = xids_of(XidClass.NODE_REBOOT)
+# NVIDIA's device plugin's rule (its applicationErrorXids): 13 graphics engine exception, 31 GPU
+# memory page fault, 43 GPU stopped processing, 45 preemptive cleanup, 68 video processor
+# exception, 109 context switch timeout pass; every other Xid is critical.
+NVIDIA_DEVICE_PLUGIN_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+
+# The Xid rules a cluster starts from (``health.xidPolicy``): the Xids that pass, and those that
+# need a node reboot.
+XID_POLICIES: Mapping[str, tuple[frozenset[int], frozenset[int]]] = MappingProxyType(
+    {
+        "catalog": (CATALOG_IGNORED_XIDS, NODE_REBOOT_XIDS),
+        "nvidia-device-plugin": (NVIDIA_DEVICE_PLUGIN_XIDS, frozenset()),
+    }
+)
 
 
 class HealthEventKind(enum.Enum):
@@ -34,8 +53,9 @@ class HealthEvent:
     detail: str = ""
 
 
-# What well-known Xids mean, for log lines and unhealthy reasons an admin can act on. Not a
-# policy input: an Xid missing here is still judged by :class:`HealthCheckPolicy`.
+# What well-known Xids mean, for log lines and unhealthy reasons an admin can act on, in the
+# words kubegpu has always logged; others take the catalog's. Not a policy input: an Xid missing
+# here is still judged by :class:`HealthCheckPolicy`.
 XID_DESCRIPTIONS: dict[int, str] = {
     13: "graphics engine exception",
     31: "GPU memory page fault",
@@ -63,7 +83,7 @@ def describe_xid(xid: int | None) -> str:
     """``"Xid 79 (GPU has fallen off the bus)"``; unknown codes keep just the number."""
     if xid is None:
         return "Xid (code unknown)"
-    meaning = XID_DESCRIPTIONS.get(xid)
+    meaning = XID_DESCRIPTIONS.get(xid) or xid_meaning(xid)
     return f"Xid {xid} ({meaning})" if meaning else f"Xid {xid}"
 
 
@@ -88,11 +108,13 @@ class HealthCheckPolicy:
 
     Precedence follows NVIDIA's device plugin: an Xid explicitly enabled (or "enable all") is
     critical even when ignored by default or disabled; otherwise an Xid that is ignored, disabled,
-    or covered by "disable all" is not critical; every other Xid is critical.
+    or covered by "disable all" is not critical; every other Xid is critical. A critical Xid in
+    ``reboot_xids`` keeps its GPU unhealthy until the agent restarts (with the node).
     """
 
     disabled: bool = False  # no health checking at all (nothing is watched)
-    ignored_xids: frozenset[int] = APPLICATION_XIDS
+    ignored_xids: frozenset[int] = CATALOG_IGNORED_XIDS
+    reboot_xids: frozenset[int] = NODE_REBOOT_XIDS
     disabled_xids: frozenset[int] = frozenset()  # extra Xids to ignore
     all_xids_disabled: bool = False  # "disable all" with an enable list: an allow-list
     enabled_xids: frozenset[int] = frozenset()  # critical whatever the lists above say
@@ -110,9 +132,14 @@ class HealthCheckPolicy:
 
     @classmethod
     def from_nvidia_env(
-        cls, env: Mapping[str, str], *, recover_after_healthy_checks: int | None = None
+        cls,
+        env: Mapping[str, str],
+        *,
+        recover_after_healthy_checks: int | None = None,
+        xid_policy: str = "catalog",
     ) -> HealthCheckPolicy:
-        """Read ``DP_DISABLE_HEALTHCHECKS`` / ``DP_ENABLE_HEALTHCHECKS`` as NVIDIA documents them.
+        """Read ``DP_DISABLE_HEALTHCHECKS`` / ``DP_ENABLE_HEALTHCHECKS`` as NVIDIA documents them,
+        on top of the Xid rule ``xid_policy`` names (a key of :data:`XID_POLICIES`).
 
         ``DP_DISABLE_HEALTHCHECKS``: ``all`` or ``xids`` disables health checking, a comma list
         adds Xids to the ignore list. ``DP_ENABLE_HEALTHCHECKS``: a comma list (or ``all``) of
@@ -120,11 +147,18 @@ class HealthCheckPolicy:
         allow-list. Unlike NVIDIA's plugin, which drops tokens it cannot parse, a bad token is a
         ``ValueError`` naming it: a typo must not silently change which GPUs leave the pool.
         """
+        if xid_policy not in XID_POLICIES:
+            raise ValueError(
+                f"unknown Xid policy {xid_policy!r} (expected one of {', '.join(XID_POLICIES)})"
+            )
+        ignored, reboot = XID_POLICIES[xid_policy]
         disable_all, disabled = _parse_xid_list("DP_DISABLE_HEALTHCHECKS", env)
         enable_all, enabled = _parse_xid_list("DP_ENABLE_HEALTHCHECKS", env)
         anything_enabled = enable_all or bool(enabled)
         return cls(
             disabled=disable_all and not anything_enabled,
+            ignored_xids=ignored,
+            reboot_xids=reboot,
             disabled_xids=disabled,
             all_xids_disabled=disable_all,
             enabled_xids=enabled,
@@ -154,6 +188,17 @@ class HealthCheckPolicy:
         if event.kind is HealthEventKind.RECOVERED:
             return False
         return self.is_xid_critical(event.xid)
+
+    def needs_node_reboot(self, event: HealthEvent) -> bool:
+        """Whether ``event`` is a critical Xid after which only a node restart brings the GPU
+        back: neither quiet checks nor the GPU answering again clear it (NVIDIA's catalog:
+        RESTART_BM for Xid 79, a GPU that answers again after falling off the bus is not
+        trusted until the node restarts)."""
+        return (
+            event.kind is HealthEventKind.XID
+            and event.xid in self.reboot_xids
+            and self.is_critical(event)
+        )
 
 
 def _parse_xid_list(name: str, env: Mapping[str, str]) -> tuple[bool, frozenset[int]]:

@@ -41,6 +41,10 @@ class HealthFeed:
         self._lock = threading.Lock()
         self._tally = HealthTally()
         self._reasons: dict[GpuUuid, str] = {}
+        # GPUs whose Unhealthy verdict came from an Xid after which only a node restart may clear
+        # it, with that Xid: kept in the record, not the judge, so that a judge restarted on it
+        # (a reload of the health settings) still holds them.
+        self._held_for_reboot: dict[GpuUuid, int] = {}
         self._gpus = tuple(gpus)
         self._listeners: list[Callable[[], None]] = []
         self._verdict_listeners: list[VerdictListener] = []
@@ -85,6 +89,7 @@ class HealthFeed:
             self._tally = self._tally.with_health(uuid, healthy)
             if healthy:
                 self._reasons.pop(uuid, None)
+                self._held_for_reboot.pop(uuid, None)
             else:
                 self._reasons[uuid] = reason
             verdict_listeners = list(self._verdict_listeners)
@@ -92,6 +97,17 @@ class HealthFeed:
             listener(uuid, healthy, reason)
         self._notify()
         return True
+
+    def hold_for_reboot(self, uuid: GpuUuid, xid: int) -> None:
+        """Note that Xid ``xid`` asked for a node reboot before ``uuid`` is used again (the first
+        such Xid is kept until a Healthy verdict ends the hold)."""
+        with self._lock:
+            self._held_for_reboot.setdefault(uuid, xid)
+
+    def held_for_reboot(self, uuid: GpuUuid) -> int | None:
+        """The Xid that holds ``uuid`` until a node reboot, or None."""
+        with self._lock:
+            return self._held_for_reboot.get(uuid)
 
     def healthy(self, uuid: GpuUuid) -> bool:
         """The verdict on one GPU now (a GPU never judged is healthy)."""

@@ -8,8 +8,9 @@ Which events matter is :class:`~kubegpu.core.health.HealthCheckPolicy`'s decisio
 only waits, applies it, and writes each verdict into its record, a
 :class:`~kubegpu.core.health_feed.HealthFeed` (the role's, or one of its own): the monitor keeps
 only what judging needs (a lost GPU, healthy checks counted towards recovery), never a second
-copy of the verdicts. An optional callback hears, on the GPU's monitor thread, each verdict that
-actually flips. An optional second callback sees every event
+copy of the verdicts; a GPU that waits for a node reboot is noted in the record too, so a judge
+started again on it (a reload) keeps it out. An optional callback hears, on the GPU's
+monitor thread, each verdict that actually flips. An optional second callback sees every event
 read, judged or not, so a consumer that counts them (the exporter inside the node agent counts
 Xids) needs no event set of its own.
 """
@@ -30,6 +31,7 @@ from kubegpu.core.health import (
     HealthEvent,
     HealthEventKind,
     describe_event,
+    describe_xid,
 )
 from kubegpu.core.health_feed import HealthFeed
 
@@ -65,6 +67,13 @@ def describe_ignored_xids(policy: HealthCheckPolicy) -> str:
         return f"every Xid except {enabled}" if enabled else "every Xid"
     ignored = (policy.ignored_xids | policy.disabled_xids) - policy.enabled_xids
     return f"Xids {sorted(ignored)}" if ignored else "no Xid (every Xid is critical)"
+
+
+def describe_reboot_xids(policy: HealthCheckPolicy) -> str:
+    """``"; Xids [54, 79, 151] wait for a node reboot"``, those the policy still calls critical;
+    "" when there are none (NVIDIA's device plugin's rule)."""
+    waiting = sorted(xid for xid in policy.reboot_xids if policy.is_xid_critical(xid))
+    return f"; Xids {waiting} wait for a node reboot" if waiting else ""
 
 
 class HealthMonitor:
@@ -125,10 +134,11 @@ class HealthMonitor:
             )
             return
         log.info(
-            "node %s: watching %d GPUs; ignoring %s",
+            "node %s: watching %d GPUs; ignoring %s%s",
             self._node,
             len(self._inventory),
             describe_ignored_xids(self._policy),
+            describe_reboot_xids(self._policy),
         )
         for gpu in self._inventory:
             try:
@@ -206,6 +216,17 @@ class HealthMonitor:
             if event.kind is HealthEventKind.RECOVERED:
                 with self._lock:
                     self._judging[gpu.uuid].lost = False
+                held_by = self._held_for_reboot(gpu)
+                if held_by is not None:
+                    log.warning(
+                        "node %s: GPU %d (%s) answers again but stays unhealthy: %s needs a "
+                        "node reboot",
+                        self._node,
+                        gpu.index,
+                        gpu.uuid,
+                        describe_xid(held_by),
+                    )
+                    continue
                 self._set(gpu, healthy=True, reason=reason)
             elif self._policy.is_critical(event):
                 critical_seen = True
@@ -213,6 +234,8 @@ class HealthMonitor:
                     with self._lock:
                         self._judging[gpu.uuid].lost = True
                 self._set(gpu, healthy=False, reason=reason)
+                if event.xid is not None and self._policy.needs_node_reboot(event):
+                    self._record.hold_for_reboot(gpu.uuid, event.xid)
             else:
                 log.info(
                     "node %s: GPU %d (%s): ignoring %s (not critical under the health policy)",
@@ -249,6 +272,8 @@ class HealthMonitor:
             state = self._judging[gpu.uuid]
             if state.lost or self._record.healthy(gpu.uuid):
                 return
+            if self._held_for_reboot(gpu) is not None:
+                return
             state.quiet_checks += 1
             if state.quiet_checks < needed:
                 return
@@ -257,6 +282,17 @@ class HealthMonitor:
             healthy=True,
             reason=f"no critical event in {needed} consecutive health checks",
         )
+
+    def _held_for_reboot(self, gpu: GpuDevice) -> int | None:
+        """The Xid that keeps ``gpu`` unhealthy until a node reboot, if this policy still says
+        so: a reload to a policy that ignores it, or does not hold it, lets the GPU recover as
+        any other."""
+        xid = self._record.held_for_reboot(gpu.uuid)
+        if xid is None or not self._policy.needs_node_reboot(
+            HealthEvent(HealthEventKind.XID, gpu.uuid, xid=xid)
+        ):
+            return None
+        return xid
 
     def _set(self, gpu: GpuDevice, *, healthy: bool, reason: str) -> None:
         with self._lock:
