@@ -1,5 +1,6 @@
 """`kubectl gpu inspect` through the real kubectl's plugin lookup agrees with what the real
-kubelet's PodResources says; `kubegpu labels` puts GPU-feature-discovery labels on the Node."""
+kubelet's PodResources says; `kubegpu labels` puts GPU-feature-discovery labels on the Node,
+as NVIDIA's own tests of GFD expect them."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from kubegpu_e2e.workloads import (
     share,
     wait_running,
 )
+
+from kubegpu.labels.catalogue import TIMESTAMP, owns_label
+from kubegpu.testing.gfd_labels import gfd_label_gaps
 
 pytestmark = pytest.mark.e2e
 
@@ -74,3 +78,20 @@ def test_labeller_writes_gpu_feature_discovery_labels(
     # The driver of the fake preset (535.161.08, CUDA 12.2), in GFD's own label names.
     current = labels()
     assert current["nvidia.com/cuda.driver-version.major"] == "535", current
+
+
+def test_node_labels_match_nvidias_gfd_label_patterns(
+    cluster: Cluster, roles: KubegpuRoles
+) -> None:
+    """NVIDIA's label patterns for GFD (its e2e suite's and its golden file's) against the
+    labels on the real Node: every one present and well formed, no nvidia.com/ label GFD
+    would not write. Only the labeller's own labels are held to them: other components label
+    the Node under nvidia.com/ too."""
+
+    def labels() -> dict[str, str]:
+        return dict(cluster.get("node", NODE_NAME)["metadata"].get("labels", {}))
+
+    # One patch writes them all: once the timestamp is there, so is every other label.
+    cluster.wait_for("the labeller's labels on the Node", lambda: TIMESTAMP in labels(), 60)
+    ours = {key: value for key, value in labels().items() if owns_label(key)}
+    assert gfd_label_gaps(ours) == {}, ours

@@ -85,8 +85,17 @@ UPSTREAM_FLAGS = frozenset(
 # spell: NVIDIA's GPU feature discovery labels and the peers' names, named to compare.
 UPSTREAM_RESOURCES = frozenset(
     {
-        # NVIDIA GPU feature discovery's labels that kubegpu labels does not write (labels.md)
-        "nvidia.com/gpu.machine",
+        # NVIDIA GPU feature discovery's labels that kubegpu labels does not write (labels.md):
+        # MIG's, vGPU's and IMEX's
+        "nvidia.com/mig.strategy",
+        "nvidia.com/gpu.multiprocessors",
+        "nvidia.com/gpu.engines.*",
+        "nvidia.com/gpu.slices.*",
+        "nvidia.com/mig-<profile>.*",
+        "nvidia.com/vgpu.present",
+        "nvidia.com/vgpu.host-driver-version",
+        "nvidia.com/vgpu.host-driver-branch",
+        "nvidia.com/gpu.clique",
         # the peers' resources and annotations that kubegpu neither serves nor reads, named to
         # say so (sharing.md, migrate-volcano.md): Volcano's and HAMi's
         "volcano.sh/gpu-index",

@@ -9,9 +9,14 @@ import pytest
 from kubegpu.core.gpu import GpuDevice, GpuLink, GpuUuid, NodeInventory, PcieLink
 from kubegpu.inventory.spec import resolve_fake_spec
 from kubegpu.labels.catalogue import (
+    PCI_CLASS_3D,
+    PCI_CLASS_VGA,
+    HostFacts,
     SharingSummary,
     compute_labels,
+    gfd_sanitise,
     gpu_family,
+    gpu_mode,
     is_valid_label_key,
     is_valid_label_value,
     owns_label,
@@ -156,7 +161,14 @@ def test_health_sharing_and_nvlink_labels() -> None:
         (
             "535.54",
             "12.2",
-            {"driver-version.major": "535", "driver-version.minor": "54", "driver.minor": "54"},
+            {
+                "driver-version.major": "535",
+                "driver-version.minor": "54",
+                "driver.minor": "54",
+                # GFD writes the revision of a two-part version too, empty.
+                "driver-version.revision": "",
+                "driver.rev": "",
+            },
         ),
         (None, None, {}),
     ],
@@ -172,8 +184,6 @@ def test_driver_and_cuda_versions_are_split_like_gfd(
         assert labels[f"nvidia.com/cuda.{suffix}"] == value
     if driver is None:
         assert not [k for k in labels if k.startswith("nvidia.com/cuda.")]
-    if driver == "535.54":
-        assert "nvidia.com/cuda.driver-version.revision" not in labels
 
 
 def test_a_node_without_gpus_says_so_and_nothing_else_about_gpus() -> None:
@@ -196,7 +206,9 @@ def test_a_node_without_gpus_says_so_and_nothing_else_about_gpus() -> None:
         ("kubegpu.io/device-plugin", False),
         ("kubegpu.io/gpu-inventory", False),
         ("nvidia.com/gpu.product", True),
-        ("nvidia.com/gpu.machine", False),  # GFD's, not ours
+        ("nvidia.com/gpu.machine", True),
+        ("nvidia.com/gpu.clique", False),  # GFD's (IMEX), not ours
+        ("nvidia.com/mig.strategy", False),  # GFD's, written only with MIG: not ours
         ("nvidia.com/gfd.timestamp", True),  # GFD's name for the same fact
         ("kubegpu.io/labels.timestamp", True),  # retired: ours so that upgrades remove it
         ("nvidia.com/gpu.deploy.driver", False),  # the GPU operator's
@@ -217,3 +229,106 @@ def test_every_label_the_catalogue_writes_is_owned(preset: str) -> None:
         now=1.0,
     )
     assert [key for key in labels if not owns_label(key)] == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("NVIDIA H100 80GB HBM3", "NVIDIA-H100-80GB-HBM3"),
+        ("Tesla V100-SXM2-16GB", "Tesla-V100-SXM2-16GB"),
+        ("  NVIDIA   GeForce RTX 4090 ", "NVIDIA-GeForce-RTX-4090"),
+        # GFD drops what it does not keep, where ours would put "-".
+        ("Standard PC (Q35 + ICH9, 2009)", "Standard-PC-Q35-ICH9-2009"),
+        ("A/B", "AB"),
+        ("AS -4124GO-NART+", "AS--4124GO-NART"),
+        ("", ""),
+        ("x" * 70, "x" * 63),  # GFD does not cut; a Node would refuse it
+    ],
+)
+def test_names_are_spelt_as_gfd_spells_them(raw: str, expected: str) -> None:
+    assert gfd_sanitise(raw) == expected
+
+
+@pytest.mark.parametrize(
+    ("classes", "mode"),
+    [
+        ([PCI_CLASS_3D, PCI_CLASS_3D], "compute"),
+        ([PCI_CLASS_VGA], "graphics"),
+        ([PCI_CLASS_3D, PCI_CLASS_VGA], "unknown"),
+        ([PCI_CLASS_3D, None], "unknown"),
+        ([0x068000], "unknown"),
+        ([], "unknown"),
+    ],
+    ids=["3d", "vga", "mixed", "one-unread", "nvswitch", "none"],
+)
+def test_gpu_mode_follows_gfds_rule_over_pci_classes(classes: list[int | None], mode: str) -> None:
+    assert gpu_mode(classes) == mode
+
+
+def test_machine_and_mode_come_from_the_host_facts_and_default_to_gfds_unknown() -> None:
+    inv = NodeInventory(gpus=(gpu(0), gpu(1)))
+    assert {
+        k: compute_labels(inv)[k] for k in ("nvidia.com/gpu.machine", "nvidia.com/gpu.mode")
+    } == {
+        "nvidia.com/gpu.machine": "unknown",
+        "nvidia.com/gpu.mode": "unknown",
+    }
+    host = HostFacts(
+        machine_type="PowerEdge XE9680",
+        pci_classes={g.pci_bus_id: PCI_CLASS_3D for g in inv.gpus},
+    )
+    labels = compute_labels(inv, host=host)
+    assert labels["nvidia.com/gpu.machine"] == "PowerEdge-XE9680"
+    assert labels["nvidia.com/gpu.mode"] == "compute"
+
+
+@pytest.mark.parametrize(
+    ("sharing", "product"),
+    [
+        (SharingSummary(), "NVIDIA-H100-80GB-HBM3"),
+        (SharingSummary("time-slicing", replicas=4), "NVIDIA-H100-80GB-HBM3-SHARED"),
+        (SharingSummary("time-slicing", replicas=4, renamed=True), "NVIDIA-H100-80GB-HBM3"),
+        (SharingSummary("mps", replicas=2), "NVIDIA-H100-80GB-HBM3-SHARED"),
+        (SharingSummary("time-slicing", replicas=1), "NVIDIA-H100-80GB-HBM3"),
+    ],
+    ids=["unshared", "time-sliced", "renamed", "mps", "one-replica"],
+)
+def test_a_shared_whole_gpu_is_marked_in_the_product_as_gfd_marks_it(
+    sharing: SharingSummary, product: str
+) -> None:
+    labels = compute_labels(NodeInventory(gpus=(gpu(0),)), sharing=sharing)
+    assert labels["nvidia.com/gpu.product"] == product
+
+
+def test_the_shared_mark_survives_a_name_at_the_length_limit() -> None:
+    labels = compute_labels(
+        NodeInventory(gpus=(gpu(0, product="x" * 70),)),
+        sharing=SharingSummary("time-slicing", replicas=2),
+    )
+    assert labels["nvidia.com/gpu.product"] == "x" * 56 + "-SHARED"
+
+
+@pytest.mark.parametrize(
+    ("strategy", "mig", "capable"),
+    [
+        ("mps", False, "true"),
+        ("mps", None, "true"),
+        ("mps", True, "false"),  # MPS does not run on MIG devices
+        ("time-slicing", False, "false"),
+        ("none", False, "false"),
+    ],
+)
+def test_mps_is_capable_where_the_strategy_is_mps_and_no_gpu_is_in_mig_mode(
+    strategy: str, mig: bool | None, capable: str
+) -> None:
+    labels = compute_labels(
+        NodeInventory(gpus=(gpu(0), gpu(1, mig=mig))), sharing=SharingSummary(strategy)
+    )
+    assert labels["nvidia.com/mps.capable"] == capable
+
+
+def test_a_capability_gfds_table_does_not_name_is_family_undefined_as_in_gfd() -> None:
+    assert compute_labels(NodeInventory(gpus=(gpu(0, cc=(4, 0)),)))["nvidia.com/gpu.family"] == (
+        "undefined"
+    )
+    assert "nvidia.com/gpu.family" not in compute_labels(NodeInventory(gpus=(gpu(0, cc=None),)))

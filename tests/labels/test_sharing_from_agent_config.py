@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from kubegpu.config.load import load_config
 from kubegpu.config.model import DEFAULT_RESOURCE
+from kubegpu.inventory.spec import resolve_fake_spec
+from kubegpu.labels.catalogue import compute_labels, sharing_from_config
 from kubegpu.testing.kubelet import KubeletEmulator
 from tests.kubelet.conftest import PluginProcess, short_tempdir
 
@@ -182,3 +185,44 @@ def test_without_gpu_share_the_node_says_so(tmp_path: Path) -> None:
     assert found["kubegpu.io/gpu-share"] == "false"
     assert "kubegpu.io/gpu-share.enforcement" not in found
     assert "kubegpu.io/gpu-share.slots" not in found
+
+
+def time_sliced(resource: str, replicas: int, *, rename: str = "", by_default: bool = False) -> str:
+    return (
+        "version: v1\n"
+        "sharing:\n"
+        "  timeSlicing:\n"
+        f"    renameByDefault: {str(by_default).lower()}\n"
+        "    resources:\n"
+        f"      - name: {resource}\n"
+        f"        replicas: {replicas}\n" + (f"        rename: {rename}\n" if rename else "")
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "strategy", "product"),
+    [
+        (TIME_SLICED, "time-slicing", "Tesla-T4-SHARED"),
+        (time_sliced("nvidia.com/gpu", 1), "none", "Tesla-T4"),
+        (
+            time_sliced("nvidia.com/gpu", 3, rename="nvidia.com/gpu.shared"),
+            "time-slicing",
+            "Tesla-T4",
+        ),
+        (time_sliced("nvidia.com/gpu", 3, by_default=True), "time-slicing", "Tesla-T4"),
+    ],
+    ids=["as-nvidia-gpu", "one-replica", "renamed", "rename-by-default"],
+)
+def test_the_product_says_shared_as_gfds_does_when_nvidia_gpu_itself_is_replicated(
+    tmp_path: Path, text: str, strategy: str, product: str
+) -> None:
+    # GFD's rule: more than one replica of nvidia.com/gpu under its own name makes the product
+    # <product>-SHARED and the strategy the configured one; one replica shares nothing.
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    sharing = sharing_from_config(load_config(config))
+    labels = compute_labels(resolve_fake_spec("4xT4").inventory, sharing=sharing)
+    assert (labels["nvidia.com/gpu.sharing-strategy"], labels["nvidia.com/gpu.product"]) == (
+        strategy,
+        product,
+    )

@@ -19,9 +19,10 @@ import click
 
 from kubegpu.cli.common_options import agent_config_option, gpu_backend_options, node_name_option
 from kubegpu.cli.stop import StopRequest
-from kubegpu.cli.types import ONE_DAY_S, OutputFile, seconds
+from kubegpu.cli.types import ONE_DAY_S, HostFile, OutputFile, seconds
 from kubegpu.config.model import MAX_REPLICAS
 from kubegpu.labels.catalogue import SharingSummary, sharing_from_config
+from kubegpu.labels.host import DMI_PRODUCT_NAME
 from kubegpu.labels.sinks import DEFAULT_NFD_FEATURE_FILE
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,16 @@ log = logging.getLogger(__name__)
     default=None,
     help="Replicas per GPU, reported as nvidia.com/gpu.replicas (default: from --config, else 1).",
 )
+@click.option(
+    "--machine-type-file",
+    # GFD's flag and environment variable. The default is missing on machines without DMI (VMs,
+    # some Arm servers): the machine is then "unknown", as with GFD.
+    type=HostFile(),
+    envvar=["KUBEGPU_LABELS_MACHINE_TYPE_FILE", "GFD_MACHINE_TYPE_FILE"],
+    default=DMI_PRODUCT_NAME,
+    show_default=True,
+    help="File naming the machine (DMI product name), reported as nvidia.com/gpu.machine.",
+)
 @click.option("--once", is_flag=True, help="Label once and exit.")
 @click.option(
     "--no-timestamp",
@@ -91,6 +102,7 @@ def labels_command(
     config_path: Path | None,
     sharing_strategy: str | None,
     replicas: int | None,
+    machine_type_file: Path,
     once: bool,
     no_timestamp: bool,
     interval: float,
@@ -117,6 +129,7 @@ def labels_command(
         strategy=sharing.strategy if sharing_strategy is None else sharing_strategy,
         replicas=sharing.replicas if replicas is None else replicas,
         gpu_share=sharing.gpu_share,
+        renamed=sharing.renamed,
     )
     try:
         to = label_sink(sink, nfd_file, node)
@@ -137,5 +150,6 @@ def labels_command(
             interval_s=interval,
             poll_s=poll,
             wait_for_stop=stop.wait if stop is not None else lambda: None,
+            machine_type_file=machine_type_file,
         )
     )

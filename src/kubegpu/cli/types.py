@@ -124,6 +124,19 @@ def input_file(*, exists: bool = True) -> NonEmptyPath:
     return NonEmptyPath(path_type=Path, exists=exists, dir_okay=False)
 
 
+class HostFile(NonEmptyPath):
+    """A file of the host the command reads if it is there: the default may be missing (the
+    command does without it), a path the user gives must be a readable file."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path, exists=True, dir_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if _default(param, ctx):
+            return Path(value)
+        return super().convert(value, param, ctx)
+
+
 class SocketPath(NonEmptyPath):
     """A unix socket's path: missing is fine (the kubelet, or the command, makes the socket),
     but not a folder, a path under a regular file, where no socket can ever be, nor a file

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from kubegpu.config.model import DEFAULT_RESOURCE, AgentConfig
@@ -63,6 +63,11 @@ RUNTIME_MINOR = "nvidia.com/cuda.runtime-version.minor"
 RUNTIME_FULL = "nvidia.com/cuda.runtime-version.full"
 RUNTIME_MAJOR_OLD = "nvidia.com/cuda.runtime.major"
 RUNTIME_MINOR_OLD = "nvidia.com/cuda.runtime.minor"
+# What GFD reads from the machine rather than from NVML (see :class:`HostFacts`), and whether
+# the node's sharing is MPS that can run (GFD's sharing labeller).
+MACHINE = "nvidia.com/gpu.machine"
+GPU_MODE = "nvidia.com/gpu.mode"
+MPS_CAPABLE = "nvidia.com/mps.capable"
 # GFD's name, with one difference (see :mod:`kubegpu.labels.labeller`): GFD stamps every run,
 # we stamp the last time another label changed, so a node whose facts stand still is not
 # rewritten every interval.
@@ -91,6 +96,9 @@ GFD_KEYS_WE_WRITE: frozenset[str] = frozenset(
         RUNTIME_FULL,
         RUNTIME_MAJOR_OLD,
         RUNTIME_MINOR_OLD,
+        MACHINE,
+        GPU_MODE,
+        MPS_CAPABLE,
         TIMESTAMP,
     }
 )
@@ -170,6 +178,27 @@ class SharingSummary:
     strategy: str = "none"  # GFD's values: "none", "time-slicing", "mps"
     replicas: int = 1
     gpu_share: GpuShareSummary | None = None
+    # The replicas are not advertised as nvidia.com/gpu (``rename``, ``renameByDefault``, or
+    # another resource is the one time-sliced): GFD then leaves ``gpu.product`` alone;
+    # otherwise more than one replica makes it ``<product>-SHARED``.
+    renamed: bool = False
+
+
+# sysfs's ``class`` of a GPU that drives displays (VGA controller) and of one that does not (3D
+# controller), programming interface included: GFD's ``gpu.mode`` ``graphics`` and ``compute``.
+PCI_CLASS_VGA = 0x030000
+PCI_CLASS_3D = 0x030200
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What GFD reads from the machine rather than from NVML: the machine type (the DMI product
+    name, raw) and each GPU's PCI class by its NVML bus id (``GpuDevice.pci_bus_id``). The
+    defaults are what GFD writes when it cannot read them: machine ``unknown``, and with a
+    class missing, mode ``unknown``."""
+
+    machine_type: str = "unknown"
+    pci_classes: Mapping[str, int] = field(default_factory=dict)
 
 
 def gpu_family(compute_capability: tuple[int, int] | None) -> str:
@@ -194,6 +223,42 @@ def gpu_family(compute_capability: tuple[int, int] | None) -> str:
     }.get(major, "undefined")
 
 
+def gpu_mode(classes: list[int | None]) -> str:
+    """GFD's ``nvidia.com/gpu.mode``: ``compute`` when every GPU is a 3D controller,
+    ``graphics`` when every one is a VGA controller, ``unknown`` otherwise (mixed classes, a
+    class that could not be read, or another class)."""
+    distinct = set(classes)
+    if distinct == {PCI_CLASS_3D}:
+        return "compute"
+    if distinct == {PCI_CLASS_VGA}:
+        return "graphics"
+    return "unknown"
+
+
+_GFD_DROPPED = re.compile(r"[^A-Za-z0-9_. -]")
+
+
+def gfd_sanitise(raw: str) -> str:
+    """A product or machine name as GFD spells it: characters outside ``[A-Za-z0-9-_. ]``
+    dropped, each run of spaces one ``-`` (``NVIDIA H100 80GB HBM3`` ->
+    ``NVIDIA-H100-80GB-HBM3``); then made a valid label value, which GFD does not check (a
+    name it leaves too long or ending in ``.`` fails its Node update)."""
+    return sanitise_label_value("-".join(_GFD_DROPPED.sub("", raw).split()))
+
+
+_SHARED_SUFFIX = "-SHARED"
+
+
+def _gfd_product(name: str, sharing: SharingSummary) -> str:
+    product = gfd_sanitise(name)
+    if product and sharing.replicas > 1 and not sharing.renamed:
+        # GFD's mark of a replicated nvidia.com/gpu (time-slicing or MPS), so that a selector
+        # for the plain product does not land on a node whose GPUs are shared. Cut first: the
+        # suffix must survive.
+        product = sanitise_label_value(product[: _MAX_NAME - len(_SHARED_SUFFIX)] + _SHARED_SUFFIX)
+    return product
+
+
 def _uniform(values: list[_T]) -> _T | None:
     """The single value every GPU shares, or ``None`` when they disagree (or none known)."""
     distinct = set(values)
@@ -202,21 +267,25 @@ def _uniform(values: list[_T]) -> _T | None:
 
 def _version_labels(inventory: NodeInventory) -> dict[str, str]:
     labels: dict[str, str] = {}
+    revision: str | None = None
     if inventory.driver_version:
         parts = inventory.driver_version.strip().split(".")
         labels[DRIVER_FULL] = sanitise_label_value(inventory.driver_version)
         names = ((DRIVER_MAJOR, DRIVER_MAJOR_OLD), (DRIVER_MINOR, DRIVER_MINOR_OLD))
         for (new, old), part in zip(names, parts, strict=False):
             labels[new] = labels[old] = sanitise_label_value(part)
-        if len(parts) >= 3:
-            labels[DRIVER_REVISION] = labels[DRIVER_REV_OLD] = sanitise_label_value(parts[2])
+        # GFD writes the revision of a two-part version ("535.54") too, empty.
+        revision = sanitise_label_value(parts[2]) if len(parts) >= 3 else ""
     if inventory.cuda_driver_version:
         parts = inventory.cuda_driver_version.strip().split(".")
         labels[RUNTIME_FULL] = sanitise_label_value(inventory.cuda_driver_version)
         names = ((RUNTIME_MAJOR, RUNTIME_MAJOR_OLD), (RUNTIME_MINOR, RUNTIME_MINOR_OLD))
         for (new, old), part in zip(names, parts, strict=False):
             labels[new] = labels[old] = sanitise_label_value(part)
-    return {k: v for k, v in labels.items() if v}
+    labels = {k: v for k, v in labels.items() if v}
+    if revision is not None:
+        labels[DRIVER_REVISION] = labels[DRIVER_REV_OLD] = revision
+    return labels
 
 
 def _product_count_key(product: str) -> str:
@@ -240,13 +309,16 @@ def compute_labels(
     *,
     health: Mapping[GpuUuid, bool] | None = None,
     sharing: SharingSummary | None = None,
+    host: HostFacts | None = None,
     now: float | None = None,
 ) -> dict[str, str]:
     """The full label set for a node. ``health`` maps UUID to healthy (a GPU absent from the
-    map counts as healthy); ``now`` (Unix seconds) adds the timestamp label when given (the
+    map counts as healthy); ``host`` is what was read from the machine (GFD's ``unknown``
+    values without it); ``now`` (Unix seconds) adds the timestamp label when given (the
     labeller passes the time the other labels last changed)."""
     health = health or {}
     sharing = sharing or SharingSummary()
+    host = host or HostFacts()
     gpus = list(inventory.gpus)
     labels: dict[str, str] = {COUNT: str(len(gpus))}
     labels[HEALTHY_COUNT] = str(sum(1 for g in gpus if health.get(g.uuid, True)))
@@ -255,9 +327,8 @@ def compute_labels(
         return _with_timestamp(labels, now)
 
     products = [sanitise_label_value(g.product_name) for g in gpus]
-    product = _uniform(products)
-    if product:
-        labels[PRODUCT] = product
+    if _uniform(products):
+        labels[PRODUCT] = _gfd_product(gpus[0].product_name, sharing)
     memory = _uniform([g.memory_total_mib for g in gpus])
     if memory is not None:
         labels[MEMORY] = str(memory)
@@ -266,10 +337,18 @@ def compute_labels(
     if capability is not None:
         labels[COMPUTE_MAJOR] = str(capability[0])
         labels[COMPUTE_MINOR] = str(capability[1])
-    family = _uniform([gpu_family(g.compute_capability) for g in gpus])
-    if family is not None and family != "undefined":
-        labels[FAMILY] = family
+    if all(g.compute_capability is not None for g in gpus):
+        # GFD's "undefined" included (a capability its table does not name): GFD writes the
+        # family whenever NVML reports a capability.
+        family = _uniform([gpu_family(g.compute_capability) for g in gpus])
+        if family is not None:
+            labels[FAMILY] = family
     labels[MIG_CAPABLE] = _bool(any(_is_mig_capable(g) for g in gpus))
+    # GFD: MPS is possible where the sharing strategy is MPS and no GPU is in MIG mode (MPS
+    # does not run on MIG devices; GFD then fails to label at all, we say false).
+    labels[MPS_CAPABLE] = _bool(sharing.strategy == "mps" and not any(g.mig_enabled for g in gpus))
+    labels[MACHINE] = gfd_sanitise(host.machine_type)
+    labels[GPU_MODE] = gpu_mode([host.pci_classes.get(g.pci_bus_id) for g in gpus])
     labels[SHARING_STRATEGY] = sanitise_label_value(sharing.strategy) or "none"
     labels[REPLICAS] = str(sharing.replicas)
     labels[GPU_SHARE] = _bool(sharing.gpu_share is not None)
@@ -305,23 +384,35 @@ def sharing_from_config(config: AgentConfig) -> SharingSummary:
     card-level sharing (``sharing.gpuShare``) is on with ``enforcement: mps`` (pods on a card
     run as clients of one MPS daemon, as under GFD's mps); ``time-slicing`` when it is on
     without enforcement (CUDA time-slices the pods' contexts with no isolation, which is what
-    GFD's time-slicing means) or when NVIDIA-style ``timeSlicing`` is configured; else ``none``.
-    ``nvidia.com/gpu.replicas`` stays the time-slicing replicas of the ``nvidia.com/gpu`` entry
-    (else of the first shared resource), 1 without: gpuShare does not replicate the whole-GPU
-    resource, its slots are ``kubegpu.io/gpu-share.slots``."""
-    shared = config.sharing.time_slicing.resources
+    GFD's time-slicing means) or when NVIDIA-style ``timeSlicing`` gives more than one replica;
+    else ``none``. ``nvidia.com/gpu.replicas`` stays the time-slicing replicas of the
+    ``nvidia.com/gpu`` entry (else of the first shared resource), 1 without: gpuShare does not
+    replicate the whole-GPU resource, its slots are ``kubegpu.io/gpu-share.slots``."""
+    time_slicing = config.sharing.time_slicing
     replicas = 1
     strategy = "none"
-    if shared:
-        chosen = next((r for r in shared if r.name == DEFAULT_RESOURCE), shared[0])
-        strategy, replicas = "time-slicing", chosen.replicas
+    renamed = False
+    if time_slicing.resources:
+        chosen = next(
+            (r for r in time_slicing.resources if r.name == DEFAULT_RESOURCE),
+            time_slicing.resources[0],
+        )
+        replicas = chosen.replicas
+        renamed = (
+            chosen.name != DEFAULT_RESOURCE
+            or chosen.rename is not None
+            or time_slicing.rename_by_default
+        )
+        # GFD's rule: one replica per GPU shares nothing.
+        strategy = "time-slicing" if replicas > 1 else "none"
     share = config.sharing.gpu_share
     if not share.enabled:
-        return SharingSummary(strategy=strategy, replicas=replicas)
+        return SharingSummary(strategy=strategy, replicas=replicas, renamed=renamed)
     return SharingSummary(
         strategy="mps" if share.enforcement == "mps" else "time-slicing",
         replicas=replicas,
         gpu_share=GpuShareSummary(
             enforcement=share.enforcement, slots_per_card=share.slots_per_card
         ),
+        renamed=renamed,
     )

@@ -28,6 +28,7 @@ from kubegpu.core.gpu import GpuUuid, NodeInventory
 from kubegpu.labels.catalogue import (
     RETIRED_KEYS,
     TIMESTAMP,
+    HostFacts,
     SharingSummary,
     compute_labels,
     owns_label,
@@ -45,6 +46,7 @@ class Labeller:
         sink: LabelSink,
         health: Callable[[], Mapping[GpuUuid, bool]] = dict,
         sharing: SharingSummary | None = None,
+        host: HostFacts | None = None,
         clock: Callable[[], float] = time.time,
         timestamp: bool = True,
         poll_s: float = 10.0,
@@ -54,6 +56,7 @@ class Labeller:
         self._sink = sink
         self._health = health
         self.sharing = sharing or SharingSummary()
+        self._host = host or HostFacts()
         self._clock = clock
         self._timestamp = timestamp
         self.poll_s = poll_s
@@ -67,7 +70,9 @@ class Labeller:
 
     def current_facts(self) -> dict[str, str]:
         """Every label but the timestamp."""
-        return compute_labels(self._inventory(), health=self._health(), sharing=self.sharing)
+        return compute_labels(
+            self._inventory(), health=self._health(), sharing=self.sharing, host=self._host
+        )
 
     def refresh_once(self, *, force: bool = False) -> bool:
         """Compute the labels and, if anything changed (or a resync is due, or ``force``), hand

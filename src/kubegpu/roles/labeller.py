@@ -18,6 +18,7 @@ from kubegpu.core.backend import GpuBackend
 from kubegpu.core.health import HealthCheckPolicy
 from kubegpu.core.health_feed import HealthFeed
 from kubegpu.labels.catalogue import SharingSummary
+from kubegpu.labels.host import SYSFS_PCI_DEVICES, read_host_facts
 from kubegpu.labels.labeller import Labeller
 from kubegpu.labels.sinks import LabelSink, NfdFeatureFileSink, NodeLabelSink, StdoutSink
 from kubegpu.roles.health import judge_health
@@ -59,17 +60,26 @@ def run_labeller(
     interval_s: float,
     poll_s: float,
     wait_for_stop: Callable[[], None],
+    machine_type_file: Path,
+    pci_devices: Path = SYSFS_PCI_DEVICES,
 ) -> int:
     """Label until ``wait_for_stop`` returns (the command's SIGTERM/SIGINT, whose handler it
     installs before anything slow so that none is lost) or once; the exit code: 2 when
     ``once`` cannot write. Closes ``backend``."""
     inventory = backend.snapshot()
     health = HealthFeed(policy=policy)
+    # The GPUs' PCI classes only for real ones: a fake GPU's bus id is some other device's.
+    host = read_host_facts(
+        inventory,
+        machine_type_file=machine_type_file,
+        pci_devices=pci_devices if backend.name == "nvml" else None,
+    )
     labeller = Labeller(
         inventory=backend.snapshot,
         sink=sink,
         health=health.healthy_map,
         sharing=sharing,
+        host=host,
         timestamp=timestamp,
         poll_s=poll_s,
         resync_s=interval_s,
