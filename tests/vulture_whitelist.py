@@ -24,6 +24,8 @@ USED_WHERE_VULTURE_CANNOT_SEE = (
     _.nvmlDeviceGetCudaComputeCapability,
     _.nvmlDeviceGetNumaNodeId,
     _.nvmlDeviceGetMigMode,
+    _.nvmlDeviceGetBrand,
+    _.nvmlDeviceGetArchitecture,
     _.nvmlDeviceGetNvLinkState,
     _.nvmlDeviceGetNvLinkRemotePciInfo,
     _.nvmlDeviceGetNvLinkRemoteDeviceType,

@@ -64,6 +64,11 @@ COMBINATIONS: list[tuple[str, list[str], list[str]]] = [
         ["draDriver.enabled=true", "draDriver.extendedResource=true"],
         ["examples/dra-extended-resource"],
     ),
+    (
+        "dra-nvidia-naming",
+        ["draDriver.enabled=true", "draDriver.naming=nvidia"],
+        ["examples/dra-nvidia-naming"],
+    ),
     ("peer-compat", ["peerCompat.enabled=true"], ["examples/peer-compat"]),
     (
         "quota-example",

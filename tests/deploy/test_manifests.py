@@ -61,6 +61,7 @@ def test_every_kustomization_is_known() -> None:
         "base",
         "examples/dra",
         "examples/dra-extended-resource",
+        "examples/dra-nvidia-naming",
         "examples/nfd-labels",
         "examples/peer-compat",
         "examples/quota",
@@ -73,7 +74,9 @@ def test_every_kustomization_is_known() -> None:
 
 # Kustomizations with the DRA driver: resource.k8s.io/v1 (DeviceClass) exists from 1.34 on, so
 # they are checked against that version's schemas instead of the oldest supported one.
-DRA_KUSTOMIZATIONS = frozenset({"examples/dra", "examples/dra-extended-resource"})
+DRA_KUSTOMIZATIONS = frozenset(
+    {"examples/dra", "examples/dra-extended-resource", "examples/dra-nvidia-naming"}
+)
 DRA_OLDEST = "1.34.0"
 
 

@@ -330,10 +330,11 @@ def flag_resolves(flag: str, command: tuple[str, ...] | None) -> bool:
 
 @cache
 def driver_domains() -> frozenset[str]:
-    """The DRA driver's name, in whose domain its attributes, taints and CDI kind are."""
-    from kubegpu.core.dra import DEFAULT_DRIVER_NAME
+    """The DRA driver's names (one per naming), in whose domain its attributes, taints and
+    CDI kind are."""
+    from kubegpu.core.dra import DRA_NAMINGS
 
-    return frozenset({DEFAULT_DRIVER_NAME})
+    return frozenset(naming.driver for naming in DRA_NAMINGS.values())
 
 
 def _spelt(name: str) -> bool:

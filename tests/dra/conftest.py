@@ -74,7 +74,6 @@ class Node:
 def node(short_dir: Path, inventory: NodeInventory) -> Node:
     return Node(
         settings=DriverSettings(
-            driver=DEFAULT_DRIVER_NAME,
             node_name=NODE,
             cdi_dir=short_dir / "cdi",
             checkpoint_path=short_dir / "state" / "checkpoint.json",

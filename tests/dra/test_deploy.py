@@ -12,7 +12,7 @@ import pytest
 from kubegpu.cli.dra_driver import dra_driver
 from kubegpu.config.allocation import check_gpu_allocation
 from kubegpu.config.load import load_config
-from kubegpu.core.dra import DEFAULT_DRIVER_NAME, ClaimRef
+from kubegpu.core.dra import DEFAULT_DRIVER_NAME, KUBEGPU_NAMING, ClaimRef
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.dra.publisher import ResourceSlicePublisher
 from kubegpu.kube.pool_allocations import WatchedPoolAllocations
@@ -143,9 +143,7 @@ async def test_the_cluster_role_grants_exactly_what_the_driver_calls(
         # Everything the driver does with the API: publish (list, create, delete a stale
         # slice), republish on a health change (update), read a claim to prepare it (get),
         # read the claims allocated from the pool to steer (list, then watch).
-        publisher = ResourceSlicePublisher(
-            NODE, DEFAULT_DRIVER_NAME, LightkubeResourceSliceSink(client)
-        )
+        publisher = ResourceSlicePublisher(NODE, KUBEGPU_NAMING, LightkubeResourceSliceSink(client))
         await publisher.publish(inventory)
         await publisher.publish(inventory, {inventory.gpus[0].uuid: "Xid 48"})
         await LightkubeResourceClaimSource(client).allocation(claim, DEFAULT_DRIVER_NAME)

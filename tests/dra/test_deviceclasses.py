@@ -71,3 +71,36 @@ def test_the_mapping_is_opt_in() -> None:
     # extendedResourceName needs an alpha gate in 1.35: the default DRA install does not set it.
     for name, cls in device_classes("examples/dra").items():
         assert "extendedResourceName" not in cls["spec"], name
+
+
+# ------------------------------------------------------------- NVIDIA's naming (opt-in)
+NVIDIA_NAMING_EXAMPLE = "examples/dra-nvidia-naming"
+
+
+def test_under_nvidias_naming_its_class_replaces_ours_and_both_roles_are_told() -> None:
+    objs = render(NVIDIA_NAMING_EXAMPLE)
+    found = {o["metadata"]["name"]: o for o in objs if o["kind"] == "DeviceClass"}
+    assert set(found) == {"gpu.nvidia.com"}
+    spec = found["gpu.nvidia.com"]["spec"]
+    # NVIDIA's chart's expression and extended resource, verbatim.
+    assert spec == {
+        "selectors": [
+            {
+                "cel": {
+                    "expression": "device.driver == 'gpu.nvidia.com' && "
+                    "device.attributes['gpu.nvidia.com'].type == 'gpu'"
+                }
+            }
+        ],
+        "extendedResourceName": "nvidia.com/gpu",
+    }
+    (driver,) = [
+        o for o in objs if o["kind"] == "DaemonSet" and o["metadata"]["name"].endswith("dra-driver")
+    ]
+    (container,) = driver["spec"]["template"]["spec"]["containers"]
+    assert "--dra-naming=nvidia" in container["args"]
+    (scheduler,) = [o for o in objs if o["kind"] == "Deployment"]
+    (extender,) = [
+        c for c in scheduler["spec"]["template"]["spec"]["containers"] if c["name"] == "extender"
+    ]
+    assert {"name": "KUBEGPU_EXTENDER_DRA_NAMING", "value": "nvidia"} in extender["env"]

@@ -574,3 +574,46 @@ def test_a_bad_steering_workload_file_is_a_usage_error_naming_the_setting(
     assert "dra.steering.workloadFile" in out and "non-empty 'pods' list" in out
     assert "Traceback" not in out
     assert not d.sockets.registration.exists()
+
+
+def test_under_nvidias_naming_it_publishes_and_registers_as_gpu_nvidia_com(
+    driver: Callable[..., Driver], api: ResourceApi
+) -> None:
+    d = driver({"gpuAllocation": "dra", "dra": {"naming": "nvidia"}})
+    sockets = socket_paths(d.kubelet_dir, "gpu.nvidia.com")
+    d.wait(lambda: node_devices(api) and sockets.registration.exists(), "published")
+    (published,) = [s for s in api.slices.values() if s["spec"].get("nodeName") == NODE]
+    assert published["spec"]["driver"] == "gpu.nvidia.com"
+    assert node_devices(api)["gpu-0"]["attributes"]["type"] == {"string": "gpu"}
+    d.wait(lambda: sockets.dra.exists(), "its DRA socket")
+    with grpc.insecure_channel(f"unix://{sockets.registration}") as channel:
+        info = reg_grpc.RegistrationStub(channel).GetInfo(reg.InfoRequest(), timeout=30)
+    assert (info.name, info.endpoint) == ("gpu.nvidia.com", str(sockets.dra))
+    assert d.stop() == 0, d.log.read_text()
+
+
+def test_beside_another_driver_of_the_same_name_it_refuses_and_touches_nothing(
+    driver: Callable[..., Driver], api: ResourceApi, short_dir: Path
+) -> None:
+    # NVIDIA's driver serving gpu.nvidia.com on this node: its registration socket answers.
+    registration = socket_paths(short_dir / "kubelet", "gpu.nvidia.com").registration
+    registration.parent.mkdir(parents=True, exist_ok=True)
+    nvidia = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    nvidia.bind(str(registration))
+    nvidia.listen(8)
+    try:
+        d = driver({"gpuAllocation": "dra", "dra": {"naming": "nvidia"}})
+        assert d.proc.wait(WAIT_S) == 1, d.log.read_text()
+        log = d.log.read_text()
+        assert "another DRA driver named gpu.nvidia.com already serves this node" in log
+        assert str(registration) in log and "dra.naming: kubegpu" in log
+        assert "Traceback" not in log
+        # Its socket is still there and still its own; no slice was written.
+        assert registration.is_socket()
+        probe_socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe_socket.connect(str(registration))
+        probe_socket.close()
+        assert not node_devices(api)
+        assert d.group_is_gone()
+    finally:
+        nvidia.close()

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kubegpu.core.dra import AllocatedDevice, ClaimRef
+from kubegpu.core.dra import KUBEGPU_NAMING, AllocatedDevice, ClaimRef
 from kubegpu.core.dra_ports import ClaimLookupError
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.dra.publisher import ResourceSlicePublisher
@@ -104,7 +104,7 @@ async def test_slice_sink_creates_replaces_and_deletes_only_this_nodes_slices(
     for obj in (other_node, other_driver, stale):
         api.slices[obj["metadata"]["name"]] = obj
     async with serve(api) as client:
-        publisher = ResourceSlicePublisher(NODE, DRIVER, LightkubeResourceSliceSink(client))
+        publisher = ResourceSlicePublisher(NODE, KUBEGPU_NAMING, LightkubeResourceSliceSink(client))
         await publisher.publish(inventory)
         created = api.slices[f"{NODE}-{DRIVER}-0"]
         # continues above the generation the API server held (the stale slice's 9)

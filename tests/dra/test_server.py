@@ -181,6 +181,38 @@ async def test_a_share_one_step_short_of_the_card_stays_a_share(
     assert (env[ENV_MEMORY_LIMIT], env[ENV_COMPUTE]) == ("81664", "1000")
 
 
+async def test_a_share_that_consumed_no_compute_has_no_compute_limit(
+    node: Node, served: DraPluginServer
+) -> None:
+    # Under NVIDIA's naming a request for memory alone consumes the compute default, 0: a
+    # share by memory, with no compute limit rather than a limit of 0 %.
+    node.claims.allocate(
+        SHARE,
+        AllocatedDevice(
+            "gpu", NODE, "gpu-1", share_id="s-1", memory_bytes=2 * 2**30, compute_milli=0
+        ),
+    )
+    await prepare(node, SHARE)
+    env = env_of(cdi_spec(node, SHARE))
+    assert env[ENV_MEMORY_LIMIT] == "2048"
+    assert ENV_COMPUTE not in env
+
+
+async def test_all_the_memory_and_no_compute_is_a_whole_gpu(
+    node: Node, served: DraPluginServer
+) -> None:
+    # What the allocator records for a request naming nothing under NVIDIA's naming.
+    node.claims.allocate(
+        WHOLE,
+        AllocatedDevice(
+            "gpu", NODE, "gpu-0", share_id="s-w", memory_bytes=81920 * 2**20, compute_milli=0
+        ),
+    )
+    await prepare(node, WHOLE)
+    env = env_of(cdi_spec(node, WHOLE))
+    assert ENV_MEMORY_LIMIT not in env and ENV_COMPUTE not in env
+
+
 async def test_v1beta1_serves_the_same_claims_without_share_id(
     node: Node, served: DraPluginServer
 ) -> None:

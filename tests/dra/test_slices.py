@@ -22,7 +22,7 @@ DRIVER = DEFAULT_DRIVER_NAME
 
 
 def only_slice(inventory: NodeInventory, **kwargs: Any) -> dict[str, Any]:
-    slices = build_resource_slices(NODE, inventory, driver=DRIVER, generation=3, **kwargs)
+    slices = build_resource_slices(NODE, inventory, generation=3, **kwargs)
     assert len(slices) == 1
     return slices[0]
 
@@ -164,20 +164,20 @@ def test_taint_value_is_a_valid_label_value(reason: str, value: str) -> None:
 
 def test_many_gpus_are_split_into_slices_of_one_pool() -> None:
     inventory = NodeInventory(gpus=tuple(gpu(i) for i in range(MAX_DEVICES_PER_SLICE + 1)))
-    slices = build_resource_slices(NODE, inventory, driver=DRIVER, generation=1)
+    slices = build_resource_slices(NODE, inventory, generation=1)
     assert [len(s["spec"]["devices"]) for s in slices] == [MAX_DEVICES_PER_SLICE, 1]
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {2}
     assert len({s["metadata"]["name"] for s in slices}) == 2
 
 
 def test_node_without_gpus_still_publishes_its_empty_pool() -> None:
-    (empty,) = build_resource_slices(NODE, NodeInventory(gpus=()), driver=DRIVER, generation=1)
+    (empty,) = build_resource_slices(NODE, NodeInventory(gpus=()), generation=1)
     assert empty["spec"]["devices"] == []
 
 
 def test_generation_must_be_positive(inventory: NodeInventory) -> None:
     with pytest.raises(ValueError, match="generation must be >= 1, got 0"):
-        build_resource_slices(NODE, inventory, driver=DRIVER, generation=0)
+        build_resource_slices(NODE, inventory, generation=0)
 
 
 def _linked(count: int, lanes: dict[tuple[int, int], int]) -> NodeInventory:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kubegpu.core.dra import AllocatedDevice, ClaimRef
+from kubegpu.core.dra import KUBEGPU_NAMING, AllocatedDevice, ClaimRef
 from kubegpu.core.dra_ports import FakeResourceClaimSource, FakeResourceSliceSink
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.dra.publisher import ResourceSlicePublisher
@@ -113,14 +113,14 @@ def names(slices: list[dict[str, object]]) -> list[str]:
 def test_slices_list_the_devices_in_the_order_given() -> None:
     inventory = NodeInventory(gpus=(gpu(0), gpu(1), gpu(2)))
     build = build_resource_slices
-    assert names(build(NODE, inventory, driver="d", generation=1)) == ["gpu-0", "gpu-1", "gpu-2"]
-    assert names(build(NODE, inventory, driver="d", generation=1, order=(2, 0, 1))) == [
+    assert names(build(NODE, inventory, generation=1)) == ["gpu-0", "gpu-1", "gpu-2"]
+    assert names(build(NODE, inventory, generation=1, order=(2, 0, 1))) == [
         "gpu-2",
         "gpu-0",
         "gpu-1",
     ]
     # GPUs the order leaves out follow in index order; indices the node lacks are ignored.
-    assert names(build(NODE, inventory, driver="d", generation=1, order=(9, 1))) == [
+    assert names(build(NODE, inventory, generation=1, order=(9, 1))) == [
         "gpu-1",
         "gpu-0",
         "gpu-2",
@@ -129,13 +129,13 @@ def test_slices_list_the_devices_in_the_order_given() -> None:
 
 async def test_a_new_order_is_published_under_a_new_generation_the_same_order_is_not() -> None:
     sink = FakeResourceSliceSink()
-    publisher = ResourceSlicePublisher(NODE, "d", sink)
+    publisher = ResourceSlicePublisher(NODE, KUBEGPU_NAMING, sink)
     inventory = two_cards()
     assert await publisher.publish(inventory, order=(0, 1))
     assert not await publisher.publish(inventory, order=(0, 1))
     assert not await publisher.publish(inventory)  # index order is that order
     assert await publisher.publish(inventory, order=(1, 0))
-    (published,) = sink.slices[(NODE, "d")]
+    (published,) = sink.slices[(NODE, KUBEGPU_NAMING.driver)]
     assert names([published]) == ["gpu-1", "gpu-0"]
     assert published["spec"]["pool"]["generation"] == 2
     assert sink.applies == 2

@@ -48,7 +48,6 @@ def node_slice(
     (only,) = build_resource_slices(
         node,
         node_inventory(cards, memory_mib, model),
-        driver=DRIVER,
         generation=generation,
         unhealthy=unhealthy,
     )

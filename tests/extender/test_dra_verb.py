@@ -19,7 +19,6 @@ from kubegpu.testing.waiting import wait_until_async
 from tests.extender.cluster import filter_args, http_session, post, running_extender, whole_pod
 from tests.extender.dra_api import DraApi, serve
 from tests.extender.dra_cluster import (
-    DRIVER,
     claim,
     dra_pod,
     node_slice,
@@ -38,7 +37,7 @@ async def dra_extender(api: DraApi, policy: str = "binpack") -> AsyncIterator[Ex
         for name in NODES:
             server.store.put("nodes", make_node(name, cpu="32"))
         async with serve(api) as dra_client, running_extender(server, policy=policy) as ext:
-            view = DraClusterView(dra_client, DRIVER, backoff=Backoff(0.01, 0.05))
+            view = DraClusterView(dra_client, backoff=Backoff(0.01, 0.05))
             ext.app.dra = DraRanker(ext.scheduler, view)
             try:
                 yield ext

@@ -36,7 +36,7 @@ async def test_lists_then_follows_slices_and_claims_by_watch() -> None:
     api.put("resourceslices", other_drivers_slice())
     api.put("resourceclaims", claim("a", results=[share_result("n1", 0, "20Gi", "250")]))
     async with serve(api) as client:
-        view = DraClusterView(client, DRIVER, backoff=Backoff(0.01, 0.05))
+        view = DraClusterView(client, backoff=Backoff(0.01, 0.05))
         assert not api.lists  # nothing is listed before ranking asks
         view.start()
         view.start()  # idempotent

@@ -38,6 +38,8 @@ class ScriptedGpu:
     compute_capability: tuple[int, int] | None = (8, 0)
     numa_node: int | None = 0  # None: nvmlDeviceGetNumaNodeId is not supported
     mig_mode: int | None = 0  # None: MIG not supported
+    brand: int | None = real.NVML_BRAND_NVIDIA  # None: not supported
+    architecture: int | None = real.NVML_DEVICE_ARCH_AMPERE  # None: not supported
     # One entry per NVLink: (remote bus id, remote device type, active). Empty: no NVLink.
     nvlinks: list[tuple[str, int, bool]] = field(default_factory=list)
     supported_events: int = XID | SBE | DBE
@@ -215,6 +217,18 @@ class ScriptedNvml(ModuleType):
         if gpu.numa_node is None:
             raise nvml_error(real.NVML_ERROR_NOT_SUPPORTED)
         return gpu.numa_node
+
+    def nvmlDeviceGetBrand(self, handle: _Handle) -> int:
+        gpu = self._gpu("nvmlDeviceGetBrand", handle)
+        if gpu.brand is None:
+            raise nvml_error(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.brand
+
+    def nvmlDeviceGetArchitecture(self, handle: _Handle) -> int:
+        gpu = self._gpu("nvmlDeviceGetArchitecture", handle)
+        if gpu.architecture is None:
+            raise nvml_error(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.architecture
 
     def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
         gpu = self._gpu("nvmlDeviceGetMigMode", handle)

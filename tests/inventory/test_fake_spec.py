@@ -177,6 +177,18 @@ TWO_GPUS = f"gpus: [{GOOD_GPU}, {OTHER_GPU}]\n"
             id="compute capability",
         ),
         pytest.param(
+            f"gpus: [{GOOD_GPU[:-1]}, pcie_root: '0000:00'}}]",
+            "gpus[0].pcie_root",
+            "'0000:00'",
+            id="pcie root form",
+        ),
+        pytest.param(
+            f"gpus: [{GOOD_GPU[:-1]}, brand: ''}}]",
+            "gpus[0].brand",
+            "''",
+            id="empty brand",
+        ),
+        pytest.param(
             f"gpus: [{GOOD_GPU}, {GOOD_GPU.replace('555555555555', '777777777777')}]",
             "gpus[1].index",
             "0",
@@ -219,6 +231,31 @@ def test_a_bad_spec_names_the_file_the_field_and_the_value(
     assert str(path) in message
     assert field in message
     assert value in message
+
+
+def test_brand_architecture_and_pcie_root_are_read_and_the_architecture_defaults(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "named.yaml"
+    path.write_text(
+        """
+gpus:
+  - {index: 0, uuid: GPU-11111111-2222-3333-4444-000000000000, product_name: X,
+     memory_total_mib: 1024, pci_bus_id: "0000:01:00.0", compute_capability: "9.0",
+     brand: Nvidia, pcie_root: "pci0000:64"}
+  - {index: 1, uuid: GPU-11111111-2222-3333-4444-111111111111, product_name: X,
+     memory_total_mib: 1024, pci_bus_id: "0000:02:00.0", compute_capability: "8.9"}
+  - {index: 2, uuid: GPU-11111111-2222-3333-4444-222222222222, product_name: X,
+     memory_total_mib: 1024, pci_bus_id: "0000:03:00.0", architecture: Rubin}
+"""
+    )
+    inventory = resolve_fake_spec(path).inventory
+    named = [(g.brand, g.architecture, g.pcie_root) for g in inventory]
+    assert named == [
+        ("Nvidia", "Hopper", "pci0000:64"),
+        (None, "Ada Lovelace", None),
+        (None, "Rubin", None),
+    ]
 
 
 def test_an_unknown_name_lists_the_presets() -> None:

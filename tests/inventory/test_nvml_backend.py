@@ -159,6 +159,35 @@ def test_numa_node_falls_back_to_sysfs(tmp_path: Path) -> None:
     assert [gpu.numa_node for gpu in inventory] == [1, None]
 
 
+def test_brand_and_architecture_are_named_as_nvidias_go_nvlib_names_them() -> None:
+    gpus = four_gpus()[:3]
+    gpus[1].architecture = real.NVML_DEVICE_ARCH_ADA
+    gpus[1].brand = real.NVML_BRAND_GEFORCE_RTX
+    # Unsupported by the driver: the architecture comes from the compute capability (8.0).
+    gpus[2].architecture = gpus[2].brand = None
+    backend = NvmlBackend(ScriptedNvml(gpus))
+    inventory = backend.snapshot()
+    backend.close()
+    assert [(gpu.brand, gpu.architecture) for gpu in inventory] == [
+        ("Nvidia", "Ampere"),
+        ("GeForceRTX", "Ada Lovelace"),
+        (None, "Ampere"),
+    ]
+
+
+def test_pcie_root_is_read_from_the_sysfs_link(tmp_path: Path) -> None:
+    devices = tmp_path / "devices/pci0000:00/0000:00:01.0/0000:07:00.0"
+    devices.mkdir(parents=True)
+    links = tmp_path / "bus/pci/devices"
+    links.mkdir(parents=True)
+    (links / "0000:07:00.0").symlink_to("../../../devices/pci0000:00/0000:00:01.0/0000:07:00.0")
+    backend = NvmlBackend(ScriptedNvml(four_gpus()[:2]), sysfs_root=tmp_path)
+    inventory = backend.snapshot()
+    backend.close()
+    # The second card has no sysfs entry here: no root rather than a guess.
+    assert [gpu.pcie_root for gpu in inventory] == ["pci0000:00", None]
+
+
 def test_mig_mode_is_reported() -> None:
     backend = NvmlBackend(ScriptedNvml(four_gpus(mig_mode=real.NVML_DEVICE_MIG_ENABLE)[:1]))
     assert backend.snapshot().gpus[0].mig_enabled is True

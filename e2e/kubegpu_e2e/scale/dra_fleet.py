@@ -34,7 +34,7 @@ from typing import Any
 import lightkube
 
 from kubegpu.config.extender import load_workload
-from kubegpu.core.dra import DEFAULT_DRIVER_NAME
+from kubegpu.core.dra import DEFAULT_DRIVER_NAME, KUBEGPU_NAMING
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.dra.publisher import ResourceSlicePublisher
 from kubegpu.dra.slices import pool_name
@@ -66,7 +66,7 @@ class NodeDriver:
         self.name = name
         self.inventory = inventory
         self.publisher = ResourceSlicePublisher(
-            name, DEFAULT_DRIVER_NAME, LightkubeResourceSliceSink(client)
+            name, KUBEGPU_NAMING, LightkubeResourceSliceSink(client)
         )
         self.steerer = steerer
         self.order: tuple[int, ...] | None = None

@@ -25,7 +25,9 @@ from kubegpu.cli.common_options import (
     kubeconfig_option,
     node_name_option,
 )
+from kubegpu.cli.config_options import config_option
 from kubegpu.cli.types import Folder
+from kubegpu.config.model import AgentConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ def _usage(message: str) -> NoReturn:
     default="/var/lib/kubelet",
     show_default=True,
     help="The kubelet's root: the registration socket goes in plugins_registry/, the DRA "
-    "socket in plugins/gpu.kubegpu.io/.",
+    "socket in plugins/<driver>/ (gpu.kubegpu.io, or gpu.nvidia.com with dra.naming: nvidia).",
 )
 @click.option(
     "--cdi-dir",
@@ -70,6 +72,7 @@ def _usage(message: str) -> NoReturn:
     help="Host root of the /dev nodes named in CDI specs (a containerised driver's root).",
 )
 @agent_config_option("Versioned config file (version: v1); must say gpuAllocation: dra.")
+@config_option(AgentConfig, "dra.naming", "--dra-naming", from_file=True)
 @node_name_option("This node's name (env NODE_NAME in a DaemonSet): names its ResourceSlice pool.")
 @kubeconfig_option(
     "API access for ResourceClaims and ResourceSlices; default: in-cluster, else $KUBECONFIG "
@@ -90,16 +93,18 @@ def dra_driver(
     state_dir: Path,
     dev_root: str,
     config_path: Path | None,
+    dra_naming: str | None,
     node_name: str | None,
     kubeconfig: Path | None,
     health_listen: str,
 ) -> None:
-    """Run the DRA driver (gpu.kubegpu.io) for this node's GPUs."""
+    """Run the DRA driver (gpu.kubegpu.io, or gpu.nvidia.com) for this node's GPUs."""
     from kubegpu.config.allocation import GpuAllocationError, check_gpu_allocation
     from kubegpu.config.health import health_policy
     from kubegpu.config.load import ConfigError, load_config, render_config
     from kubegpu.config.model import parse_listen_address
     from kubegpu.core.backend import InventoryError
+    from kubegpu.core.dra import DRA_NAMINGS
     from kubegpu.inventory.select import BackendKind, open_backend
     from kubegpu.kube.client import KubeconfigError, load_kubeconfig
     from kubegpu.kubelet.socketdir import SocketDirError, check_folder, check_socket_dir
@@ -107,7 +112,8 @@ def dra_driver(
     from kubegpu.roles.dra_driver import DraDriverSettings, run_dra_driver, socket_paths
 
     try:
-        config = load_config(config_path, {})
+        overrides = {"dra.naming": dra_naming} if dra_naming is not None else {}
+        config = load_config(config_path, overrides)
         check_gpu_allocation(config, "dra")
         health_policy(config.health, os.environ)  # a bad DP_*_HEALTHCHECKS token
     except (ConfigError, GpuAllocationError, ValueError) as err:
@@ -128,7 +134,8 @@ def dra_driver(
             workload = load_workload(Path(config.dra.steering.workload_file))
         except ExtenderConfigError as err:
             _usage(f"dra.steering.workloadFile: {err}")
-    sockets = socket_paths(kubelet_dir)
+    naming = DRA_NAMINGS[config.dra.naming]
+    sockets = socket_paths(kubelet_dir, naming.driver)
     try:
         for path in (sockets.registration, sockets.dra):
             check_socket_dir(path.parent, [path.name])
@@ -167,6 +174,7 @@ def dra_driver(
         cdi_dir=cdi_dir,
         state_dir=state_dir,
         dev_root=dev_root,
+        naming=naming,
         env=dict(os.environ),
         steering_workload=workload,
         cpu_milli=(os.cpu_count() or 1) * 1000,

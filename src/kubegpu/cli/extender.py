@@ -132,6 +132,12 @@ def resource_name_options(command: F) -> F:
     show_default=True,
 )
 @_setting(
+    "dra_naming",
+    "--dra-naming",
+    type=click.Choice(["kubegpu", "nvidia"]),
+    show_default=True,
+)
+@_setting(
     "bind_attempts",
     "--bind-attempts",
     type=click.IntRange(1, MAX_BIND_ATTEMPTS),
@@ -170,6 +176,7 @@ def extender_command(**options: Any) -> None:
             kubeconfig=_opt_path(options["kubeconfig"]),
             workload_file=_opt_path(options["workload_file"]),
             workload_refresh_s=float(options["workload_refresh_seconds"]),
+            dra_naming=options["dra_naming"],
             bind_attempts=int(options["bind_attempts"]),
             leader_lease=None,  # resolved below, once the rest is known to be right
             leader_identity=options["leader_identity"] or None,

@@ -23,7 +23,7 @@ import difflib
 import ipaddress
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -135,6 +135,11 @@ class ExtenderConfig(BaseModel):
         default=300.0,
         description="How often fgd/kubegpu re-read the cluster's GPU pods as their target "
         "workload.",
+    )
+    dra_naming: Literal["kubegpu", "nvidia"] = Field(
+        default="kubegpu",
+        description="The DRA driver's naming, equal to the driver's dra.naming: `kubegpu` "
+        "ranks claims for gpu.kubegpu.io's classes, `nvidia` for gpu.nvidia.com's.",
     )
     bind_attempts: int = Field(
         default=5,

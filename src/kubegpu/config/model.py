@@ -614,6 +614,14 @@ class Dra(_Model):
         "as sharing.gpuShare.mps, whose daemon it replaces on a DRA node.",
     )
     steering: DraSteering = Field(default_factory=DraSteering)
+    naming: Literal["kubegpu", "nvidia"] = Field(
+        default="kubegpu",
+        description="`kubegpu`: driver and DeviceClasses gpu.kubegpu.io; `nvidia`: publish as "
+        "NVIDIA's DRA driver does (driver and DeviceClass gpu.nvidia.com, its attribute names "
+        "and formats), so claims and CEL selectors written for it run unchanged. Refused on a "
+        "node where NVIDIA's own driver serves gpu.nvidia.com. The extender's --dra-naming "
+        "must say the same (docs/migrate-nvidia.md).",
+    )
 
 
 class AgentConfig(_Model):

@@ -14,6 +14,42 @@ from kubegpu.core.names import is_dns_label, is_dns_subdomain
 
 DEFAULT_DRIVER_NAME = "gpu.kubegpu.io"
 
+
+@dataclass(frozen=True)
+class DraNaming:
+    """The names our DRA driver publishes under: the driver (its slices, sockets, CDI kind and
+    taint keys) and the DeviceClasses whose requests are for its GPUs.
+
+    ``kubegpu`` is our own; ``nvidia`` is what NVIDIA's DRA driver (``gpu.nvidia.com``)
+    publishes, so claims, CEL selectors and tests written for it run unchanged (the slice's
+    attribute set follows too: :mod:`kubegpu.dra.slices`). A cluster uses one naming for the
+    driver and the extender alike."""
+
+    key: str
+    driver: str
+    device_classes: frozenset[str]
+    # What a request that names no compute consumes of a card (the compute capacity's
+    # requestPolicy default, in milli-cards). Ours: the whole card's, so a share names both
+    # memory and compute. NVIDIA's devices have no compute capacity and its shares are by
+    # memory alone: under its naming a request naming no compute consumes none, so two 2Gi
+    # claims share a card as NVIDIA's consumable-shares tests expect, while a whole-GPU
+    # request stays exclusive by its memory default (the whole card's memory).
+    unnamed_compute_milli: int
+
+
+KUBEGPU_NAMING = DraNaming(
+    "kubegpu",
+    DEFAULT_DRIVER_NAME,
+    frozenset({"gpu.kubegpu.io", "gpu-share.kubegpu.io", "gpu-extended-resource.kubegpu.io"}),
+    unnamed_compute_milli=1000,
+)
+# NVIDIA's chart ships gpu.nvidia.com (whole GPUs and, by capacity, shares), mig.nvidia.com and
+# vfio.gpu.nvidia.com; we publish neither MIG nor VFIO devices.
+NVIDIA_NAMING = DraNaming(
+    "nvidia", "gpu.nvidia.com", frozenset({"gpu.nvidia.com"}), unnamed_compute_milli=0
+)
+DRA_NAMINGS: dict[str, DraNaming] = {n.key: n for n in (KUBEGPU_NAMING, NVIDIA_NAMING)}
+
 # Capacity names in the ResourceSlice (unqualified: they live in the driver's domain).
 CAPACITY_MEMORY = "memory"
 CAPACITY_COMPUTE = "compute"

@@ -13,13 +13,6 @@ from dataclasses import dataclass
 
 from kubegpu.core.dra import AllocatedDevice, ClaimRef
 
-# The DeviceClasses we ship (deploy/components/dra-driver): a request naming one of them asks
-# for our driver's GPUs. Whole cards and shares differ only in whether the request names a
-# capacity, so the class itself does not say which.
-KUBEGPU_DEVICE_CLASSES = frozenset(
-    {"gpu.kubegpu.io", "gpu-share.kubegpu.io", "gpu-extended-resource.kubegpu.io"}
-)
-
 
 @dataclass(frozen=True)
 class SliceDevice:

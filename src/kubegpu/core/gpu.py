@@ -51,11 +51,48 @@ class GpuDevice:
     compute_capability: tuple[int, int] | None = None
     numa_node: int | None = None
     mig_enabled: bool | None = None
+    # NVML's names as NVIDIA's go-nvlib spells them ("Nvidia", "Hopper", "Ada Lovelace"); the
+    # architecture of a card NVML cannot name comes from its compute capability
+    # (:func:`architecture_of`). None when neither is known.
+    brand: str | None = None
+    architecture: str | None = None
+    # The PCIe root complex above the card, as sysfs names it ("pci0000:64"): which cards
+    # hang off one root (the standard DRA attribute resource.kubernetes.io/pcieRoot).
+    pcie_root: str | None = None
 
     @property
     def device_node(self) -> str:
         """The character device the container needs, e.g. ``/dev/nvidia3``."""
         return f"/dev/nvidia{self.minor_number}"
+
+
+# Compute capability (major, minor) -> NVIDIA's architecture name, for cards whose
+# architecture NVML does not report (the fake backend, old drivers). From NVIDIA's CUDA
+# programming guide's table of compute capabilities; more specific entries (major, minor) win
+# over the major alone.
+_ARCHITECTURE_BY_CAPABILITY: dict[tuple[int, int | None], str] = {
+    (3, None): "Kepler",
+    (5, None): "Maxwell",
+    (6, None): "Pascal",
+    (7, None): "Volta",
+    (7, 5): "Turing",
+    (8, None): "Ampere",
+    (8, 9): "Ada Lovelace",
+    (9, None): "Hopper",
+    (10, None): "Blackwell",
+    (11, None): "Blackwell",
+    (12, None): "Blackwell",
+}
+
+
+def architecture_of(compute_capability: tuple[int, int] | None) -> str | None:
+    """``(9, 0)`` -> ``"Hopper"``, ``(8, 9)`` -> ``"Ada Lovelace"``; None when unknown."""
+    if compute_capability is None:
+        return None
+    major, minor = compute_capability
+    return _ARCHITECTURE_BY_CAPABILITY.get(
+        (major, minor), _ARCHITECTURE_BY_CAPABILITY.get((major, None))
+    )
 
 
 def _pair_key(a: GpuUuid, b: GpuUuid) -> tuple[GpuUuid, GpuUuid]:

@@ -22,8 +22,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kubegpu.core.dra import (
+    KUBEGPU_NAMING,
     ClaimAllocation,
     ClaimRef,
+    DraNaming,
     PreparedClaim,
     PreparedDevice,
     device_index,
@@ -44,15 +46,19 @@ class PrepareError(RuntimeError):
 
 @dataclass(frozen=True)
 class DriverSettings:
-    driver: str
     node_name: str
     cdi_dir: Path
     checkpoint_path: Path
+    naming: DraNaming = KUBEGPU_NAMING
     cdi_kind: str | None = None  # default: "<driver>/claim"
     dev_root: str = "/"
     # The config's `dra` section: under `enforcement: mps` shares are prepared as clients of
     # the driver's MPS daemon.
     shares: ShareSettings = cdi.UNENFORCED
+
+    @property
+    def driver(self) -> str:
+        return self.naming.driver
 
     @property
     def kind(self) -> str:
@@ -197,7 +203,9 @@ class ClaimPreparer:
                     gpu=gpu,
                     share_id=result.share_id,
                     memory_bytes=result.memory_bytes,
-                    compute_milli=result.compute_milli,
+                    # None, not 0: a share that consumed no compute (under NVIDIA's naming a
+                    # request naming only memory) has no compute limit, not a limit of 0 %.
+                    compute_milli=result.compute_milli or None,
                     requests=frozenset({base_request(result.request)}),
                 )
             )

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kubegpu.core.dra import DraNaming
 from kubegpu.core.dra_ports import ResourceSliceSink
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.dra.slices import build_resource_slices
@@ -20,9 +21,10 @@ log = logging.getLogger(__name__)
 
 
 class ResourceSlicePublisher:
-    def __init__(self, node_name: str, driver: str, sink: ResourceSliceSink) -> None:
+    def __init__(self, node_name: str, naming: DraNaming, sink: ResourceSliceSink) -> None:
         self.node_name = node_name
-        self.driver = driver
+        self.naming = naming
+        self.driver = naming.driver
         self.sink = sink
         self.generation: int | None = None
         self._published: list[dict[str, Any]] | None = None
@@ -40,7 +42,7 @@ class ResourceSlicePublisher:
         candidate = build_resource_slices(
             self.node_name,
             inventory,
-            driver=self.driver,
+            naming=self.naming,
             generation=self.generation + 1,
             unhealthy=unhealthy,
             order=order,

@@ -8,6 +8,7 @@ plugin-watcher protocol, not DRA's.
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,32 @@ class SocketPaths:
         plugins_dir: Path = DEFAULT_PLUGINS_DIR,
     ) -> SocketPaths:
         return cls(plugins_registry / f"{driver}-reg.sock", plugins_dir / driver / "dra.sock")
+
+
+def _answers(path: Path, timeout_s: float) -> bool:
+    """Whether a process accepts connections on the unix socket ``path``. A socket file
+    whose server is gone (a crashed driver's) refuses; no file is no server."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(timeout_s)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def foreign_server(sockets: SocketPaths, *, timeout_s: float = 1.0) -> Path | None:
+    """The socket of ours that another process serves, or None. Asked while this driver holds
+    the claim on its sockets, so no kubegpu driver serves them: a socket that answers then
+    belongs to a driver of the same name that is not ours (NVIDIA's DRA driver, where
+    ``dra.naming: nvidia`` makes our name ``gpu.nvidia.com``). Serving beside it would
+    replace its sockets and its ResourceSlices."""
+    for path in (sockets.registration, sockets.dra):
+        if _answers(path, timeout_s):
+            return path
+    return None
 
 
 @dataclass(frozen=True)

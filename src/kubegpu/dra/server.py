@@ -337,7 +337,7 @@ async def serve_dra_driver(
     SocketInUse while another driver serves).
     """
     preparer = ClaimPreparer(settings, inventory, claims, checkpoint)
-    publisher = ResourceSlicePublisher(settings.node_name, settings.driver, slices)
+    publisher = ResourceSlicePublisher(settings.node_name, settings.naming, slices)
 
     def current() -> Mapping[str, str] | None:
         return unhealthy() if unhealthy is not None else None

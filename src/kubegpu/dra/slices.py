@@ -16,7 +16,14 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kubegpu.core.dra import CAPACITY_COMPUTE, CAPACITY_MEMORY, device_name
+from kubegpu.core.dra import (
+    CAPACITY_COMPUTE,
+    CAPACITY_MEMORY,
+    KUBEGPU_NAMING,
+    NVIDIA_NAMING,
+    DraNaming,
+    device_name,
+)
 from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
 
 API_VERSION = "resource.k8s.io/v1"
@@ -43,6 +50,16 @@ COMPUTE_STEP_MILLI = 10
 MAX_ATTRIBUTE_STRING = 64
 
 UNHEALTHY_TAINT_SUFFIX = "unhealthy"
+
+# Kubernetes' own attribute domain (KEP-5316 standard attributes), as NVIDIA's driver
+# publishes pciBusID, pcieRoot and numaNode; and ours, where the NVIDIA naming puts the
+# attributes NVIDIA's driver does not have (so its own domain holds exactly its set).
+STANDARD_DOMAIN = "resource.kubernetes.io"
+KUBEGPU_DOMAIN = KUBEGPU_NAMING.driver
+# The label on every slice we write: a slice of our driver's name on our node without it was
+# written by another driver of the same name (NVIDIA's, under the nvidia naming).
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "kubegpu"
 _LABEL_VALUE_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -64,6 +81,13 @@ def _semver(raw: str | None) -> str | None:
         return None
     parts = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
     return ".".join(parts)
+
+
+def _pci_bus_id(raw: str) -> str:
+    """NVML's ``00000000:65:00.0`` as NVIDIA's driver publishes it: lower case, 4-digit
+    domain (``0000:65:00.0``), the form the standard pciBusID attribute requires."""
+    domain, _, rest = raw.lower().partition(":")
+    return f"{domain[-4:]}:{rest}" if rest else raw.lower()
 
 
 def _quantity_mib(mib: int) -> str:
@@ -97,9 +121,13 @@ def holds_whole_card(gpu: GpuDevice, memory_bytes: int | None, compute_milli: in
     return memory_whole and compute_whole
 
 
-def _compute_policy() -> dict[str, Any]:
+def _compute_policy(naming: DraNaming) -> dict[str, Any]:
+    """A request naming no compute consumes ``naming.unnamed_compute_milli`` (core/dra.py
+    says why the two namings differ); one naming some is rounded up to a step."""
     step, whole = str(COMPUTE_STEP_MILLI), str(COMPUTE_MILLI_PER_CARD)
-    return {"default": whole, "validRange": {"min": step, "max": whole, "step": step}}
+    default = naming.unnamed_compute_milli
+    low = step if default >= COMPUTE_STEP_MILLI else "0"
+    return {"default": str(default), "validRange": {"min": low, "max": whole, "step": step}}
 
 
 def taint_value(reason: str) -> str:
@@ -153,13 +181,9 @@ def nvlink_attributes(inventory: NodeInventory) -> dict[GpuUuid, dict[str, dict[
     return found
 
 
-def device_entry(
-    gpu: GpuDevice,
-    driver: str,
-    driver_version: str | None,
-    unhealthy_reason: str | None,
-    nvlink: Mapping[str, dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+def _kubegpu_attributes(
+    gpu: GpuDevice, driver_version: str | None, nvlink: Mapping[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
     attributes: dict[str, dict[str, Any]] = {
         "uuid": {"string": gpu.uuid},
         "index": {"int": gpu.index},
@@ -174,8 +198,60 @@ def device_entry(
     version = _semver(driver_version)
     if version is not None:
         attributes["driverVersion"] = {"version": version}
-    attributes.update(nvlink or {})
+    attributes.update(nvlink)
+    return attributes
 
+
+def _nvidia_attributes(
+    gpu: GpuDevice,
+    driver_version: str | None,
+    cuda_driver_version: str | None,
+    nvlink: Mapping[str, dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """The attributes NVIDIA's DRA driver publishes for a full GPU (kubernetes-sigs/
+    dra-driver-nvidia-gpu, cmd/gpu-kubelet-plugin/deviceinfo.go), with its names, types and
+    value formats; docs/migrate-nvidia.md lists them against ours. One it publishes and we
+    cannot read is left out (a selector on it then matches no device) rather than made up.
+    Ours that it lacks (index, NVLink) go under our own domain."""
+    attributes: dict[str, dict[str, Any]] = {
+        "type": {"string": "gpu"},
+        "uuid": {"string": gpu.uuid},
+        "productName": {"string": gpu.product_name},
+        f"{STANDARD_DOMAIN}/pciBusID": {"string": _pci_bus_id(gpu.pci_bus_id)},
+        f"{KUBEGPU_DOMAIN}/index": {"int": gpu.index},
+    }
+    if gpu.brand is not None:
+        attributes["brand"] = {"string": gpu.brand}
+    if gpu.architecture is not None:
+        attributes["architecture"] = {"string": gpu.architecture}
+    if gpu.compute_capability is not None:
+        major, minor = gpu.compute_capability
+        attributes["cudaComputeCapability"] = {"version": f"{major}.{minor}.0"}
+    versions = (("driverVersion", driver_version), ("cudaDriverVersion", cuda_driver_version))
+    for name, raw in versions:
+        version = _semver(raw)
+        if version is not None:
+            attributes[name] = {"version": version}
+    if gpu.pcie_root is not None:
+        attributes[f"{STANDARD_DOMAIN}/pcieRoot"] = {"string": gpu.pcie_root}
+    if gpu.numa_node is not None:
+        attributes[f"{STANDARD_DOMAIN}/numaNode"] = {"int": gpu.numa_node}
+    attributes.update((f"{KUBEGPU_DOMAIN}/{name}", value) for name, value in nvlink.items())
+    return attributes
+
+
+def device_entry(
+    gpu: GpuDevice,
+    naming: DraNaming,
+    driver_version: str | None,
+    unhealthy_reason: str | None,
+    nvlink: Mapping[str, dict[str, Any]] | None = None,
+    cuda_driver_version: str | None = None,
+) -> dict[str, Any]:
+    if naming.key == NVIDIA_NAMING.key:
+        attributes = _nvidia_attributes(gpu, driver_version, cuda_driver_version, nvlink or {})
+    else:
+        attributes = _kubegpu_attributes(gpu, driver_version, nvlink or {})
     memory: dict[str, Any] = {"value": _quantity_mib(gpu.memory_total_mib)}
     policy = _memory_policy(gpu.memory_total_mib)
     if policy is not None:
@@ -187,14 +263,14 @@ def device_entry(
             CAPACITY_MEMORY: memory,
             CAPACITY_COMPUTE: {
                 "value": str(COMPUTE_MILLI_PER_CARD),
-                "requestPolicy": _compute_policy(),
+                "requestPolicy": _compute_policy(naming),
             },
         },
         "allowMultipleAllocations": True,
     }
     if unhealthy_reason is not None:
         taint: dict[str, Any] = {
-            "key": f"{driver}/{UNHEALTHY_TAINT_SUFFIX}",
+            "key": f"{naming.driver}/{UNHEALTHY_TAINT_SUFFIX}",
             "effect": "NoSchedule",
         }
         value = taint_value(unhealthy_reason)
@@ -208,7 +284,7 @@ def build_resource_slices(
     node_name: str,
     inventory: NodeInventory,
     *,
-    driver: str,
+    naming: DraNaming = KUBEGPU_NAMING,
     generation: int,
     unhealthy: Mapping[str, str] | None = None,
     order: Sequence[int] | None = None,
@@ -228,7 +304,12 @@ def build_resource_slices(
     nvlink = nvlink_attributes(inventory)
     devices = [
         device_entry(
-            gpu, driver, inventory.driver_version, unhealthy.get(gpu.uuid), nvlink.get(gpu.uuid)
+            gpu,
+            naming,
+            inventory.driver_version,
+            unhealthy.get(gpu.uuid),
+            nvlink.get(gpu.uuid),
+            inventory.cuda_driver_version,
         )
         for gpu in sorted(
             inventory.gpus, key=lambda g: (position.get(g.index, len(position)), g.index)
@@ -242,9 +323,12 @@ def build_resource_slices(
         {
             "apiVersion": API_VERSION,
             "kind": "ResourceSlice",
-            "metadata": {"name": slice_name(node_name, driver, i)},
+            "metadata": {
+                "name": slice_name(node_name, naming.driver, i),
+                "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+            },
             "spec": {
-                "driver": driver,
+                "driver": naming.driver,
                 "pool": {
                     "name": pool_name(node_name),
                     "generation": generation,

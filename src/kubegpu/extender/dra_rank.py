@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from kubegpu.core.dra import AllocatedDevice, device_index
+from kubegpu.core.dra import KUBEGPU_NAMING, AllocatedDevice, DraNaming, device_index
 from kubegpu.core.dra_cluster import DraClaim, SliceDevice
 from kubegpu.extender.dra_view import DraClusterState
 from kubegpu.extender.ranking import cpu_pod_priorities, extender_priorities, names_with, ranked
@@ -143,16 +143,25 @@ def pod_claim_names(pod: Mapping[str, Any]) -> PodClaims:
 
 
 def dra_demand(
-    claims: Sequence[DraClaim], cpu_milli: int, memory_mib: int, name: str = ""
+    claims: Sequence[DraClaim],
+    cpu_milli: int,
+    memory_mib: int,
+    name: str = "",
+    *,
+    unnamed_compute_milli: int = MILLI_PER_GPU,
 ) -> PodRequest | None:
     """What the pod's not yet allocated claims ask of our driver, as one request: whole cards
     (requests naming no capacity, or the whole compute) or one share. None when they ask for
     nothing of ours; :class:`DemandError` for what one request cannot express (several shares,
     or shares beside whole cards: the engine places one shape per pod).
 
-    A request naming no compute is charged the request policy's default, the whole card's
-    compute (dra/slices.py), so it takes a card of its own. Memory left unnamed is not
-    constrained here (the allocator charges it the default all the same)."""
+    A request naming no compute is charged the request policy's default,
+    ``unnamed_compute_milli`` (:class:`~kubegpu.core.dra.DraNaming`): under our naming the
+    whole card's compute, so it takes a card of its own; under NVIDIA's none, so a request
+    naming only memory is a memory share (holding 1 milli of compute in the engine, as a
+    memory-only share of the device plugin does) and one naming nothing is a whole card.
+    Memory left unnamed is not constrained here (the allocator charges it the default all
+    the same)."""
     whole = 0
     shares: list[tuple[int, int | None]] = []
     for claim in claims:
@@ -161,7 +170,9 @@ def dra_demand(
         if claim.problem:
             raise DemandError(claim.problem)
         for request in claim.requests:
-            compute = MILLI_PER_GPU if request.compute_milli is None else request.compute_milli
+            compute = (
+                unnamed_compute_milli if request.compute_milli is None else request.compute_milli
+            )
             if request.whole or compute >= MILLI_PER_GPU:
                 whole += request.count
                 continue
@@ -220,12 +231,14 @@ class DraRanker:
         self,
         scheduler: GpuScheduler,
         dra: DraClusterState,
+        naming: DraNaming = KUBEGPU_NAMING,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.scheduler = scheduler
         self.view = scheduler.view
         self.dra = dra
+        self.naming = naming
         self.clock = clock
         self._workload: TypicalWorkload | None = None
         self._workload_at = -math.inf
@@ -301,7 +314,8 @@ class DraRanker:
             claims.append(claim)
         request = read_claim(pod, self.view.names).request
         cpu, memory = (request.cpu_milli, request.host_memory_mib) if request else (0, 0)
-        return dra_demand(claims, cpu, memory, pod_key(pod))
+        unnamed = self.naming.unnamed_compute_milli
+        return dra_demand(claims, cpu, memory, pod_key(pod), unnamed_compute_milli=unnamed)
 
     def rank(self, pod: Mapping[str, Any], node_names: Sequence[str]) -> dict[str, int]:
         """Score 0..10 of every one of ``node_names``: 0 for a pod without our DRA claims,

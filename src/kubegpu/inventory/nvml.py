@@ -13,14 +13,23 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kubegpu.core.gpu import GpuDevice, GpuLink, GpuUuid, NodeInventory, PcieLink
+from kubegpu.core.gpu import (
+    GpuDevice,
+    GpuLink,
+    GpuUuid,
+    NodeInventory,
+    PcieLink,
+    architecture_of,
+)
 from kubegpu.core.health import HealthEvent, HealthEventKind
 from kubegpu.inventory import nvml_session
+from kubegpu.inventory.nvml_names import PCIE_ROOT, architecture_name, brand_name
 from kubegpu.inventory.nvml_session import (
     _LOST_ERRORS,
     _UNSUPPORTED_ERRORS,
@@ -191,6 +200,9 @@ class NvmlBackend:
             numa = self._numa_from_sysfs(bus_id)
         mig = self._optional(nvml, "nvmlDeviceGetMigMode", handle)
         capability = self._optional(nvml, "nvmlDeviceGetCudaComputeCapability", handle)
+        capability = (int(capability[0]), int(capability[1])) if capability is not None else None
+        brand = self._optional(nvml, "nvmlDeviceGetBrand", handle)
+        architecture = self._optional(nvml, "nvmlDeviceGetArchitecture", handle)
         return GpuDevice(
             index=index,
             uuid=uuid,
@@ -198,24 +210,40 @@ class NvmlBackend:
             memory_total_mib=int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024),
             pci_bus_id=bus_id,
             minor_number=int(nvml.nvmlDeviceGetMinorNumber(handle)),
-            compute_capability=(
-                (int(capability[0]), int(capability[1])) if capability is not None else None
-            ),
+            compute_capability=capability,
             # -1 is how both NVML and sysfs say "no NUMA affinity".
             numa_node=numa if numa is not None and numa >= 0 else None,
             mig_enabled=(
                 None if mig is None else int(mig[0]) == _code(nvml, "NVML_DEVICE_MIG_ENABLE")
             ),
+            brand=None if brand is None else brand_name(nvml, brand),
+            architecture=(None if architecture is None else architecture_name(nvml, architecture))
+            or architecture_of(capability),
+            pcie_root=self._pcie_root_from_sysfs(bus_id),
         )
 
-    def _numa_from_sysfs(self, bus_id: str) -> int | None:
+    def _sysfs_device(self, bus_id: str) -> Path:
         # sysfs names devices with a 4-digit lower-case domain: 0000:07:00.0.
         domain, _, rest = bus_id.partition(":")
-        path = self._sysfs_root / "bus/pci/devices" / f"{domain[-4:]}:{rest}".lower() / "numa_node"
+        return self._sysfs_root / "bus/pci/devices" / f"{domain[-4:]}:{rest}".lower()
+
+    def _numa_from_sysfs(self, bus_id: str) -> int | None:
         try:
-            return int(path.read_text().strip())
+            return int((self._sysfs_device(bus_id) / "numa_node").read_text().strip())
         except (OSError, ValueError):
             return None
+
+    def _pcie_root_from_sysfs(self, bus_id: str) -> str | None:
+        """The root complex above the card: the ``pciDDDD:BB`` folder on the way from
+        ``/sys/devices`` to the card (``/sys/bus/pci/devices/<id>`` links there)."""
+        try:
+            target = os.readlink(self._sysfs_device(bus_id))
+        except OSError:
+            return None
+        for part in Path(target).parts:
+            if PCIE_ROOT.fullmatch(part):
+                return part
+        return None
 
     def _read_links(
         self,

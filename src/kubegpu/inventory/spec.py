@@ -21,6 +21,9 @@ Format::
         minor_number: 0                           # optional, default = index
         numa_node: 0                              # optional
         mig_enabled: false                        # optional
+        brand: Nvidia                             # optional, NVML's brand as go-nvlib names it
+        architecture: Ampere                      # optional, default from compute_capability
+        pcie_root: pci0000:00                     # optional, the PCIe root complex (sysfs name)
     topology:                                     # optional
       default: {nvlinks: 12}                      # optional, for every pair not listed
       pairs:
@@ -43,7 +46,14 @@ from typing import Any
 
 import yaml
 
-from kubegpu.core.gpu import GpuDevice, GpuLink, GpuUuid, NodeInventory, PcieLink
+from kubegpu.core.gpu import (
+    GpuDevice,
+    GpuLink,
+    GpuUuid,
+    NodeInventory,
+    PcieLink,
+    architecture_of,
+)
 
 PRESET_PACKAGE = "kubegpu.inventory.presets"
 
@@ -52,13 +62,24 @@ _TOP_FIELDS = frozenset(
 )
 _GPU_REQUIRED = ("index", "uuid", "product_name", "memory_total_mib", "pci_bus_id")
 _GPU_FIELDS = frozenset(
-    {*_GPU_REQUIRED, "minor_number", "compute_capability", "numa_node", "mig_enabled"}
+    {
+        *_GPU_REQUIRED,
+        "minor_number",
+        "compute_capability",
+        "numa_node",
+        "mig_enabled",
+        "brand",
+        "architecture",
+        "pcie_root",
+    }
 )
 _TOPOLOGY_FIELDS = frozenset({"default", "pairs"})
 _LINK_FIELDS = frozenset({"pcie", "nvlinks"})
 _PAIR_FIELDS = frozenset({"gpus", *_LINK_FIELDS})
 # NVML's own format: 8 hex digits of domain (older drivers print 4), bus, device, function.
 _BUS_ID = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
+# sysfs's name of a PCIe root complex: "pci" + domain + ":" + bus, lower case.
+_PCIE_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 _UUID = re.compile(
     r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 )
@@ -200,6 +221,18 @@ class _Parser:
         mig = entry.get("mig_enabled")
         if mig is not None and not isinstance(mig, bool):
             raise self.fail(f"{field}.mig_enabled", mig, "expected true or false")
+        capability = self.compute_capability(
+            f"{field}.compute_capability", entry.get("compute_capability")
+        )
+        pcie_root = entry.get("pcie_root")
+        if pcie_root is not None:
+            pcie_root = self.string(f"{field}.pcie_root", pcie_root)
+            if not _PCIE_ROOT.match(pcie_root):
+                raise self.fail(
+                    f"{field}.pcie_root", pcie_root, "expected sysfs's form such as pci0000:64"
+                )
+        brand = entry.get("brand")
+        architecture = entry.get("architecture")
         return GpuDevice(
             index=index,
             uuid=GpuUuid(uuid),
@@ -211,11 +244,16 @@ class _Parser:
             minor_number=self.integer(
                 f"{field}.minor_number", entry.get("minor_number", index), minimum=0
             ),
-            compute_capability=self.compute_capability(
-                f"{field}.compute_capability", entry.get("compute_capability")
-            ),
+            compute_capability=capability,
             numa_node=None if numa is None else self.integer(f"{field}.numa_node", numa, minimum=0),
             mig_enabled=mig,
+            brand=None if brand is None else self.string(f"{field}.brand", brand),
+            architecture=(
+                architecture_of(capability)
+                if architecture is None
+                else self.string(f"{field}.architecture", architecture)
+            ),
+            pcie_root=pcie_root,
         )
 
     def compute_capability(self, field: str, value: object) -> tuple[int, int] | None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import lightkube
 
-from kubegpu.core.dra import DEFAULT_DRIVER_NAME, AllocatedDevice
+from kubegpu.core.dra import KUBEGPU_NAMING, AllocatedDevice, DraNaming
 from kubegpu.core.dra_cluster import DraClaim, NodeSlices, SliceDevice, newest_devices
 from kubegpu.kube.list_watch import Backoff, keep_listing_and_watching
 from kubegpu.kube.resource_claims import ResourceClaim, claim_from_object
@@ -40,14 +40,15 @@ class DraClusterView:
     def __init__(
         self,
         client: lightkube.AsyncClient,
-        driver: str = DEFAULT_DRIVER_NAME,
+        naming: DraNaming = KUBEGPU_NAMING,
         *,
         backoff: Backoff | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         watch_timeout_s: int = 300,
     ) -> None:
         self.client = client
-        self.driver = driver
+        self.naming = naming
+        self.driver = naming.driver
         self.backoff = backoff or Backoff()
         self._sleep = sleep
         self.watch_timeout_s = watch_timeout_s
@@ -110,7 +111,7 @@ class DraClusterView:
                 self._by_pool.get(device.pool, set()).discard(key)
         if deleted:
             return
-        claim = claim_from_object(obj, self.driver)
+        claim = claim_from_object(obj, self.driver, self.naming.device_classes)
         self.claims[key] = claim
         for device in claim.devices:
             self._by_pool.setdefault(device.pool, set()).add(key)

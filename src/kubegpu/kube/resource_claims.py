@@ -21,11 +21,12 @@ from lightkube.generic_resource import create_namespaced_resource
 from kubegpu.core.dra import (
     CAPACITY_COMPUTE,
     CAPACITY_MEMORY,
+    KUBEGPU_NAMING,
     AllocatedDevice,
     ClaimAllocation,
     ClaimRef,
 )
-from kubegpu.core.dra_cluster import KUBEGPU_DEVICE_CLASSES, DeviceRequest, DraClaim
+from kubegpu.core.dra_cluster import DeviceRequest, DraClaim
 from kubegpu.core.dra_ports import ClaimLookupError
 from kubegpu.sharing.resources import RequestError, parse_quantity
 
@@ -202,7 +203,7 @@ def _device_request(request: Mapping[str, Any], classes: frozenset[str]) -> Devi
 
 
 def claim_from_object(
-    obj: Mapping[str, Any], driver: str, classes: frozenset[str] = KUBEGPU_DEVICE_CLASSES
+    obj: Mapping[str, Any], driver: str, classes: frozenset[str] = KUBEGPU_NAMING.device_classes
 ) -> DraClaim:
     """A ResourceClaim as the extender ranks with it: its requests for ``classes`` and, when
     allocated, ``driver``'s results (the same decoding prepare and steering use). A request

@@ -24,7 +24,7 @@ from typing import Any
 from kubegpu.config.health import health_policy
 from kubegpu.config.model import AgentConfig, Dra
 from kubegpu.core.backend import GpuBackend
-from kubegpu.core.dra import DEFAULT_DRIVER_NAME
+from kubegpu.core.dra import DEFAULT_DRIVER_NAME, KUBEGPU_NAMING, DraNaming
 from kubegpu.core.dra_ports import (
     PoolAllocationSource,
     ResourceClaimReader,
@@ -36,7 +36,7 @@ from kubegpu.core.health_feed import HealthFeed
 from kubegpu.dra.checkpoint import Checkpoint, CheckpointError
 from kubegpu.dra.driver import DriverSettings
 from kubegpu.dra.probes import DriverProbes
-from kubegpu.dra.registration import SocketPaths
+from kubegpu.dra.registration import SocketPaths, foreign_server
 from kubegpu.dra.server import (
     SlicePublishError,
     serve_dra_driver,
@@ -64,7 +64,8 @@ class DraDriverSettings:
     cdi_dir: Path = Path("/var/run/cdi")
     state_dir: Path = Path("/var/lib/kubegpu/dra")
     dev_root: str = "/"
-    driver: str = DEFAULT_DRIVER_NAME
+    # The config's dra.naming: gpu.kubegpu.io, or NVIDIA's gpu.nvidia.com (docs/dra.md).
+    naming: DraNaming = KUBEGPU_NAMING
     env: Mapping[str, str] = field(default_factory=dict)
     # Set (from dra.steering.workloadFile): the devices are published in the steered order.
     steering_workload: TypicalWorkload | None = None
@@ -72,6 +73,10 @@ class DraDriverSettings:
     cpu_milli: int = 1000
     # (host, port) for /healthz and /readyz (--health-listen); None: not served.
     health_listen: tuple[str, int] | None = None
+
+    @property
+    def driver(self) -> str:
+        return self.naming.driver
 
     @property
     def sockets(self) -> SocketPaths:
@@ -83,7 +88,7 @@ class DraDriverSettings:
 
     def driver_settings(self, shares: Dra) -> DriverSettings:
         return DriverSettings(
-            driver=self.driver,
+            naming=self.naming,
             node_name=self.node_name,
             cdi_dir=self.cdi_dir,
             checkpoint_path=self.checkpoint_path,
@@ -196,6 +201,18 @@ async def run_with_ports(
         if claim is None:
             log.info("node %s: stopped while another DRA driver served; it is untouched", node)
             return 0
+        foreign = await loop.run_in_executor(None, foreign_server, settings.sockets)
+        if foreign is not None:
+            log.error(
+                "node %s: another DRA driver named %s already serves this node (%s answers, "
+                "and no kubegpu driver holds it): two drivers with one name cannot share a "
+                "node. Remove that driver from the node (NVIDIA's: the DaemonSet "
+                "dra-driver-nvidia-gpu-kubelet-plugin) or keep dra.naming: kubegpu",
+                node,
+                settings.driver,
+                foreign,
+            )
+            return 1
         probes.waiting(None)  # starting now: the probes say so until both sockets answer
         # After the claim: until then the file was the other driver's to change.
         checkpoint = Checkpoint(settings.checkpoint_path)

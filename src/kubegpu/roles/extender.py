@@ -17,6 +17,7 @@ from types import TracebackType
 from prometheus_client import CollectorRegistry
 
 from kubegpu.config.extender import ExtenderConfig, ExtenderConfigError, load_workload
+from kubegpu.core.dra import DRA_NAMINGS
 from kubegpu.core.version_skew import parse_version, server_minor, skew_problem
 from kubegpu.extender.dra_rank import DraRanker
 from kubegpu.extender.leader import LeaderGate, default_identity
@@ -88,7 +89,8 @@ class ExtenderService:
             workload_refresh_s=config.workload_refresh_s,
         )
         # Watches slices and claims only once kube-scheduler first calls /prioritize-dra.
-        self.dra_view = DraClusterView(self.client, backoff=backoff)
+        naming = DRA_NAMINGS[config.dra_naming]
+        self.dra_view = DraClusterView(self.client, naming, backoff=backoff)
         leader = None
         if config.leader_lease:
             leader = LeaderGate(
@@ -107,7 +109,7 @@ class ExtenderService:
             head_timeout_s=config.request_head_timeout_s,
             bind_attempts=config.bind_attempts,
             leader=leader,
-            dra=DraRanker(self.scheduler, self.dra_view),
+            dra=DraRanker(self.scheduler, self.dra_view, naming),
         )
         self._listener: HttpListener | None = None
         self._metrics_listener: HttpListener | None = None
