@@ -73,9 +73,17 @@ SCOPES = (
     Scope("cluster view", ("kube",), (), logs=True),
     Scope(
         "DRA driver",
-        ("dra", "roles/dra_driver.py", "socket_claim.py", "kube/resource_claims.py"),
+        (
+            "dra",
+            "roles/dra_driver.py",
+            "socket_claim.py",
+            "kube/resource_claims.py",
+            "kube/gpu_config.py",
+        ),
         (
             "CheckpointError",
+            "ConfigRefused",
+            "GpuConfigError",
             "_Malformed",
             "PrepareError",
             "SlicePublishError",

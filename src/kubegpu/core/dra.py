@@ -114,10 +114,89 @@ class AllocatedDevice:
     compute_milli: int | None = None
 
 
+# The one opaque config kubegpu reads: NVIDIA's GpuConfig, under either naming (docs/dra.md,
+# "Opaque configs"). Its wire format is read by kubegpu.kube.gpu_config.
+GPU_CONFIG_API_VERSION = "resource.nvidia.com/v1beta1"
+GPU_CONFIG_KIND = "GpuConfig"
+DEFAULT_TIME_SLICE = "Default"
+
+
+@dataclass(frozen=True)
+class TimeSlicing:
+    """GpuConfig ``sharing.strategy: TimeSlicing``; ``interval`` Default, Short, Medium or
+    Long (absent: Default)."""
+
+    interval: str = DEFAULT_TIME_SLICE
+
+
+@dataclass(frozen=True)
+class MpsSharing:
+    """GpuConfig ``sharing.strategy: MPS`` with its ``mpsConfig``, in our units."""
+
+    active_thread_percentage: int | None = None
+    pinned_memory_bytes: int | None = None  # for every device the config applies to
+    # Overrides of it: (key as written, bytes); a key is a GPU UUID or an index into the
+    # devices the config applies to, in allocation order (as NVIDIA's driver reads it).
+    per_device_pinned_memory_bytes: tuple[tuple[str, int], ...] = ()
+    multi_user: bool = False
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """One opaque config for our driver in ``status.allocation.devices.config``, decoded.
+
+    ``problem``: why it cannot be read (an unknown kind or field, a bad value), one line;
+    ``sharing`` is then None. A config naming no request applies to all of them."""
+
+    index: int  # its place in status.allocation.devices.config, for messages
+    source: str  # FromClass (the DeviceClass's) or FromClaim
+    requests: tuple[str, ...]
+    kind: str  # "<apiVersion> <kind>" as written
+    sharing: TimeSlicing | MpsSharing | None = None
+    problem: str | None = None
+
+    def __str__(self) -> str:
+        return f"status.allocation.devices.config[{self.index}] ({self.source} {self.kind})"
+
+    def applies_to(self, request: str) -> bool:
+        """Whether it applies to a result of ``request`` (``<request>[/<subrequest>]``): a
+        config naming a parent request applies to each of its subrequests (the API's rule)."""
+        return (
+            not self.requests
+            or request in self.requests
+            or request.split("/", 1)[0] in self.requests
+        )
+
+
 @dataclass(frozen=True)
 class ClaimAllocation:
     claim: ClaimRef
     devices: tuple[AllocatedDevice, ...]
+    # Our driver's opaque configs, lowest precedence first: the DeviceClass's, then the
+    # claim's own, each in the order written.
+    configs: tuple[DeviceConfig, ...] = ()
+
+    def config_for(self, request: str) -> DeviceConfig | None:
+        """The config that applies to a result of ``request``: the last one that names it or
+        names no request, so the claim's word overrides its class's (NVIDIA's driver picks
+        the same way); None when none applies."""
+        found = None
+        for config in self.configs:
+            if config.applies_to(request):
+                found = config
+        return found
+
+    def configs_in_use(self) -> list[DeviceConfig]:
+        """The configs that apply to at least one of our results, overridden or not: each
+        must be one we can read, as NVIDIA's strict decoder requires of every config."""
+        return [c for c in self.configs if any(c.applies_to(d.request) for d in self.devices)]
+
+
+# The request name of the NodePrepare answer's device that only a container naming the whole
+# claim gets (the kubelet hands a container that names request R the devices whose request
+# names hold R, and one naming no request all of them): not a DNS label, so no request of a
+# claim has it and no container naming a request gets it (dra/driver.py).
+WHOLE_CLAIM_REQUEST = "kubegpu.io/whole-claim"
 
 
 @dataclass(frozen=True)

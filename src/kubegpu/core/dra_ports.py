@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from kubegpu.core.dra import AllocatedDevice, ClaimAllocation, ClaimRef
+from kubegpu.core.dra import AllocatedDevice, ClaimAllocation, ClaimRef, DeviceConfig
 
 
 class ClaimLookupError(LookupError):
@@ -66,26 +66,32 @@ class FakeResourceClaimSource:
     """Claims by UID, scriptable by the test; counts lookups so idempotency can be asserted."""
 
     def __init__(self) -> None:
-        self.claims: dict[str, tuple[ClaimRef, tuple[AllocatedDevice, ...]]] = {}
+        self.claims: dict[str, ClaimAllocation] = {}
         self.lookups = 0
         self.pool_lists = 0
         self.fail_lists = False  # set: pool_allocations raises, as an unreachable API server
 
-    def allocate(self, claim: ClaimRef, *devices: AllocatedDevice) -> None:
-        self.claims[claim.uid] = (claim, tuple(devices))
+    def allocate(
+        self, claim: ClaimRef, *devices: AllocatedDevice, configs: Sequence[DeviceConfig] = ()
+    ) -> None:
+        """``configs``: our driver's opaque configs, lowest precedence first."""
+        self.claims[claim.uid] = ClaimAllocation(claim, tuple(devices), tuple(configs))
 
     async def allocation(self, claim: ClaimRef, driver: str) -> ClaimAllocation:
         self.lookups += 1
         found = self.claims.get(claim.uid)
-        if found is None or (found[0].namespace, found[0].name) != (claim.namespace, claim.name):
+        if found is None or (found.claim.namespace, found.claim.name) != (
+            claim.namespace,
+            claim.name,
+        ):
             raise ClaimLookupError(f"resourceclaim {claim} not found")
-        return ClaimAllocation(claim, found[1])
+        return found
 
     async def pool_allocations(self, driver: str, pool: str) -> list[AllocatedDevice]:
         self.pool_lists += 1
         if self.fail_lists:
             raise ConnectionError("the fake API server is away")
-        return [d for _, devices in self.claims.values() for d in devices if d.pool == pool]
+        return [d for found in self.claims.values() for d in found.devices if d.pool == pool]
 
     def deallocate(self, uid: str) -> None:
         self.claims.pop(uid, None)

@@ -10,7 +10,9 @@ compute under the same names (docs/sharing.md), its share ID, and with ``enforce
 MPS client's pipe and log folders (mounted) and its per-client limits, so the driver's MPS
 daemon holds it to its share. The spec is a property of the claim, not of a container: every
 container that uses the claim resolves the same device, so a claim is one share however many
-containers use it.
+containers use it. A claim of several requests on different cards has one more device,
+``<claim uid>-claim``, the environment of a container naming the whole claim
+(:func:`needs_whole_claim_device`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ class ClaimDevice:
         return self.memory_bytes is not None or self.compute_milli is not None
 
 
+# The claim's own CDI device (``<claim uid>-claim``): slice devices are ``gpu-<index>``.
+WHOLE_CLAIM_DEVICE = "claim"
+
+
 def default_kind(driver: str) -> str:
     return f"{driver}/claim"
 
@@ -71,11 +77,11 @@ def _node(dev_root: str, path: str) -> dict[str, str]:
 
 
 def devices_together(device: ClaimDevice, devices: Sequence[ClaimDevice]) -> list[ClaimDevice]:
-    """The devices a container gets together with ``device``, in GPU index order: those of the
-    claim that share a request with it. The runtime sets each CDI device's environment in turn,
-    the last value winning, so every device of a request must name all of them, or a container
-    of a two-GPU claim would be told of one GPU only. A container naming the whole claim of
-    several requests is told of the last request's GPUs (docs/dra.md, "Not done yet")."""
+    """The devices a container that names ``device``'s request gets with it, in GPU index
+    order: those of the claim that share a request with it. The runtime sets each CDI device's
+    environment in turn, the last value winning, so every device of a request must name all of
+    them, or a container of a two-GPU claim would be told of one GPU only. A container naming
+    the whole claim is told by the claim's own CDI device (:func:`needs_whole_claim_device`)."""
     together = [
         d
         for d in devices
@@ -84,6 +90,16 @@ def devices_together(device: ClaimDevice, devices: Sequence[ClaimDevice]) -> lis
         or d.requests & device.requests
     ]
     return sorted(together, key=lambda d: d.gpu.index)
+
+
+def needs_whole_claim_device(devices: Sequence[ClaimDevice]) -> bool:
+    """Whether a container naming the whole claim must be told more than any one request's
+    devices tell: the claim has several requests on different cards. It then gets one more
+    CDI device, ``<claim uid>-claim``, injected last (the driver answers it last under a
+    request no container can name, :data:`kubegpu.core.dra.WHOLE_CLAIM_REQUEST`), whose
+    environment names every card of the claim; a container naming one request never gets
+    it, and keeps being told of that request's cards only."""
+    return any(len(devices_together(d, devices)) < len(devices) for d in devices)
 
 
 def _grant(device: ClaimDevice) -> Grant:
@@ -131,16 +147,28 @@ def claim_spec(
     shares: ShareSettings = UNENFORCED,
 ) -> dict[str, Any]:
     """The CDI spec of a claim; ``shares``: the config's ``dra`` section (enforcement, MPS)."""
+    entries = [
+        {
+            "name": cdi_device_name(claim_uid, d.name),
+            "containerEdits": _device_edits(d, dev_root, shares, devices_together(d, devices)),
+        }
+        for d in devices
+    ]
+    if needs_whole_claim_device(devices):
+        # Environment only: the cards' nodes and mounts come with their own devices. The
+        # share figures are the last device's, as they would be without it.
+        everything = sorted(devices, key=lambda d: d.gpu.index)
+        told = device_contract(devices[-1], shares, everything)
+        entries.append(
+            {
+                "name": cdi_device_name(claim_uid, WHOLE_CLAIM_DEVICE),
+                "containerEdits": {"env": [f"{k}={v}" for k, v in told.env.items()]},
+            }
+        )
     return {
         "cdiVersion": CDI_VERSION,
         "kind": kind,
-        "devices": [
-            {
-                "name": cdi_device_name(claim_uid, d.name),
-                "containerEdits": _device_edits(d, dev_root, shares, devices_together(d, devices)),
-            }
-            for d in devices
-        ],
+        "devices": entries,
         "containerEdits": {"deviceNodes": [_node(dev_root, p) for p in CONTROL_DEVICE_NODES]},
     }
 

@@ -8,9 +8,10 @@ a crash leaves an entry whose repeated Unprepare finishes the job.
 
 Per claim, never per call: the kubelet sends every claim of a pod in one call, and one claim
 that cannot be prepared (a bad name, an API error or no answer, a malformed object, a device
-not ours, a CDI file that cannot be written) is that claim's error while the others are
-prepared. The checkpoint is written once per call, after every claim of it is done, so a call
-of N claims costs N API reads and N CDI specs but one checkpoint file.
+not ours, an opaque config it cannot honour, a CDI file that cannot be written) is that claim's
+error while the others are prepared. The checkpoint is written once per call, after every
+claim of it is done, so a call of N claims costs N API reads and N CDI specs but one checkpoint
+file.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from kubegpu.core.dra import (
     KUBEGPU_NAMING,
+    WHOLE_CLAIM_REQUEST,
     ClaimAllocation,
     ClaimRef,
     DraNaming,
@@ -34,6 +36,7 @@ from kubegpu.core.dra_ports import ClaimLookupError, ResourceClaimSource
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.dra import cdi
 from kubegpu.dra.checkpoint import Checkpoint, CheckpointError
+from kubegpu.dra.claim_configs import ConfigRefused, apply_configs
 from kubegpu.dra.slices import holds_whole_card, pool_name
 from kubegpu.sharing.contract import ShareSettings
 
@@ -112,7 +115,8 @@ class ClaimPreparer:
                         "prepared claim %s on node %s: %s",
                         prepared.claim,
                         self.settings.node_name,
-                        ", ".join(d.device for d in prepared.devices) or "no devices",
+                        ", ".join(dict.fromkeys(d.device for d in prepared.devices))
+                        or "no devices",
                     )
             return outcomes
 
@@ -128,26 +132,40 @@ class ClaimPreparer:
             allocation = await self.claims.allocation(claim, self.settings.driver)
         except ClaimLookupError as exc:
             raise PrepareError(f"claim {claim}: {exc}") from None
-        devices = self._resolve(allocation)
+        try:
+            devices = apply_configs(self._resolve(allocation), allocation, self.settings.shares)
+        except ConfigRefused as exc:
+            raise PrepareError(f"claim {claim}: {exc}") from None
         spec = cdi.claim_spec(
             claim.uid, devices, self.settings.kind, self.settings.dev_root, self.settings.shares
         )
         cdi.write_claim_spec(self.settings.cdi_dir, claim.uid, spec)
-        prepared = PreparedClaim(
-            claim,
-            tuple(
+        answered = [
+            PreparedDevice(
+                request_names=(base_request(result.request),),
+                pool=result.pool,
+                device=result.device,
+                cdi_device_ids=(cdi.qualified_name(self.settings.kind, claim.uid, result.device),),
+                share_id=result.share_id,
+            )
+            for result in allocation.devices
+        ]
+        if cdi.needs_whole_claim_device(devices):
+            # Last, so that its environment wins in a container naming the whole claim, and
+            # under a request no container names, so that one naming a request never gets it.
+            # It stands for the last device: the kubelet reports a device's health by name.
+            last = answered[-1]
+            answered.append(
                 PreparedDevice(
-                    request_names=(base_request(result.request),),
-                    pool=result.pool,
-                    device=result.device,
+                    request_names=(WHOLE_CLAIM_REQUEST,),
+                    pool=last.pool,
+                    device=last.device,
                     cdi_device_ids=(
-                        cdi.qualified_name(self.settings.kind, claim.uid, result.device),
+                        cdi.qualified_name(self.settings.kind, claim.uid, cdi.WHOLE_CLAIM_DEVICE),
                     ),
-                    share_id=result.share_id,
                 )
-                for result in allocation.devices
-            ),
-        )
+            )
+        prepared = PreparedClaim(claim, tuple(answered))
         new[claim.uid] = prepared
         return prepared
 

@@ -3,7 +3,9 @@
 lightkube's bundled models may lag the API server, so the type is a lightkube generic resource
 and the JSON is decoded here by :func:`allocation_from_claim` (pure, table-tested): the
 ``status.allocation.devices.results`` of our driver, with a share's ``shareID`` and consumed
-capacity (KEP-5075) converted to bytes and milli-cards.
+capacity (KEP-5075) converted to bytes and milli-cards, and the opaque configs for our driver in
+``status.allocation.devices.config`` (the class's and the claim's, copied there by the
+allocator), their parameters read by :mod:`kubegpu.kube.gpu_config`.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from kubegpu.core.dra import (
     AllocatedDevice,
     ClaimAllocation,
     ClaimRef,
+    DeviceConfig,
 )
 from kubegpu.core.dra_cluster import DeviceRequest, DraClaim
 from kubegpu.core.dra_ports import ClaimLookupError
+from kubegpu.kube.gpu_config import GpuConfigError, gpu_sharing, kind_of
 from kubegpu.sharing.resources import RequestError, parse_quantity
 
 log = logging.getLogger(__name__)
@@ -97,7 +101,62 @@ def allocation_from_claim(obj: Mapping[str, Any], claim: ClaimRef, driver: str) 
     allocation = _allocation_of(obj, claim)
     if not allocation:
         raise ClaimLookupError(f"resourceclaim {claim} is not allocated")
-    return ClaimAllocation(claim, tuple(_our_results(allocation, claim, driver)))
+    return ClaimAllocation(
+        claim,
+        tuple(_our_results(allocation, claim, driver)),
+        tuple(_our_configs(allocation, claim, driver)),
+    )
+
+
+CONFIG_SOURCES = ("FromClass", "FromClaim")
+
+
+def _our_configs(allocation: Mapping[str, Any], claim: ClaimRef, driver: str) -> list[DeviceConfig]:
+    """The opaque configs for ``driver`` in ``status.allocation.devices.config``, the class's
+    before the claim's (the claim's take precedence, each list in its order). One whose
+    parameters cannot be read is kept with its ``problem``: the driver refuses the claim if
+    it applies to a device of ours, rather than drop a setting it was given."""
+    devices_of = _object(allocation.get("devices"), claim, "status.allocation.devices")
+    entries = devices_of.get("config")
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        raise ClaimLookupError(
+            f"resourceclaim {claim}: status.allocation.devices.config is a "
+            f"{type(entries).__name__}, not a list"
+        )
+    found: list[DeviceConfig] = []
+    for i, raw in enumerate(entries):
+        where = f"status.allocation.devices.config[{i}]"
+        entry = _object(raw, claim, where)
+        requests = entry.get("requests") or []
+        if not isinstance(requests, list) or not all(isinstance(r, str) for r in requests):
+            raise ClaimLookupError(
+                f"resourceclaim {claim}: {where}.requests is not a list of names"
+            )
+        source = _text(entry, "source", claim, where)
+        problem = None if source in CONFIG_SOURCES else f"source {source!r:.40} is not known"
+        opaque = entry.get("opaque")
+        if opaque is None:
+            # A kind of config newer than this driver: it may be meant for us, so it is not
+            # passed over (NVIDIA's driver refuses it too).
+            problem = problem or "it has no opaque parameters, the only config kubegpu reads"
+            found.append(DeviceConfig(i, source, tuple(requests), "?", problem=problem))
+            continue
+        opaque = _object(opaque, claim, f"{where}.opaque")
+        if opaque.get("driver") != driver:
+            continue  # another driver's, for its own devices of the claim
+        parameters = opaque.get("parameters")
+        sharing = None
+        if problem is None:
+            try:
+                sharing = gpu_sharing(parameters)
+            except GpuConfigError as exc:
+                problem = str(exc)
+        found.append(
+            DeviceConfig(i, source, tuple(requests), kind_of(parameters), sharing, problem)
+        )
+    return sorted(found, key=lambda c: c.source != "FromClass")
 
 
 def _our_results(
