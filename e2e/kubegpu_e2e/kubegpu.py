@@ -9,6 +9,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -123,18 +124,26 @@ class KubegpuRoles:
         )
         return process
 
-    def wait_advertised(self) -> None:
-        """Until the Node shows the agent's resources: 8 GPUs in capacity (cards holding
-        shares leave allocatable) and all 256 share slots allocatable. A shared pod that
-        kube-scheduler turns away before then waits five minutes (docs/e2e.md, item 4), so
-        scenarios start after."""
-        slots = str(8 * 32)
+    def wait_advertised(
+        self,
+        capacity: Mapping[str, str] | None = None,
+        allocatable: Mapping[str, str] | None = None,
+    ) -> None:
+        """Until the Node shows the agent's resources: by default (the shipped config) 8 GPUs
+        in capacity (cards holding shares leave allocatable) and all 256 share slots
+        allocatable; another config's figures as ``capacity`` and ``allocatable``. A shared pod
+        that kube-scheduler turns away before then waits five minutes (docs/e2e.md, item 4),
+        so scenarios start after."""
+        if capacity is None and allocatable is None:
+            capacity, allocatable = {"nvidia.com/gpu": "8"}, {"kubegpu.io/gpu-shared": str(8 * 32)}
+        figures = {"capacity": capacity or {}, "allocatable": allocatable or {}}
 
         def advertised() -> bool:
             status = self.cluster.get("node", NODE_NAME)["status"]
-            return bool(
-                status["capacity"].get("nvidia.com/gpu") == "8"
-                and status["allocatable"].get("kubegpu.io/gpu-shared") == slots
+            return all(
+                status[part].get(name) == value
+                for part, wanted in figures.items()
+                for name, value in wanted.items()
             )
 
         # The kubelet posts allocatable on its next status sync (every 10 s), so right after a
@@ -143,7 +152,7 @@ class KubegpuRoles:
         # means: seen, and still seen a whole sync period later.
         deadline = time.monotonic() + 90
         while True:
-            self.cluster.wait_for("the Node to advertise 8 GPUs and 256 slots", advertised, 60)
+            self.cluster.wait_for(f"the Node to advertise {figures}", advertised, 60)
             held_until = time.monotonic() + NODE_STATUS_PERIOD_S + 2
             while time.monotonic() < held_until and advertised():
                 time.sleep(0.5)

@@ -18,6 +18,13 @@ import pytest
 import yaml
 from conftest import record_install
 from kubegpu_e2e.cluster import NODE_NAME, Cluster
+from kubegpu_e2e.devices import (
+    assert_isolated,
+    device_view,
+    host_nodes,
+    minors_by_uuid,
+    probe_command,
+)
 from kubegpu_e2e.dra import COMPONENT, DRIVER, FAKE_GPUS, DraDriver
 from kubegpu_e2e.images import WORKLOAD_IMAGE
 from kubegpu_e2e.kubegpu import KubegpuRoles
@@ -361,6 +368,82 @@ def test_one_claim_shared_by_two_containers_is_one_share(dra: Dra, dra_namespace
     specs = sorted(p.name for p in cluster.cdi_dir.glob("kubegpu-dra-*.json"))
     assert f"kubegpu-dra-{claim['metadata']['uid']}.json" in specs
     assert_no_card_overcommitted(cluster, driver)
+
+
+def test_each_container_sees_only_the_gpus_of_the_claims_it_names(
+    dra: Dra, dra_namespace: str
+) -> None:
+    """Accelerator isolation on the DRA path (issue 28; kubegpu_e2e/devices.py): in a pod with
+    a whole-GPU claim and a share claim, the container naming the first sees and reaches its
+    card's /dev/nvidiaN and the control nodes of the CDI spec, nothing else; the one naming
+    the share likewise its own card; a third container naming neither, and a pod with no
+    claim at all, see and reach no NVIDIA node, though the claims' specs are on the node; a
+    privileged container, which the device cgroup does not confine, reaches every one."""
+    cluster, driver = dra
+    ns = dra_namespace
+    nodes = host_nodes(driver.dev_root)
+    minors = minors_by_uuid(FAKE_GPUS)
+
+    def probe(name: str, claims: list[str]) -> dict[str, Any]:
+        c = workload(name, claims)
+        c["command"] = ["/bin/sh", "-c", probe_command(nodes)]
+        if not claims:
+            del c["resources"]
+        return c
+
+    pod = claim_pod("claims", ns, template="whole")
+    pod["spec"]["resourceClaims"] = [
+        {"name": "whole", "resourceClaimTemplateName": "whole"},
+        {"name": "share", "resourceClaimTemplateName": "share"},
+    ]
+    pod["spec"]["containers"] = [
+        probe("whole", ["whole"]),
+        probe("share", ["share"]),
+        probe("none", []),
+    ]
+    no_gpu = claim_pod("no-gpu", ns, template="whole")
+    del no_gpu["spec"]["resourceClaims"]
+    no_gpu["spec"]["containers"] = [probe("main", [])]
+    # The control: a privileged container (no claim), which the device cgroup does not confine.
+    control = json.loads(json.dumps(no_gpu))
+    control["metadata"]["name"] = "privileged"
+    control["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    capacity = {"memory": "20Gi", "compute": "250"}
+    create(
+        cluster,
+        template_object("whole", ns, request_spec(WHOLE_CLASS)),
+        template_object("share", ns, request_spec(SHARE_CLASS, capacity=capacity)),
+        pod,
+        no_gpu,
+        control,
+    )
+    wait_running(cluster, ns, "claims", "no-gpu", "privileged", timeout=120)
+
+    published = driver.devices()
+    statuses = cluster.get("pod", "-n", ns, "claims")["status"]["resourceClaimStatuses"]
+    held: dict[str, set[int]] = {}
+    for entry in statuses:
+        claim = cluster.get("resourceclaim", "-n", ns, entry["resourceClaimName"])
+        devices = [r["device"] for r in results(claim)]
+        assert len(devices) == 1, (entry, devices)
+        uuids = [published[d]["attributes"]["uuid"]["string"] for d in devices]
+        held[entry["name"]] = {minors[u] for u in uuids}
+    assert set(held) == {"whole", "share"} and held["whole"] != held["share"], held
+    expected = {
+        ("claims", "whole"): held["whole"],
+        ("claims", "share"): held["share"],
+        ("claims", "none"): set(),
+        ("no-gpu", "main"): set(),
+    }
+    for (name, container), cards in expected.items():
+        where = f"{name}/{container}"
+        view = device_view(env_of(cluster, ns, name, container), nodes, where)
+        print(f"{where}: claims cards {sorted(cards)}; {view.summary()}")
+        assert_isolated(view, cards, where)
+    # The probe tells: the privileged container reaches every GPU through nodes it makes.
+    view = device_view(env_of(cluster, ns, "privileged", "main"), nodes, "privileged")
+    print(f"privileged/main: {view.summary()}")
+    assert view.reachable == set(nodes), view.reach
 
 
 def test_driver_and_kubelet_restarts_keep_prepared_claims(dra: Dra, dra_namespace: str) -> None:
