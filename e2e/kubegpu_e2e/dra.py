@@ -79,6 +79,9 @@ class DraDriver:
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
+        # The name it publishes under: gpu.kubegpu.io, or gpu.nvidia.com once restarted with
+        # --dra-naming=nvidia (e2e/tests/test_16_nvidia_dra.py).
+        self.driver = DRIVER
         self.fake_control = cluster.run_dir / "fake-gpu.sock"
         self.state_dir = cluster.run_dir / "dra-state"
         self.dev_root = cluster.run_dir / "fake-host"
@@ -100,8 +103,9 @@ class DraDriver:
         )
         make_device_nodes(self.dev_root, GPU_COUNT)
 
-    def start(self, config: Path | None = None) -> HostProcess:
-        """Start the driver with ``config`` (default: the component's shipped config)."""
+    def start(self, config: Path | None = None, *extra: str) -> HostProcess:
+        """Start the driver with ``config`` (default: the component's shipped config) and
+        ``extra`` arguments."""
         c = self.cluster
         env = dict(c.env)
         env.pop("KUBECONFIG", None)
@@ -119,6 +123,7 @@ class DraDriver:
             f"--cdi-dir={c.cdi_dir}",
             f"--state-dir={self.state_dir}",
             f"--dev-root={self.dev_root}",
+            *extra,
         ]
         log = c.logs / f"kubegpu-dra-driver-{self.starts}.log"
         self.process = HostProcess("kubegpu-dra-driver", argv, log, env=env).start()
@@ -133,7 +138,8 @@ class DraDriver:
 
     def slices(self) -> list[dict[str, Any]]:
         found = self.cluster.get(
-            "resourceslices", f"--field-selector=spec.nodeName={NODE_NAME},spec.driver={DRIVER}"
+            "resourceslices",
+            f"--field-selector=spec.nodeName={NODE_NAME},spec.driver={self.driver}",
         )
         return list(found["items"])
 

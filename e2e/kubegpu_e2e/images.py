@@ -19,7 +19,55 @@ PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 # The chart's scheduler.kubeSchedulerImage.repository; the tag is the suite's version.
 KUBE_SCHEDULER_REPOSITORY = "registry.k8s.io/kube-scheduler"
 WORKLOAD_IMAGE = "kubegpu.local/e2e-busybox:1"
-_BUSYBOX_APPLETS = ("sh", "env", "sleep", "cat", "echo", "ls", "printenv", "true")
+_BUSYBOX_APPLETS = (
+    "sh",
+    "env",
+    "sleep",
+    "cat",
+    "echo",
+    "ls",
+    "printenv",
+    "true",
+    "tr",
+    "grep",
+)
+# NVIDIA's DRA specs (e2e/third_party) run `bash -c "nvidia-smi -L; ..."` in ubuntu images;
+# their image is replaced by this one, which has busybox's shell under bash's name and
+# nvidia-smi's stand-in for the fake GPUs (:func:`nvidia_smi`).
+_BASH = b'#!/bin/sh\nexec /bin/sh "$@"\n'
+# Every cluster of the suite runs this fake node (kubegpu_e2e/kubegpu.py, dra.py, release.py).
+FAKE_GPUS = "8xA100-80GB-NVLink"
+
+
+def nvidia_smi(fake_gpus: str = FAKE_GPUS) -> bytes:
+    """nvidia-smi's stand-in: one `nvidia-smi -L` line per GPU device node the container has
+    (/dev/nvidiaN, the minor being the card's), named as the fake node's card of that minor,
+    as NVML inside a container lists the GPUs whose nodes the runtime gave it; without any,
+    "No devices were found" and exit 6, as nvidia-smi. It reads the devices, not kubegpu's
+    environment, so it shows what the container can reach."""
+    from kubegpu.inventory.spec import resolve_fake_spec
+
+    cases = "".join(
+        f'    {gpu.minor_number}) card="{gpu.product_name} (UUID: {gpu.uuid})" ;;\n'
+        for gpu in resolve_fake_spec(fake_gpus).inventory
+    )
+    return (
+        "#!/bin/sh\n"
+        f"# nvidia-smi's stand-in in the kubegpu e2e workload image: the GPUs of {fake_gpus}\n"
+        "# whose device nodes this container has.\n"
+        '[ "$1" = "-L" ] || echo "NVIDIA-SMI stand-in  Driver Version: fake  CUDA Version: fake"\n'
+        "i=0\n"
+        "for node in /dev/nvidia[0-9]*; do\n"
+        '  [ -c "$node" ] || continue\n'
+        '  case "${node#/dev/nvidia}" in\n'
+        f"{cases}"
+        '    *) card="unknown GPU (UUID: unknown)" ;;\n'
+        "  esac\n"
+        '  echo "GPU $i: $card"\n'
+        "  i=$((i + 1))\n"
+        "done\n"
+        '[ "$i" -gt 0 ] || { echo "No devices were found"; exit 6; }\n'
+    ).encode()
 
 
 @dataclass(frozen=True)
@@ -159,7 +207,11 @@ def build_workload(out_dir: Path, busybox: Path = Path("/bin/busybox")) -> Path:
     return write_image(
         out_dir / "workload.tar",
         WORKLOAD_IMAGE,
-        {"bin/busybox": (busybox.read_bytes(), 0o755)},
+        {
+            "bin/busybox": (busybox.read_bytes(), 0o755),
+            "bin/bash": (_BASH, 0o755),
+            "bin/nvidia-smi": (nvidia_smi(), 0o755),
+        },
         links,
         ["/bin/sh"],
     )
