@@ -14,6 +14,7 @@ the last scenario installs, upgrades and uninstalls a release against the real A
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -473,3 +474,43 @@ def test_helm_install_upgrade_uninstall_against_the_real_api_server(
     )
     assert cluster.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0
     assert run([*helm, "status", RELEASE], helm_env).returncode != 0
+
+
+NVIDIA_CLASS = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {
+        "name": "gpu.nvidia.com",
+        # What NVIDIA's chart leaves on it (its release, installed by helm).
+        "labels": {"app.kubernetes.io/managed-by": "Helm"},
+        "annotations": {
+            "meta.helm.sh/release-name": "nvidia-dra-driver-gpu",
+            "meta.helm.sh/release-namespace": "nvidia-dra-driver-gpu",
+        },
+    },
+    "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]},
+}
+
+
+def test_nvidia_naming_is_refused_while_nvidias_driver_is_installed(
+    helm_cluster: tuple[Cluster, list[str]], helm_env: dict[str, str]
+) -> None:
+    """Two drivers named gpu.nvidia.com cannot share a cluster: with NVIDIA's DeviceClass
+    present (from its release), installing with draDriver.naming=nvidia fails naming it; once
+    it is gone the same install goes through (a server-side dry run: the chart's lookup asks
+    the real API server)."""
+    cluster, helm = helm_cluster
+    nvidia = [*sets(INSTALL_VALUES), "--set", "draDriver.enabled=true"]
+    nvidia += ["--set", "draDriver.naming=nvidia"]
+    install = [*helm, "install", RELEASE, str(CHART), "--dry-run=server", *nvidia]
+    cluster.kubectl("create", "-f", "-", input=json.dumps(NVIDIA_CLASS))
+    try:
+        done = run(install, helm_env)
+        assert done.returncode != 0, done.stdout[-2000:]
+        assert "the DeviceClass gpu.nvidia.com already exists" in done.stderr, done.stderr
+        assert '"nvidia-dra-driver-gpu"' in done.stderr, done.stderr
+    finally:
+        cluster.kubectl("delete", "deviceclass", "gpu.nvidia.com", "--wait=true")
+    done = run(install, helm_env)
+    assert done.returncode == 0, done.stderr
+    assert "name: gpu.nvidia.com" in done.stdout
