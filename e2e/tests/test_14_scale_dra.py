@@ -5,9 +5,9 @@ allocated by kube-scheduler's own DRA allocator (consumable capacity) from kubeg
 (``kubegpu_e2e/scale/dra.py``): DRA's first fit through the default scheduler, with kubegpu's
 steering, with steering and the extender's `/prioritize-dra` ranking, and with the ranking
 alone. Every pod settles, no device's capacity is over-allocated, the claims account for every
-bound pod's GPUs and nothing else, steering never loses to first fit, and the ranked variants
-reach the simulator's DRA figures within 0.3 pp. Runs on its own
-control plane with DRA's gates (no kubelet), after test_13."""
+bound pod's GPUs and nothing else, steering never loses where the node choice is fixed (under
+the ranking), and the ranked variants reach the simulator's DRA figures within 0.3 pp. Runs on
+its own control plane with DRA's gates (no kubelet), after test_13."""
 
 from __future__ import annotations
 
@@ -95,7 +95,13 @@ def test_steering_never_loses_to_first_fit_and_the_figures_are_reported(
     }
     _results.setdefault("scale DRA side by side", {}).update(report)
     print(report)
-    assert ratios["steered"] >= ratios["first-fit"], ratios
+    # Steering changes the card, not the node. Without the extender the default scheduler
+    # breaks equal node scores at random (selectHost's reservoir sampling), so first-fit and
+    # steered each land on different nodes from run to run, and one against the other is a
+    # draw: 94.675 / 95.325 in one run, 95.606 / 94.567 in the next on the same code. Under the
+    # ranking the node choice is fixed (the extender's scores break every tie), so there the
+    # card choice is all that differs, and steering must not lose.
+    assert ratios["steered-ranked"] >= ratios["ranked"], ratios
     assert ratios["steered-ranked"] >= ratios["first-fit"], ratios
     # The extender's ranking (pricing the card the allocator takes in each slice's order, as
     # the simulator's DRA engine does) gives the simulator's figure on the real allocator.
