@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,8 @@ from kubegpu.labels.sinks import parse_feature_file
 from kubegpu.roles.labeller import run_labeller
 from kubegpu.testing.gfd_labels import E2E_LABEL_PATTERNS, EXPECTED_OUTPUT, gfd_label_gaps
 
+from .memory_sink import MemorySink
+
 UNIFORM_PRESETS = ["16xH100-80GB", "8xA100-80GB-NVLink", "8xV100-32GB-HybridCubeMesh", "4xT4"]
 SHIPPED_CONFIG = Path(__file__).parents[2] / "deploy" / "base" / "node-agent-config.yaml"
 
@@ -37,17 +38,6 @@ SHARINGS = {
     "time-sliced": SharingSummary("time-slicing", replicas=4),
     "gpu-share-mps": SharingSummary("mps"),
 }
-
-
-class MemorySink:
-    def __init__(self) -> None:
-        self.labels: dict[str, str] = {}
-
-    def apply(self, labels: Mapping[str, str]) -> None:
-        self.labels = dict(labels)
-
-    def current(self) -> Mapping[str, str] | None:
-        return self.labels
 
 
 def labelled(preset: str, sharing: SharingSummary, machine_type_file: Path) -> dict[str, str]:

@@ -17,6 +17,8 @@ from kubegpu.labels.catalogue import PCI_CLASS_3D, PCI_CLASS_VGA, SharingSummary
 from kubegpu.labels.host import read_host_facts, read_machine_type, read_pci_classes
 from kubegpu.roles.labeller import run_labeller
 
+from .memory_sink import MemorySink
+
 A100 = "8xA100-80GB-NVLink"  # bus ids 00000000:07:00.0, 00000000:0F:00.0, ...
 
 
@@ -72,17 +74,6 @@ class NvmlNamed:
         self.snapshot = fake.snapshot
         self.watch_health = fake.watch_health
         self.close = fake.close
-
-
-class MemorySink:
-    def __init__(self) -> None:
-        self.labels: dict[str, str] = {}
-
-    def apply(self, labels: Mapping[str, str]) -> None:
-        self.labels = dict(labels)
-
-    def current(self) -> Mapping[str, str] | None:
-        return self.labels
 
 
 @pytest.mark.parametrize(("nvml", "mode"), [(True, "compute"), (False, "unknown")])
