@@ -66,6 +66,13 @@ class GpuDevice:
         return f"/dev/nvidia{self.minor_number}"
 
 
+def pci_address(bus_id: str) -> str:
+    """NVML's bus id (``00000000:65:00.0``, 8-digit domain, upper case) in the form sysfs names
+    the device's folder and the standard DRA attribute pciBusID takes: ``0000:65:00.0``."""
+    domain, _, rest = bus_id.lower().partition(":")
+    return f"{domain[-4:]}:{rest}" if rest else bus_id.lower()
+
+
 # Compute capability (major, minor) -> NVIDIA's architecture name, for cards whose
 # architecture NVML does not report (the fake backend, old drivers). From NVIDIA's CUDA
 # programming guide's table of compute capabilities; more specific entries (major, minor) win

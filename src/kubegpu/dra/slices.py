@@ -24,7 +24,7 @@ from kubegpu.core.dra import (
     DraNaming,
     device_name,
 )
-from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
+from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory, pci_address
 
 API_VERSION = "resource.k8s.io/v1"
 
@@ -81,13 +81,6 @@ def _semver(raw: str | None) -> str | None:
         return None
     parts = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
     return ".".join(parts)
-
-
-def _pci_bus_id(raw: str) -> str:
-    """NVML's ``00000000:65:00.0`` as NVIDIA's driver publishes it: lower case, 4-digit
-    domain (``0000:65:00.0``), the form the standard pciBusID attribute requires."""
-    domain, _, rest = raw.lower().partition(":")
-    return f"{domain[-4:]}:{rest}" if rest else raw.lower()
 
 
 def _quantity_mib(mib: int) -> str:
@@ -217,7 +210,7 @@ def _nvidia_attributes(
         "type": {"string": "gpu"},
         "uuid": {"string": gpu.uuid},
         "productName": {"string": gpu.product_name},
-        f"{STANDARD_DOMAIN}/pciBusID": {"string": _pci_bus_id(gpu.pci_bus_id)},
+        f"{STANDARD_DOMAIN}/pciBusID": {"string": pci_address(gpu.pci_bus_id)},
         f"{KUBEGPU_DOMAIN}/index": {"int": gpu.index},
     }
     if gpu.brand is not None:

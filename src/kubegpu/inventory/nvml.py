@@ -26,6 +26,7 @@ from kubegpu.core.gpu import (
     NodeInventory,
     PcieLink,
     architecture_of,
+    pci_address,
 )
 from kubegpu.core.health import HealthEvent, HealthEventKind
 from kubegpu.inventory import nvml_session
@@ -223,9 +224,7 @@ class NvmlBackend:
         )
 
     def _sysfs_device(self, bus_id: str) -> Path:
-        # sysfs names devices with a 4-digit lower-case domain: 0000:07:00.0.
-        domain, _, rest = bus_id.partition(":")
-        return self._sysfs_root / "bus/pci/devices" / f"{domain[-4:]}:{rest}".lower()
+        return self._sysfs_root / "bus/pci/devices" / pci_address(bus_id)
 
     def _numa_from_sysfs(self, bus_id: str) -> int | None:
         try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from kubegpu.core.gpu import NodeInventory
+from kubegpu.core.gpu import NodeInventory, pci_address
 from kubegpu.labels.catalogue import HostFacts
 
 log = logging.getLogger(__name__)
@@ -32,17 +32,11 @@ def read_machine_type(path: Path) -> str:
         return "unknown"
 
 
-def _sysfs_name(bus_id: str) -> str:
-    # NVML spells the domain with 8 hex digits (00000000:07:00.0), sysfs with 4, lower case.
-    domain, _, rest = bus_id.partition(":")
-    return f"{domain[-4:]}:{rest}".lower()
-
-
 def read_pci_classes(inventory: NodeInventory, pci_devices: Path) -> dict[str, int]:
     """Each GPU's PCI class by its NVML bus id; a GPU whose class cannot be read is left out."""
     classes: dict[str, int] = {}
     for gpu in inventory.gpus:
-        path = pci_devices / _sysfs_name(gpu.pci_bus_id) / "class"
+        path = pci_devices / pci_address(gpu.pci_bus_id) / "class"
         try:
             classes[gpu.pci_bus_id] = int(path.read_text(encoding="ascii").strip(), 0)
         except (OSError, UnicodeDecodeError, ValueError) as exc:
