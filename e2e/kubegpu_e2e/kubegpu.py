@@ -9,8 +9,9 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -197,11 +198,14 @@ class KubegpuRoles:
         """Any other kubegpu role as a host process, logged like the others."""
         return self._start(name, argv, kubeconfig)
 
-    def start_scheduler(self, *extra_args: str) -> HostProcess:
+    def start_scheduler(
+        self, *extra_args: str, edit: Callable[[dict[str, Any]], None] | None = None
+    ) -> HostProcess:
         """A second kube-scheduler with the shipped KubeSchedulerConfiguration; only the API
         access the Deployment gets from its service account is added (clientConnection), and
-        ``extra_args`` (feature gates, log verbosity)."""
-        argv = self.scheduler_argv("kubegpu-scheduler", self.scheduler_port)
+        ``extra_args`` (feature gates, log verbosity); ``edit`` may change the configuration
+        first (a scenario comparing with a setting off)."""
+        argv = self.scheduler_argv("kubegpu-scheduler", self.scheduler_port, edit=edit)
         process = self._start("kubegpu-scheduler", [*argv, *extra_args])
         process.wait_until(
             lambda: component_healthz(self.scheduler_port),
@@ -219,7 +223,13 @@ class KubegpuRoles:
         )
         return process
 
-    def scheduler_argv(self, name: str, port: int, extender_url: str = "") -> list[str]:
+    def scheduler_argv(
+        self,
+        name: str,
+        port: int,
+        extender_url: str = "",
+        edit: Callable[[dict[str, Any]], None] | None = None,
+    ) -> list[str]:
         """kube-scheduler's command line with the shipped KubeSchedulerConfiguration, written
         as ``<name>.yaml`` in the run folder with the service account's API access added
         (clientConnection) and, with ``extender_url``, every extender entry pointed there."""
@@ -230,6 +240,8 @@ class KubegpuRoles:
         if extender_url:
             for extender in config["extenders"]:
                 extender["urlPrefix"] = extender_url
+        if edit is not None:
+            edit(config)
         path = self.cluster.run_dir / f"{name}.yaml"
         path.write_text(yaml.safe_dump(config))
         return [

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -176,7 +177,12 @@ def started_scale_cluster(factory: Any, out_name: str, record_name: str, t: Any)
 
 def record_install(key: str, value: Any) -> None:
     """A figure of the installed release's scenarios, for report.json."""
-    _results.setdefault("installed release", {})[key] = value
+    record_figure("installed release", key, value)
+
+
+def record_figure(section: str, key: str, value: Any) -> None:
+    """A figure a scenario measured, under ``section`` in report.json's scenarios."""
+    _results.setdefault(section, {})[key] = value
 
 
 @pytest.fixture
@@ -200,7 +206,8 @@ def _test_namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterato
     """A namespace of the scenario's own, ready for pods: the API server refuses a pod until
     kube-controller-manager has made the namespace's ``default`` ServiceAccount, which a fast
     scenario once beat ("serviceaccount "default" not found")."""
-    name = "e2e-" + request.node.name.replace("_", "-").lower()[:50].strip("-")
+    # Parametrized scenarios' ids ("[on]") hold characters a namespace name may not.
+    name = "e2e-" + re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:50].strip("-")
     cluster.kubectl("create", "namespace", name)
     try:
         cluster.wait_for(

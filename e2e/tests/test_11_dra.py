@@ -774,6 +774,58 @@ def test_the_extender_ranks_the_dra_node_from_the_real_slice_and_claims(
 
 
 # ------------------------------------------------------------ the DRA driver from the chart
+def test_kube_schedulers_preemption_frees_no_capacity_for_a_dra_share(
+    dra: Dra, dra_namespace: str
+) -> None:
+    """Measured, not fixed (docs/dra.md, "Priorities and preemption"): two low-priority shares
+    fill card 5 by capacity, then a high-priority share pinned to that card is created. At
+    Kubernetes 1.35 the DRA plugin's "cannot allocate all claims" is UnschedulableAndUnresolvable
+    and it has no PreFilterExtensions, so kube-scheduler never dry-runs a node for it: nothing is
+    evicted and the pod waits, "Preemption is not helpful for scheduling"
+    (kubernetes/enhancements#5690, DRA preemption, planned beta in 1.37)."""
+    cluster, _ = dra
+    ns = dra_namespace
+    for name, value in (("e2e-dra-low", 10), ("e2e-dra-high", 1000)):
+        create(
+            cluster,
+            {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": name},
+                "value": value,
+            },
+        )
+    try:
+        on_card_5 = 'device.attributes["gpu.kubegpu.io"].index == 5'
+        half = request_spec(
+            SHARE_CLASS, cel=on_card_5, capacity={"memory": "40Gi", "compute": "500"}
+        )
+        create(cluster, template_object("half", ns, half))
+        low = []
+        for i in range(2):
+            manifest = claim_pod(f"low-{i}", ns, template="half")
+            manifest["spec"]["priorityClassName"] = "e2e-dra-low"
+            low.append(manifest)
+        create(cluster, *low)
+        wait_running(cluster, ns, "low-0", "low-1", timeout=120)
+        urgent = claim_pod("urgent", ns, template="half")
+        urgent["spec"]["priorityClassName"] = "e2e-dra-high"
+        create(cluster, urgent)
+        reason = wait_pending_with_reason(cluster, ns, "urgent")
+        print(f"kube-scheduler on a high-priority DRA share: {reason}")
+        assert "Preemption is not helpful" in reason, reason
+        # Watched through kube-scheduler's retries: still nothing evicted, still waiting.
+        time.sleep(15)
+        for name in ("low-0", "low-1"):
+            pod = cluster.get("pod", "-n", ns, name)
+            assert not pod["metadata"].get("deletionTimestamp"), name
+            assert pod["status"]["phase"] == "Running", name
+        assert cluster.get("pod", "-n", ns, "urgent")["status"]["phase"] == "Pending"
+        assert not cluster.get("pod", "-n", ns, "urgent")["status"].get("nominatedNodeName")
+    finally:
+        cluster.kubectl("delete", "priorityclass", "e2e-dra-low", "e2e-dra-high", check=False)
+
+
 def test_the_chart_installed_dra_driver_serves_a_share(
     dra: Dra, dra_namespace: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -18,6 +18,7 @@ API_GROUPS = {
     "leases": "coordination.k8s.io",
     "resourceslices": "resource.k8s.io",
     "resourceclaims": "resource.k8s.io",
+    "poddisruptionbudgets": "policy",
 }
 Rule = tuple[str, dict[str, Any]]  # (namespace of a Role, "" for a ClusterRole; the rule)
 

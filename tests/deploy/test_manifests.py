@@ -163,6 +163,11 @@ CLUSTER_RULES: dict[tuple[str, str], list[dict[str, Any]]] = {
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+        # Its own preemption (kubegpu.extender.preemption): delete victims after marking them
+        # DisruptionTarget, nominate the waiting pod, weigh disruption budgets.
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]},
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list"]},
         # Ranking DRA nodes (/prioritize-dra): kube/dra_view.py lists and watches both.
         {
             "apiGroups": ["resource.k8s.io"],

@@ -154,6 +154,7 @@ class NodeView:
         self.usages = dict(usages)
         self.pod_json: dict[tuple[str, str], dict[str, Any]] = {}
         self.tentative: dict[str, PodUsage] = {}
+        self.nominated: dict[str, PodUsage] = {}
         self.dirty_nodes: set[str] = set()
         self.topology_version = 0
         self.synced = asyncio.Event()
@@ -175,6 +176,12 @@ class NodeView:
         raise AssertionError("ranking reserves nothing")
 
     def unreserve(self, uid: str) -> None:
+        raise AssertionError("ranking reserves nothing")
+
+    def hold_nominated(self, usage: PodUsage) -> None:
+        raise AssertionError("ranking reserves nothing")
+
+    def drop_nominated(self, uid: str) -> PodUsage | None:
         raise AssertionError("ranking reserves nothing")
 
     def apply_pod(self, pod: Mapping[str, Any], *, deleted: bool = False) -> None:

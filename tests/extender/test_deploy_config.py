@@ -159,7 +159,7 @@ def test_every_shipped_extender_config_binds_only_beside_its_leading_scheduler(
     )
 
 
-def test_rbac_grants_only_reads_pod_patches_and_bindings() -> None:
+def test_rbac_grants_only_reads_pod_patches_bindings_and_preemption() -> None:
     # The one definition every overlay binds (tests/deploy checks the bindings).
     role = yaml.safe_load((DEPLOY.parent / "base" / "extender-clusterrole.yaml").read_text())
     assert role["kind"] == "ClusterRole"
@@ -173,6 +173,10 @@ def test_rbac_grants_only_reads_pod_patches_and_bindings() -> None:
         ("pods", "watch"),
         ("pods", "patch"),
         ("pods/binding", "create"),
+        # Its own preemption (kubegpu.extender.preemption): kube-scheduler's steps.
+        ("pods", "delete"),
+        ("pods/status", "patch"),
+        ("poddisruptionbudgets", "list"),
         ("resourceslices", "list"),
         ("resourceslices", "watch"),
         ("resourceclaims", "list"),

@@ -137,6 +137,7 @@ def resource_name_options(command: F) -> F:
     type=click.Choice(["kubegpu", "nvidia"]),
     show_default=True,
 )
+@_setting("preemption", "--preemption/--no-preemption", show_default=True)
 @_setting(
     "bind_attempts",
     "--bind-attempts",
@@ -177,6 +178,7 @@ def extender_command(**options: Any) -> None:
             workload_file=_opt_path(options["workload_file"]),
             workload_refresh_s=float(options["workload_refresh_seconds"]),
             dra_naming=options["dra_naming"],
+            preemption=bool(options["preemption"]),
             bind_attempts=int(options["bind_attempts"]),
             leader_lease=None,  # resolved below, once the rest is known to be right
             leader_identity=options["leader_identity"] or None,

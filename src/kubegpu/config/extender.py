@@ -141,6 +141,13 @@ class ExtenderConfig(BaseModel):
         description="The DRA driver's naming, equal to the driver's dra.naming: `kubegpu` "
         "ranks claims for gpu.kubegpu.io's classes, `nvidia` for gpu.nvidia.com's.",
     )
+    preemption: bool = Field(
+        default=True,
+        description="Preempt for pods kube-scheduler's own preemption cannot help (a share "
+        "blocked by card memory or compute): evict the fewest lower-priority pods that free "
+        "one card, as kube-scheduler would, and hold the card for the pod. The preempt verb "
+        "(preemptVerb: preempt in the scheduler config) answers either way.",
+    )
     bind_attempts: int = Field(
         default=5,
         description="Tries per bind when the API answers a conflict (409) or is briefly "

@@ -47,6 +47,12 @@ class PodLocks:
 # kubegpu_extender_tentative_reservations_total (kubegpu.extender.inflight sets them).
 STALE_BIND_PLACES = ("same-node", "other-node", "none")
 TENTATIVE_EVENTS = ("made", "confirmed", "moved", "replaced", "expired", "gone")
+# kubegpu_extender_preemptions_total{path, result} (kubegpu.extender.preemption sets them):
+# "verb" answers kube-scheduler's preempt call, "extender" is the extender's own preemption.
+PREEMPTION_RESULTS = {
+    "verb": ("narrowed", "kept", "refused", "error"),
+    "extender": ("preempted", "no-victims", "error"),
+}
 
 
 class ExtenderMetrics:
@@ -98,6 +104,22 @@ class ExtenderMetrics:
             self.stale_binds.labels(where)
         for event in TENTATIVE_EVENTS:
             self.tentative.labels(event)
+        self.preemptions = Counter(
+            "kubegpu_extender_preemptions_total",
+            "Card-level preemption decisions, by path (verb: kube-scheduler's preempt call, per "
+            "node: narrowed to other victims, kept as proposed, refused; extender: its own "
+            "preemption for a pod kube-scheduler's cannot help) and result.",
+            ["path", "result"],
+            registry=registry,
+        )
+        for path, results in PREEMPTION_RESULTS.items():
+            for result in results:
+                self.preemptions.labels(path, result)
+        self.preemption_victims = Counter(
+            "kubegpu_extender_preemption_victims_total",
+            "Pods the extender's own preemption evicted.",
+            registry=registry,
+        )
         self.tentative_held = Gauge(
             "kubegpu_extender_tentative_reservations_held",
             "Tentative reservations the cluster view holds now.",

@@ -32,6 +32,7 @@ from kubegpu.extender.inflight import NONE, InFlight
 from kubegpu.extender.leader import LeaderGate
 from kubegpu.extender.metrics import ExtenderMetrics, PodLocks
 from kubegpu.extender.pending import PendingGpuPods
+from kubegpu.extender.preemption import Preemption
 from kubegpu.extender.ranking import cpu_pod_priorities, names_with
 from kubegpu.extender.scheduler import GpuScheduler, Unschedulable, reason_category
 from kubegpu.extender.wire import (
@@ -43,6 +44,8 @@ from kubegpu.extender.wire import (
     filter_result,
     parse_binding_args,
     parse_extender_body,
+    parse_preemption_args,
+    preemption_result,
     priority_list,
 )
 from kubegpu.httpd import (
@@ -58,7 +61,7 @@ from kubegpu.sharing.accounting import ReservationHeld
 from kubegpu.sharing.annotations import AllocationDecision
 from kubegpu.sharing.claim import PodClaim, annotation_patch, decide, read_claim, release
 from kubegpu.sharing.podstate import pod_uid
-from kubegpu.sharing.podstore import PodConflict, PodGone, PodStore, PodStoreError
+from kubegpu.sharing.podstore import Evictions, PodConflict, PodGone, PodStore, PodStoreError
 from kubegpu.sharing.resources import GpuRequest, RequestError, RequestKind, pod_key
 
 log = logging.getLogger(__name__)
@@ -108,6 +111,8 @@ class ExtenderApp:
         bind_attempts: int = 5,
         leader: LeaderGate | None = None,
         dra: DraRanker | None = None,
+        evictions: Evictions | None = None,
+        preempt: bool = True,
     ) -> None:
         self.scheduler = scheduler
         self.leader = leader
@@ -116,6 +121,10 @@ class ExtenderApp:
         self.pods = pods
         self.metrics = ExtenderMetrics(registry or CollectorRegistry())
         self.inflight = InFlight(scheduler, self.metrics)  # filter and score see binds to come
+        # Without a store for evictions the verb still answers; the extender evicts nothing.
+        self.preemption = Preemption(
+            scheduler, evictions, self.metrics, leader=leader, enabled=preempt
+        )
         self.metrics.registry.register(
             PendingGpuPods(
                 lambda: list(self.view.pod_json.values()), self.view.names, self.view.synced.is_set
@@ -153,6 +162,7 @@ class ExtenderApp:
             "/prioritize-dra", self._timed("prioritize-dra", self.handle_prioritize_dra)
         )
         app.router.add_post("/bind", self._timed("bind", self.handle_bind))
+        app.router.add_post("/preempt", self._timed("preempt", self.handle_preempt))
         app.router.add_get("/healthz", self.handle_healthz)
         app.router.add_get("/readyz", self.handle_readyz)
         app.router.add_get("/metrics", self.handle_metrics)
@@ -253,7 +263,14 @@ class ExtenderApp:
             self.metrics.decisions.labels("filter", "invalid-request").inc()
             self.metrics.rejections.labels("invalid-request").inc(len(args.node_names))
             return _reply(filter_result(args, [], {}, dict.fromkeys(args.node_names, reason)))
+        uid = pod_uid(args.pod)
+        held = self.preemption.without_own_hold(uid)
         outcome = self.inflight.filter(args.pod, gpu, args.node_names)
+        self.preemption.restore_hold(held)
+        if not outcome.passed and outcome.failed:
+            # Some node might take it once lower-priority pods go: if kube-scheduler's own
+            # preemption cannot see that (card memory or compute), the extender preempts.
+            self.preemption.note_unschedulable(args.pod, gpu)
         if gpu.kind is not RequestKind.NONE:
             self.metrics.decisions.labels(
                 "filter", "schedulable" if outcome.passed else "unschedulable"
@@ -287,7 +304,9 @@ class ExtenderApp:
             return _reply([])  # filter already explained it
         if not self.view.synced.is_set():
             return _reply([])
+        held = self.preemption.without_own_hold(pod_uid(args.pod))
         _, rows, scores = self.inflight.prioritize(args.pod, gpu, args.node_names)
+        self.preemption.restore_hold(held)
         names = self.scheduler.row_names
         if self._priorities is None or self._priorities.names is not names:
             self._priorities = PriorityEncoder(names)  # once per engine rebuild
@@ -338,12 +357,31 @@ class ExtenderApp:
         priorities = cpu_pod_priorities(engine, gpu.to_placement(), rows)
         return names_with(args.node_names, priorities)
 
+    # ------------------------------------------------------------------ preempt
+    async def handle_preempt(self, request: web.Request) -> web.Response:
+        """kube-scheduler's preempt verb (:mod:`kubegpu.extender.preemption`): its proposed
+        victims per node, narrowed to those that free a card, nodes where none can left out."""
+        try:
+            args = parse_preemption_args(await self._body(request, "preempt"))
+        except WireError as exc:
+            return self._bad("preempt", exc)
+        if not self.view.synced.is_set():
+            return _reply({"Error": "kubegpu extender has not synced yet"}, status=503)
+        try:
+            victims = await self.preemption.answer(args)
+        except Exception as exc:  # the verb's answer must never be a half-made one
+            self.metrics.preemptions.labels("verb", "error").inc()
+            log.exception("preempt for pod %s failed", pod_key(args.pod))
+            return _reply({"Error": f"kubegpu preempt failed: {exc}"}, status=500)
+        return _reply(preemption_result(victims))
+
     # ------------------------------------------------------------------ bind
     async def handle_bind(self, request: web.Request) -> web.Response:
         try:
             args = parse_binding_args(await self._body(request, "bind"))
         except WireError as exc:
             return self._bad("bind", exc)
+        self.preemption.release(args.pod_uid)  # cards held for it are its own now
         async with self.pod_locks.hold(args.pod_uid):
             error = await self.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
         return _reply({"Error": error})

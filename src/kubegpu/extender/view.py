@@ -25,6 +25,7 @@ class ClusterState(Protocol):
     nodes: dict[str, NodeInfo]
     pod_json: dict[tuple[str, str], dict[str, Any]]  # (namespace, name) -> the pod
     tentative: dict[str, PodUsage]  # uid -> where a scored pod is expected to be bound
+    nominated: dict[str, PodUsage]  # uid -> the cards preemption freed for a waiting pod
     dirty_nodes: set[str]  # nodes whose usage changed since the engine last read them
     topology_version: int  # bumps when a node appears, goes or changes shape
     synced: asyncio.Event  # set once the first listing of nodes and pods is in
@@ -40,5 +41,9 @@ class ClusterState(Protocol):
     def hold_tentative(self, usage: PodUsage) -> None: ...
 
     def drop_tentative(self, uid: str) -> PodUsage | None: ...
+
+    def hold_nominated(self, usage: PodUsage) -> None: ...
+
+    def drop_nominated(self, uid: str) -> PodUsage | None: ...
 
     def apply_pod(self, pod: Mapping[str, Any], *, deleted: bool = False) -> None: ...

@@ -308,3 +308,67 @@ class HostPriority(msgspec.Struct):
 
 def priority_list(scores: Sequence[tuple[str, int]]) -> list[HostPriority]:
     return [HostPriority(host, score) for host, score in scores]
+
+
+@dataclass(frozen=True)
+class PreemptionArgs:
+    """kube-scheduler's ExtenderPreemptionArgs: the waiting pod and, per candidate node, the
+    UIDs of the victims its own dry run chose (most important first) with its count of
+    disruption-budget violations among them."""
+
+    pod: Mapping[str, Any]
+    victims: dict[str, tuple[tuple[str, ...], int]]
+
+
+def parse_preemption_args(body: object) -> PreemptionArgs:
+    """Either map may come: ``NodeNameToMetaVictims`` (UIDs, nodeCacheCapable: true) or
+    ``NodeNameToVictims`` (whole pods); the unused one is ``null``."""
+    if not isinstance(body, Mapping):
+        raise WireError("body must be a JSON object (ExtenderPreemptionArgs)")
+    pod = _get(body, "Pod")
+    if not isinstance(pod, Mapping) or not isinstance(pod.get("metadata", {}), Mapping):
+        raise WireError("Pod must be an object with metadata")
+    victims: dict[str, tuple[tuple[str, ...], int]] = {}
+    for key, uid_of in (("NodeNameToMetaVictims", _meta_uid), ("NodeNameToVictims", _pod_uid)):
+        by_node = _get(body, key)
+        if by_node is None:
+            continue
+        if not isinstance(by_node, Mapping) or len(by_node) > MAX_NODE_NAMES:
+            raise WireError(f"{key} must be an object keyed by node name, or null")
+        for node, entry in by_node.items():
+            if not isinstance(node, str) or not is_dns_subdomain(node):
+                raise WireError(f"{key}: node name {node!r:.60} is not a DNS subdomain name")
+            if not isinstance(entry, Mapping):
+                raise WireError(f"{key}[{node}] must be an object (Pods, NumPDBViolations)")
+            pods = _get(entry, "Pods") or []
+            count = _get(entry, "NumPDBViolations") or 0
+            if not isinstance(pods, list) or not isinstance(count, int) or count < 0:
+                raise WireError(f"{key}[{node}]: Pods must be a list, NumPDBViolations >= 0")
+            victims[node] = (tuple(uid_of(key, node, p) for p in pods), count)
+    return PreemptionArgs(pod, victims)
+
+
+def _meta_uid(key: str, node: str, entry: object) -> str:
+    uid = _get(entry, "UID") if isinstance(entry, Mapping) else None
+    if not isinstance(uid, str) or not uid or not uid.isprintable():
+        raise WireError(f"{key}[{node}].Pods: every entry needs a UID")
+    return uid
+
+
+def _pod_uid(key: str, node: str, entry: object) -> str:
+    meta = entry.get("metadata") if isinstance(entry, Mapping) else None
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    if not isinstance(uid, str) or not uid or not uid.isprintable():
+        raise WireError(f"{key}[{node}].Pods: every pod needs metadata.uid")
+    return uid
+
+
+def preemption_result(victims: Mapping[str, tuple[Sequence[str], int]]) -> dict[str, Any]:
+    """ExtenderPreemptionResult: always the meta form (UIDs), whatever nodeCacheCapable says;
+    a node left out is one the extender refuses."""
+    return {
+        "NodeNameToMetaVictims": {
+            node: {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": count}
+            for node, (uids, count) in victims.items()
+        }
+    }

@@ -31,7 +31,7 @@ class _BindingRequest(GenericNamespacedStatus):
 
 
 @asynccontextmanager
-async def _translated() -> AsyncIterator[None]:
+async def translated() -> AsyncIterator[None]:
     try:
         yield
     except ApiError as exc:
@@ -52,7 +52,7 @@ class ApiPodStore:
         self.client = client
 
     async def get(self, namespace: str, name: str) -> dict[str, Any]:
-        async with _translated():
+        async with translated():
             return _json(await self.client.get(Pod, name, namespace=namespace))
 
     async def patch_annotations(
@@ -65,7 +65,7 @@ class ApiPodStore:
         metadata: dict[str, Any] = {"annotations": dict(annotations)}
         if resource_version:
             metadata["resourceVersion"] = resource_version
-        async with _translated():
+        async with translated():
             pod = await self.client.patch(
                 Pod, name, {"metadata": metadata}, namespace=namespace, patch_type=PatchType.MERGE
             )
@@ -93,5 +93,5 @@ class ApiPodStore:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         binding = cast(Any, _BindingRequest)(body)  # dict-built generic resource
-        async with _translated():
+        async with translated():
             await self.client.create(binding, name=name, namespace=namespace)

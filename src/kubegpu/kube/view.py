@@ -100,6 +100,7 @@ class ClusterView:
         self.observed: dict[str, PodUsage] = {}  # uid -> what the API says the pod holds
         self.reservations: dict[str, PodUsage] = {}  # uid -> a bind in flight
         self.tentative: dict[str, PodUsage] = {}  # uid -> where a scored pod is expected
+        self.nominated: dict[str, PodUsage] = {}  # uid -> the cards preemption freed for it
         self.pod_json: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> pod
         self._pod_rv: dict[str, int] = {}  # uid -> newest resourceVersion applied, live pods
         # uid -> when its deletion was applied, oldest first; kept tombstone_s (far longer than
@@ -119,7 +120,12 @@ class ClusterView:
 
     # ------------------------------------------------------------------ reading
     def usage(self, uid: str) -> PodUsage | None:
-        return self.reservations.get(uid) or self.observed.get(uid) or self.tentative.get(uid)
+        return (
+            self.reservations.get(uid)
+            or self.observed.get(uid)
+            or self.tentative.get(uid)
+            or self.nominated.get(uid)
+        )
 
     def pods(self) -> dict[str, PodUsage]:
         merged = dict(self.observed)
@@ -143,6 +149,7 @@ class ClusterView:
             "observed": len(self.observed),
             "reservations": len(self.reservations),
             "tentative": len(self.tentative),
+            "nominated": len(self.nominated),
             "problems": len(self.problems),
             "tombstones": len(self._tombstones),
             "on_node": sum(len(uids) for uids in self._on_node.values()),
@@ -180,6 +187,22 @@ class ClusterView:
             self._touch(before, self.usage(uid))
         return usage
 
+    def hold_nominated(self, usage: PodUsage) -> None:
+        """Hold the cards preemption freed for a waiting pod (its victims still terminating):
+        counted like a reservation while the pod holds nothing else, so other pods are not
+        placed there meanwhile."""
+        before = self.usage(usage.uid)
+        self.nominated[usage.uid] = usage
+        self._touch(before, self.usage(usage.uid))
+
+    def drop_nominated(self, uid: str) -> PodUsage | None:
+        """Release the pod's nomination hold; returns it (None: it had none)."""
+        before = self.usage(uid)
+        usage = self.nominated.pop(uid, None)
+        if usage is not None:
+            self._touch(before, self.usage(uid))
+        return usage
+
     def _touch(self, before: PodUsage | None, after: PodUsage | None) -> None:
         if before == after:
             return
@@ -207,6 +230,7 @@ class ClusterView:
         if deleted:
             self.observed.pop(uid, None)
             self.tentative.pop(uid, None)
+            self.nominated.pop(uid, None)
             if pod_uid(self.pod_json.get(key) or {}) == uid:
                 self.pod_json.pop(key)  # not a namesake created since
             self._uid_key.pop(uid, None)
@@ -228,6 +252,7 @@ class ClusterView:
                 self.observed[uid] = reading.usage
             if reading.usage is not None or (pod.get("spec") or {}).get("nodeName"):
                 self.tentative.pop(uid, None)  # bound or decided: what it holds is known now
+                self.nominated.pop(uid, None)
         self._touch(before, self.usage(uid))
 
     async def resync_pods(self) -> None:

@@ -33,6 +33,7 @@ from kubegpu.kube.client import (
     server_version,
 )
 from kubegpu.kube.dra_view import DraClusterView
+from kubegpu.kube.evictions import ApiEvictions
 from kubegpu.kube.leases import LightkubeLeases, unavailable_as_core
 from kubegpu.kube.list_watch import Backoff
 from kubegpu.kube.view import ClusterView
@@ -110,6 +111,8 @@ class ExtenderService:
             bind_attempts=config.bind_attempts,
             leader=leader,
             dra=DraRanker(self.scheduler, self.dra_view, naming),
+            evictions=ApiEvictions(self.client),
+            preempt=config.preemption,
         )
         self._listener: HttpListener | None = None
         self._metrics_listener: HttpListener | None = None
@@ -207,6 +210,7 @@ class ExtenderService:
             if listener is not None:
                 await listener.stop()
         self._metrics_listener = self._listener = None
+        await self.app.preemption.close()
         await self.dra_view.close()
         if self._view_task is not None:
             self._view_task.cancel()

@@ -61,3 +61,28 @@ class PodStore(Protocol):
         ``resource_version`` too when not empty. The API server sets ``annotations`` on the pod
         in the same write (it copies a Binding's annotations onto the pod it binds)."""
         ...
+
+
+class Evictions(Protocol):
+    """What the extender's own preemption writes and reads besides pods' annotations and
+    bindings (:mod:`kubegpu.extender.preemption`): kube-scheduler's steps for a victim and for
+    the pod it makes room for."""
+
+    async def mark_preempted(self, namespace: str, name: str, message: str) -> None:
+        """Set the victim's ``DisruptionTarget`` condition (reason ``PreemptionByScheduler``),
+        as kube-scheduler does before deleting it: its controllers and kube-scheduler's own
+        preemption then know why it is terminating."""
+        ...
+
+    async def delete(self, namespace: str, name: str) -> None:
+        """Delete the victim with its own grace period; a pod already gone is not an error."""
+        ...
+
+    async def nominate(self, namespace: str, name: str, node: str) -> None:
+        """Set the waiting pod's ``status.nominatedNodeName``: kube-scheduler tries that node
+        first and counts the pod there while lower-priority pods are scheduled."""
+        ...
+
+    async def disruption_budgets(self) -> list[dict[str, Any]]:
+        """Every PodDisruptionBudget (policy/v1) as JSON."""
+        ...

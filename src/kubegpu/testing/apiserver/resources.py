@@ -91,6 +91,14 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
         "resourcequotas", "ResourceQuota", namespaced=True, has_status=True, short_names=("quota",)
     ),
     ResourceType("leases", "Lease", namespaced=True, group="coordination.k8s.io"),
+    ResourceType(
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        namespaced=True,
+        group="policy",
+        has_status=True,
+        short_names=("pdb",),
+    ),
 )
 
 BY_PATH: dict[tuple[str, str, str], ResourceType] = {
