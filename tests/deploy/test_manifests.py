@@ -63,6 +63,7 @@ def test_every_kustomization_is_known() -> None:
         "examples/dra-extended-resource",
         "examples/dra-nvidia-naming",
         "examples/nfd-labels",
+        "examples/kueue",
         "examples/peer-compat",
         "examples/quota",
         "monitoring",
@@ -665,7 +666,8 @@ def test_every_image_is_pinned_to_a_version(overlay: str) -> None:
                 assert tag == kubegpu.__version__, "the manifests run the version in pyproject"
 
 
-@pytest.mark.parametrize("kustomization", kustomizations())
+# The Kueue example's Job is a user's workload, not a kubegpu pod.
+@pytest.mark.parametrize("kustomization", [k for k in kustomizations() if k != "examples/kueue"])
 def test_no_kubegpu_pod_gets_service_environment_variables(kustomization: str) -> None:
     """The kubelet's Service variables (KUBEGPU_EXTENDER_METRICS_PORT=tcp://IP:9402 for the
     Service kubegpu-extender-metrics) share kubegpu's KUBEGPU_* settings prefix: the installed
