@@ -71,6 +71,7 @@ COMBINATIONS: list[tuple[str, list[str], list[str]]] = [
         ["examples/dra-nvidia-naming"],
     ),
     ("peer-compat", ["peerCompat.enabled=true"], ["examples/peer-compat"]),
+    ("claim-budget", ["claimBudget.enabled=true"], ["examples/claim-budget"]),
     (
         "quota-example",
         ["quotaExample.enabled=true"],

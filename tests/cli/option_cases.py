@@ -49,6 +49,7 @@ BASE: dict[str, list[str]] = {
     "inspect": ["--kubeconfig", "{files}/kubeconfig.yaml", "--request-timeout", "1"],
     "labels": ["--backend", "fake", "--fake-gpus", "4xT4", "--once"],
     "peer-webhook": ["--peer-compat", "volcano", "--port", "0"],
+    "claim-budget-webhook": ["--kubeconfig", "{files}/kubeconfig.yaml", "--port", "0"],
     "simulate": [
         *("--nodes", "{files}/nodes.csv", "--pods", "{files}/pods.csv"),
         *("--out", "{scratch}/out", "--seeds", "1", "--no-plot"),

@@ -288,6 +288,20 @@ CORPUS: dict[str, list[tuple[str, str] | tuple[str, str, int]]] = {
         ("peer-webhook --peer-compat volcano --host 127.0.0.1 --port {busy}", "cannot listen on"),
         (f"{EXT} --peer-compat nosuch", "nosuch"),
     ],
+    "claim-budget-webhook": [
+        ("claim-budget-webhook --host 0.0.0.0", "--tls-cert-file"),
+        ("claim-budget-webhook --pending-seconds 0", "--pending-seconds"),
+        ("claim-budget-webhook --kubeconfig {files}/latin1.yaml", "latin1.yaml"),
+        (
+            "claim-budget-webhook --kubeconfig {files}/kubeconfig.yaml "
+            "--tls-cert-file {files}/garbage.pem --tls-key-file {files}/server.key",
+            "garbage.pem",
+        ),
+        (
+            "claim-budget-webhook --kubeconfig {files}/kubeconfig.yaml --port {busy}",
+            "cannot listen on",
+        ),
+    ],
     "demo": [
         ("demo --summary-json {files}/missing/summary.json", "--summary-json"),
         ("demo --pid-file {files}/missing/pids", "--pid-file"),

@@ -59,6 +59,7 @@ def test_every_kustomization_is_known() -> None:
     # renamed or lost one is noticed.
     assert set(ALL) == {
         "base",
+        "examples/claim-budget",
         "examples/dra",
         "examples/dra-extended-resource",
         "examples/dra-nvidia-naming",
@@ -261,6 +262,7 @@ def test_each_role_is_defined_in_exactly_one_file_under_deploy() -> None:
         ],
         ("ClusterRole", "kubegpu-extender"): ["base/extender-clusterrole.yaml"],
         ("ClusterRole", "kubegpu-dra-driver"): ["components/dra-driver/dra-driver-rbac.yaml"],
+        ("ClusterRole", "kubegpu-claim-budget"): ["components/claim-budget/claim-budget-rbac.yaml"],
         ("Role", "kubegpu-scheduler-leader-election"): [
             "overlays/second-scheduler/scheduler-rbac.yaml"
         ],

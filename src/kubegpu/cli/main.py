@@ -43,6 +43,7 @@ register("inspect", "kubegpu.inspect.command:inspect_command")
 register("extender", "kubegpu.cli.extender:extender_command")
 register("demo", "kubegpu.demo.command:demo_command")
 register("peer-webhook", "kubegpu.cli.peer_webhook:peer_webhook_command")
+register("claim-budget-webhook", "kubegpu.cli.claim_budget_webhook:claim_budget_webhook_command")
 
 
 class OneLineFailure(click.ClickException):

@@ -32,6 +32,7 @@ from kubegpu.core.dra import (
 from kubegpu.core.dra_cluster import DeviceRequest, DraClaim
 from kubegpu.core.dra_ports import ClaimLookupError
 from kubegpu.kube.gpu_config import GpuConfigError, gpu_sharing, kind_of
+from kubegpu.sharing.claim_budget import ClaimDemand, ClaimDemandError, DeviceAsk, RequestDemand
 from kubegpu.sharing.resources import RequestError, parse_quantity
 
 log = logging.getLogger(__name__)
@@ -293,6 +294,63 @@ def claim_from_object(
         if request is not None:
             requests.append(request)
     return DraClaim(ref, tuple(requests), allocated, devices, problem)
+
+
+def _demand_ask(
+    exactly: Mapping[str, Any], class_drivers: Mapping[str, str], where: str
+) -> DeviceAsk | None:
+    """One ``exactly`` request or ``firstAvailable`` subrequest as a :class:`DeviceAsk`; None
+    for a class that is not a GPU class of ``class_drivers``."""
+    driver = class_drivers.get(str(exactly.get("deviceClassName", "")))
+    if driver is None:
+        return None
+    mode = exactly.get("allocationMode") or "ExactCount"
+    count: int | None = None
+    if mode != "All":
+        count = exactly.get("count", 1)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise ClaimDemandError(f"{where}: count {count!r:.40} is not a positive integer")
+    capacity = exactly.get("capacity") or {}
+    wanted = capacity.get("requests") if isinstance(capacity, Mapping) else None
+    memory = None
+    if isinstance(wanted, Mapping) and CAPACITY_MEMORY in wanted:
+        try:
+            memory = _request_quantity(wanted, CAPACITY_MEMORY)
+        except RequestError as exc:
+            raise ClaimDemandError(f"{where}: capacity.requests.memory: {exc}") from None
+    return DeviceAsk(driver, count, memory)
+
+
+def claim_demand(obj: Mapping[str, Any], class_drivers: Mapping[str, str]) -> ClaimDemand:
+    """What a ResourceClaim asks of the GPU classes in ``class_drivers`` (class -> driver), for
+    the namespace's GPU-memory budget (:mod:`kubegpu.sharing.claim_budget`). Raises
+    :class:`ClaimDemandError` for a request of a GPU class that cannot be read."""
+    ref = _ref_of(obj)
+    meta = obj.get("metadata")
+    deleting = isinstance(meta, Mapping) and bool(meta.get("deletionTimestamp"))
+    spec = obj.get("spec")
+    wanted = spec.get("devices") if isinstance(spec, Mapping) else None
+    raw_requests = wanted.get("requests") if isinstance(wanted, Mapping) else None
+    requests: list[RequestDemand] = []
+    for raw in raw_requests if isinstance(raw_requests, list) else []:
+        if not isinstance(raw, Mapping):
+            continue
+        name = str(raw.get("name", ""))
+        where = f"resourceclaim {ref.namespace}/{ref.name} request {name}"
+        exactly = raw.get("exactly")
+        if isinstance(exactly, Mapping):
+            subrequests: list[tuple[str, Mapping[str, Any]]] = [(where, exactly)]
+        else:
+            subrequests = [
+                (f"{where}/{sub.get('name', '')}", sub)
+                for sub in raw.get("firstAvailable") or []
+                if isinstance(sub, Mapping)
+            ]
+        asks = [_demand_ask(sub, class_drivers, at) for at, sub in subrequests]
+        found = tuple(a for a in asks if a is not None)
+        if found:
+            requests.append(RequestDemand(name, found))
+    return ClaimDemand(ref.namespace, ref.name, ref.uid, tuple(requests), deleting)
 
 
 class LightkubeResourceClaimSource:

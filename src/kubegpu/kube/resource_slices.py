@@ -9,7 +9,7 @@ concurrent writer is a conflict, not a lost update), delete the rest.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import lightkube
@@ -18,6 +18,7 @@ from lightkube.generic_resource import create_global_resource
 from kubegpu.core.dra import CAPACITY_COMPUTE, CAPACITY_MEMORY
 from kubegpu.core.dra_cluster import NodeSlices, SliceDevice
 from kubegpu.core.names import model_key
+from kubegpu.sharing.claim_budget import DriverCards
 from kubegpu.sharing.resources import RequestError, parse_quantity
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,46 @@ def slice_devices(obj: Mapping[str, Any], driver: str) -> NodeSlices | None:
             )
         )
     return NodeSlices(node, pool_name, generation, tuple(devices))
+
+
+def card_memory(objs: Iterable[Mapping[str, Any]]) -> dict[str, DriverCards]:
+    """Per driver, the largest card's memory and the largest pool's total that ``objs``
+    (ResourceSlice JSON, any driver) publish, at each pool's newest generation: what the
+    claim budget charges a request naming no memory (:mod:`kubegpu.sharing.claim_budget`).
+    A device without a readable memory capacity is left out."""
+    newest: dict[tuple[str, str], int] = {}
+    devices: dict[tuple[str, str, int], list[int]] = {}
+    for obj in objs:
+        spec = obj.get("spec") if isinstance(obj, Mapping) else None
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("driver"), str):
+            continue
+        raw_pool = spec.get("pool")
+        pool: Mapping[str, Any] = raw_pool if isinstance(raw_pool, Mapping) else {}
+        key = (spec["driver"], str(pool.get("name") or ""))
+        try:
+            generation = int(pool.get("generation") or 0)
+        except (TypeError, ValueError):
+            generation = 0
+        newest[key] = max(newest.get(key, generation), generation)
+        found = devices.setdefault((*key, generation), [])
+        for device in spec.get("devices") or []:
+            if not isinstance(device, Mapping):
+                continue
+            try:
+                found.append(_capacity(device, CAPACITY_MEMORY))
+            except (RequestError, AttributeError):
+                continue
+    cards: dict[str, DriverCards] = {}
+    for (driver, pool_name), generation in newest.items():
+        memory = devices.get((driver, pool_name, generation), [])
+        if not memory:
+            continue
+        seen = cards.get(driver, DriverCards(0, 0))
+        cards[driver] = DriverCards(
+            max(seen.largest_card_bytes, max(memory)),
+            max(seen.largest_pool_bytes, sum(memory)),
+        )
+    return cards
 
 
 class LightkubeResourceSliceSink:

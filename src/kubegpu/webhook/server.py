@@ -1,4 +1,5 @@
-"""The peer webhook's HTTPS edge: ``POST /mutate`` (AdmissionReview v1) and ``GET /healthz``.
+"""The webhooks' HTTPS edge: the peer webhook's ``POST /mutate`` and the claim-budget webhook's
+``POST /validate`` (AdmissionReview v1), each with ``GET /healthz``.
 
 The API server calls it only for pods a ``matchConditions`` expression has found asking for a
 peer resource (deploy/components/peer-compat), so every other pod is admitted without it and the
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -26,6 +27,8 @@ from kubegpu.httpd import (
     text_response,
 )
 from kubegpu.sharing.resources import ResourceNames
+from kubegpu.webhook.claim_ledger import ClaimLedger
+from kubegpu.webhook.claim_review import claim_review_response
 from kubegpu.webhook.review import ReviewError, review_response
 
 log = logging.getLogger(__name__)
@@ -103,5 +106,64 @@ def serve_webhook(
         port,
         webhook_app(names, scheduler_name=scheduler_name, limits=limits),
         name="peer-webhook",
+        ssl_context=context,
+    )
+
+
+def claim_budget_app(
+    ledger: ClaimLedger,
+    *,
+    close: Callable[[], Awaitable[None]] | None = None,
+    limits: HttpLimits = WEBHOOK_LIMITS,
+) -> web.Application:
+    """The claim-budget webhook: ``POST /validate``. ``close`` runs on the serving loop when
+    the app stops (the API client made there)."""
+
+    async def validate(request: web.Request) -> web.Response:
+        review = await json_body(request)
+        try:
+            answer = await claim_review_response(review, ledger)
+        except ReviewError as exc:
+            raise BadRequest(f"bad AdmissionReview: {exc}") from None
+        return web.Response(body=json.dumps(answer).encode(), content_type="application/json")
+
+    async def healthz(request: web.Request) -> web.Response:
+        return text_response(200, "ok")
+
+    async def wrong_method(request: web.Request) -> web.Response:
+        return text_response(405, "POST an AdmissionReview to /validate")
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        return text_response(404, f"no route {request.path}")
+
+    app = hardened_app(limits)
+    app.router.add_post("/validate", validate)
+    app.router.add_route("*", "/validate", wrong_method)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_route("*", "/{path:.*}", elsewhere)
+    if close is not None:
+
+        async def cleanup(app: web.Application) -> None:
+            await close()
+
+        app.on_cleanup.append(cleanup)
+    return app
+
+
+def serve_claim_budget_webhook(
+    host: str,
+    port: int,
+    ledger: ClaimLedger,
+    context: ssl.SSLContext | None,
+    *,
+    close: Callable[[], Awaitable[None]] | None = None,
+    limits: HttpLimits = WEBHOOK_LIMITS,
+) -> HttpThread:
+    """The claim-budget webhook on ``host:port`` (HTTPS with ``context``), in a thread."""
+    return HttpThread(
+        host,
+        port,
+        claim_budget_app(ledger, close=close, limits=limits),
+        name="claim-budget-webhook",
         ssl_context=context,
     )

@@ -99,6 +99,17 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
         has_status=True,
         short_names=("pdb",),
     ),
+    # DRA objects, as the claim-budget webhook reads them (tests/webhook).
+    ResourceType(
+        "resourceclaims", "ResourceClaim", namespaced=True, group="resource.k8s.io", has_status=True
+    ),
+    ResourceType(
+        "resourceslices",
+        "ResourceSlice",
+        namespaced=False,
+        group="resource.k8s.io",
+        fields=frozenset({"spec.nodeName", "spec.driver"}),
+    ),
 )
 
 BY_PATH: dict[tuple[str, str, str], ResourceType] = {
