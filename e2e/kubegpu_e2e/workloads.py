@@ -77,6 +77,17 @@ def pod(
     }
 
 
+def priority_class(name: str, value: int) -> dict[str, Any]:
+    """A PriorityClass for a preemption scenario (cluster-scoped: delete it afterwards)."""
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": name},
+        "value": value,
+        "description": "kubegpu e2e preemption scenarios",
+    }
+
+
 def create(cluster: Cluster, *objects: dict[str, Any]) -> None:
     document = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
     cluster.kubectl("create", "-f", "-", input=json.dumps(document))

@@ -37,6 +37,7 @@ from kubegpu_e2e.workloads import (
     container,
     create,
     phase,
+    priority_class,
     wait_running,
 )
 
@@ -63,17 +64,7 @@ class Layout:
 
 @pytest.fixture(scope="module")
 def priority_classes(cluster: Cluster) -> Iterator[None]:
-    for name, value in PRIORITIES.items():
-        create(
-            cluster,
-            {
-                "apiVersion": "scheduling.k8s.io/v1",
-                "kind": "PriorityClass",
-                "metadata": {"name": name},
-                "value": value,
-                "description": "kubegpu e2e preemption scenarios",
-            },
-        )
+    create(cluster, *(priority_class(name, value) for name, value in PRIORITIES.items()))
     yield
     cluster.kubectl("delete", "priorityclass", *PRIORITIES, check=False)
 

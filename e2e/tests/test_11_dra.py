@@ -36,7 +36,13 @@ from kubegpu_e2e.release import (
     kubernetes_version,
     prepare,
 )
-from kubegpu_e2e.workloads import ENV_END, container_env, pending_reason, wait_running
+from kubegpu_e2e.workloads import (
+    ENV_END,
+    container_env,
+    pending_reason,
+    priority_class,
+    wait_running,
+)
 
 from kubegpu.config.extender import load_workload
 from kubegpu.dra.steering import card_free_milli, steered_order
@@ -785,16 +791,7 @@ def test_kube_schedulers_preemption_frees_no_capacity_for_a_dra_share(
     (kubernetes/enhancements#5690, DRA preemption, planned beta in 1.37)."""
     cluster, _ = dra
     ns = dra_namespace
-    for name, value in (("e2e-dra-low", 10), ("e2e-dra-high", 1000)):
-        create(
-            cluster,
-            {
-                "apiVersion": "scheduling.k8s.io/v1",
-                "kind": "PriorityClass",
-                "metadata": {"name": name},
-                "value": value,
-            },
-        )
+    create(cluster, priority_class("e2e-dra-low", 10), priority_class("e2e-dra-high", 1000))
     try:
         on_card_5 = 'device.attributes["gpu.kubegpu.io"].index == 5'
         half = request_spec(

@@ -5,12 +5,7 @@ for a claim in, allowed or denied with the budget's message out."""
 from __future__ import annotations
 
 import json
-import re
-import signal
 import ssl
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -24,6 +19,7 @@ from kubegpu.testing.apiserver import FakeApiServer
 from kubegpu.testing.apiserver.objects import make_namespace
 from kubegpu.testing.apiserver.server_thread import ServerThread
 from tests.extender.test_security import pki  # noqa: F401  (the fixture)
+from tests.webhook.serving import serving_webhook
 
 NS = "team-a"
 
@@ -89,32 +85,10 @@ def webhook(
     pki: Path,  # noqa: F811
 ) -> Iterator[tuple[str, ssl.SSLContext]]:
     kubeconfig = cluster.write_kubeconfig(pki / "kubeconfig")
-    log = pki / "claim-budget.log"
-    with log.open("w") as sink:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "kubegpu",
-                "claim-budget-webhook",
-                "--host=127.0.0.1",
-                "--port=0",
-                f"--tls-cert-file={pki / 'server.crt'}",
-                f"--tls-key-file={pki / 'server.key'}",
-                f"--kubeconfig={kubeconfig}",
-            ],
-            stderr=sink,
-        )
-    url = ""
-    while not url and process.poll() is None:
-        found = re.search(r"serving (https://\S+)/validate", log.read_text())
-        url = found.group(1) if found else ""
-        time.sleep(0.05)
-    assert url, f"the webhook never said where it serves: {log.read_text()}"
-    yield url, ssl.create_default_context(cafile=str(pki / "ca.crt"))
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=30) == 0
-    assert "Traceback" not in log.read_text()
+    with serving_webhook(
+        "claim-budget-webhook", "/validate", pki, f"--kubeconfig={kubeconfig}"
+    ) as served:
+        yield served
 
 
 def post(url: str, context: ssl.SSLContext, body: bytes) -> tuple[int, dict[str, Any] | str]:

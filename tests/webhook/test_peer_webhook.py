@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import base64
 import json
-import re
-import signal
 import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.extender.test_security import pki  # noqa: F401  (the fixture)
+from tests.webhook.serving import serving_webhook
 
 PEER_POD = {
     "apiVersion": "v1",
@@ -59,33 +57,14 @@ def review(pod: dict[str, Any], uid: str = "7f0c") -> dict[str, Any]:
 
 @pytest.fixture
 def webhook(pki: Path) -> Iterator[tuple[str, ssl.SSLContext]]:  # noqa: F811
-    log = pki / "webhook.log"
-    with log.open("w") as sink:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "kubegpu",
-                "peer-webhook",
-                "--host=127.0.0.1",
-                "--port=0",
-                f"--tls-cert-file={pki / 'server.crt'}",
-                f"--tls-key-file={pki / 'server.key'}",
-                "--peer-compat=volcano,aliyun",
-                "--scheduler-name=kubegpu-scheduler",
-            ],
-            stderr=sink,
-        )
-    url = ""
-    while not url and process.poll() is None:
-        found = re.search(r"serving (https://\S+)/mutate", log.read_text())
-        url = found.group(1) if found else ""
-        time.sleep(0.05)
-    assert url, f"the webhook never said where it serves: {log.read_text()}"
-    yield url, ssl.create_default_context(cafile=str(pki / "ca.crt"))
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=30) == 0
-    assert "Traceback" not in log.read_text()
+    with serving_webhook(
+        "peer-webhook",
+        "/mutate",
+        pki,
+        "--peer-compat=volcano,aliyun",
+        "--scheduler-name=kubegpu-scheduler",
+    ) as served:
+        yield served
 
 
 def post(url: str, context: ssl.SSLContext, body: bytes) -> tuple[int, bytes]:

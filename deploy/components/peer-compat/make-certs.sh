@@ -2,19 +2,4 @@
 # Makes the peer webhook's serving certificate with a throwaway CA, stores it as the Secret
 # kubegpu-peer-webhook-tls and prints the caBundle to put into webhook.yaml (base64 of ca.crt).
 # Needs openssl and kubectl; run it before `kubectl apply -k` of an overlay with this component.
-set -eu
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-name=kubegpu-peer-webhook.kubegpu.svc
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 825 \
-  -subj "/CN=kubegpu-peer-webhook-ca" -keyout "$dir/ca.key" -out "$dir/ca.crt" 2>/dev/null
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$name" \
-  -keyout "$dir/tls.key" -out "$dir/tls.csr" 2>/dev/null
-printf 'subjectAltName=DNS:%s,DNS:%s.cluster.local\nextendedKeyUsage=serverAuth\n' "$name" "$name" \
-  > "$dir/ext"
-openssl x509 -req -in "$dir/tls.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" -CAcreateserial \
-  -days 825 -extfile "$dir/ext" -out "$dir/tls.crt" 2>/dev/null
-kubectl create namespace kubegpu --dry-run=client -o yaml | kubectl apply -f -
-kubectl -n kubegpu create secret tls kubegpu-peer-webhook-tls \
-  --cert="$dir/tls.crt" --key="$dir/tls.key" --dry-run=client -o yaml | kubectl apply -f -
-echo "caBundle: $(base64 -w0 < "$dir/ca.crt")"
+exec "$(dirname "$0")/../webhook-certs.sh" kubegpu-peer-webhook

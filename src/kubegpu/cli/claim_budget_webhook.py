@@ -17,31 +17,22 @@ from typing import Any
 import click
 
 from kubegpu.cli.common_options import kubeconfig_option
-from kubegpu.cli.peer_webhook import _loopback
 from kubegpu.cli.stop import StopRequest
-from kubegpu.cli.types import FiniteFloatRange, input_file
+from kubegpu.cli.types import FiniteFloatRange
+from kubegpu.cli.webhook_listener import (
+    check_listener,
+    listener_context,
+    webhook_listener_options,
+)
 
 log = logging.getLogger(__name__)
-
-_path = input_file(exists=False)  # read with the TLS files' own error (TlsFileError)
 
 
 @click.command(
     "claim-budget-webhook",
     context_settings={"auto_envvar_prefix": "KUBEGPU_CLAIM_BUDGET_WEBHOOK"},
 )
-@click.option(
-    "--host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address to listen on. In a cluster the API server calls the webhook through its "
-    "Service, so there it must be 0.0.0.0 (the chart and deploy/ pass it).",
-)
-@click.option(
-    "--port", type=click.IntRange(0, 65535), default=9443, show_default=True, help="HTTPS port."
-)
-@click.option("--tls-cert-file", type=_path, default=None, help="Serving certificate (PEM).")
-@click.option("--tls-key-file", type=_path, default=None, help="Its private key (PEM).")
+@webhook_listener_options
 @kubeconfig_option("API access (default: in-cluster service account, then $KUBECONFIG).")
 @click.option(
     "--pending-seconds",
@@ -54,28 +45,14 @@ _path = input_file(exists=False)  # read with the TLS files' own error (TlsFileE
 def claim_budget_webhook_command(**options: Any) -> None:
     """Refuse ResourceClaims that would take a namespace past its GPU-memory budget."""
     stop = StopRequest()
-    cert, key = options["tls_cert_file"], options["tls_key_file"]
-    if (cert is None) != (key is None):
-        raise click.UsageError("--tls-cert-file and --tls-key-file go together")
+    check_listener(options)
     host = options["host"]
-    if cert is None and not _loopback(host):
-        raise click.UsageError(
-            f"--host {host}: the API server calls webhooks over HTTPS only; give "
-            "--tls-cert-file and --tls-key-file (plain HTTP is for loopback tests)"
-        )
     from kubegpu.kube.client import load_kubeconfig
     from kubegpu.roles.claim_budget import start_claim_budget_webhook
     from kubegpu.sharing.claim_budget import BUDGET_LABEL
-    from kubegpu.tls import TlsFileError, server_context
 
     config = load_kubeconfig(options["kubeconfig"])  # KubeconfigError: one line, exit 2
-    context = None
-    if cert is not None:
-        try:
-            context = server_context(cert, key)
-        except TlsFileError as exc:
-            click.echo(f"kubegpu claim-budget-webhook: {exc}", err=True)
-            raise SystemExit(2) from None
+    context = listener_context(options, "claim-budget-webhook")
     try:
         server, classes = start_claim_budget_webhook(
             host, options["port"], config, context, pending_s=options["pending_seconds"]

@@ -9,7 +9,6 @@ signal (at any moment, start-up included), 2 bad options or files.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from typing import Any
 
@@ -17,36 +16,18 @@ import click
 
 from kubegpu.cli.peer_options import peer_compat_options, peers_from_options
 from kubegpu.cli.stop import StopRequest
-from kubegpu.cli.types import input_file
+from kubegpu.cli.webhook_listener import (
+    check_listener,
+    listener_context,
+    webhook_listener_options,
+)
 from kubegpu.sharing.resources import DEFAULT_SHARE_SLOT, ResourceNames
 
 log = logging.getLogger(__name__)
 
-_path = input_file(exists=False)  # read with the TLS files' own error (TlsFileError)
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
 
 @click.command("peer-webhook", context_settings={"auto_envvar_prefix": "KUBEGPU_PEER_WEBHOOK"})
-@click.option(
-    "--host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address to listen on. In a cluster the API server calls the webhook through its "
-    "Service, so there it must be 0.0.0.0 (the chart and deploy/ pass it).",
-)
-@click.option(
-    "--port", type=click.IntRange(0, 65535), default=9443, show_default=True, help="HTTPS port."
-)
-@click.option("--tls-cert-file", type=_path, default=None, help="Serving certificate (PEM).")
-@click.option("--tls-key-file", type=_path, default=None, help="Its private key (PEM).")
+@webhook_listener_options
 @click.option(
     "--share-slot-resource",
     default=DEFAULT_SHARE_SLOT,
@@ -70,25 +51,11 @@ def peer_webhook_command(**options: Any) -> None:
         names = ResourceNames(share_slot=options["share_slot_resource"], peers=peers)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--share-slot-resource") from None
-    cert, key = options["tls_cert_file"], options["tls_key_file"]
-    if (cert is None) != (key is None):
-        raise click.UsageError("--tls-cert-file and --tls-key-file go together")
+    check_listener(options)
     host = options["host"]
-    if cert is None and not _loopback(host):
-        raise click.UsageError(
-            f"--host {host}: the API server calls webhooks over HTTPS only; give "
-            "--tls-cert-file and --tls-key-file (plain HTTP is for loopback tests)"
-        )
-    from kubegpu.tls import TlsFileError, server_context
     from kubegpu.webhook.server import serve_webhook
 
-    context = None
-    if cert is not None:
-        try:
-            context = server_context(cert, key)
-        except TlsFileError as exc:
-            click.echo(f"kubegpu peer-webhook: {exc}", err=True)
-            raise SystemExit(2) from None
+    context = listener_context(options, "peer-webhook")
     try:
         server = serve_webhook(
             host, options["port"], names, context, scheduler_name=options["scheduler_name"]

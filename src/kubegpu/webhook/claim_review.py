@@ -12,20 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubegpu.webhook.claim_ledger import ClaimLedger
-from kubegpu.webhook.review import API_VERSION, ReviewError
+from kubegpu.webhook.review import API_VERSION, ReviewError, admission_request
 
 CLAIM_GROUP = "resource.k8s.io"
-
-
-def _request_of(review: object) -> Mapping[str, Any]:
-    if not isinstance(review, Mapping) or review.get("kind") != "AdmissionReview":
-        raise ReviewError("expected an AdmissionReview object")
-    if review.get("apiVersion") != API_VERSION:
-        raise ReviewError(f"expected apiVersion {API_VERSION}, got {review.get('apiVersion')!r}")
-    request = review.get("request")
-    if not isinstance(request, Mapping) or not isinstance(request.get("uid"), str):
-        raise ReviewError("AdmissionReview.request.uid is missing")
-    return request
 
 
 def _is_claim_create(request: Mapping[str, Any]) -> bool:
@@ -61,7 +50,7 @@ async def claim_review_response(review: object, ledger: ClaimLedger) -> dict[str
     """The AdmissionReview answering ``review``: allowed, or denied (403, as the API server's
     own quota refusal) with the budget's message. Raises :class:`ReviewError` for a review of
     the wrong shape."""
-    request = _request_of(review)
+    request = admission_request(review)
     response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
     if _is_claim_create(request):
         namespace, claim = _claim_object(request)

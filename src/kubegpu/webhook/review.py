@@ -26,6 +26,19 @@ class ReviewError(ValueError):
     """The request is not an AdmissionReview v1 for a pod."""
 
 
+def admission_request(review: object) -> Mapping[str, Any]:
+    """The ``request`` of an AdmissionReview v1, checked for the members every answer needs;
+    raises :class:`ReviewError` naming what is wrong."""
+    if not isinstance(review, Mapping) or review.get("kind") != "AdmissionReview":
+        raise ReviewError("expected an AdmissionReview object")
+    if review.get("apiVersion") != API_VERSION:
+        raise ReviewError(f"expected apiVersion {API_VERSION}, got {review.get('apiVersion')!r}")
+    request = review.get("request")
+    if not isinstance(request, Mapping) or not isinstance(request.get("uid"), str):
+        raise ReviewError("AdmissionReview.request.uid is missing")
+    return request
+
+
 def review_response(
     review: object,
     names: ResourceNames,
@@ -35,13 +48,7 @@ def review_response(
     """The AdmissionReview answering ``review``: allowed, with the JSON patch that adds the
     share slot (and scheduler) to a peer-style pod, or denied with the reason. Raises
     :class:`ReviewError`, and nothing else, for a review or pod of the wrong shape."""
-    if not isinstance(review, Mapping) or review.get("kind") != "AdmissionReview":
-        raise ReviewError("expected an AdmissionReview object")
-    if review.get("apiVersion") != API_VERSION:
-        raise ReviewError(f"expected apiVersion {API_VERSION}, got {review.get('apiVersion')!r}")
-    request = review.get("request")
-    if not isinstance(request, Mapping) or not isinstance(request.get("uid"), str):
-        raise ReviewError("AdmissionReview.request.uid is missing")
+    request = admission_request(review)
     response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
     kind = request.get("kind")
     is_pod = isinstance(kind, Mapping) and kind.get("kind") == "Pod" and not kind.get("group")

@@ -47,29 +47,55 @@ WEBHOOK_LIMITS = HttpLimits(
 def webhook_app(
     names: ResourceNames, *, scheduler_name: str = "", limits: HttpLimits = WEBHOOK_LIMITS
 ) -> web.Application:
-    async def mutate(request: web.Request) -> web.Response:
-        review = await json_body(request)
+    """The peer webhook: ``POST /mutate``."""
+
+    async def mutate(review: object) -> dict[str, Any]:
+        answer = review_response(review, names, scheduler_name=scheduler_name)
+        assert isinstance(review, Mapping)  # review_response has checked its shape
+        _log_decision(review, answer["response"])
+        return answer
+
+    return _review_app("/mutate", mutate, limits)
+
+
+def _review_app(
+    path: str,
+    answer: Callable[[object], Awaitable[dict[str, Any]]],
+    limits: HttpLimits,
+    close: Callable[[], Awaitable[None]] | None = None,
+) -> web.Application:
+    """An admission webhook's app: ``POST path`` answers an AdmissionReview with ``answer``
+    (its :class:`ReviewError` is a 400), ``GET /healthz``, 405 and 404 for anything else.
+    ``close`` runs on the serving loop when the app stops."""
+
+    async def review(request: web.Request) -> web.Response:
+        body = await json_body(request)
         try:
-            answer = review_response(review, names, scheduler_name=scheduler_name)
+            reply = await answer(body)
         except ReviewError as exc:
             raise BadRequest(f"bad AdmissionReview: {exc}") from None
-        _log_decision(review, answer["response"])
-        return web.Response(body=json.dumps(answer).encode(), content_type="application/json")
+        return web.Response(body=json.dumps(reply).encode(), content_type="application/json")
 
     async def healthz(request: web.Request) -> web.Response:
         return text_response(200, "ok")
 
     async def wrong_method(request: web.Request) -> web.Response:
-        return text_response(405, "POST an AdmissionReview to /mutate")
+        return text_response(405, f"POST an AdmissionReview to {path}")
 
     async def elsewhere(request: web.Request) -> web.Response:
         return text_response(404, f"no route {request.path}")
 
     app = hardened_app(limits)
-    app.router.add_post("/mutate", mutate)
-    app.router.add_route("*", "/mutate", wrong_method)
+    app.router.add_post(path, review)
+    app.router.add_route("*", path, wrong_method)
     app.router.add_get("/healthz", healthz)
     app.router.add_route("*", "/{path:.*}", elsewhere)
+    if close is not None:
+
+        async def cleanup(app: web.Application) -> None:
+            await close()
+
+        app.on_cleanup.append(cleanup)
     return app
 
 
@@ -119,35 +145,10 @@ def claim_budget_app(
     """The claim-budget webhook: ``POST /validate``. ``close`` runs on the serving loop when
     the app stops (the API client made there)."""
 
-    async def validate(request: web.Request) -> web.Response:
-        review = await json_body(request)
-        try:
-            answer = await claim_review_response(review, ledger)
-        except ReviewError as exc:
-            raise BadRequest(f"bad AdmissionReview: {exc}") from None
-        return web.Response(body=json.dumps(answer).encode(), content_type="application/json")
+    async def validate(review: object) -> dict[str, Any]:
+        return await claim_review_response(review, ledger)
 
-    async def healthz(request: web.Request) -> web.Response:
-        return text_response(200, "ok")
-
-    async def wrong_method(request: web.Request) -> web.Response:
-        return text_response(405, "POST an AdmissionReview to /validate")
-
-    async def elsewhere(request: web.Request) -> web.Response:
-        return text_response(404, f"no route {request.path}")
-
-    app = hardened_app(limits)
-    app.router.add_post("/validate", validate)
-    app.router.add_route("*", "/validate", wrong_method)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_route("*", "/{path:.*}", elsewhere)
-    if close is not None:
-
-        async def cleanup(app: web.Application) -> None:
-            await close()
-
-        app.on_cleanup.append(cleanup)
-    return app
+    return _review_app("/validate", validate, limits, close)
 
 
 def serve_claim_budget_webhook(
