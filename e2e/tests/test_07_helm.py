@@ -427,7 +427,12 @@ def test_helm_install_upgrade_uninstall_against_the_real_api_server(
     agent = f"system:serviceaccount:{NAMESPACE}:{PREFIX}-node-agent"
     for who, verb, resource, allowed in (
         (extender, "create", "pods --subresource=binding", "yes"),
-        (extender, "delete", "pods", "no"),
+        # Its own preemption (docs/sharing.md, section 8) deletes victims and nominates.
+        (extender, "delete", "pods", "yes"),
+        (extender, "patch", "pods --subresource=status", "yes"),
+        (extender, "list", "poddisruptionbudgets.policy", "yes"),
+        (extender, "create", "pods", "no"),
+        (extender, "delete", "nodes", "no"),
         (agent, "patch", "nodes", "yes"),
         (agent, "delete", "nodes", "no"),
     ):
