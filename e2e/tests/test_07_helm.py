@@ -256,6 +256,7 @@ def test_values_without_a_kustomize_counterpart_land_where_they_should(
             "namespace.name=gpu-system",
             f"image.digest={digest}",
             "extender.policy=binpack",
+            "extender.preemption=false",
             "scheduler.kubeSchedulerImage.tag=v1.33.5",
             "nodeAgent.nodeSelector.pool=a100",
             "nodeAgent.runtimeClassName=nvidia",
@@ -292,7 +293,13 @@ def test_values_without_a_kustomize_counterpart_land_where_they_should(
         for o in objects
         if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("gpu-extender-config-")
     )
-    assert yaml.safe_load(extender_cm["data"]["config.yaml"])["settings"]["policy"] == "binpack"
+    settings = yaml.safe_load(extender_cm["data"]["config.yaml"])["settings"]
+    assert (settings["policy"], settings["preemption"]) == ("binpack", False)
+    # Without its own preemption the extender keeps no right to evict.
+    role = next(
+        o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "gpu-extender"
+    )
+    assert not any("delete" in rule["verbs"] for rule in role["rules"]), role["rules"]
     volumes = {
         v["name"]: v for v in workloads["gpu-scheduler"]["spec"]["template"]["spec"]["volumes"]
     }

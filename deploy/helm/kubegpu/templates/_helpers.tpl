@@ -65,10 +65,15 @@ pods that mount it roll, exactly as with the overlays. (dict "name" "..." "data"
 {{- end -}}
 {{- end -}}
 
-{{/* The extender's settings file for the scheduler mode, with extender.policy applied. */}}
+{{/* The extender's settings file for the scheduler mode, with extender.policy and
+extender.preemption applied. */}}
 {{- define "kubegpu.extenderConfig" -}}
 {{- $text := .Files.Get (printf "files/%s-extender-config.yaml" .Values.scheduler.mode) -}}
-{{- regexReplaceAll "(?m)^  policy: kubegpu$" $text (printf "  policy: %s" .Values.extender.policy) -}}
+{{- $text = regexReplaceAll "(?m)^  policy: kubegpu$" $text (printf "  policy: %s" .Values.extender.policy) -}}
+{{- if not .Values.extender.preemption -}}
+{{- $text = printf "%s\n  preemption: false\n" (trimSuffix "\n" $text) -}}
+{{- end -}}
+{{- $text -}}
 {{- end -}}
 
 {{/* The kube-scheduler configuration for the scheduler mode. */}}
