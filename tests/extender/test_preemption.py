@@ -87,8 +87,9 @@ async def test_the_verb_swaps_victims_on_the_wrong_card_for_those_on_the_right_o
     async with FakeApiServer() as server:
         seed_two_cards(server)
         async with running_extender(server) as ext, http_session() as http:
-            await seen(ext, "low", "high", "m1", "m2")
-            pod = waiting("urgent", 900, 1000)
+            server.store.put("pods", waiting("urgent", 900, 1000))
+            await seen(ext, "low", "high", "m1", "m2", "urgent")
+            pod = server.store.get("pods", "default", "urgent")
             # kube-scheduler's dry run counts slots: one pod frees one, it takes the lowest.
             body = {
                 "Pod": pod,
@@ -98,10 +99,27 @@ async def test_the_verb_swaps_victims_on_the_wrong_card_for_those_on_the_right_o
                 },
             }
             status, reply = await post(http, f"{ext.url}/preempt", body)
-    assert status == 200
-    victims = reply["NodeNameToMetaVictims"]["node-a"]
-    assert {v["UID"] for v in victims["Pods"]} == {uid(server, "m1"), uid(server, "m2")}
-    assert victims["NumPDBViolations"] == 0
+            assert status == 200
+            victims = reply["NodeNameToMetaVictims"]["node-a"]
+            assert {v["UID"] for v in victims["Pods"]} == {uid(server, "m1"), uid(server, "m2")}
+            assert victims["NumPDBViolations"] == 0
+            # kube-scheduler deletes them; the card stays held for the preemptor meanwhile.
+            for name in ("m1", "m2"):
+                server.store.remove("pods", "default", name)
+            await wait_until_async(
+                lambda: (
+                    ("default", "m2") not in ext.view.pod_json
+                    and ("default", "urgent") in ext.view.pod_json
+                ),
+                timeout_s=5,
+                what="victims gone, preemptor seen",
+            )
+            other = waiting("other", 500, 1)
+            _, reply = await post(http, f"{ext.url}/filter", filter_args(other, ["node-a"]))
+            assert reply["NodeNames"] == []
+            urgent = server.store.get("pods", "default", "urgent")
+            _, reply = await post(http, f"{ext.url}/filter", filter_args(urgent, ["node-a"]))
+            assert reply["NodeNames"] == ["node-a"]
 
 
 async def test_the_verb_frees_a_card_of_shares_for_a_whole_gpu_rather_than_a_busier_pod() -> None:

@@ -34,26 +34,21 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
 from kubegpu.extender.leader import LeaderGate
 from kubegpu.extender.metrics import ExtenderMetrics
 from kubegpu.extender.scheduler import GpuScheduler
+from kubegpu.extender.victims import VictimView, pod_priority
 from kubegpu.extender.wire import PreemptionArgs
-from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
+from kubegpu.placement.model import MILLI_PER_GPU
 from kubegpu.sharing.accounting import PodUsage
 from kubegpu.sharing.annotations import CardShare
-from kubegpu.sharing.claim import read_claim
 from kubegpu.sharing.podstate import pod_uid
 from kubegpu.sharing.podstore import Evictions, PodStoreError
 from kubegpu.sharing.preemption import (
-    Candidate,
     NodeVictims,
-    budget_violations,
-    importance,
     pick_node,
-    victims_on_node,
 )
 from kubegpu.sharing.resources import GpuRequest, RequestKind, pod_key
 
@@ -76,23 +71,6 @@ QUIET_S = 30.0
 MAX_CANDIDATE_NODES = 100
 
 
-def pod_priority(pod: Mapping[str, Any]) -> int:
-    value = (pod.get("spec") or {}).get("priority")
-    return int(value) if isinstance(value, int) else 0
-
-
-def _started(pod: Mapping[str, Any]) -> float:
-    raw = (pod.get("status") or {}).get("startTime") or (pod.get("metadata") or {}).get(
-        "creationTimestamp"
-    )
-    if not isinstance(raw, str) or not raw:
-        return 0.0
-    try:
-        return datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
-
-
 class Preemption:
     """The preempt verb's answers and the extender's own preemption, over one scheduler."""
 
@@ -111,6 +89,7 @@ class Preemption:
     ) -> None:
         self.scheduler = scheduler
         self.view = scheduler.view
+        self.victims = VictimView(scheduler)
         self.evictions = evictions
         self.metrics = metrics
         self.leader = leader
@@ -132,19 +111,20 @@ class Preemption:
         pod = args.pod
         uid = pod_uid(pod)
         self._verb_seen[uid] = self.clock()
-        request = self._request(pod)
+        request = self.victims.request(pod)
         if request is None:
             self.metrics.preemptions.labels("verb", "kept").inc(len(args.victims))
             return dict(args.victims)  # no GPU of ours: kube-scheduler's own answer stands
         budgets = await self._budgets()
         out: dict[str, tuple[tuple[str, ...], int]] = {}
+        freeing: list[NodeVictims] = []  # answered nodes where a card is freed, for the hold
         for node, (proposed, proposed_violations) in args.victims.items():
-            found = self._on_node(node, pod, request, budgets)
+            found = self.victims.on_node(node, pod, request, budgets)
             if found is None or (not found.victims and not proposed):
                 self.metrics.preemptions.labels("verb", "refused").inc()
                 log.info("preempt for pod %s: no card on %s can be freed", pod_key(pod), node)
                 continue
-            if not found.victims and self._nominated_to(pod) == node:
+            if not found.victims and self.victims.nominated_to(pod) == node:
                 # It preempted here already and its card is free: what kube-scheduler still
                 # counts short is the node agent's withdrawn whole-GPU ids (or its node status)
                 # catching up with the victims' departure. Evicting more would be for nothing.
@@ -153,68 +133,52 @@ class Preemption:
                     "preempt for pod %s: its card on %s is free already; not evicting %s",
                     pod_key(pod),
                     node,
-                    ", ".join(self._key(u) for u in proposed),
+                    ", ".join(self.victims.key(u) for u in proposed),
                 )
                 continue
-            chosen = self._with_counted_resources(node, found, proposed)
+            chosen = self.victims.with_counted_resources(node, found, proposed)
             if set(chosen) == set(proposed):
                 result = "kept"
                 violations = (
-                    proposed_violations if budgets is None else self._violations(chosen, budgets)
+                    proposed_violations
+                    if budgets is None
+                    else self.victims.violations(chosen, budgets)
                 )
                 chosen = tuple(proposed)
             else:
                 result = "narrowed"
-                violations = self._violations(chosen, budgets or [])
+                violations = self.victims.violations(chosen, budgets or [])
             self.metrics.preemptions.labels("verb", result).inc()
             log.info(
                 "preempt for pod %s on %s: %s (kube-scheduler proposed %s)",
                 pod_key(pod),
                 node,
-                ", ".join(self._key(u) for u in chosen),
-                ", ".join(self._key(u) for u in proposed) or "none",
+                ", ".join(self.victims.key(u) for u in chosen),
+                ", ".join(self.victims.key(u) for u in proposed) or "none",
             )
             out[node] = (chosen, violations)
+            if found.victims:
+                freeing.append(found)
+        self._hold_expected(pod, request, freeing)
         return out
 
-    def _with_counted_resources(
-        self, node: str, found: NodeVictims, proposed: Sequence[str]
-    ) -> tuple[str, ...]:
-        """``found``'s victims, plus proposed ones (least important first) until they free at
-        least what the proposed set frees of every resource kube-scheduler counts."""
-        chosen = list(found.uids)
-        need = self._frees(node, proposed)
-        extra = [u for u in reversed(proposed) if u not in chosen]
-        while not _covers(self._frees(node, chosen), need) and extra:
-            chosen.append(extra.pop(0))
-        by_uid = {c.uid: c for c in self._candidates(node, None, None)}
-        known = [by_uid[u] for u in chosen if u in by_uid]
-        ordered = [c.uid for c in sorted(known, key=importance, reverse=True)]
-        return tuple(ordered + [u for u in chosen if u not in by_uid])
-
-    def _frees(self, node: str, uids: Sequence[str]) -> tuple[int, int, int, int]:
-        """What evicting ``uids`` frees of what kube-scheduler counts on ``node``: CPU milli,
-        memory MiB, whole GPUs, share slots. A card that holds shares is withdrawn from the
-        node's ``nvidia.com/gpu`` by the node agent (docs/sharing.md, section 3), so evicting the
-        last shares of a card frees one whole GPU too."""
-        gone = set(uids)
-        sharing: dict[int, set[str]] = {}
-        for usage in self.view.usages_on(node):
-            for card in usage.cards:
-                if card.compute_milli < MILLI_PER_GPU:
-                    sharing.setdefault(card.index, set()).add(usage.uid)
-        cpu = memory = slots = 0
-        whole = sum(1 for holders in sharing.values() if holders <= gone)
-        for uid in uids:
-            pod = self._pod(uid)
-            request = read_claim(pod, self.view.names).request if pod is not None else None
-            if request is None:
-                continue
-            cpu += request.cpu_milli
-            memory += request.host_memory_mib
-            whole += request.whole_gpus
-            slots += sum(c.share_slots for c in request.containers if not c.init or c.sidecar)
-        return cpu, memory, whole, slots
+    def _hold_expected(
+        self, pod: Mapping[str, Any], request: GpuRequest, freeing: Sequence[NodeVictims]
+    ) -> None:
+        """Hold the card on the node kube-scheduler will pick among those answered (its order
+        is :func:`pick_node`'s) while its victims terminate: kube-scheduler's nominator holds
+        only what it counts, not the card, so a lower-priority share could take the freed
+        memory or compute before the pod comes back. A wrong guess (kube-scheduler's last
+        tie-break, start times, chose another) holds a card for nothing until the pod is bound
+        or :data:`HOLD_TTL_S` passes; it never lets a card be over-committed."""
+        choice = pick_node(freeing)
+        uid = pod_uid(pod)
+        if choice is None or not choice.cards or not uid:
+            return
+        self._expire()
+        self.view.hold_nominated(self._hold(pod, request, choice))
+        self._held_until[uid] = self.clock() + self.hold_ttl_s
+        self.scheduler.engine()
 
     # ------------------------------------------------------------------ the extender's own
     def note_unschedulable(self, pod: Mapping[str, Any], request: GpuRequest) -> None:
@@ -262,8 +226,8 @@ class Preemption:
         pod = self.view.pod_json.get((namespace, name))
         if pod is None or pod_uid(pod) != uid or (pod.get("spec") or {}).get("nodeName"):
             return None
-        request = self._request(pod)
-        if request is None or self._victims_terminating(pod):
+        request = self.victims.request(pod)
+        if request is None or self.victims.victims_terminating(pod):
             return None
         priority = pod_priority(pod)
         if not any(
@@ -274,7 +238,7 @@ class Preemption:
         budgets = await self._budgets()
         options: list[NodeVictims] = []
         for node in list(self.view.nodes):
-            found = self._on_node(node, pod, request, budgets)
+            found = self.victims.on_node(node, pod, request, budgets)
             if found is None:
                 continue
             if not found.victims:
@@ -332,35 +296,6 @@ class Preemption:
         namespace, _, name = key.partition("/")
         await self.evictions.nominate(namespace, name, choice.node)
         self.metrics.preemptions.labels("extender", "preempted").inc()
-
-    def _nominated_to(self, pod: Mapping[str, Any]) -> str:
-        """The pod's nominatedNodeName, as sent or as the watch last saw it."""
-        node = (pod.get("status") or {}).get("nominatedNodeName")
-        if not node:
-            meta = pod.get("metadata") or {}
-            key = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
-            seen = self.view.pod_json.get(key)
-            if seen is not None and pod_uid(seen) == pod_uid(pod):
-                node = (seen.get("status") or {}).get("nominatedNodeName")
-        return str(node or "")
-
-    def _victims_terminating(self, pod: Mapping[str, Any]) -> bool:
-        """kube-scheduler's rule (``PodEligibleToPreemptOthers``): a pod nominated to a node
-        where lower-priority pods are still terminating has preempted already (through the
-        verb or here) and waits for them; preempting again would evict twice."""
-        node = (pod.get("status") or {}).get("nominatedNodeName")
-        if not node:
-            return False
-        priority = pod_priority(pod)
-        for usage in self.view.usages_on(str(node)):
-            other = self._pod(usage.uid, usage)
-            if (
-                other is not None
-                and (other.get("metadata") or {}).get("deletionTimestamp")
-                and pod_priority(other) < priority
-            ):
-                return True
-        return False
 
     def _hold(self, pod: Mapping[str, Any], request: GpuRequest, choice: NodeVictims) -> PodUsage:
         info = self.view.nodes[choice.node]
@@ -423,69 +358,6 @@ class Preemption:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    # ------------------------------------------------------------------ reading the view
-    def _request(self, pod: Mapping[str, Any]) -> GpuRequest | None:
-        claim = read_claim(pod, self.view.names)
-        request = claim.request
-        if request is None or request.kind is RequestKind.NONE:
-            return None
-        return request
-
-    def _on_node(
-        self,
-        node: str,
-        pod: Mapping[str, Any],
-        request: GpuRequest,
-        budgets: Sequence[Mapping[str, Any]] | None,
-    ) -> NodeVictims | None:
-        info = self.view.nodes.get(node)
-        if info is None or self.scheduler.structural_reason(info, node, request):
-            return None
-        uid = pod_uid(pod)
-        usages = [u for u in self.view.usages_on(node) if u.uid != uid]
-        candidates = self._candidates(node, pod_priority(pod), budgets)
-        placement: PodRequest = request.to_placement()
-        found = victims_on_node(info, usages, candidates, placement)
-        if found is None or not found.victims or budgets is None:
-            return found
-        exact = self._violations(found.uids, budgets)
-        return NodeVictims(found.node, found.victims, exact, found.cards)
-
-    def _candidates(
-        self, node: str, below: int | None, budgets: Sequence[Mapping[str, Any]] | None
-    ) -> list[Candidate]:
-        """Bound pods on ``node`` of priority below ``below`` (any, when None), flagged when
-        evicting one alone would exceed a budget."""
-        out: list[Candidate] = []
-        for usage in self.view.usages_on(node):
-            if not usage.bound or usage.uid in self.view.nominated:
-                continue
-            pod = self._pod(usage.uid, usage)
-            if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
-                continue  # terminating already: its room is on its way
-            priority = pod_priority(pod)
-            if below is not None and priority >= below:
-                continue
-            flagged = bool(budgets) and bool(budget_violations([pod], budgets or []))
-            out.append(Candidate(usage, priority, _started(pod), flagged))
-        return out
-
-    def _pod(self, uid: str, usage: PodUsage | None = None) -> Mapping[str, Any] | None:
-        usage = usage or self.view.usage(uid)
-        if usage is None:
-            return None
-        namespace, _, name = usage.key.partition("/")
-        pod = self.view.pod_json.get((namespace, name))
-        return pod if pod is not None and pod_uid(pod) == uid else None
-
-    def _key(self, uid: str) -> str:
-        usage = self.view.usage(uid)
-        return usage.key if usage is not None else uid
-
-    def _violations(self, uids: Sequence[str], budgets: Sequence[Mapping[str, Any]]) -> int:
-        pods = [p for p in (self._pod(u) for u in uids) if p is not None]
-        return len(budget_violations(pods, budgets))
-
     async def _budgets(self) -> list[dict[str, Any]] | None:
         if self.evictions is None:
             return None
@@ -494,7 +366,3 @@ class Preemption:
         except PodStoreError as exc:
             log.warning("cannot read PodDisruptionBudgets, preempting without them: %s", exc)
             return None
-
-
-def _covers(have: tuple[int, ...], need: tuple[int, ...]) -> bool:
-    return all(h >= n for h, n in zip(have, need, strict=True))
