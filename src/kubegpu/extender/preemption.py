@@ -38,12 +38,10 @@ from typing import Any
 
 from kubegpu.extender.leader import LeaderGate
 from kubegpu.extender.metrics import ExtenderMetrics
-from kubegpu.extender.scheduler import GpuScheduler
+from kubegpu.extender.scheduler import GpuScheduler, held_cards
 from kubegpu.extender.victims import VictimView, pod_priority
 from kubegpu.extender.wire import PreemptionArgs
-from kubegpu.placement.model import MILLI_PER_GPU
 from kubegpu.sharing.accounting import PodUsage
-from kubegpu.sharing.annotations import CardShare
 from kubegpu.sharing.podstate import pod_uid
 from kubegpu.sharing.podstore import Evictions, PodStoreError
 from kubegpu.sharing.preemption import (
@@ -300,17 +298,7 @@ class Preemption:
     def _hold(self, pod: Mapping[str, Any], request: GpuRequest, choice: NodeVictims) -> PodUsage:
         info = self.view.nodes[choice.node]
         assert info.inventory is not None
-        by_index = {g.index: g for g in info.inventory.gpus}
-        if request.kind is RequestKind.SHARED:
-            gpu = by_index[choice.cards[0]]
-            cards: tuple[CardShare, ...] = (
-                CardShare(gpu.uuid, gpu.index, request.compute_milli, request.gpu_memory_mib),
-            )
-        else:
-            cards = tuple(
-                CardShare(by_index[i].uuid, i, MILLI_PER_GPU, by_index[i].memory_mib)
-                for i in choice.cards
-            )
+        cards = held_cards(info.inventory, request, choice.cards)
         return PodUsage(
             pod_uid(pod),
             pod_key(pod),

@@ -43,6 +43,7 @@ from kubegpu.sharing.annotations import (
     AllocationDecision,
     CardShare,
     ContainerAllocation,
+    NodeGpuInventory,
 )
 from kubegpu.sharing.claim import read_claim
 from kubegpu.sharing.podstate import pod_uid
@@ -345,32 +346,38 @@ class GpuScheduler:
         fit = engine.explain(node, placement)
         if not fit.fits:
             raise Unschedulable(fit.reason)
-        indices = engine.pick_gpus(node, placement)
-        by_index = {g.index: g for g in info.inventory.gpus}
+        cards = held_cards(info.inventory, request, engine.pick_gpus(node, placement))
         if request.kind is RequestKind.SHARED:
-            gpu = by_index[indices[0]]
-            cards: tuple[CardShare, ...] = (
-                CardShare(gpu.uuid, gpu.index, request.compute_milli, request.gpu_memory_mib),
-            )
+            card = cards[0]
             containers = tuple(
                 ContainerAllocation(
                     c.name,
                     c.init,
-                    (CardShare(gpu.uuid, gpu.index, c.compute_milli, c.gpu_memory_mib),),
+                    (CardShare(card.uuid, card.index, c.compute_milli, c.gpu_memory_mib),),
                 )
                 for c in request.containers
                 if c.compute_milli or c.gpu_memory_mib
             )
         else:
-            cards = tuple(
-                CardShare(by_index[i].uuid, i, MILLI_PER_GPU, by_index[i].memory_mib)
-                for i in indices
-            )
             containers = _split_whole(request, cards)
         decided_at = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         return AllocationDecision(
             node, cards, containers, decided_at, self.policy, request.kind is RequestKind.SHARED
         )
+
+
+def held_cards(
+    inventory: NodeGpuInventory, request: GpuRequest, indices: Sequence[int]
+) -> tuple[CardShare, ...]:
+    """What ``request`` holds on the cards ``indices`` of a node: a share's compute and memory
+    on its one card, or whole cards (all of each one's compute and memory)."""
+    by_index = {g.index: g for g in inventory.gpus}
+    if request.kind is RequestKind.SHARED:
+        gpu = by_index[indices[0]]
+        return (CardShare(gpu.uuid, gpu.index, request.compute_milli, request.gpu_memory_mib),)
+    return tuple(
+        CardShare(by_index[i].uuid, i, MILLI_PER_GPU, by_index[i].memory_mib) for i in indices
+    )
 
 
 def usage_of(

@@ -175,30 +175,32 @@ class ClusterView:
     def hold_tentative(self, usage: PodUsage) -> None:
         """Expect the pod on ``usage.node`` until a bind settles it: counted like a reservation
         while the pod holds nothing else, replacing an earlier tentative one of the pod."""
-        before = self.usage(usage.uid)
-        self.tentative[usage.uid] = usage
-        self._touch(before, self.usage(usage.uid))
+        self._hold(self.tentative, usage)
 
     def drop_tentative(self, uid: str) -> PodUsage | None:
         """Forget the pod's tentative reservation; returns it (None: it had none)."""
-        before = self.usage(uid)
-        usage = self.tentative.pop(uid, None)
-        if usage is not None:
-            self._touch(before, self.usage(uid))
-        return usage
+        return self._drop(self.tentative, uid)
 
     def hold_nominated(self, usage: PodUsage) -> None:
         """Hold the cards preemption freed for a waiting pod (its victims still terminating):
         counted like a reservation while the pod holds nothing else, so other pods are not
         placed there meanwhile."""
-        before = self.usage(usage.uid)
-        self.nominated[usage.uid] = usage
-        self._touch(before, self.usage(usage.uid))
+        self._hold(self.nominated, usage)
 
     def drop_nominated(self, uid: str) -> PodUsage | None:
         """Release the pod's nomination hold; returns it (None: it had none)."""
+        return self._drop(self.nominated, uid)
+
+    def _hold(self, store: dict[str, PodUsage], usage: PodUsage) -> None:
+        """Put ``usage`` in one of the lower-ranked stores (see :meth:`usage`), replacing the
+        pod's earlier entry there, and mark the nodes whose usage changed."""
+        before = self.usage(usage.uid)
+        store[usage.uid] = usage
+        self._touch(before, self.usage(usage.uid))
+
+    def _drop(self, store: dict[str, PodUsage], uid: str) -> PodUsage | None:
         before = self.usage(uid)
-        usage = self.nominated.pop(uid, None)
+        usage = store.pop(uid, None)
         if usage is not None:
             self._touch(before, self.usage(uid))
         return usage
