@@ -18,6 +18,8 @@ from typing import Any
 
 import pynvml as real
 
+from kubegpu.core.mig import MIG_PROFILES, MigProfile
+
 XID = real.nvmlEventTypeXidCriticalError
 SBE = real.nvmlEventTypeSingleBitEccError
 DBE = real.nvmlEventTypeDoubleBitEccError
@@ -26,6 +28,18 @@ NO_INSTANCE = 0xFFFFFFFF
 
 def nvml_error(code: int) -> real.NVMLError:
     return real.NVMLError(code)
+
+
+@dataclass
+class ScriptedMig:
+    """A GPU instance with one compute instance, as NVML reports it."""
+
+    uuid: str
+    gpu_instance_id: int
+    profile: MigProfile
+    start: int
+    compute_instance_id: int = 0
+    compute_slices: int | None = None  # None: the whole GPU instance
 
 
 @dataclass
@@ -46,11 +60,24 @@ class ScriptedGpu:
     register_error: int | None = None  # error code nvmlDeviceRegisterEvents raises
     lost: bool = False
     unsupported: set[str] = field(default_factory=set)  # functions answering NOT_SUPPORTED
+    mig: list[ScriptedMig] = field(default_factory=list)  # MIG devices, NVML's index order
 
 
 @dataclass
 class _Handle:
     index: int
+
+
+@dataclass
+class _MigHandle:
+    index: int  # the parent's
+    uuid: str
+
+
+@dataclass
+class _GpuInstance:
+    index: int  # the parent's
+    gpu_instance_id: int
 
 
 @dataclass
@@ -77,7 +104,7 @@ class ScriptedNvml(ModuleType):
     ) -> None:
         super().__init__("pynvml")
         for name in dir(real):
-            if name.startswith(("NVML_", "nvmlEventType", "NVMLError")):
+            if name.startswith(("NVML_", "nvmlEventType", "NVMLError", "c_nvml")):
                 setattr(self, name, getattr(real, name))
         self.gpus = gpus
         self.topology = topology or {}
@@ -186,7 +213,9 @@ class ScriptedNvml(ModuleType):
 
     # -- device attributes --------------------------------------------------------------------
 
-    def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
+    def nvmlDeviceGetUUID(self, handle: _Handle | _MigHandle) -> str:
+        if isinstance(handle, _MigHandle):
+            return self._mig("nvmlDeviceGetUUID", handle).uuid
         return self._gpu("nvmlDeviceGetUUID", handle).uuid
 
     def nvmlDeviceGetName(self, handle: _Handle) -> str:
@@ -235,6 +264,129 @@ class ScriptedNvml(ModuleType):
         if gpu.mig_mode is None:
             raise nvml_error(real.NVML_ERROR_NOT_SUPPORTED)
         return [gpu.mig_mode, gpu.mig_mode]
+
+    # -- MIG --------------------------------------------------------------------------------
+
+    def _mig(self, name: str, handle: _MigHandle) -> ScriptedMig:
+        gpu = self._gpu(name, _Handle(handle.index))
+        for mig in gpu.mig:
+            if mig.uuid == handle.uuid:
+                return mig
+        raise nvml_error(real.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
+        self._gpu("nvmlDeviceGetMaxMigDeviceCount", handle)
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: _Handle, index: int) -> _MigHandle:
+        gpu = self._gpu("nvmlDeviceGetMigDeviceHandleByIndex", handle)
+        if not 0 <= index < 7:
+            raise nvml_error(real.NVML_ERROR_INVALID_ARGUMENT)
+        # A GPU instance without a compute instance is not a MIG device yet.
+        devices = [m for m in gpu.mig if m.compute_instance_id >= 0]
+        if index >= len(devices):
+            raise nvml_error(real.NVML_ERROR_NOT_FOUND)
+        return _MigHandle(handle.index, devices[index].uuid)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: _MigHandle) -> int:
+        return self._mig("nvmlDeviceGetGpuInstanceId", handle).gpu_instance_id
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: _MigHandle) -> int:
+        return self._mig("nvmlDeviceGetComputeInstanceId", handle).compute_instance_id
+
+    def nvmlDeviceGetAttributes(self, handle: _MigHandle) -> Any:
+        mig = self._mig("nvmlDeviceGetAttributes", handle)
+        p = mig.profile
+        attributes = real.c_nvmlDeviceAttributes()
+        attributes.multiprocessorCount = p.multiprocessors
+        attributes.sharedCopyEngineCount = p.copy_engines
+        attributes.sharedDecoderCount = p.decoders
+        attributes.sharedEncoderCount = 0
+        attributes.sharedJpegCount = p.jpeg_engines
+        attributes.sharedOfaCount = p.ofa_engines
+        attributes.gpuInstanceSliceCount = p.compute_slices
+        attributes.computeInstanceSliceCount = mig.compute_slices or p.compute_slices
+        attributes.memorySizeMB = p.memory_mib
+        return attributes
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: _Handle, gpu_instance_id: int) -> _GpuInstance:
+        gpu = self._gpu("nvmlDeviceGetGpuInstanceById", handle)
+        if not any(m.gpu_instance_id == gpu_instance_id for m in gpu.mig):
+            raise nvml_error(real.NVML_ERROR_NOT_FOUND)
+        return _GpuInstance(handle.index, gpu_instance_id)
+
+    def _gi(self, name: str, gi: _GpuInstance) -> ScriptedMig:
+        gpu = self._gpu(name, _Handle(gi.index))
+        for mig in gpu.mig:
+            if mig.gpu_instance_id == gi.gpu_instance_id:
+                return mig
+        raise nvml_error(real.NVML_ERROR_INVALID_ARGUMENT)  # a destroyed instance's handle
+
+    def nvmlGpuInstanceGetInfo(self, gi: _GpuInstance) -> Any:
+        mig = self._gi("nvmlGpuInstanceGetInfo", gi)
+        info = real.c_nvmlGpuInstanceInfo_t()
+        info.id = mig.gpu_instance_id
+        info.profileId = mig.profile.profile_id
+        info.placement.start = mig.start
+        info.placement.size = mig.profile.memory_slices
+        return info
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: _Handle, nvml_profile: int) -> Any:
+        gpu = self._gpu("nvmlDeviceGetGpuInstanceProfileInfo", handle)
+        for p in MIG_PROFILES.get(gpu.name, ()):
+            if p.nvml_profile == nvml_profile:
+                info = real.c_nvmlGpuInstanceProfileInfo_t()
+                info.id = p.profile_id
+                info.sliceCount = p.compute_slices
+                return info
+        raise nvml_error(real.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(
+        self, handle: _Handle, profile_id: int, placement: Any
+    ) -> _GpuInstance:
+        gpu = self._gpu("nvmlDeviceCreateGpuInstanceWithPlacement", handle)
+        if gpu.mig_mode != real.NVML_DEVICE_MIG_ENABLE:
+            raise nvml_error(real.NVML_ERROR_NOT_SUPPORTED)
+        p = next(p for p in MIG_PROFILES[gpu.name] if p.profile_id == profile_id)
+        wanted = set(range(placement.start, placement.start + placement.size))
+        for mig in gpu.mig:
+            if wanted & set(range(mig.start, mig.start + mig.profile.memory_slices)):
+                raise nvml_error(real.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        taken = {m.gpu_instance_id for m in gpu.mig}
+        gi = next(i for i in range(1, 15) if i not in taken)
+        # No compute instance yet: the device appears once one is created (see below).
+        gpu.mig.append(ScriptedMig(f"MIG-scripted-{handle.index}-{gi}", gi, p, placement.start, -1))
+        return _GpuInstance(handle.index, gi)
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, gi: _GpuInstance, profile: int, engine_profile: int
+    ) -> Any:
+        self._gi("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi)
+        info = real.c_nvmlComputeInstanceProfileInfo_t()
+        info.id = profile
+        return info
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gi: _GpuInstance, profile_id: int) -> Any:
+        mig = self._gi("nvmlGpuInstanceCreateComputeInstance", gi)
+        mig.compute_instance_id = 0
+        return ("ci", gi.index, gi.gpu_instance_id, 0)
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gi: _GpuInstance, ci: int) -> Any:
+        mig = self._gi("nvmlGpuInstanceGetComputeInstanceById", gi)
+        if mig.compute_instance_id != ci:
+            raise nvml_error(real.NVML_ERROR_NOT_FOUND)
+        return ("ci", gi.index, gi.gpu_instance_id, ci)
+
+    def nvmlComputeInstanceDestroy(self, compute: Any) -> None:
+        _, index, gpu_instance_id, _ci = compute
+        mig = self._gi("nvmlComputeInstanceDestroy", _GpuInstance(index, gpu_instance_id))
+        mig.compute_instance_id = -1
+
+    def nvmlGpuInstanceDestroy(self, gi: _GpuInstance) -> None:
+        mig = self._gi("nvmlGpuInstanceDestroy", gi)
+        if mig.compute_instance_id >= 0:
+            raise nvml_error(real.NVML_ERROR_IN_USE)  # compute instances must go first
+        self.gpus[gi.index].mig.remove(mig)
 
     def _link(self, name: str, handle: _Handle, link: int) -> tuple[str, int, bool]:
         gpu = self._gpu(name, handle)

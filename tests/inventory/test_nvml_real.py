@@ -53,3 +53,35 @@ def test_real_inventory_agrees_with_nvidia_smi(backend: NvmlBackend) -> None:
     assert [(int(r[0]), r[1], int(r[2]), r[3].upper()) for r in rows] == [
         (gpu.index, gpu.uuid, gpu.memory_total_mib, gpu.pci_bus_id) for gpu in inventory
     ]
+
+
+def test_real_mig_mode_and_instances_agree_with_nvidia_smi(backend: NvmlBackend) -> None:
+    """Reads only: MIG mode and, on a card in MIG mode, its instances. Never changes either."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        pytest.skip("nvidia-smi is not on PATH")
+    output = subprocess.run(
+        [smi, "--query-gpu=index,mig.mode.current", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    modes = {int(i): mode.strip() for i, mode in (line.split(",") for line in output.splitlines())}
+    for gpu in backend.snapshot():
+        # nvidia-smi says "[N/A]" for a card without MIG, where NVML answers NOT_SUPPORTED.
+        expected = {"Enabled": True, "Disabled": False}.get(modes[gpu.index])
+        assert gpu.mig_enabled is expected, (gpu.index, modes[gpu.index])
+        if not gpu.mig_enabled:
+            assert gpu.mig_devices == ()
+            continue
+        listing = subprocess.run(
+            [smi, "-L", "-i", str(gpu.index)], capture_output=True, text=True, check=True
+        ).stdout
+        listed = {
+            part.split("UUID: ")[1].rstrip(")") for part in listing.splitlines() if "MIG " in part
+        }
+        assert {m.uuid for m in gpu.mig_devices} == listed
+        for mig in gpu.mig_devices:
+            assert mig.parent_uuid == gpu.uuid and mig.memory_total_mib > 0
+            assert 0 <= mig.start < 8 and mig.profile

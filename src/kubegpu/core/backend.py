@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from kubegpu.core.gpu import GpuUuid, NodeInventory
+from kubegpu.core.gpu import GpuUuid, MigDevice, NodeInventory
 from kubegpu.core.health import HealthEvent
 
 
@@ -44,3 +44,21 @@ class GpuBackend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class MigPartitioner(Protocol):
+    """Creates and destroys MIG GPU instances on a card in MIG mode (dynamic MIG).
+
+    The fake backend and NVML both implement it; the DRA driver's partitionable devices call
+    it on prepare and unprepare. Errors are :class:`InventoryError` naming the card and why.
+    """
+
+    def create_mig_device(self, parent: GpuUuid, profile: str, start: int) -> MigDevice:
+        """Create a GPU instance of ``profile`` at memory slice ``start``, with one compute
+        instance spanning it, and return the MIG device it makes."""
+        ...
+
+    def destroy_mig_device(self, parent: GpuUuid, gpu_instance_id: int) -> None:
+        """Destroy the GPU instance (and its compute instances); gone already is not an
+        error the caller needs to handle differently, so it raises nothing then."""
+        ...

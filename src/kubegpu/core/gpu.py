@@ -39,6 +39,70 @@ class GpuLink:
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """One MIG device (a GPU instance with its compute instance) on a card in MIG mode.
+
+    What NVML reports for it: a ``MIG-…`` UUID of its own, the GPU-instance and
+    compute-instance ids within the parent card, the profile and the memory slice it starts at,
+    and its share of the card's engines. A container reaches it through the parent's device
+    node and two capability nodes (``/dev/nvidia-caps/nvidia-cap<N>``) that grant access to the
+    GPU instance and the compute instance.
+    """
+
+    uuid: str  # "MIG-…"
+    parent_uuid: GpuUuid
+    parent_index: int
+    parent_minor: int
+    index: int  # its position among the parent's MIG devices (NVML's MIG device index)
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str  # "1g.10gb", "3g.40gb", "1g.10gb+me"
+    profile_id: int  # nvidia-smi's GPU-instance profile id (19, 15, 9, …)
+    start: int  # first memory slice of its placement
+    memory_slices: int
+    compute_slices: int
+    memory_total_mib: int
+    multiprocessors: int
+    copy_engines: int = 0
+    decoders: int = 0
+    encoders: int = 0
+    jpeg_engines: int = 0
+    ofa_engines: int = 0
+    # Minors of /dev/nvidia-caps/nvidia-cap<N> for the GPU instance and the compute instance
+    # (None when the driver's capability table could not be read).
+    gi_cap_minor: int | None = None
+    ci_cap_minor: int | None = None
+
+    @property
+    def address(self) -> str:
+        """``<card index>:<MIG index>``, as NVIDIA's device plugin indexes MIG devices."""
+        return f"{self.parent_index}:{self.index}"
+
+    @property
+    def device_nodes(self) -> tuple[str, ...]:
+        """The character devices a container needs: the parent card's and the two caps."""
+        nodes = [f"/dev/nvidia{self.parent_minor}"]
+        for minor in (self.gi_cap_minor, self.ci_cap_minor):
+            if minor is not None:
+                nodes.append(f"/dev/nvidia-caps/nvidia-cap{minor}")
+        return tuple(nodes)
+
+
+def mig_cap_minors(
+    parent_minor: int, gpu_instance_id: int, compute_instance_id: int
+) -> tuple[int, int]:
+    """The capability-device minors the driver gives a GPU instance and its compute instance.
+
+    The NVIDIA driver numbers them in ``/proc/driver/nvidia-caps/mig-minors``: ``config`` is 1,
+    ``monitor`` 2, then per card 15 GPU instances of 9 entries each (the GPU instance's
+    ``access``, then its 8 compute instances). The NVML backend reads that file; this formula
+    is what the fake backend uses and what the file holds on the drivers we know.
+    """
+    gi_minor = 3 + parent_minor * 15 * 9 + gpu_instance_id * 9
+    return gi_minor, gi_minor + 1 + compute_instance_id
+
+
+@dataclass(frozen=True)
 class GpuDevice:
     """One physical GPU as the node sees it."""
 
@@ -59,6 +123,8 @@ class GpuDevice:
     # The PCIe root complex above the card, as sysfs names it ("pci0000:64"): which cards
     # hang off one root (the standard DRA attribute resource.kubernetes.io/pcieRoot).
     pcie_root: str | None = None
+    # The card's MIG devices when it is in MIG mode (in NVML's MIG-index order), else empty.
+    mig_devices: tuple[MigDevice, ...] = ()
 
     @property
     def device_node(self) -> str:
@@ -140,6 +206,11 @@ class NodeInventory:
             if gpu.index == index:
                 return gpu
         raise KeyError(index)
+
+    @property
+    def mig_devices(self) -> tuple[MigDevice, ...]:
+        """Every MIG device of every card, card by card."""
+        return tuple(mig for gpu in self.gpus for mig in gpu.mig_devices)
 
     def link(self, a: GpuUuid, b: GpuUuid) -> GpuLink | None:
         """The link between two distinct GPUs, or ``None`` when topology is unknown."""

@@ -51,6 +51,19 @@ class HealthEvent:
     uuid: GpuUuid | None
     xid: int | None = None
     detail: str = ""
+    # The MIG GPU instance (and compute instance) the event concerns on a card in MIG mode;
+    # None: the whole card, which every MIG device on it shares.
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+    def concerns(self, gpu_instance_id: int, compute_instance_id: int) -> bool:
+        """Whether this event reaches the MIG device with these ids: an event on the whole
+        card reaches every instance; one naming an instance reaches only that one."""
+        if self.gpu_instance_id is None:
+            return True
+        if self.gpu_instance_id != gpu_instance_id:
+            return False
+        return self.compute_instance_id is None or self.compute_instance_id == compute_instance_id
 
 
 # What well-known Xids mean, for log lines and unhealthy reasons an admin can act on, in the

@@ -27,9 +27,12 @@ at hand and is derived (two 4-slice instances' worth); every other figure is fro
 
 from __future__ import annotations
 
+import uuid as uuidlib
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+from kubegpu.core.gpu import GpuDevice, MigDevice, mig_cap_minors
 
 COMPUTE_SLICES = 7
 MEMORY_SLICES = 8
@@ -223,3 +226,57 @@ def free_placements(profiles: Iterable[MigProfile], placed: Iterable[Instance]) 
         for start in p.placements
         if not layout_problem([*existing, Instance(p, start)])
     ]
+
+
+def instances_of(gpu: GpuDevice) -> list[Instance]:
+    """The GPU instances a card holds now, as placements (for :func:`layout_problem`)."""
+    if not gpu.mig_devices:
+        return []
+    by_name = {p.name: p for p in profiles_of(gpu.product_name)}
+    return [Instance(by_name[m.profile], m.start) for m in gpu.mig_devices]
+
+
+def fake_mig_uuid(parent: str, gpu_instance_id: int, generation: int) -> str:
+    """A stable ``MIG-…`` UUID for a fake instance: the same parent, GPU instance and
+    generation give the same UUID, so a spec's instances keep theirs across restarts while an
+    instance created again in the same place gets a new one, as on a real card."""
+    name = f"{parent}/gi{gpu_instance_id}/gen{generation}"
+    return "MIG-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, "kubegpu-fake-mig:" + name))
+
+
+def mig_device(
+    parent: GpuDevice,
+    instance: Instance,
+    *,
+    index: int,
+    gpu_instance_id: int,
+    uuid: str,
+    compute_instance_id: int = 0,
+) -> MigDevice:
+    """The MIG device NVML would report for ``instance`` on ``parent``: one compute instance
+    spanning the whole GPU instance, as NVIDIA's tools create by default."""
+    p = instance.profile
+    gi_minor, ci_minor = mig_cap_minors(parent.minor_number, gpu_instance_id, compute_instance_id)
+    return MigDevice(
+        uuid=uuid,
+        parent_uuid=parent.uuid,
+        parent_index=parent.index,
+        parent_minor=parent.minor_number,
+        index=index,
+        gpu_instance_id=gpu_instance_id,
+        compute_instance_id=compute_instance_id,
+        profile=p.name,
+        profile_id=p.profile_id,
+        start=instance.start,
+        memory_slices=p.memory_slices,
+        compute_slices=p.compute_slices,
+        memory_total_mib=p.memory_mib,
+        multiprocessors=p.multiprocessors,
+        copy_engines=p.copy_engines,
+        decoders=p.decoders,
+        encoders=0,
+        jpeg_engines=p.jpeg_engines,
+        ofa_engines=p.ofa_engines,
+        gi_cap_minor=gi_minor,
+        ci_cap_minor=ci_minor,
+    )

@@ -13,6 +13,15 @@ line, so an end-to-end test or a demo can break a GPU under a running node agent
     {"op": "lose", "gpu": "GPU-…"}         ->  {"ok": true}
     {"op": "restore", "gpu": 0}            ->  {"ok": true}
     {"op": "status"}                       ->  {"ok": true, "gpus": [...]}
+
+and change MIG like an admin with ``nvidia-smi mig`` (kept in ``mig_state`` across restarts)::
+
+    {"op": "mig-mode", "gpu": 0, "enabled": true}
+    {"op": "mig-create", "gpu": 0, "profile": "3g.40gb", "start": 4}   (start optional)
+    {"op": "mig-destroy", "gpu": 0, "gpu_instance_id": 1}
+
+An Xid may name a MIG GPU instance (``"gpu_instance_id": 1``, optionally
+``"compute_instance_id": 0``); without one it concerns the whole card.
 """
 
 from __future__ import annotations
@@ -28,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from kubegpu.core.backend import InventoryError
-from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
+from kubegpu.core.gpu import GpuDevice, GpuUuid, MigDevice, NodeInventory
 from kubegpu.core.health import HealthEvent, HealthEventKind
+from kubegpu.inventory.fake_mig import FakeMig
 from kubegpu.inventory.spec import FakeGpuSpec, resolve_fake_spec
 
 log = logging.getLogger(__name__)
@@ -83,12 +93,14 @@ class FakeGpuBackend:
         spec: FakeGpuSpec | NodeInventory,
         *,
         control_socket: Path | None = None,
+        mig_state: Path | None = None,
     ) -> None:
         self.spec = (
             spec
             if isinstance(spec, FakeGpuSpec)
             else FakeGpuSpec(name="inline", source="inline", inventory=spec)
         )
+        self._mig = FakeMig(self.spec.inventory, mig_state)
         self._inventory = self.spec.inventory
         self._lock = threading.Lock()
         self._watchers: dict[GpuUuid, list[FakeHealthWatcher]] = {
@@ -105,17 +117,23 @@ class FakeGpuBackend:
 
     @classmethod
     def from_spec(
-        cls, name_or_path: str | Path, *, control_socket: Path | None = None
+        cls,
+        name_or_path: str | Path,
+        *,
+        control_socket: Path | None = None,
+        mig_state: Path | None = None,
     ) -> FakeGpuBackend:
         """A backend for a preset name or spec file (raises ``FakeSpecError``)."""
-        return cls(resolve_fake_spec(name_or_path), control_socket=control_socket)
+        return cls(
+            resolve_fake_spec(name_or_path), control_socket=control_socket, mig_state=mig_state
+        )
 
     # -- GpuBackend ---------------------------------------------------------------------------
 
     def snapshot(self) -> NodeInventory:
         if self._closed:
             raise InventoryError("fake GPU backend is closed")
-        return self._inventory
+        return self._mig.inventory()
 
     def watch_health(self, uuid: GpuUuid) -> FakeHealthWatcher:
         gpu = self._resolve(uuid)
@@ -142,16 +160,54 @@ class FakeGpuBackend:
 
     # -- scripting ----------------------------------------------------------------------------
 
-    def inject_xid(self, gpu: str | int | GpuUuid, xid: int) -> GpuDevice:
-        """Report Xid ``xid`` on ``gpu`` (index, index as text, or UUID) to its open watchers."""
+    def inject_xid(
+        self,
+        gpu: str | int | GpuUuid,
+        xid: int,
+        *,
+        gpu_instance_id: int | None = None,
+        compute_instance_id: int | None = None,
+    ) -> GpuDevice:
+        """Report Xid ``xid`` on ``gpu`` (index, index as text, or UUID) to its open watchers;
+        with ``gpu_instance_id`` it concerns that MIG GPU instance only, as NVML reports it."""
         if not isinstance(xid, int) or isinstance(xid, bool) or xid <= 0:
             raise ValueError(f"Xid must be a positive integer, got {xid!r}")
         device = self._resolve(gpu)
+        where = ""
+        if gpu_instance_id is not None:
+            if not any(m.gpu_instance_id == gpu_instance_id for m in device.mig_devices):
+                raise ValueError(f"GPU {device.index} has no MIG GPU instance {gpu_instance_id}")
+            where = f" (MIG GPU instance {gpu_instance_id})"
         with self._lock:
             self._xids[device.uuid].append(xid)
-        log.info("fake: injecting Xid %d on GPU %d (%s)", xid, device.index, device.uuid)
-        self._publish(device, HealthEvent(HealthEventKind.XID, device.uuid, xid=xid))
+        log.info("fake: injecting Xid %d on GPU %d%s (%s)", xid, device.index, where, device.uuid)
+        self._publish(
+            device,
+            HealthEvent(
+                HealthEventKind.XID,
+                device.uuid,
+                xid=xid,
+                detail=where.strip(" ()"),
+                gpu_instance_id=gpu_instance_id,
+                compute_instance_id=compute_instance_id if gpu_instance_id is not None else None,
+            ),
+        )
         return device
+
+    # -- MIG, as an admin with nvidia-smi would change it (and the MigPartitioner port) ------
+
+    def set_mig_mode(self, gpu: str | int | GpuUuid, enabled: bool) -> GpuDevice:
+        return self._mig.set_mode(self._resolve(gpu), enabled)
+
+    def create_mig_device(
+        self, parent: str | int | GpuUuid, profile: str, start: int | None = None
+    ) -> MigDevice:
+        return self._mig.create(self._resolve(parent), profile, start)
+
+    def destroy_mig_device(self, parent: str | int | GpuUuid, gpu_instance_id: int) -> None:
+        device = self._resolve(parent)
+        if any(m.gpu_instance_id == gpu_instance_id for m in device.mig_devices):
+            self._mig.destroy(device, gpu_instance_id)
 
     def lose(self, gpu: str | int | GpuUuid) -> GpuDevice:
         """Make ``gpu`` stop answering: watchers report ``LOST``; it stays in the snapshot."""
@@ -193,8 +249,10 @@ class FakeGpuBackend:
                     "lost": gpu.uuid in self._lost,
                     "xids": list(self._xids[gpu.uuid]),
                     "watchers": len(self._watchers[gpu.uuid]),
+                    "mig_enabled": gpu.mig_enabled,
+                    "mig": [_mig_json(m) for m in gpu.mig_devices],
                 }
-                for gpu in self._inventory
+                for gpu in self._mig.inventory()
             ]
 
     # -- internals ----------------------------------------------------------------------------
@@ -203,12 +261,13 @@ class FakeGpuBackend:
         if isinstance(gpu, bool):
             raise InventoryError(f"no GPU {gpu!r} on this fake node")
         try:
+            inventory = self._mig.inventory()
             if isinstance(gpu, int):
-                return self._inventory.by_index(gpu)
+                return inventory.by_index(gpu)
             text = str(gpu).strip()
             if text.isdigit():
-                return self._inventory.by_index(int(text))
-            return self._inventory.by_uuid(GpuUuid(text))
+                return inventory.by_index(int(text))
+            return inventory.by_uuid(GpuUuid(text))
         except KeyError:
             known = ", ".join(f"{g.index}={g.uuid}" for g in self._inventory)
             raise InventoryError(f"no GPU {gpu!r} on this fake node (GPUs: {known})") from None
@@ -266,19 +325,26 @@ class FakeGpuBackend:
         try:
             if op == "status":
                 return {"ok": True, "backend": self.spec.name, "gpus": self.status()}
-            if op not in ("xid", "lose", "restore"):
+            if op not in _OPS:
                 return {
                     "ok": False,
-                    "error": f"unknown op {op!r} (expected xid, lose, restore or status)",
+                    "error": f"unknown op {op!r} (expected {', '.join(_OPS)} or status)",
                 }
             if "gpu" not in request:
                 return {"ok": False, "error": f"op {op!r} needs a 'gpu' (index or UUID)"}
             gpu = request["gpu"]
+            if op.startswith("mig-"):
+                return self._mig_command(op, gpu, request)
             if op == "xid":
                 xid = request.get("xid")
                 if not isinstance(xid, int) or isinstance(xid, bool):
                     return {"ok": False, "error": f"op 'xid' needs an integer 'xid', got {xid!r}"}
-                device = self.inject_xid(gpu, xid)
+                device = self.inject_xid(
+                    gpu,
+                    xid,
+                    gpu_instance_id=_optional_int(request, "gpu_instance_id"),
+                    compute_instance_id=_optional_int(request, "compute_instance_id"),
+                )
             elif op == "lose":
                 device = self.lose(gpu)
             else:
@@ -286,6 +352,55 @@ class FakeGpuBackend:
         except (InventoryError, ValueError) as exc:
             return {"ok": False, "error": str(exc)}
         return {"ok": True, "gpu": {"index": device.index, "uuid": device.uuid}}
+
+    def _mig_command(self, op: str, gpu: object, request: dict[str, Any]) -> dict[str, Any]:
+        device = self._resolve(gpu)  # type: ignore[arg-type]
+        if op == "mig-mode":
+            enabled = request.get("enabled")
+            if not isinstance(enabled, bool):
+                raise ValueError(f"op 'mig-mode' needs 'enabled': true or false, got {enabled!r}")
+            device = self.set_mig_mode(device.uuid, enabled)
+            return {"ok": True, "gpu": {"index": device.index, "mig_enabled": enabled}}
+        if op == "mig-create":
+            profile = request.get("profile")
+            if not isinstance(profile, str):
+                raise ValueError(
+                    f"op 'mig-create' needs a 'profile' such as 3g.40gb, got {profile!r}"
+                )
+            mig = self.create_mig_device(device.uuid, profile, _optional_int(request, "start"))
+            return {"ok": True, "mig": _mig_json(mig)}
+        gi = _optional_int(request, "gpu_instance_id")
+        if gi is None:
+            raise ValueError("op 'mig-destroy' needs an integer 'gpu_instance_id'")
+        gone = next((m for m in device.mig_devices if m.gpu_instance_id == gi), None)
+        if gone is None:
+            held = ", ".join(str(m.gpu_instance_id) for m in device.mig_devices) or "none"
+            raise ValueError(f"GPU {device.index} has no GPU instance {gi} (it holds: {held})")
+        self.destroy_mig_device(device.uuid, gi)
+        return {"ok": True, "mig": _mig_json(gone)}
+
+
+_OPS = ("xid", "lose", "restore", "mig-mode", "mig-create", "mig-destroy")
+
+
+def _optional_int(request: dict[str, Any], key: str) -> int | None:
+    value = request.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"'{key}' must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _mig_json(mig: MigDevice) -> dict[str, Any]:
+    return {
+        "uuid": mig.uuid,
+        "profile": mig.profile,
+        "start": mig.start,
+        "gpu_instance_id": mig.gpu_instance_id,
+        "compute_instance_id": mig.compute_instance_id,
+        "memory_total_mib": mig.memory_total_mib,
+    }
 
 
 class _ControlHandler(socketserver.StreamRequestHandler):

@@ -17,6 +17,11 @@ BackendKind = Literal["auto", "nvml", "fake"]
 BACKEND_KINDS: tuple[BackendKind, ...] = ("auto", "nvml", "fake")
 
 
+def mig_state_beside(control_socket: Path) -> Path:
+    """Where a fake node keeps its MIG layout: beside its control socket."""
+    return control_socket.with_name(control_socket.name + ".mig-state.json")
+
+
 def open_backend(
     kind: BackendKind,
     *,
@@ -32,7 +37,10 @@ def open_backend(
     if kind == "fake":
         if not fake_gpus:
             raise ValueError("--backend fake needs --fake-gpus (a preset name or a YAML file)")
-        return FakeGpuBackend.from_spec(fake_gpus, control_socket=fake_control)
+        # MIG changes made over the control socket outlive a restart, as on a real card: they
+        # are kept beside the socket.
+        mig_state = None if fake_control is None else mig_state_beside(fake_control)
+        return FakeGpuBackend.from_spec(fake_gpus, control_socket=fake_control, mig_state=mig_state)
     if kind not in ("auto", "nvml"):
         raise ValueError(
             f"unknown GPU backend {kind!r} (expected one of {', '.join(BACKEND_KINDS)})"

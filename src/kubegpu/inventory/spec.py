@@ -21,6 +21,8 @@ Format::
         minor_number: 0                           # optional, default = index
         numa_node: 0                              # optional
         mig_enabled: false                        # optional
+        mig_instances:                            # optional, needs mig_enabled: true
+          - {profile: 3g.40gb, start: 0}          # a profile of the card, its memory slice
         brand: Nvidia                             # optional, NVML's brand as go-nvlib names it
         architecture: Ampere                      # optional, default from compute_capability
         pcie_root: pci0000:00                     # optional, the PCIe root complex (sysfs name)
@@ -40,12 +42,13 @@ import importlib.resources
 import itertools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from kubegpu.core import mig as mig_profiles
 from kubegpu.core.gpu import (
     GpuDevice,
     GpuLink,
@@ -68,6 +71,7 @@ _GPU_FIELDS = frozenset(
         "compute_capability",
         "numa_node",
         "mig_enabled",
+        "mig_instances",
         "brand",
         "architecture",
         "pcie_root",
@@ -233,7 +237,7 @@ class _Parser:
                 )
         brand = entry.get("brand")
         architecture = entry.get("architecture")
-        return GpuDevice(
+        gpu = GpuDevice(
             index=index,
             uuid=GpuUuid(uuid),
             product_name=self.string(f"{field}.product_name", entry["product_name"]),
@@ -255,6 +259,46 @@ class _Parser:
             ),
             pcie_root=pcie_root,
         )
+        return self.mig_instances(field, gpu, entry.get("mig_instances"))
+
+    def mig_instances(self, field: str, gpu: GpuDevice, raw: object) -> GpuDevice:
+        """The card with the GPU instances the spec lists (GPU-instance ids 1, 2, … in the
+        listed order, one compute instance each), checked against the card's profile table."""
+        if raw is None:
+            return gpu
+        field = f"{field}.mig_instances"
+        if not isinstance(raw, list):
+            raise self.fail(field, raw, "expected a list of {profile, start}")
+        if raw and gpu.mig_enabled is not True:
+            raise self.fail(field, raw, "GPU instances need mig_enabled: true")
+        placed: list[mig_profiles.Instance] = []
+        for position, item in enumerate(raw):
+            where = f"{field}[{position}]"
+            entry = self.mapping(where, item, frozenset({"profile", "start"}))
+            name = self.string(f"{where}.profile", entry.get("profile"))
+            try:
+                chosen = mig_profiles.profile(gpu.product_name, name)
+            except mig_profiles.MigError as exc:
+                raise self.fail(f"{where}.profile", name, str(exc)) from None
+            start = self.integer(f"{where}.start", entry.get("start"), minimum=0)
+            instance = mig_profiles.Instance(chosen, start)
+            problem = mig_profiles.layout_problem([*placed, instance])
+            if problem:
+                raise self.fail(where, item, problem)
+            placed.append(instance)
+        ids = {id(instance): gi for gi, instance in enumerate(placed, start=1)}
+        ordered = sorted(placed, key=lambda instance: instance.start)
+        devices = tuple(
+            mig_profiles.mig_device(
+                gpu,
+                instance,
+                index=position,
+                gpu_instance_id=ids[id(instance)],
+                uuid=mig_profiles.fake_mig_uuid(gpu.uuid, ids[id(instance)], 0),
+            )
+            for position, instance in enumerate(ordered)
+        )
+        return replace(gpu, mig_devices=devices)
 
     def compute_capability(self, field: str, value: object) -> tuple[int, int] | None:
         if value is None:
