@@ -20,20 +20,37 @@ def classes() -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(text) if doc is not None]
 
 
-def test_whole_and_shared_classes_are_v1_device_classes() -> None:
+# Cards and shares of cards: our driver's devices that are not MIG devices (those carry a
+# profile); MIG devices: the ones that do.
+NOT_MIG = (
+    f'device.driver == "{DEFAULT_DRIVER_NAME}" && '
+    f'!("profile" in device.attributes["{DEFAULT_DRIVER_NAME}"])'
+)
+MIG = (
+    f'device.driver == "{DEFAULT_DRIVER_NAME}" && '
+    f'"profile" in device.attributes["{DEFAULT_DRIVER_NAME}"]'
+)
+
+
+def test_whole_shared_and_mig_classes_are_v1_device_classes() -> None:
     docs = classes()
     assert [(d["apiVersion"], d["kind"]) for d in docs] == [
         ("resource.k8s.io/v1", "DeviceClass")
-    ] * 2
-    assert [d["metadata"]["name"] for d in docs] == ["gpu.kubegpu.io", "gpu-share.kubegpu.io"]
+    ] * 3
+    assert [d["metadata"]["name"] for d in docs] == [
+        "gpu.kubegpu.io",
+        "gpu-share.kubegpu.io",
+        "mig.kubegpu.io",
+    ]
     assert all(set(d) == {"apiVersion", "kind", "metadata", "spec"} for d in docs)
 
 
-def test_each_class_selects_on_the_driver_name_with_cel() -> None:
+def test_each_class_selects_on_the_driver_name_and_mig_with_cel() -> None:
+    expected = {"gpu.kubegpu.io": NOT_MIG, "gpu-share.kubegpu.io": NOT_MIG, "mig.kubegpu.io": MIG}
     for doc in classes():
         (selector,) = doc["spec"]["selectors"]
         assert set(selector) == {"cel"}
-        assert selector["cel"]["expression"] == f'device.driver == "{DEFAULT_DRIVER_NAME}"'
+        assert selector["cel"]["expression"] == expected[doc["metadata"]["name"]]
 
 
 # --------------------------------------------------------- extended-resource mapping (opt-in)
@@ -50,12 +67,13 @@ def test_the_extended_resource_class_maps_nvidia_gpu_to_our_devices() -> None:
         "gpu.kubegpu.io",
         "gpu-share.kubegpu.io",
         "gpu-extended-resource.kubegpu.io",
+        "mig.kubegpu.io",
     }
     mapped = found["gpu-extended-resource.kubegpu.io"]
     assert mapped["apiVersion"] == "resource.k8s.io/v1"
     assert mapped["spec"]["extendedResourceName"] == "nvidia.com/gpu"
     (selector,) = mapped["spec"]["selectors"]
-    assert selector == {"cel": {"expression": f'device.driver == "{DEFAULT_DRIVER_NAME}"'}}
+    assert selector == {"cel": {"expression": NOT_MIG}}
     # No config and no capacity request: each device consumes the request policy's default,
     # the whole card, so `nvidia.com/gpu: 1` stays an exclusive GPU.
     assert set(mapped["spec"]) == {"selectors", "extendedResourceName"}
@@ -80,7 +98,18 @@ NVIDIA_NAMING_EXAMPLE = "examples/dra-nvidia-naming"
 def test_under_nvidias_naming_its_class_replaces_ours_and_both_roles_are_told() -> None:
     objs = render(NVIDIA_NAMING_EXAMPLE)
     found = {o["metadata"]["name"]: o for o in objs if o["kind"] == "DeviceClass"}
-    assert set(found) == {"gpu.nvidia.com"}
+    assert set(found) == {"gpu.nvidia.com", "mig.nvidia.com"}
+    # NVIDIA's chart's MIG class, verbatim.
+    assert found["mig.nvidia.com"]["spec"] == {
+        "selectors": [
+            {
+                "cel": {
+                    "expression": "device.driver == 'gpu.nvidia.com' && "
+                    "device.attributes['gpu.nvidia.com'].type == 'mig'"
+                }
+            }
+        ]
+    }
     spec = found["gpu.nvidia.com"]["spec"]
     # NVIDIA's chart's expression and extended resource, verbatim.
     assert spec == {

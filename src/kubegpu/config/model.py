@@ -622,6 +622,15 @@ class Dra(_Model):
         "node where NVIDIA's own driver serves gpu.nvidia.com. The extender's --dra-naming "
         "must say the same (docs/migrate-nvidia.md).",
     )
+    mig: Literal["static", "dynamic"] = Field(
+        default="static",
+        description="Cards in MIG mode (docs/mig.md). `static`: each GPU instance the card "
+        "holds is a device (the admin partitions the card); `dynamic`: every placement the "
+        "card's profiles allow is a device over a shared counter set (Kubernetes partitionable "
+        "devices, on by default from 1.36, the DRAPartitionableDevices gate before), and the "
+        "driver creates the instance when a claim is prepared and destroys it on unprepare; "
+        "instances no prepared claim holds are destroyed at start.",
+    )
 
 
 class AgentConfig(_Model):

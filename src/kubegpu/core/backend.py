@@ -7,7 +7,7 @@ themselves; the protocol lives in the core so that no edge has to import another
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from kubegpu.core.gpu import GpuUuid, MigDevice, NodeInventory
 from kubegpu.core.health import HealthEvent
@@ -46,12 +46,17 @@ class GpuBackend(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
 class MigPartitioner(Protocol):
     """Creates and destroys MIG GPU instances on a card in MIG mode (dynamic MIG).
 
     The fake backend and NVML both implement it; the DRA driver's partitionable devices call
     it on prepare and unprepare. Errors are :class:`InventoryError` naming the card and why.
     """
+
+    def snapshot(self) -> NodeInventory:
+        """The cards as they are now, their MIG devices included."""
+        ...
 
     def create_mig_device(self, parent: GpuUuid, profile: str, start: int) -> MigDevice:
         """Create a GPU instance of ``profile`` at memory slice ``start``, with one compute

@@ -44,7 +44,8 @@ KUBEGPU_NAMING = DraNaming(
     unnamed_compute_milli=1000,
 )
 # NVIDIA's chart ships gpu.nvidia.com (whole GPUs and, by capacity, shares), mig.nvidia.com and
-# vfio.gpu.nvidia.com; we publish neither MIG nor VFIO devices.
+# vfio.gpu.nvidia.com; we publish MIG devices (type "mig", class mig.nvidia.com: docs/mig.md),
+# no VFIO devices. The classes here are those whose claims the extender ranks as card shares.
 NVIDIA_NAMING = DraNaming(
     "nvidia", "gpu.nvidia.com", frozenset({"gpu.nvidia.com"}), unnamed_compute_milli=0
 )
@@ -67,6 +68,34 @@ def device_index(name: str) -> int | None:
     """The GPU index a device name stands for; None for a name we never publish."""
     match = _DEVICE_NAME.fullmatch(name)
     return int(match.group(1)) if match else None
+
+
+# A MIG device (a static instance, or a placement dynamic MIG may create) is named as NVIDIA's
+# DRA driver names it: the card, the profile without dots ("+" as "-"), nvidia-smi's profile
+# id and the first memory slice: gpu-0-mig-1g10gb-19-3, gpu-0-mig-1g10gb-me-20-0.
+_MIG_DEVICE_NAME = re.compile(r"^gpu-(\d+)-mig-([a-z0-9-]+)-(\d+)-(\d+)$")
+
+
+@dataclass(frozen=True)
+class MigPlacement:
+    """What a MIG device's name says: which card, which profile, from which memory slice."""
+
+    index: int
+    profile_id: int
+    start: int
+
+
+def mig_device_name(index: int, profile: str, profile_id: int, start: int) -> str:
+    label = profile.replace(".", "").replace("+", "-").lower()
+    return f"gpu-{index}-mig-{label}-{profile_id}-{start}"
+
+
+def mig_placement(name: str) -> MigPlacement | None:
+    """The placement a MIG device name stands for; None for any other name."""
+    match = _MIG_DEVICE_NAME.fullmatch(name)
+    if match is None:
+        return None
+    return MigPlacement(int(match.group(1)), int(match.group(3)), int(match.group(4)))
 
 
 # UIDs end up in file names: what Kubernetes generates (UUIDs), nothing path-like.

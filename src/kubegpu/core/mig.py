@@ -228,14 +228,6 @@ def free_placements(profiles: Iterable[MigProfile], placed: Iterable[Instance]) 
     ]
 
 
-def instances_of(gpu: GpuDevice) -> list[Instance]:
-    """The GPU instances a card holds now, as placements (for :func:`layout_problem`)."""
-    if not gpu.mig_devices:
-        return []
-    by_name = {p.name: p for p in profiles_of(gpu.product_name)}
-    return [Instance(by_name[m.profile], m.start) for m in gpu.mig_devices]
-
-
 def fake_mig_uuid(parent: str, gpu_instance_id: int, generation: int) -> str:
     """A stable ``MIG-…`` UUID for a fake instance: the same parent, GPU instance and
     generation give the same UUID, so a spec's instances keep theirs across restarts while an

@@ -26,7 +26,7 @@ from typing import Any
 from kubegpu.atomic_file import write_atomically
 from kubegpu.config.model import Dra
 from kubegpu.core.container import CONTROL_DEVICE_NODES, host_path
-from kubegpu.core.gpu import GpuDevice
+from kubegpu.core.gpu import GpuDevice, MigDevice
 from kubegpu.sharing.contract import Grant, ShareContract, ShareSettings, share_contract
 
 CDI_VERSION = "0.6.0"
@@ -47,6 +47,8 @@ class ClaimDevice:
     # The claim's requests that got this device (a container may name one request, and then
     # only that request's devices are injected): empty = one request for the whole claim.
     requests: frozenset[str] = frozenset()
+    # The MIG device this is, on ``gpu`` (its parent card); None for a card or a share of one.
+    mig: MigDevice | None = None
 
     @property
     def is_share(self) -> bool:
@@ -104,9 +106,10 @@ def needs_whole_claim_device(devices: Sequence[ClaimDevice]) -> bool:
 
 def _grant(device: ClaimDevice) -> Grant:
     memory_mib = device.memory_bytes // 2**20 if device.memory_bytes is not None else None
-    return Grant(
-        device.gpu.uuid, device.gpu.index, memory_mib, device.compute_milli, device.share_id
-    )
+    # A MIG device is named by its own UUID (NVIDIA_VISIBLE_DEVICES=MIG-…), as NVIDIA's
+    # container toolkit expects; its index stays the parent card's.
+    uuid = device.mig.uuid if device.mig is not None else device.gpu.uuid
+    return Grant(uuid, device.gpu.index, memory_mib, device.compute_milli, device.share_id)
 
 
 def device_contract(
@@ -128,7 +131,12 @@ def _device_edits(
 ) -> dict[str, Any]:
     told = device_contract(device, shares, together)
     edits: dict[str, Any] = {
-        "deviceNodes": [_node(dev_root, device.gpu.device_node)],
+        "deviceNodes": [
+            _node(dev_root, path)
+            for path in (
+                device.mig.device_nodes if device.mig is not None else (device.gpu.device_node,)
+            )
+        ],
         "env": [f"{key}={value}" for key, value in told.env.items()],
     }
     if told.mounts:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kubegpu.core.backend import MigPartitioner
 from kubegpu.core.dra import (
     KUBEGPU_NAMING,
     WHOLE_CLAIM_REQUEST,
@@ -31,12 +32,14 @@ from kubegpu.core.dra import (
     PreparedClaim,
     PreparedDevice,
     device_index,
+    mig_placement,
 )
 from kubegpu.core.dra_ports import ClaimLookupError, ResourceClaimSource
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.dra import cdi
 from kubegpu.dra.checkpoint import Checkpoint, CheckpointError
 from kubegpu.dra.claim_configs import ConfigRefused, apply_configs
+from kubegpu.dra.mig_instances import MigInstances, MigPrepareError
 from kubegpu.dra.slices import holds_whole_card, pool_name
 from kubegpu.sharing.contract import ShareSettings
 
@@ -58,6 +61,9 @@ class DriverSettings:
     # The config's `dra` section: under `enforcement: mps` shares are prepared as clients of
     # the driver's MPS daemon.
     shares: ShareSettings = cdi.UNENFORCED
+    # `dra.mig: dynamic`: cards in MIG mode offer every placement (partitionable devices) and
+    # the instance is created on prepare, destroyed on unprepare.
+    dynamic_mig: bool = False
 
     @property
     def driver(self) -> str:
@@ -81,10 +87,14 @@ class ClaimPreparer:
         inventory: NodeInventory,
         claims: ResourceClaimSource,
         checkpoint: Checkpoint | None = None,
+        partitioner: MigPartitioner | None = None,
     ) -> None:
         self.settings = settings
         self.inventory = inventory
         self.claims = claims
+        self.mig = MigInstances(
+            settings.node_name, inventory, partitioner, dynamic=settings.dynamic_mig
+        )
         # Raises CheckpointError for a file it cannot trust (the role exits 1 on it).
         self.checkpoint = checkpoint or Checkpoint(settings.checkpoint_path)
         # One call at a time: the checkpoint is rewritten whole at the end of each.
@@ -133,9 +143,13 @@ class ClaimPreparer:
         except ClaimLookupError as exc:
             raise PrepareError(f"claim {claim}: {exc}") from None
         try:
-            devices = apply_configs(self._resolve(allocation), allocation, self.settings.shares)
-        except ConfigRefused as exc:
-            raise PrepareError(f"claim {claim}: {exc}") from None
+            # In a thread: creating a MIG instance (dynamic MIG) waits for the driver.
+            resolved = await asyncio.to_thread(self._resolve, allocation)
+            devices = apply_configs(resolved, allocation, self.settings.shares)
+        except (ConfigRefused, MigPrepareError) as exc:
+            raise PrepareError(
+                f"claim {claim}: {exc}" if isinstance(exc, ConfigRefused) else str(exc)
+            ) from None
         spec = cdi.claim_spec(
             claim.uid, devices, self.settings.kind, self.settings.dev_root, self.settings.shares
         )
@@ -180,6 +194,16 @@ class ClaimPreparer:
                 try:
                     _check_ref(claim)
                     removed = cdi.remove_claim_spec(self.settings.cdi_dir, claim.uid)
+                    held = self.checkpoint.get(claim.uid)
+                    if held is not None:
+                        # Dynamic MIG: the claim's instances go with it (before the entry, so
+                        # a failure here is retried by the kubelet with the entry still there).
+                        await asyncio.to_thread(
+                            self.mig.release, claim, [d.device for d in held.devices]
+                        )
+                except MigPrepareError as exc:
+                    outcomes[claim.uid] = _claim_error(claim, "unprepare", PrepareError(str(exc)))
+                    continue
                 except Exception as exc:  # one claim's failure is its own, whatever it is
                     outcomes[claim.uid] = _claim_error(claim, "unprepare", exc)
                     continue
@@ -208,6 +232,18 @@ class ClaimPreparer:
                     f"claim {claim}: device {result.device} is in pool {result.pool!r}, "
                     f"not this node's pool {own_pool!r}"
                 )
+            placement = mig_placement(result.device)
+            if placement is not None:
+                mig = self.mig.resolve(claim, result.device, placement)
+                devices.append(
+                    cdi.ClaimDevice(
+                        name=result.device,
+                        gpu=by_index[placement.index],
+                        mig=mig,
+                        requests=frozenset({base_request(result.request)}),
+                    )
+                )
+                continue
             index = device_index(result.device)
             gpu = by_index.get(index) if index is not None else None
             if gpu is None:

@@ -21,8 +21,16 @@ log = logging.getLogger(__name__)
 
 
 class ResourceSlicePublisher:
-    def __init__(self, node_name: str, naming: DraNaming, sink: ResourceSliceSink) -> None:
+    def __init__(
+        self,
+        node_name: str,
+        naming: DraNaming,
+        sink: ResourceSliceSink,
+        *,
+        dynamic_mig: bool = False,
+    ) -> None:
         self.node_name = node_name
+        self.dynamic_mig = dynamic_mig
         self.naming = naming
         self.driver = naming.driver
         self.sink = sink
@@ -46,6 +54,7 @@ class ResourceSlicePublisher:
             generation=self.generation + 1,
             unhealthy=unhealthy,
             order=order,
+            dynamic_mig=self.dynamic_mig,
         )
         if self._published is not None and _devices(candidate) == _devices(self._published):
             return False
@@ -60,7 +69,7 @@ class ResourceSlicePublisher:
             self.driver,
             self.generation,
             len(unhealthy or {}),
-            ",".join(str(d["name"]) for s in candidate for d in s["spec"]["devices"]),
+            ",".join(str(d["name"]) for s in candidate for d in s["spec"].get("devices", ())),
         )
         return True
 
@@ -70,4 +79,4 @@ class ResourceSlicePublisher:
 
 
 def _devices(slices: list[dict[str, Any]]) -> list[Any]:
-    return [s["spec"]["devices"] for s in slices]
+    return [(s["spec"].get("devices"), s["spec"].get("sharedCounters")) for s in slices]

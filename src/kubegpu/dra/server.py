@@ -28,6 +28,7 @@ from typing import Any
 
 from grpc import aio
 
+from kubegpu.core.backend import MigPartitioner
 from kubegpu.core.dra import ClaimRef, PreparedClaim
 from kubegpu.core.dra_ports import ResourceClaimSource, ResourceSliceSink
 from kubegpu.core.gpu import NodeInventory
@@ -306,6 +307,7 @@ async def serve_dra_driver(
     probes: DriverProbes | None = None,
     checkpoint: Checkpoint | None = None,
     claim: SocketClaim | None = None,
+    partitioner: MigPartitioner | None = None,
 ) -> bool:
     """Run the DRA driver of one node until ``stop`` is set: publish the node's ResourceSlices,
     serve the kubelet, republish whenever ``health_changed`` is set (a GPU tainted or
@@ -336,8 +338,15 @@ async def serve_dra_driver(
     ``claim`` the caller's :func:`claim_sockets` (else the server takes its own, raising
     SocketInUse while another driver serves).
     """
-    preparer = ClaimPreparer(settings, inventory, claims, checkpoint)
-    publisher = ResourceSlicePublisher(settings.node_name, settings.naming, slices)
+    preparer = ClaimPreparer(settings, inventory, claims, checkpoint, partitioner)
+    # Dynamic MIG: instances no prepared claim holds are leftovers (a crash between create and
+    # checkpoint); they would hold slices the allocator believes free.
+    preparer.mig.reconcile(
+        d.device for c in preparer.checkpoint.claims().values() for d in c.devices
+    )
+    publisher = ResourceSlicePublisher(
+        settings.node_name, settings.naming, slices, dynamic_mig=settings.dynamic_mig
+    )
 
     def current() -> Mapping[str, str] | None:
         return unhealthy() if unhealthy is not None else None

@@ -25,6 +25,7 @@ from kubegpu.core.dra import (
     device_name,
 )
 from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory, pci_address
+from kubegpu.dra import mig_slices
 
 API_VERSION = "resource.k8s.io/v1"
 
@@ -233,6 +234,29 @@ def _nvidia_attributes(
     return attributes
 
 
+def _attributes(
+    gpu: GpuDevice,
+    naming: DraNaming,
+    driver_version: str | None,
+    cuda_driver_version: str | None,
+    nvlink: Mapping[str, dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    if naming.key == NVIDIA_NAMING.key:
+        return _nvidia_attributes(gpu, driver_version, cuda_driver_version, nvlink)
+    return _kubegpu_attributes(gpu, driver_version, nvlink)
+
+
+def _taint(naming: DraNaming, unhealthy_reason: str) -> dict[str, Any]:
+    taint: dict[str, Any] = {
+        "key": f"{naming.driver}/{UNHEALTHY_TAINT_SUFFIX}",
+        "effect": "NoSchedule",
+    }
+    value = taint_value(unhealthy_reason)
+    if value:
+        taint["value"] = value
+    return taint
+
+
 def device_entry(
     gpu: GpuDevice,
     naming: DraNaming,
@@ -241,10 +265,7 @@ def device_entry(
     nvlink: Mapping[str, dict[str, Any]] | None = None,
     cuda_driver_version: str | None = None,
 ) -> dict[str, Any]:
-    if naming.key == NVIDIA_NAMING.key:
-        attributes = _nvidia_attributes(gpu, driver_version, cuda_driver_version, nvlink or {})
-    else:
-        attributes = _kubegpu_attributes(gpu, driver_version, nvlink or {})
+    attributes = _attributes(gpu, naming, driver_version, cuda_driver_version, nvlink or {})
     memory: dict[str, Any] = {"value": _quantity_mib(gpu.memory_total_mib)}
     policy = _memory_policy(gpu.memory_total_mib)
     if policy is not None:
@@ -262,15 +283,41 @@ def device_entry(
         "allowMultipleAllocations": True,
     }
     if unhealthy_reason is not None:
-        taint: dict[str, Any] = {
-            "key": f"{naming.driver}/{UNHEALTHY_TAINT_SUFFIX}",
-            "effect": "NoSchedule",
-        }
-        value = taint_value(unhealthy_reason)
-        if value:
-            taint["value"] = value
-        device["taints"] = [taint]
+        device["taints"] = [_taint(naming, unhealthy_reason)]
     return device
+
+
+def card_entries(
+    gpu: GpuDevice,
+    naming: DraNaming,
+    inventory: NodeInventory,
+    unhealthy_reason: str | None,
+    nvlink: Mapping[str, dict[str, Any]] | None,
+    dynamic_mig: bool,
+) -> list[dict[str, Any]]:
+    """The devices one card publishes: itself, or in MIG mode its MIG devices
+    (:mod:`kubegpu.dra.mig_slices`), each tainted while the card is unhealthy."""
+    if not gpu.mig_enabled:
+        entry = device_entry(
+            gpu,
+            naming,
+            inventory.driver_version,
+            unhealthy_reason,
+            nvlink,
+            inventory.cuda_driver_version,
+        )
+        return [entry]
+    base = _attributes(
+        gpu, naming, inventory.driver_version, inventory.cuda_driver_version, nvlink or {}
+    )
+    if dynamic_mig:
+        entries = mig_slices.partition_entries(gpu, naming, base)
+    else:
+        entries = mig_slices.static_entries(gpu, naming, base)
+    if unhealthy_reason is not None:
+        for entry in entries:
+            entry["taints"] = [_taint(naming, unhealthy_reason)]
+    return entries
 
 
 def build_resource_slices(
@@ -281,6 +328,7 @@ def build_resource_slices(
     generation: int,
     unhealthy: Mapping[str, str] | None = None,
     order: Sequence[int] | None = None,
+    dynamic_mig: bool = False,
 ) -> list[dict[str, Any]]:
     """The node's pool at ``generation``: every slice of it, devices in GPU index order, or in
     ``order`` (GPU indices, a steered order: :mod:`kubegpu.dra.steering`) where given; GPUs
@@ -289,29 +337,32 @@ def build_resource_slices(
 
     ``unhealthy`` maps a GPU UUID to why it is unhealthy; those devices carry a NoSchedule taint so
     no new claim lands on them (claims already allocated keep running).
+
+    ``dynamic_mig``: cards in MIG mode offer every placement over a counter set (KEP-4815)
+    instead of the instances they hold; the counter sets come first, in slices of their own.
     """
     if generation < 1:
         raise ValueError(f"generation must be >= 1, got {generation}")
     unhealthy = unhealthy or {}
     position = {index: p for p, index in enumerate(order or ())}
     nvlink = nvlink_attributes(inventory)
+    cards = sorted(inventory.gpus, key=lambda g: (position.get(g.index, len(position)), g.index))
     devices = [
-        device_entry(
-            gpu,
-            naming,
-            inventory.driver_version,
-            unhealthy.get(gpu.uuid),
-            nvlink.get(gpu.uuid),
-            inventory.cuda_driver_version,
-        )
-        for gpu in sorted(
-            inventory.gpus, key=lambda g: (position.get(g.index, len(position)), g.index)
+        entry
+        for gpu in cards
+        for entry in card_entries(
+            gpu, naming, inventory, unhealthy.get(gpu.uuid), nvlink.get(gpu.uuid), dynamic_mig
         )
     ]
-    chunks = [
-        devices[i : i + MAX_DEVICES_PER_SLICE]
+    counter_sets = [mig_slices.counter_set(g) for g in cards if dynamic_mig and g.mig_enabled]
+    per = mig_slices.MAX_COUNTER_SETS_PER_SLICE
+    specs: list[dict[str, Any]] = [
+        {"sharedCounters": counter_sets[i : i + per]} for i in range(0, len(counter_sets), per)
+    ]
+    specs += [
+        {"devices": devices[i : i + MAX_DEVICES_PER_SLICE]}
         for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
-    ] or [[]]
+    ] or ([] if specs else [{"devices": []}])
     return [
         {
             "apiVersion": API_VERSION,
@@ -325,11 +376,11 @@ def build_resource_slices(
                 "pool": {
                     "name": pool_name(node_name),
                     "generation": generation,
-                    "resourceSliceCount": len(chunks),
+                    "resourceSliceCount": len(specs),
                 },
                 "nodeName": node_name,
-                "devices": chunk,
+                **content,
             },
         }
-        for i, chunk in enumerate(chunks)
+        for i, content in enumerate(specs)
     ]

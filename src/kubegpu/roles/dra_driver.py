@@ -23,7 +23,7 @@ from typing import Any
 
 from kubegpu.config.health import health_policy
 from kubegpu.config.model import AgentConfig, Dra
-from kubegpu.core.backend import GpuBackend
+from kubegpu.core.backend import GpuBackend, MigPartitioner
 from kubegpu.core.dra import DEFAULT_DRIVER_NAME, KUBEGPU_NAMING, DraNaming
 from kubegpu.core.dra_ports import (
     PoolAllocationSource,
@@ -94,6 +94,7 @@ class DraDriverSettings:
             checkpoint_path=self.checkpoint_path,
             dev_root=self.dev_root,
             shares=shares,
+            dynamic_mig=shares.mig == "dynamic",
         )
 
 
@@ -151,6 +152,15 @@ async def run_with_ports(
         loop.add_signal_handler(sig, stop.set)
     node = settings.node_name
     inventory = backend.snapshot()
+    partitioner = backend if isinstance(backend, MigPartitioner) else None
+    if config.dra.mig == "dynamic" and partitioner is None:
+        log.error(
+            "node %s: dra.mig: dynamic needs a GPU backend that creates MIG instances; the %s "
+            "backend cannot",
+            settings.node_name,
+            backend.name,
+        )
+        return 1
     feed = HealthFeed(policy=health_policy(config.health, settings.env))
     changed = asyncio.Event()
 
@@ -249,6 +259,7 @@ async def run_with_ports(
             probes=probes,
             checkpoint=checkpoint,
             claim=claim,
+            partitioner=partitioner,
         )
     except CheckpointError as exc:
         log.error("node %s: %s; move the file away to start afresh", node, exc)
