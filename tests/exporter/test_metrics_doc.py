@@ -19,6 +19,7 @@ from kubegpu.extender.pending import PendingGpuPods
 from kubegpu.sharing.resources import ResourceNames
 from tests.exporter.conftest import Node
 from tests.exporter.test_collector import registry_for
+from tests.exporter.test_mig_metrics import mig_scrape
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 GPU_LABELS = {"node", "gpu", "uuid", "model"}
@@ -61,7 +62,9 @@ def exporter_families(node: Node) -> list[Metric]:
         assert not refresher.refresh_once()
     finally:
         node.metrics.release()
-    return list(registry_for(node, refresher).collect())
+    # And a node with a card in MIG mode, whose MIG families the 4xT4 scenario lacks.
+    mig = [f for f in mig_scrape(node)[0].collect() if "_mig_" in f.name]
+    return [*registry_for(node, refresher).collect(), *mig]
 
 
 def extender_families() -> list[Metric]:

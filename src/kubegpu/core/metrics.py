@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from kubegpu.core.gpu import GpuUuid
+from kubegpu.core.gpu import GpuUuid, MigDevice, NodeInventory
 from kubegpu.core.health import HealthEvent, HealthEventKind
 
 
@@ -107,6 +107,31 @@ def device_uuid(device_id: str, known: Iterable[GpuUuid]) -> GpuUuid | None:
     """
     base = device_id.split("::", 1)[0]
     return GpuUuid(base) if base in set(known) else None
+
+
+@dataclass(frozen=True)
+class ContainerMig:
+    """A container holds a MIG device (under the device plugin's MIG strategies the kubelet's
+    device ID is the MIG device's UUID, or a time-slicing replica of it)."""
+
+    pod: PodKey
+    container: str
+    mig: MigDevice
+
+
+def containers_by_mig(
+    assignments: Iterable[DeviceAssignment], inventory: NodeInventory
+) -> tuple[ContainerMig, ...]:
+    """The MIG devices each container holds, once per (container, MIG device)."""
+    by_uuid = {mig.uuid: mig for mig in inventory.mig_devices}
+    held = {
+        (a.pod, a.container, a.device_id.split("::", 1)[0])
+        for a in assignments
+        if a.device_id.split("::", 1)[0] in by_uuid
+    }
+    return tuple(
+        ContainerMig(pod, container, by_uuid[uuid]) for pod, container, uuid in sorted(held)
+    )
 
 
 def containers_by_gpu(

@@ -18,7 +18,7 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kubegpu.core.gpu import GpuDevice, GpuUuid
+from kubegpu.core.gpu import GpuDevice, GpuUuid, MigDevice
 from kubegpu.core.metrics import HealthTally, PodKey, share_mismatches
 from kubegpu.exporter.refresher import ExporterSnapshot
 
@@ -56,6 +56,7 @@ class GpuCollector(Collector):
         if snapshot is not None:
             yield from self._gpu_metrics(snapshot)
             yield from self._pod_metrics(snapshot)
+            yield from _mig_metrics(snapshot)
 
     def _exporter_metrics(
         self, snapshot: ExporterSnapshot | None
@@ -277,3 +278,47 @@ class GpuCollector(Collector):
 
 def _gpu_labels(node: str, gpu: GpuDevice) -> list[str]:
     return [node, str(gpu.index), gpu.uuid, gpu.product_name]
+
+
+MIG_LABELS = [*GPU_LABELS, "mig_uuid", "profile"]
+
+
+def _mig_metrics(snapshot: ExporterSnapshot) -> Iterator[GaugeMetricFamily]:
+    """MIG devices under their parent card (the card's labels, then the device's own), and the
+    pods holding them; nothing on a node without cards in MIG mode."""
+    migs = snapshot.inventory.mig_devices
+    if not migs:
+        return
+    cards = {gpu.uuid: gpu for gpu in snapshot.inventory.gpus}
+
+    def labels(mig: MigDevice) -> list[str]:
+        return [*_gpu_labels(snapshot.node, cards[mig.parent_uuid]), mig.uuid, mig.profile]
+
+    info = GaugeMetricFamily(
+        "kubegpu_mig_device_info",
+        "Each MIG device of a card in MIG mode (value always 1): its GPU and compute instance "
+        "and the first memory slice of its placement.",
+        labels=[*MIG_LABELS, "gpu_instance_id", "compute_instance_id", "placement_start"],
+    )
+    memory = GaugeMetricFamily(
+        "kubegpu_mig_device_memory_total_bytes",
+        "Memory of each MIG device.",
+        labels=MIG_LABELS,
+    )
+    for mig in migs:
+        ids = [str(mig.gpu_instance_id), str(mig.compute_instance_id), str(mig.start)]
+        info.add_metric([*labels(mig), *ids], 1)
+        memory.add_metric(labels(mig), mig.memory_total_mib * 1024 * 1024)
+    yield info
+    yield memory
+    if snapshot.mig_holders is None:
+        return
+    held = GaugeMetricFamily(
+        "kubegpu_pod_mig_device_allocated",
+        "1 for each MIG device a pod's container holds (from the kubelet's PodResources).",
+        labels=["namespace", "pod", "container", *MIG_LABELS],
+    )
+    for holder in snapshot.mig_holders:
+        pod = holder.pod
+        held.add_metric([pod.namespace, pod.name, holder.container, *labels(holder.mig)], 1)
+    yield held

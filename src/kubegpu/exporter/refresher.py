@@ -22,6 +22,8 @@ from typing import TypeVar
 from kubegpu.core.gpu import GpuUuid, NodeInventory
 from kubegpu.core.metrics import (
     ContainerGpu,
+    ContainerMig,
+    DeviceAssignment,
     GpuAllocation,
     GpuMetrics,
     MetricsSource,
@@ -31,6 +33,7 @@ from kubegpu.core.metrics import (
     allocation_by_gpu,
     attribute_processes,
     containers_by_gpu,
+    containers_by_mig,
 )
 from kubegpu.exporter.cgroups import ProcPodResolver
 from kubegpu.exporter.pods import NoShares, PodDirectory, PodResourcesSource, PodShareLookup
@@ -57,6 +60,8 @@ class ExporterSnapshot:
     # False when no share lookup is configured or reading it failed: ``shares`` is then empty
     # for want of knowing, and comparing it with the kubelet's view would be meaningless.
     shares_known: bool = False
+    # The MIG devices each container holds (None when PodResources could not be read).
+    mig_holders: tuple[ContainerMig, ...] | None = None
 
 
 def _describe(exc: Exception) -> str:
@@ -176,7 +181,8 @@ class Refresher:
             return False
         self._pending = None
         known = [gpu.uuid for gpu in inventory.gpus]
-        holders = self._read_holders(known)
+        assignments = self._read_assignments()
+        holders = None if assignments is None else containers_by_gpu(assignments, known)
         shares, shares_known = self._read_shares()
         pod_of_pid, resolvable = self._read_pids(readings)
         memory_total = {gpu.uuid: gpu.memory_total_mib * 1024 * 1024 for gpu in inventory.gpus}
@@ -195,11 +201,12 @@ class Refresher:
             ),
             shares=shares,
             shares_known=shares_known,
+            mig_holders=None if assignments is None else containers_by_mig(assignments, inventory),
         )
         self._latest = snapshot
         return True
 
-    def _read_holders(self, known: list[GpuUuid]) -> tuple[ContainerGpu, ...] | None:
+    def _read_assignments(self) -> tuple[DeviceAssignment, ...] | None:
         if self._pod_resources is None:
             return None
         try:
@@ -213,7 +220,7 @@ class Refresher:
             self.pod_resources_ok = False
             return None
         self.pod_resources_ok = True
-        return containers_by_gpu(assignments, known)
+        return tuple(assignments)
 
     def _read_shares(self) -> tuple[dict[PodKey, tuple[PodGpuShare, ...]], bool]:
         """The pods' shares, and whether they are known (a lookup is configured and answered)."""
