@@ -77,8 +77,13 @@ def make_device_nodes(dev_root: Path, gpus: int) -> None:
 class DraDriver:
     """`kubegpu dra-driver` as a host process with its ServiceAccount's token."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(
+        self, cluster: Cluster, fake_gpus: str = FAKE_GPUS, devices: int = GPU_COUNT
+    ) -> None:
         self.cluster = cluster
+        # The fake node (a preset or a spec file) and how many devices its slice publishes.
+        self.fake_gpus = fake_gpus
+        self.device_count = devices
         # The name it publishes under: gpu.kubegpu.io, or gpu.nvidia.com once restarted with
         # --dra-naming=nvidia (e2e/tests/test_16_nvidia_dra.py).
         self.driver = DRIVER
@@ -101,7 +106,7 @@ class DraDriver:
         self.kubeconfig = write_kubeconfig(
             c.run_dir / f"{ACCOUNT}.kubeconfig", c.server, c.ca.cert, user=ACCOUNT, token=token
         )
-        make_device_nodes(self.dev_root, GPU_COUNT)
+        make_device_nodes(self.dev_root, GPU_COUNT)  # cards 0..7: enough for any spec here
 
     def start(self, config: Path | None = None, *extra: str) -> HostProcess:
         """Start the driver with ``config`` (default: the component's shipped config) and
@@ -114,7 +119,7 @@ class DraDriver:
             str(Path(sys.executable).with_name("kubegpu")),
             "dra-driver",
             "--backend=fake",
-            f"--fake-gpus={FAKE_GPUS}",
+            f"--fake-gpus={self.fake_gpus}",
             f"--fake-control={self.fake_control}",
             f"--config={config or COMPONENT / 'dra-driver-config.yaml'}",
             f"--node-name={NODE_NAME}",
@@ -128,7 +133,9 @@ class DraDriver:
         log = c.logs / f"kubegpu-dra-driver-{self.starts}.log"
         self.process = HostProcess("kubegpu-dra-driver", argv, log, env=env).start()
         self.process.wait_until(
-            lambda: len(self.devices()) == GPU_COUNT, 60, "the driver's ResourceSlice devices"
+            lambda: len(self.devices()) == self.device_count,
+            60,
+            "the driver's ResourceSlice devices",
         )
         return self.process
 

@@ -123,6 +123,38 @@ def dra() -> Iterator[tuple[Cluster, DraDriver]]:
 
 
 @pytest.fixture(scope="module")
+def mig_dra() -> Iterator[tuple[Cluster, DraDriver]]:
+    """A DRA cluster whose driver serves fake H100s in MIG mode (e2e/tests/test_17_mig_dra.py):
+    the DRA gates plus DRAPartitionableDevices (alpha in 1.35, on by default from 1.36) for
+    dynamic MIG, and the MIG capability device nodes the CDI specs name."""
+    from kubegpu_e2e.mig_dra import make_cap_nodes, mig_dra_cluster
+
+    stop_default_cluster()
+    started = time.monotonic()
+    c, driver = mig_dra_cluster(_bin_dir(), OUT / "mig-dra")
+    try:
+        c.start()
+        driver.install()
+        make_cap_nodes(driver.dev_root)
+        driver.start()
+        _results["MIG DRA cluster start"] = {
+            "outcome": "passed",
+            "duration_s": round(time.monotonic() - started, 1),
+        }
+        yield c, driver
+    finally:
+        driver.stop()
+        _leftovers.extend(c.stop())
+
+
+@pytest.fixture
+def mig_namespace(
+    mig_dra: tuple[Cluster, DraDriver], request: pytest.FixtureRequest
+) -> Iterator[str]:
+    yield from _test_namespace(mig_dra[0], request)
+
+
+@pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Release]]:
     """A cluster of its own with kubegpu installed by the real helm from the chart, every role
     a pod of the release (kubegpu_e2e/release.py). The default cluster goes first."""
