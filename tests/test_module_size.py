@@ -27,7 +27,6 @@ ALLOWED: dict[str, str] = {
     "Markdown rendering are its seams (a follow-up; it only writes docs/configuration.md)",
     "placement/policies/kubegpu.py": "our policy's scorer: the waste keys, their vectorised "
     "evaluation and the card choice are one algorithm (docs/benchmarks.md measures it whole)",
-    "simulate/command.py": "the simulate command's options and its run grid; 13 lines over",
 }
 
 

@@ -8,16 +8,12 @@ run), a PNG of the mean curves, and prints the allocation ratio at 100 % arrived
 from __future__ import annotations
 
 import csv
-import functools
 import logging
 import os
-import resource
 import sys
-import time
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -28,7 +24,6 @@ from kubegpu.placement.device_order import (
     check_steerable,
     parse_card_choice,
 )
-from kubegpu.placement.model import NodeState
 from kubegpu.placement.policies import (
     DEFAULT_POLICY,
     POLICIES,
@@ -37,83 +32,13 @@ from kubegpu.placement.policies import (
     names_in_prose,
     simulator_policies,
 )
-from kubegpu.simulate.arrivals import Arrivals, generate_arrivals, load_fixture
-from kubegpu.simulate.replay import COLUMNS, discretise, replay, target_workload
-from kubegpu.simulate.traces import TraceError, TracePod, load_nodes, load_pods
+from kubegpu.simulate.arrivals import load_fixture
+from kubegpu.simulate.bound import SolverMissing, solver
+from kubegpu.simulate.jobs import Job, JobResult, run_job
+from kubegpu.simulate.replay import COLUMNS
+from kubegpu.simulate.traces import TraceError, load_nodes, load_pods
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Job:
-    nodes: Path
-    pods: Path
-    arrivals: Path | None  # fixture file, or None to generate from the seed
-    policy: str
-    seed: int
-    inflation: float
-    card_choice: CardChoice = CardChoice.POLICY
-
-    @property
-    def workload(self) -> str:
-        return self.pods.stem
-
-    @property
-    def label(self) -> str:
-        """The policy's paper label, plus the card choice where it is not the policy's
-        (``07-Kubegpu first-fit``): the ``sc_policy`` of allocation.csv and runs.csv."""
-        label = get_policy(self.policy).label
-        if self.card_choice is CardChoice.POLICY:
-            return label
-        return f"{label} {self.card_choice.value}"
-
-
-@dataclass(frozen=True)
-class JobResult:
-    job: Job
-    columns: list[float | None]
-    total_gpus: int
-    failed_pods: int
-    wall_s: float
-    cpu_s: float  # this process's CPU time for the run: steadier than wall on a busy machine
-    max_rss_mib: float
-
-
-@functools.lru_cache(maxsize=4)
-def _nodes(path: Path) -> list[NodeState]:
-    return load_nodes(path)
-
-
-@functools.lru_cache(maxsize=4)
-def _pods(path: Path) -> list[TracePod]:
-    return load_pods(path)
-
-
-def run_job(job: Job) -> JobResult:
-    """One replay; reads (and caches per process) the traces it needs."""
-    started = time.perf_counter()
-    cpu_started = time.process_time()
-    nodes = _nodes(job.nodes)
-    pods = _pods(job.pods)
-    arrivals: Arrivals
-    if job.arrivals is not None:
-        arrivals = load_fixture(job.arrivals, pods, nodes)
-    else:
-        arrivals = generate_arrivals(pods, nodes, job.seed, job.inflation)
-    spec = get_policy(job.policy)
-    workload = target_workload(spec, pods)
-    result = replay(nodes, arrivals, spec, workload, job.seed, card_choice=job.card_choice)
-    columns = discretise(result)
-    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return JobResult(
-        job,
-        columns,
-        result.total_gpus,
-        result.failed_pods,
-        time.perf_counter() - started,
-        time.process_time() - cpu_started,
-        rss_mib,
-    )
 
 
 # Each seed is one replay of every policy; past this a typo (1-5000000) would only build a
@@ -290,7 +215,8 @@ def _plot(out: Path, results: Sequence[JobResult]) -> Path:
         for label, curves in sorted(by_policy.items()):
             xs = [x for x in COLUMNS if all(c[x] is not None for c in curves)]
             ys = [_mean([float(c[x] or 0.0) for c in curves]) for x in xs]
-            ax.plot(xs, ys, label=label, linewidth=1)
+            # The bound and the offline packing have one column: a marker, not a line.
+            ax.plot(xs, ys, label=label, linewidth=1, marker="o" if len(xs) == 1 else None)
         ax.set_title(workload.removeprefix("openb_pod_list_"))
         ax.set_xlabel("arrived GPU demand (% of capacity)")
         ax.set_ylabel("GPU allocation ratio (%)")
@@ -398,6 +324,14 @@ def _card_choice_help() -> str:
     help="The paper's allocation CSV, to compare against.",
 )
 @click.option(
+    "--bound",
+    is_flag=True,
+    help="Also compute, per workload and seed, an upper bound on the allocation ratio at "
+    "100 % arrived (no placement of the same arrived pods allocates more) and an offline "
+    "packing found with hindsight (rows 'Upper bound' and 'Offline packing'; needs HiGHS: "
+    "pip install 'kubegpu[bound]').",
+)
+@click.option(
     "--plot/--no-plot",
     default=True,
     show_default=True,
@@ -416,10 +350,16 @@ def simulate(
     jobs: int,
     card_choices: list[CardChoice],
     paper_csv: Path | None,
+    bound: bool,
     plot: bool,
 ) -> None:
     """Replay GPU traces through the placement engine by the FGD paper's method."""
     specs, seed_list = policies, seeds
+    if bound:
+        try:
+            solver()
+        except SolverMissing as exc:
+            raise click.BadParameter(str(exc), param_hint="'--bound'") from None
     if CardChoice.STEERED in card_choices:
         for spec in specs:
             try:
@@ -456,6 +396,9 @@ def simulate(
                     work.append(
                         Job(nodes_csv, pods_csv, fixture, spec.name, seed, inflation, choice)
                     )
+            if bound:
+                work += [Job(nodes_csv, pods_csv, fixture, name, seed, inflation)
+                         for name in ("bound", "offline")]  # fmt: skip
     log.info(
         "simulating %d runs (%d workloads × %d policies × %d seeds) with %d jobs",
         len(work),
