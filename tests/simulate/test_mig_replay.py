@@ -3,14 +3,18 @@ layouts the profile table allows whatever the policy, and where packing beats fi
 
 from __future__ import annotations
 
+import csv
 import random
+from pathlib import Path
 
 import pytest
 
 from kubegpu.core.mig import layout_problem
 from kubegpu.placement.model import GpuState, NodeState, PodRequest
 from kubegpu.simulate import mig
+from kubegpu.simulate.jobs import mig_curve
 from kubegpu.simulate.mig import MIG_POLICIES, MigPod, mig_variant, replay_mig, slices_for
+from tests.simulate.test_command import NODES, simulate, write_pods
 
 
 def node(name: str, cards: int = 1, cpu: int = 64_000) -> NodeState:
@@ -35,8 +39,8 @@ def test_the_variant_keeps_cpu_pods_and_gives_whole_gpus_whole_cards() -> None:
     ]
     assert mig_variant(requests) == [
         MigPod("cpu", 1000, 1024),
-        MigPod("share", 1000, 1024, 2, 1),
-        MigPod("pair", 1000, 1024, 7, 2),
+        MigPod("share", 1000, 1024, 2, 1, 250),
+        MigPod("pair", 1000, 1024, 7, 2, 2000),
     ]
 
 
@@ -70,3 +74,31 @@ def test_every_layout_either_policy_makes_is_one_the_table_allows(policy: str) -
 def test_an_unknown_policy_is_refused_naming_the_choices() -> None:
     with pytest.raises(ValueError, match="expected one of first-fit, pack"):
         replay_mig([node("n")], [], "best")
+
+
+def test_simulate_mig_adds_the_arrivals_on_mig_cards_beside_the_policies(tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text(NODES)
+    pods = write_pods(tmp_path / "tiny.csv")
+    out = tmp_path / "out"
+    result = simulate(
+        "--nodes", str(nodes), "--pods", str(pods), "--policy", "fgd", "--seeds", "1",
+        "--mig", "--out", str(out), "--no-plot",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    with (out / "allocation.csv").open() as handle:
+        rows = {r["sc_policy"]: r for r in csv.DictReader(handle)}
+    assert set(rows) == {"06-FGD", "MIG first-fit", "MIG pack"}
+    for label in ("MIG first-fit", "MIG pack"):
+        curve = [float(rows[label][str(x)]) for x in range(0, 101, 10) if rows[label][str(x)]]
+        # The curve climbs with arrivals and never holds more than the cluster's cards.
+        assert curve == sorted(curve) and 0 < curve[-1] <= 100
+    assert "MIG first-fit" in result.stdout
+
+
+def test_the_curve_counts_seven_slices_as_one_card() -> None:
+    pods = [MigPod("a", 100, 100, 7, 1, 1000), MigPod("b", 100, 100, 1, 1, 100)]
+    found = replay_mig([node("n", cards=2)], pods, "first-fit")
+    curve = mig_curve(found, total_gpus=2)
+    assert curve.arrived_milli.tolist() == [1000, 1100]
+    assert curve.used_milli.tolist() == [1000, 1143]  # 8 slices = 8/7 of a card

@@ -34,7 +34,7 @@ from kubegpu.placement.policies import (
 )
 from kubegpu.simulate.arrivals import load_fixture
 from kubegpu.simulate.bound import SolverMissing, solver
-from kubegpu.simulate.jobs import Job, JobResult, run_job
+from kubegpu.simulate.jobs import MIG_LABELS, Job, JobResult, run_job
 from kubegpu.simulate.replay import COLUMNS
 from kubegpu.simulate.traces import TraceError, load_nodes, load_pods
 
@@ -332,6 +332,13 @@ def _card_choice_help() -> str:
     "pip install 'kubegpu[bound]').",
 )
 @click.option(
+    "--mig",
+    is_flag=True,
+    help="Also replay the same arrivals as MIG requests on H100 MIG cards partitioned on "
+    "demand (rows 'MIG first-fit' and 'MIG pack'; docs/mig.md): each share asks for the "
+    "smallest profile with its compute, a whole GPU for the 7g instance.",
+)
+@click.option(
     "--plot/--no-plot",
     default=True,
     show_default=True,
@@ -351,6 +358,7 @@ def simulate(
     card_choices: list[CardChoice],
     paper_csv: Path | None,
     bound: bool,
+    mig: bool,
     plot: bool,
 ) -> None:
     """Replay GPU traces through the placement engine by the FGD paper's method."""
@@ -399,6 +407,9 @@ def simulate(
             if bound:
                 work += [Job(nodes_csv, pods_csv, fixture, name, seed, inflation)
                          for name in ("bound", "offline")]  # fmt: skip
+            if mig:
+                work += [Job(nodes_csv, pods_csv, fixture, name, seed, inflation)
+                         for name in MIG_LABELS]  # fmt: skip
     log.info(
         "simulating %d runs (%d workloads × %d policies × %d seeds) with %d jobs",
         len(work),

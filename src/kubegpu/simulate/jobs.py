@@ -1,5 +1,6 @@
 """One run of ``kubegpu simulate``'s grid: a policy's replay, or (``--bound``) the upper
-bound or the offline packing of the same arrivals (:mod:`kubegpu.simulate.hindsight`).
+bound or the offline packing of the same arrivals (:mod:`kubegpu.simulate.hindsight`), or
+(``--mig``) the same arrivals on MIG cards (:mod:`kubegpu.simulate.mig`).
 
 Runs are plain values so the command can hand them to worker processes.
 """
@@ -12,13 +13,28 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from kubegpu.placement.device_order import CardChoice
 from kubegpu.placement.model import NodeState
 from kubegpu.placement.policies import get_policy
 from kubegpu.simulate.arrivals import Arrivals, generate_arrivals, load_fixture
 from kubegpu.simulate.hindsight import HINDSIGHT_LABELS, hindsight
-from kubegpu.simulate.replay import discretise, replay, target_workload
+from kubegpu.simulate.mig import MIG_POLICIES, MigResult, mig_variant, replay_mig
+from kubegpu.simulate.replay import ReplayResult, discretise, replay, target_workload
 from kubegpu.simulate.traces import TracePod, load_nodes, load_pods
+
+# ``--mig``: the arrivals as MIG requests on H100 MIG cards, by each placement rule.
+MIG_LABELS = {f"mig-{rule}": f"MIG {rule}" for rule in MIG_POLICIES}
+
+
+def mig_curve(result: MigResult, total_gpus: int) -> ReplayResult:
+    """A MIG replay as a policy's curve: the original demand arrived against the compute
+    slices held, in milli-cards (7 slices are one card)."""
+    used = np.rint(np.array(result.used_slices, dtype=np.float64) * 1000 / 7).astype(np.int64)
+    return ReplayResult(
+        np.array(result.arrived_milli, dtype=np.int64), used, total_gpus, result.refused
+    )
 
 
 @dataclass(frozen=True)
@@ -26,7 +42,8 @@ class Job:
     nodes: Path
     pods: Path
     arrivals: Path | None  # fixture file, or None to generate from the seed
-    policy: str  # a policy's name, or a key of HINDSIGHT_LABELS ("offline", "bound")
+    # A policy's name, a key of HINDSIGHT_LABELS ("offline", "bound") or of MIG_LABELS.
+    policy: str
     seed: int
     inflation: float
     card_choice: CardChoice = CardChoice.POLICY
@@ -41,6 +58,8 @@ class Job:
         (``07-Kubegpu first-fit``): the ``sc_policy`` of allocation.csv and runs.csv."""
         if self.policy in HINDSIGHT_LABELS:
             return HINDSIGHT_LABELS[self.policy]
+        if self.policy in MIG_LABELS:
+            return MIG_LABELS[self.policy]
         label = get_policy(self.policy).label
         if self.card_choice is CardChoice.POLICY:
             return label
@@ -81,7 +100,10 @@ def run_job(job: Job) -> JobResult:
     else:
         arrivals = generate_arrivals(pods, nodes, job.seed, job.inflation)
     total_gpus = sum(len(n.gpus) for n in nodes)
-    if job.policy in HINDSIGHT_LABELS:
+    if job.policy in MIG_LABELS:
+        mig = replay_mig(nodes, mig_variant(arrivals.pods), job.policy.removeprefix("mig-"))
+        columns, failed = discretise(mig_curve(mig, total_gpus)), mig.refused
+    elif job.policy in HINDSIGHT_LABELS:
         found = hindsight(nodes, arrivals.pods, pack=job.policy == "offline")
         if found.packing is None:
             columns, failed = found.bound_column, found.lp_dropped_pods

@@ -44,6 +44,7 @@ class MigPod:
     memory_mib: int
     slices: int = 0  # 0: a CPU-only pod
     instances: int = 0
+    milli: int = 0  # the original pod's GPU demand (GPU count × milli per card)
 
 
 def slices_for(milli: int) -> int:
@@ -58,12 +59,16 @@ def mig_variant(requests: Sequence[PodRequest]) -> list[MigPod]:
     """The pods (in arrival order) as MIG requests."""
     variant = []
     for r in requests:
+        demand = r.gpu_count * r.gpu_milli
         if r.gpu_count == 0:
             variant.append(MigPod(r.name, r.cpu_milli, r.memory_mib))
         elif r.gpu_count == 1 and r.gpu_milli < 1000:
-            variant.append(MigPod(r.name, r.cpu_milli, r.memory_mib, slices_for(r.gpu_milli), 1))
+            slices = slices_for(r.gpu_milli)
+            variant.append(MigPod(r.name, r.cpu_milli, r.memory_mib, slices, 1, demand))
         else:
-            variant.append(MigPod(r.name, r.cpu_milli, r.memory_mib, COMPUTE_SLICES, r.gpu_count))
+            variant.append(
+                MigPod(r.name, r.cpu_milli, r.memory_mib, COMPUTE_SLICES, r.gpu_count, demand)
+            )
     return variant
 
 
@@ -88,6 +93,10 @@ class MigResult:
     slices_total: int
     # Each node's cards as they ended, the instances on each.
     layouts: tuple[tuple[tuple[Instance, ...], ...], ...] = ()
+    # After each pod: the original GPU demand arrived so far and the compute slices held (the
+    # x and y of the allocation curve, as a policy's replay records them).
+    arrived_milli: tuple[int, ...] = ()
+    used_slices: tuple[int, ...] = ()
 
     @property
     def allocation_ratio(self) -> float:
@@ -170,9 +179,12 @@ def replay_mig(
     cluster = [
         _Node(n.name, n.cpu_free_milli, n.memory_free_mib, [[] for _ in n.gpus]) for n in nodes
     ]
-    placed = refused = allocated = 0
+    placed = refused = allocated = arrived = 0
     first_refusal: int | None = None
+    arrived_curve: list[int] = []
+    used_curve: list[int] = []
     for position, pod in enumerate(pods):
+        arrived += pod.milli
         if pod.instances == 0:
             node = next(
                 (
@@ -185,19 +197,31 @@ def replay_mig(
             if node is not None:
                 node.cpu_free -= pod.cpu_milli
                 node.memory_free -= pod.memory_mib
-            continue
-        choice = _choose(cluster, pod, table[pod.slices], policy, table)
-        if choice is None:
-            refused += 1
-            first_refusal = position if first_refusal is None else first_refusal
-            continue
-        node, instances = choice
-        node.cpu_free -= pod.cpu_milli
-        node.memory_free -= pod.memory_mib
-        for card, instance in instances:
-            node.cards[card].append(instance)
-            allocated += instance.profile.compute_slices
-        placed += 1
+        else:
+            choice = _choose(cluster, pod, table[pod.slices], policy, table)
+            if choice is None:
+                refused += 1
+                first_refusal = position if first_refusal is None else first_refusal
+            else:
+                node, instances = choice
+                node.cpu_free -= pod.cpu_milli
+                node.memory_free -= pod.memory_mib
+                for card, instance in instances:
+                    node.cards[card].append(instance)
+                    allocated += instance.profile.compute_slices
+                placed += 1
+        arrived_curve.append(arrived)
+        used_curve.append(allocated)
     total = sum(len(n.cards) for n in cluster) * COMPUTE_SLICES
     layouts = tuple(tuple(tuple(card) for card in n.cards) for n in cluster)
-    return MigResult(policy, placed, refused, first_refusal, allocated, total, layouts)
+    return MigResult(
+        policy,
+        placed,
+        refused,
+        first_refusal,
+        allocated,
+        total,
+        layouts,
+        tuple(arrived_curve),
+        tuple(used_curve),
+    )
