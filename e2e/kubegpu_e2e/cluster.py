@@ -29,6 +29,7 @@ import yaml
 from kubegpu_e2e import images
 from kubegpu_e2e.pki import CertificateAuthority, KeyPair, service_account_keys
 from kubegpu_e2e.processes import HostProcess, StartError, kill_all, pids_mentioning
+from kubegpu_e2e.versions import binary_version, effective_gates
 
 NODE_NAME = "kubegpu-e2e-node"
 SERVICE_CIDR = "10.96.0.0/24"
@@ -119,6 +120,8 @@ def _own_cgroup_base() -> str:
 class Cluster:
     bin_dir: Path
     out_dir: Path
+    # The features the scenarios want on or off; what each component is given is
+    # `passed_gates`, this turned into what the built version accepts (kubegpu_e2e/versions.py).
     feature_gates: dict[str, bool] = field(default_factory=dict)
     # A containerd of our own build (e2e/components/containerd) instead of Debian's, with CDI
     # on and the run's CDI folder as its spec folder: what the DRA scenarios need.
@@ -130,6 +133,8 @@ class Cluster:
     stopped: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
+        self.kubernetes_version = binary_version(self.bin_dir)
+        self.passed_gates = effective_gates(self.feature_gates, self.kubernetes_version)
         self.run_dir = Path(tempfile.mkdtemp(prefix="kgpu-e2e-", dir="/tmp"))
         self.logs = self.out_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -323,7 +328,7 @@ class Cluster:
         return context
 
     def _gate_flags(self) -> list[str]:
-        gates = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(self.feature_gates.items()))
+        gates = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(self.passed_gates.items()))
         return [f"--feature-gates={gates}"] if gates else []
 
     def start_apiserver(self) -> None:
@@ -565,7 +570,7 @@ state = "{d / "state"}"
                 "nodefs.inodesFree": "1%",
             },
             "protectKernelDefaults": False,
-            "featureGates": dict(self.feature_gates),
+            "featureGates": dict(self.passed_gates),
             "shutdownGracePeriod": "0s",
         }
         path = self.run_dir / "kubelet-config.yaml"

@@ -24,15 +24,17 @@ FAKE_GPUS = "8xA100-80GB-NVLink"
 GPU_COUNT = 8
 NAMESPACE = "kubegpu"
 ACCOUNT = "kubegpu-dra-driver"
-# Alpha in 1.35 and off by default (docs/dra.md): shares by capacity, the unhealthy taint, and
-# plain extended-resource requests (nvidia.com/gpu) served through a DeviceClass that names
-# one. DRA itself (DynamicResourceAllocation) is GA and on.
+# The features the DRA scenarios want on: shares by capacity, the unhealthy taint, plain
+# extended-resource requests (nvidia.com/gpu) served through a DeviceClass that names one, and
+# the kubelet's device-health stream with the pod status field it fills
+# (containerStatuses[].allocatedResourcesStatus). DRA itself (DynamicResourceAllocation) is GA
+# and on. All four are alpha and off in 1.35, beta and on from 1.36; DRAExtendedResource is GA
+# and locked from 1.37, so it is not passed there (kubegpu_e2e/versions.py turns this into
+# what each version accepts).
 FEATURE_GATES = {
     "DRAConsumableCapacity": True,
     "DRADeviceTaints": True,
     "DRAExtendedResource": True,
-    # The kubelet's device-health stream and the pod status field it fills
-    # (containerStatuses[].allocatedResourcesStatus): alpha in 1.35, off by default.
     "ResourceHealthStatus": True,
 }
 # NVIDIA's character-device majors: 195 for the cards (minor = index) and nvidiactl (255);

@@ -20,6 +20,7 @@ from typing import Any
 from kubegpu_e2e import images
 from kubegpu_e2e.cluster import NODE_NAME, Cluster
 from kubegpu_e2e.processes import built
+from kubegpu_e2e.versions import suite_version
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "kubegpu"
@@ -78,12 +79,9 @@ def archive_tag(archive: Path) -> str:
 
 
 def kubernetes_version() -> str:
-    """The suite's Kubernetes version, as e2e/components/go.mod pins it (v1.35.4)."""
-    for line in (COMPONENTS / "go.mod").read_text().splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[0] == "k8s.io/kubernetes":
-            return parts[1]
-    raise RuntimeError("k8s.io/kubernetes is not pinned in e2e/components/go.mod")
+    """The suite's Kubernetes version: e2e/components/go.mod's (v1.35.4, CI's) or the one
+    KUBEGPU_E2E_K8S_VERSION names (kubegpu_e2e/versions.py)."""
+    return suite_version()
 
 
 def helm_binary() -> str:

@@ -22,7 +22,12 @@ E2E = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(E2E))
 
 from kubegpu_e2e.cluster import Cluster  # noqa: E402
-from kubegpu_e2e.dra import DraDriver, containerd_bin_dir, dra_cluster  # noqa: E402
+from kubegpu_e2e.dra import (  # noqa: E402
+    FEATURE_GATES,
+    DraDriver,
+    containerd_bin_dir,
+    dra_cluster,
+)
 from kubegpu_e2e.kubegpu import KubegpuRoles  # noqa: E402
 from kubegpu_e2e.processes import built  # noqa: E402
 from kubegpu_e2e.release import (  # noqa: E402
@@ -34,6 +39,7 @@ from kubegpu_e2e.release import (  # noqa: E402
     kubernetes_version,
     prepare,
 )
+from kubegpu_e2e.versions import gate_table  # noqa: E402
 
 OUT = Path(os.environ.get("KUBEGPU_E2E_OUT", E2E / "out"))
 _results: dict[str, dict[str, Any]] = {}
@@ -297,8 +303,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         )
     versions["runc"] = _version(["runc", "--version"]).splitlines()[0] if versions else ""
     OUT.mkdir(parents=True, exist_ok=True)
+    version = kubernetes_version()
     report = {
         "exit_status": int(exitstatus),
+        "kubernetes_version": version,
+        # The DRA scenarios' gates at this version: stage, default and what was passed
+        # (kubegpu_e2e/versions.py); the other clusters pass none.
+        "dra_feature_gates": gate_table(FEATURE_GATES, version),
         "scenarios": [{"name": name, **entry} for name, entry in _results.items()],
         "versions": versions,
         "cleanup": _leftovers,

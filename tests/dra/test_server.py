@@ -80,7 +80,12 @@ async def test_get_info_names_the_driver_its_endpoint_and_v1_first(
     assert info.endpoint == str(node.sockets.dra)
     assert node.sockets.dra.name == "dra.sock"
     assert node.sockets.dra.parent.name == "gpu.kubegpu.io"
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    # The health service too: from 1.37 the kubelet opens its stream only when it is listed.
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1alpha1.DRAResourceHealth",
+    ]
 
 
 async def test_registration_status_is_recorded_and_reported(node: Node) -> None:

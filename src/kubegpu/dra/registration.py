@@ -22,8 +22,16 @@ from kubegpu.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
-# gRPC service names as the kubelet expects them in supported_versions, preferred first.
-SUPPORTED_VERSIONS: tuple[str, ...] = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# gRPC service names as the kubelet expects them in supported_versions, preferred first: the
+# DRA service, and the device-health service the driver serves. From 1.37 the kubelet opens
+# the health stream only for a driver that lists it here (pickHealthService in its
+# dra_plugin_manager.go; without it a pod's allocatedResourcesStatus stays empty); 1.35 and
+# 1.36 open it anyway and skip names they do not know when picking the DRA service.
+SUPPORTED_VERSIONS: tuple[str, ...] = (
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    "v1alpha1.DRAResourceHealth",
+)
 
 DEFAULT_PLUGINS_REGISTRY = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
