@@ -90,6 +90,12 @@ def test_an_unhealthy_card_taints_each_of_its_mig_devices() -> None:
     devices = devices_of(slices)
     assert all("taints" in devices[n] for n in devices if n.startswith("gpu-0-mig-"))
     assert "taints" not in devices["gpu-1"]
+    # An Xid on one GPU instance marks that MIG device alone (by its own UUID).
+    one = inventory.by_index(0).mig_devices[0]
+    alone = devices_of(
+        build_resource_slices(NODE, inventory, generation=2, unhealthy={one.uuid: "Xid 48"})
+    )
+    assert [n for n in alone if "taints" in alone[n]] == ["gpu-0-mig-1g10gb-19-0"]
     # kubegpu's naming: the card's index, and the profile as the mig.kubegpu.io class wants.
     assert devices["gpu-0-mig-1g10gb-19-0"]["attributes"]["index"] == {"int": 0}
     assert devices["gpu-0-mig-1g10gb-19-0"]["attributes"]["profile"] == {"string": "1g.10gb"}
@@ -243,3 +249,16 @@ def test_static_mig_without_instances_publishes_nothing_for_the_card() -> None:
         NODE, replace(inventory, gpus=(bare, inventory.by_index(1))), generation=1
     )
     assert set(devices_of(slices)) == {"gpu-1"}
+
+
+def test_the_kubelets_health_stream_names_each_static_mig_device() -> None:
+    from kubegpu.dra.api.dra_health.v1alpha1 import api_pb2 as health_pb
+    from kubegpu.dra.health_stream import health_response
+
+    inventory = mig_node()
+    one = inventory.by_index(0).mig_devices[0]
+    answer = health_response(inventory, NODE, {one.uuid: "Xid 48"}, 0, 30)
+    health = {d.device.device_name: d.health for d in answer.devices}
+    assert set(health) == {"gpu-0-mig-1g10gb-19-0", "gpu-0-mig-3g40gb-9-4", "gpu-1"}
+    unhealthy = [name for name, h in health.items() if h == health_pb.HealthStatus.UNHEALTHY]
+    assert unhealthy == ["gpu-0-mig-1g10gb-19-0"]

@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from kubegpu.core.dra import device_name
+from kubegpu.core.dra import device_name, mig_device_name
 from kubegpu.core.gpu import NodeInventory
 from kubegpu.dra.api.dra_health.v1alpha1 import api_pb2 as health_pb
 from kubegpu.dra.api.dra_health.v1alpha1 import api_pb2_grpc as health_grpc
@@ -39,23 +39,31 @@ def health_response(
     now_s: int,
     timeout_s: int,
 ) -> Any:
-    """Every GPU of the node by its device name in ``pool``: UNHEALTHY when ``unhealthy`` (UUID
-    → reason) names it, HEALTHY otherwise."""
+    """Every device of the node by its name in ``pool``: a card, or for a card in MIG mode each
+    of its MIG devices (:mod:`kubegpu.dra.mig_slices`); UNHEALTHY when ``unhealthy`` (UUID →
+    reason) names it or, for a MIG device, its card."""
+    devices: list[tuple[str, bool]] = []
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        card_bad = gpu.uuid in unhealthy
+        if not gpu.mig_enabled:
+            devices.append((device_name(gpu.index), card_bad))
+            continue
+        devices += [
+            (
+                mig_device_name(gpu.index, mig.profile, mig.profile_id, mig.start),
+                card_bad or mig.uuid in unhealthy,
+            )
+            for mig in gpu.mig_devices
+        ]
     return health_pb.NodeWatchResourcesResponse(
         devices=[
             health_pb.DeviceHealth(
-                device=health_pb.DeviceIdentifier(
-                    pool_name=pool, device_name=device_name(gpu.index)
-                ),
-                health=(
-                    health_pb.HealthStatus.UNHEALTHY
-                    if gpu.uuid in unhealthy
-                    else health_pb.HealthStatus.HEALTHY
-                ),
+                device=health_pb.DeviceIdentifier(pool_name=pool, device_name=name),
+                health=health_pb.HealthStatus.UNHEALTHY if bad else health_pb.HealthStatus.HEALTHY,
                 last_updated_time=now_s,
                 health_check_timeout_seconds=timeout_s,
             )
-            for gpu in sorted(inventory.gpus, key=lambda g: g.index)
+            for name, bad in devices
         ]
     )
 

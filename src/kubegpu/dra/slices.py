@@ -294,9 +294,12 @@ def card_entries(
     unhealthy_reason: str | None,
     nvlink: Mapping[str, dict[str, Any]] | None,
     dynamic_mig: bool,
+    unhealthy: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """The devices one card publishes: itself, or in MIG mode its MIG devices
-    (:mod:`kubegpu.dra.mig_slices`), each tainted while the card is unhealthy."""
+    (:mod:`kubegpu.dra.mig_slices`), each tainted while the card is unhealthy, or (a static
+    MIG device) while it is itself: an Xid NVML reports for one GPU instance marks that
+    instance's MIG UUID alone in ``unhealthy``."""
     if not gpu.mig_enabled:
         entry = device_entry(
             gpu,
@@ -314,9 +317,11 @@ def card_entries(
         entries = mig_slices.partition_entries(gpu, naming, base)
     else:
         entries = mig_slices.static_entries(gpu, naming, base)
-    if unhealthy_reason is not None:
-        for entry in entries:
-            entry["taints"] = [_taint(naming, unhealthy_reason)]
+    for entry in entries:
+        own = entry["attributes"].get("uuid", {}).get("string")
+        reason = unhealthy_reason or (unhealthy or {}).get(own or "")
+        if reason is not None:
+            entry["taints"] = [_taint(naming, reason)]
     return entries
 
 
@@ -351,7 +356,13 @@ def build_resource_slices(
         entry
         for gpu in cards
         for entry in card_entries(
-            gpu, naming, inventory, unhealthy.get(gpu.uuid), nvlink.get(gpu.uuid), dynamic_mig
+            gpu,
+            naming,
+            inventory,
+            unhealthy.get(gpu.uuid),
+            nvlink.get(gpu.uuid),
+            dynamic_mig,
+            unhealthy,
         )
     ]
     counter_sets = [mig_slices.counter_set(g) for g in cards if dynamic_mig and g.mig_enabled]
