@@ -92,31 +92,17 @@ class KubegpuRoles:
         self.processes[name] = process
         return process
 
-    def start_agent(self, config: Path | None = None) -> HostProcess:
-        """The node agent with ``config`` (default: deploy/base/node-agent-config.yaml)."""
-        c = self.cluster
-        config = config or DEPLOY / "base" / "node-agent-config.yaml"
+    def start_agent(
+        self,
+        config: Path | None = None,
+        *,
+        fake_gpus: str = FAKE_GPUS,
+        fake_control: Path | None = None,
+    ) -> HostProcess:
+        """The node agent with ``config`` (default: deploy/base/node-agent-config.yaml) on the
+        fake node ``fake_gpus`` (a preset or a spec file)."""
         process = self._start(
-            "kubegpu-node-agent",
-            [
-                _kubegpu(),
-                "device-plugin",
-                "--backend=fake",
-                f"--fake-gpus={FAKE_GPUS}",
-                f"--fake-control={self.fake_control}",
-                f"--config={config}",
-                f"--kubelet-dir={c.device_plugin_dir}",
-                f"--node-name={NODE_NAME}",
-                f"--kubeconfig={self.kubeconfigs['kubegpu-node-agent']}",
-                f"--pod-resources-socket={c.pod_resources_socket}",
-                f"--cdi-dir={c.cdi_dir}",
-                f"--health-listen=127.0.0.1:{self.agent_health_port}",
-                # The exporter inside the agent, as the DaemonSet runs it (on loopback here).
-                "--exporter",
-                f"--exporter-listen=127.0.0.1:{self.exporter_port}",
-                "--exporter-pod-directory=api",
-                f"--exporter-pod-resources-socket={c.pod_resources_socket}",
-            ],
+            "kubegpu-node-agent", self.agent_argv(config, fake_gpus, fake_control)
         )
         process.wait_until(
             lambda: http_ok(f"http://127.0.0.1:{self.agent_health_port}/readyz"),
@@ -124,6 +110,35 @@ class KubegpuRoles:
             "node agent /readyz (registered with the kubelet)",
         )
         return process
+
+    def agent_argv(
+        self,
+        config: Path | None = None,
+        fake_gpus: str = FAKE_GPUS,
+        fake_control: Path | None = None,
+    ) -> list[str]:
+        """The node agent's command line as :meth:`start_agent` runs it."""
+        c = self.cluster
+        config = config or DEPLOY / "base" / "node-agent-config.yaml"
+        return [
+            _kubegpu(),
+            "device-plugin",
+            "--backend=fake",
+            f"--fake-gpus={fake_gpus}",
+            f"--fake-control={fake_control or self.fake_control}",
+            f"--config={config}",
+            f"--kubelet-dir={c.device_plugin_dir}",
+            f"--node-name={NODE_NAME}",
+            f"--kubeconfig={self.kubeconfigs['kubegpu-node-agent']}",
+            f"--pod-resources-socket={c.pod_resources_socket}",
+            f"--cdi-dir={c.cdi_dir}",
+            f"--health-listen=127.0.0.1:{self.agent_health_port}",
+            # The exporter inside the agent, as the DaemonSet runs it (on loopback here).
+            "--exporter",
+            f"--exporter-listen=127.0.0.1:{self.exporter_port}",
+            "--exporter-pod-directory=api",
+            f"--exporter-pod-resources-socket={c.pod_resources_socket}",
+        ]
 
     def wait_advertised(
         self,
@@ -254,17 +269,20 @@ class KubegpuRoles:
             "--v=2",
         ]
 
-    def start_labeller(self) -> HostProcess:
+    def start_labeller(
+        self, config: Path | None = None, *, fake_gpus: str = FAKE_GPUS
+    ) -> HostProcess:
+        """The labeller of the fake node ``fake_gpus`` with the node agent's ``config``."""
         return self._start(
             "kubegpu-labels",
             [
                 _kubegpu(),
                 "labels",
                 "--backend=fake",
-                f"--fake-gpus={FAKE_GPUS}",
+                f"--fake-gpus={fake_gpus}",
                 "--sink=node",
                 f"--node-name={NODE_NAME}",
-                f"--config={DEPLOY / 'base' / 'node-agent-config.yaml'}",
+                f"--config={config or DEPLOY / 'base' / 'node-agent-config.yaml'}",
                 "--poll=2",
             ],
             # The labeller has no --kubeconfig: in a pod it uses the service account's token.

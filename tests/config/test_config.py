@@ -67,7 +67,7 @@ def test_resolved_config_renders_as_one_json_line_with_nvidia_spelling() -> None
             "serial",
             id="wrong-enum",
         ),
-        pytest.param("flags: {migStrategy: mixed}", "flags.migStrategy", "mixed", id="mig-mixed"),
+        pytest.param("flags: {migStrategy: hybrid}", "flags.migStrategy", "hybrid", id="mig"),
         pytest.param(
             "flags: {plugin: {passDeviceSpec: true}}",
             "flags.plugin.passDeviceSpec",

@@ -85,9 +85,9 @@ UPSTREAM_FLAGS = frozenset(
 # spell: NVIDIA's GPU feature discovery labels and the peers' names, named to compare.
 UPSTREAM_RESOURCES = frozenset(
     {
-        # NVIDIA GPU feature discovery's labels that kubegpu labels does not write (labels.md):
-        # MIG's, vGPU's and IMEX's
-        "nvidia.com/mig.strategy",
+        # NVIDIA GPU feature discovery's labels that kubegpu labels builds from a resource name
+        # and a suffix rather than spells (MIG's, kubegpu.labels.mig) or does not write (vGPU's
+        # and IMEX's) (labels.md)
         "nvidia.com/gpu.multiprocessors",
         "nvidia.com/gpu.engines.*",
         "nvidia.com/gpu.slices.*",

@@ -106,7 +106,7 @@ def _same_start(text: str, start: str) -> bool:
         ("KUBEGPU_DEVICE_ID_STRATEGY", "serial"),
         ("DEVICE_ID_STRATEGY", "serial"),
         ("KUBEGPU_DEVICE_PLUGIN_DEVICE_ID_STRATEGY", "serial"),
-        ("MIG_STRATEGY", "mixed"),
+        ("MIG_STRATEGY", "hybrid"),
         ("KUBEGPU_GPU_SHARE", "perhaps"),
         ("SHARED_DEVICES_ALLOCATION_POLICY", "random"),
     ],

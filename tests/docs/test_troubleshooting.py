@@ -47,6 +47,7 @@ SCOPES = (
             "AllocationError",
             "AllocationRefused",
             "PlanError",
+            "MigLayoutError",
             "LedgerError",
             "ProbeServerError",
             "ExporterServerError",

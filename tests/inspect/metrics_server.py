@@ -30,6 +30,11 @@ class NodePage:
     pod_over: Mapping[tuple[str, str, int, str], float] = field(default_factory=dict)
     # (namespace, pod, container, index, uuid) -> device IDs (kubegpu_pod_gpu_allocated)
     pod_allocated: Mapping[tuple[str, str, str, int, str], float] = field(default_factory=dict)
+    # (namespace, pod, container, index, uuid, mig_uuid, profile) -> 1
+    # (kubegpu_pod_mig_device_allocated)
+    mig_allocated: Mapping[tuple[str, str, str, int, str, str, str], float] = field(
+        default_factory=dict
+    )
 
     def render(self) -> bytes:
         page = self
@@ -59,7 +64,18 @@ class NodePage:
                     allocated.add_metric(
                         [ns, pod, container, page.node, str(index), uuid, "m"], value
                     )
-                yield from (used, util, pod_used, over, allocated)
+                mig = GaugeMetricFamily(
+                    "kubegpu_pod_mig_device_allocated",
+                    "MIG devices",
+                    labels=["namespace", "pod", "container", *GPU_LABELS, "mig_uuid", "profile"],
+                )
+                for key, value in page.mig_allocated.items():
+                    ns, pod, container, index, uuid, mig_uuid, profile = key
+                    mig.add_metric(
+                        [ns, pod, container, page.node, str(index), uuid, "m", mig_uuid, profile],
+                        value,
+                    )
+                yield from (used, util, pod_used, over, allocated, mig)
 
         registry = CollectorRegistry()
         registry.register(_Collector())

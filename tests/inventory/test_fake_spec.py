@@ -14,6 +14,7 @@ from tests.inventory.contract import check_inventory
 PRESETS = [
     "16xH100-80GB",
     "2xV100-2xT4",
+    "4xH100-80GB-MIG",
     "4xT4",
     "8xA100-80GB-NVLink",
     "8xV100-32GB-HybridCubeMesh",

@@ -107,6 +107,9 @@ class RecordingNodeApi:
     async def publish_inventory(self, records: object) -> None:
         self.published += 1
 
+    async def publish_mig_devices(self, devices: object) -> None:
+        pass
+
 
 async def test_inventory_publisher_stops_when_a_change_lands_with_the_stop(root: Path) -> None:
     # A health change (the event set) in the same loop tick as the agent stopping (the task

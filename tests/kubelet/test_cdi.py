@@ -11,7 +11,7 @@ import pytest
 from kubegpu.config import load_config
 from kubegpu.inventory.spec import resolve_fake_spec
 from kubegpu.kubelet import cdi
-from kubegpu.kubelet.resources import all_gpus, build_plans
+from kubegpu.kubelet.plans import all_gpus, build_plans
 
 T4 = resolve_fake_spec("4xT4").inventory
 

@@ -17,7 +17,8 @@ from kubegpu.kube.agent_api import LightkubeNodeApi
 from kubegpu.kubelet.board import DeviceBoard
 from kubegpu.kubelet.cluster import DeviceHolding
 from kubegpu.kubelet.coordinator import SharingCoordinator
-from kubegpu.kubelet.resources import AllocationRefused, BindMount, build_plans, slot_id
+from kubegpu.kubelet.plans import build_plans
+from kubegpu.kubelet.resources import AllocationRefused, BindMount, slot_id
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
     AllocationDecision,

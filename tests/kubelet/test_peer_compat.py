@@ -15,7 +15,8 @@ from kubegpu.kube.agent_api import LightkubeNodeApi
 from kubegpu.kubelet.board import DeviceBoard
 from kubegpu.kubelet.coordinator import SharingCoordinator
 from kubegpu.kubelet.peer_compat import publish_peer_capacity
-from kubegpu.kubelet.resources import build_plans, slot_id
+from kubegpu.kubelet.plans import build_plans
+from kubegpu.kubelet.resources import slot_id
 from kubegpu.sharing.annotations import (
     ALLOCATION_ANNOTATION,
     AllocationDecision,

@@ -15,7 +15,8 @@ from kubegpu.core.health import HealthEvent, HealthEventKind
 from kubegpu.core.health_feed import HealthFeed
 from kubegpu.inventory.spec import resolve_fake_spec
 from kubegpu.kubelet.board import DeviceBoard
-from kubegpu.kubelet.resources import AllocationError, PlanError, build_plans
+from kubegpu.kubelet.plans import build_plans
+from kubegpu.kubelet.resources import AllocationError, PlanError
 from kubegpu.kubelet.retry import RetryBackoff, retry_with_backoff
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")

@@ -45,6 +45,6 @@ def test_a_config_that_does_not_load_is_rejected_naming_the_problem(tmp_path: Pa
     path = tmp_path / "config.yaml"
     path.write_text("version: v1\n")
     running = load_config(path)
-    path.write_text("version: v1\nflags:\n  migStrategy: mixed\n")
+    path.write_text("version: v1\nflags:\n  migStrategy: hybrid\n")
     with pytest.raises(ReloadRejected, match="migStrategy"):
         read_change(running, path, {}, INVENTORY, api=False, node_name="n1")

@@ -16,8 +16,8 @@ from kubegpu.core.health_feed import HealthFeed
 from kubegpu.inventory.spec import resolve_fake_spec
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from kubegpu.kubelet.board import DeviceBoard
+from kubegpu.kubelet.plans import build_plans
 from kubegpu.kubelet.plugin import DevicePluginServicer, PluginServer
-from kubegpu.kubelet.resources import build_plans
 from tests.kubelet.conftest import short_tempdir
 
 pytestmark = pytest.mark.usefixtures("no_leftover_tasks")

@@ -10,9 +10,10 @@ import pytest
 from kubegpu.config.model import AgentConfig
 from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
 from kubegpu.kubelet.api.deviceplugin.v1beta1 import api_pb2
+from kubegpu.kubelet.plans import build_plans
 from kubegpu.kubelet.plugin import _device_message
 from kubegpu.kubelet.records import follow_share_holdings, follow_whole_holdings
-from kubegpu.kubelet.resources import PlanError, build_plans, card_of, slot_id
+from kubegpu.kubelet.resources import PlanError, card_of, slot_id
 from kubegpu.kubelet.shares import (
     NodePod,
     pending_share_pods,

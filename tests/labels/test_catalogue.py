@@ -208,7 +208,13 @@ def test_a_node_without_gpus_says_so_and_nothing_else_about_gpus() -> None:
         ("nvidia.com/gpu.product", True),
         ("nvidia.com/gpu.machine", True),
         ("nvidia.com/gpu.clique", False),  # GFD's (IMEX), not ours
-        ("nvidia.com/mig.strategy", False),  # GFD's, written only with MIG: not ours
+        ("nvidia.com/mig.strategy", True),  # written under migStrategy single and mixed
+        ("nvidia.com/mig-1g.10gb.count", True),  # mixed's per-profile labels
+        ("nvidia.com/mig-1g.10gb.me.engines.ofa", True),
+        ("nvidia.com/gpu.slices.gi", True),  # single's
+        ("nvidia.com/mig.config", False),  # the GPU operator's MIG manager's
+        ("nvidia.com/mig.config.state", False),
+        ("nvidia.com/mig-1g.10gb.anything", False),
         ("nvidia.com/gfd.timestamp", True),  # GFD's name for the same fact
         ("kubegpu.io/labels.timestamp", True),  # retired: ours so that upgrades remove it
         ("nvidia.com/gpu.deploy.driver", False),  # the GPU operator's

@@ -24,7 +24,7 @@ from kubegpu.labels.sinks import (
 )
 from kubegpu.testing.apiserver import ServerThread, make_node
 
-FOREIGN = {"kubernetes.io/hostname": "gpu-a", "nvidia.com/mig.strategy": "single", "team": "ml"}
+FOREIGN = {"kubernetes.io/hostname": "gpu-a", "nvidia.com/mig.config": "all-1g.10gb", "team": "ml"}
 # Set by an admin under our prefix (docs/install.md: how to move a node between device plugins).
 ADMIN = {"kubegpu.io/device-plugin": "nvidia"}
 MIXED = "kubegpu.io/gpu.mixed"

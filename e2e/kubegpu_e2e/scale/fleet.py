@@ -4,7 +4,7 @@ kubelet, and this module creates them with what kubegpu's node agent would give 
 For every node: a fake-GPU spec of its cards (model as the trace names it, one UUID per card),
 read by the fake backend into the inventory the agent would see; the device counts the agent's
 device plugin would advertise for that inventory under the shipped node-agent config
-(``kubegpu.kubelet.resources.build_plans``: ``nvidia.com/gpu`` and the share slots), set as the
+(``kubegpu.kubelet.plans.build_plans``: ``nvidia.com/gpu`` and the share slots), set as the
 Node's capacity as the kubelet would; and the ``kubegpu.io/gpu-inventory`` annotation written by
 the agent's own publisher (``kubegpu.kube.inventory``). One process serves every node.
 """
@@ -28,7 +28,7 @@ from kubegpu.inventory.fake import FakeGpuBackend
 from kubegpu.inventory.spec import parse_fake_spec
 from kubegpu.kube.inventory import publish_node_inventory_async
 from kubegpu.kubelet.cluster import inventory_records
-from kubegpu.kubelet.resources import build_plans
+from kubegpu.kubelet.plans import build_plans
 from kubegpu.placement.model import NodeState
 from kubegpu_e2e.cluster import Cluster, free_port, http_ok
 from kubegpu_e2e.processes import HostProcess

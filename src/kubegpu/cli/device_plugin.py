@@ -160,7 +160,7 @@ def device_plugin(
     from kubegpu.kubelet.agent import AgentSettings
     from kubegpu.kubelet.exporter_slot import ExporterServerError
     from kubegpu.kubelet.reload import check_api_access
-    from kubegpu.kubelet.resources import PlanError
+    from kubegpu.kubelet.resources import MigLayoutError, PlanError
     from kubegpu.kubelet.socketdir import SocketDirError, check_folder, check_socket_dir
     from kubegpu.probes import ProbeServerError
     from kubegpu.roles.node_agent import KubeconfigError, kube_config_for, run_agent
@@ -230,6 +230,11 @@ def device_plugin(
             kube_config = kube_config_for(kubeconfig)
             check_api_access(config, api=kube_config is not None, node_name=node_name)
             sys.exit(asyncio.run(run_agent(settings, config, gpu_backend, kube_config)))
+        except MigLayoutError as err:
+            # The node's state, not the config: NVIDIA's plugin exits 1 on it (a crash loop
+            # until the cards are partitioned as the strategy needs).
+            click.echo(f"kubegpu device-plugin: error starting plugins: {err}", err=True)
+            sys.exit(1)
         except (PlanError, ValueError) as err:
             click.echo(f"kubegpu device-plugin: invalid config: {err}", err=True)
             sys.exit(2)
@@ -279,10 +284,13 @@ def folder_problem(folder: Path) -> str:
 
 def _socket_names(config: AgentConfig) -> list[str]:
     """kubelet.sock and every socket the agent may make for the configured resources."""
+    from kubegpu.kubelet.mig import LONGEST_MIXED_RESOURCE
     from kubegpu.kubelet.plugin import KUBELET_SOCKET
     from kubegpu.kubelet.resources import socket_name_for
 
     names = {r.name for r in config.resources.gpus} | {config.sharing.gpu_share.resource_name}
+    if config.flags.mig_strategy == "mixed":
+        names.add(LONGEST_MIXED_RESOURCE)  # the profiles' names are known only from the GPUs
     for shared in config.sharing.time_slicing.resources:
         names |= {shared.name, shared.rename or f"{shared.name}.shared"}
     return [KUBELET_SOCKET, *(socket_name_for(n) for n in names)]

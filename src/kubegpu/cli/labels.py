@@ -9,6 +9,7 @@ cannot be opened, 2 an invalid config, or the sink cannot be written with ``--on
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -21,7 +22,7 @@ from kubegpu.cli.common_options import agent_config_option, gpu_backend_options,
 from kubegpu.cli.stop import StopRequest
 from kubegpu.cli.types import ONE_DAY_S, HostFile, OutputFile, seconds
 from kubegpu.config.model import MAX_REPLICAS
-from kubegpu.labels.catalogue import SharingSummary, sharing_from_config
+from kubegpu.labels.catalogue import sharing_from_config
 from kubegpu.labels.host import DMI_PRODUCT_NAME
 from kubegpu.labels.sinks import DEFAULT_NFD_FEATURE_FILE
 
@@ -60,6 +61,12 @@ log = logging.getLogger(__name__)
     type=click.IntRange(0, MAX_REPLICAS),
     default=None,
     help="Replicas per GPU, reported as nvidia.com/gpu.replicas (default: from --config, else 1).",
+)
+@click.option(
+    "--mig-strategy",
+    type=click.Choice(["none", "single", "mixed"]),
+    default=None,
+    help="GFD's MIG labels for this strategy (default: the config's flags.migStrategy, else none).",
 )
 @click.option(
     "--machine-type-file",
@@ -102,6 +109,7 @@ def labels_command(
     config_path: Path | None,
     sharing_strategy: str | None,
     replicas: int | None,
+    mig_strategy: str | None,
     machine_type_file: Path,
     once: bool,
     no_timestamp: bool,
@@ -125,11 +133,11 @@ def labels_command(
         log.error("invalid config: %s", exc)
         sys.exit(2)
     sharing = sharing_from_config(config)
-    sharing = SharingSummary(
+    sharing = dataclasses.replace(
+        sharing,
         strategy=sharing.strategy if sharing_strategy is None else sharing_strategy,
         replicas=sharing.replicas if replicas is None else replicas,
-        gpu_share=sharing.gpu_share,
-        renamed=sharing.renamed,
+        mig_strategy=sharing.mig_strategy if mig_strategy is None else mig_strategy,
     )
     try:
         to = label_sink(sink, nfd_file, node)

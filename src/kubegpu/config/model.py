@@ -17,6 +17,9 @@ from pydantic.alias_generators import to_camel
 
 DEFAULT_VENDOR_DOMAIN = "nvidia.com"
 DEFAULT_RESOURCE = "nvidia.com/gpu"
+# Under flags.migStrategy mixed each MIG profile is its own resource, named as NVIDIA's device
+# plugin names it: this prefix, then the profile with "+" as "." (nvidia.com/mig-1g.10gb.me).
+MIG_RESOURCE_PREFIX = f"{DEFAULT_VENDOR_DOMAIN}/mig-"
 
 DeviceListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
 ENVVAR_ONLY: list[DeviceListStrategy] = ["envvar"]
@@ -182,10 +185,15 @@ class PluginFlags(_Model):
 
 
 class Flags(_Model):
-    mig_strategy: Literal["none"] = Field(
+    mig_strategy: Literal["none", "single", "mixed"] = Field(
         default="none",
-        description='Only "none" for now: MIG devices are not advertised (MIG GPUs count as '
-        "whole GPUs).",
+        description="How cards in MIG mode are advertised, as NVIDIA's `--mig-strategy` "
+        "(docs/mig.md): `none` advertises them as whole GPUs; `single` advertises their MIG "
+        "devices as `nvidia.com/gpu`, and refuses to start unless every card is in MIG mode "
+        "with MIG devices of one type; `mixed` advertises each profile as its own resource "
+        "(`nvidia.com/mig-1g.10gb`, `nvidia.com/mig-3g.40gb`, ...) beside the cards not in "
+        "MIG mode. Under `single` and `mixed` a card in MIG mode is neither a whole GPU nor "
+        "shared (`sharing.gpuShare`, peer compat modes).",
     )
     fail_on_init_error: bool = Field(
         default=True,
@@ -662,12 +670,20 @@ class AgentConfig(_Model):
     @model_validator(mode="after")
     def _shared_resources_exist(self) -> AgentConfig:
         known = {r.name for r in self.resources.gpus}
+        mixed = self.flags.mig_strategy == "mixed"
         seen: set[str] = set()
         for i, shared in enumerate(self.sharing.time_slicing.resources):
             where = f"sharing.timeSlicing.resources.{i}"
-            if shared.name not in known:
+            # Under mixed a MIG profile's resource may be time-sliced too, as with NVIDIA's.
+            mig_resource = mixed and shared.name.startswith(MIG_RESOURCE_PREFIX)
+            if shared.name not in known and not mig_resource:
                 raise ValueError(
                     f"{where}.name: {shared.name!r} is not one of the GPU resources {sorted(known)}"
+                    + (
+                        " (a MIG profile's resource needs flags.migStrategy: mixed)"
+                        if shared.name.startswith(MIG_RESOURCE_PREFIX)
+                        else ""
+                    )
                 )
             if shared.name in seen:
                 raise ValueError(f"{where}.name: {shared.name!r} is shared twice")
@@ -698,6 +714,12 @@ class AgentConfig(_Model):
         if share.enabled and share.resource_name in known:
             raise ValueError(
                 f"sharing.gpuShare.resourceName: {share.resource_name!r} is already a GPU resource"
+            )
+        if mixed and share.enabled and share.enforcement == "mps":
+            # NVIDIA's device plugin refuses the same pair at start.
+            raise ValueError(
+                "flags.migStrategy: using --mig-strategy=mixed is not supported with MPS "
+                "(sharing.gpuShare.enforcement: mps)"
             )
         exporter = self.exporter
         if exporter.enabled and self.flags.health_listen:

@@ -60,7 +60,19 @@ class MigProfile:
     def resource_suffix(self) -> str:
         """The profile as NVIDIA's device plugin names its resource under the mixed strategy:
         ``mig-1g.10gb``, ``mig-1g.10gb.me`` (``+`` is not allowed in a resource name)."""
-        return "mig-" + self.name.replace("+", ".")
+        return resource_suffix(self.name)
+
+
+def resource_suffix(profile_name: str) -> str:
+    """``1g.10gb+me`` -> ``mig-1g.10gb.me``: a profile as NVIDIA's device plugin and GFD name
+    it in resource names and labels under the mixed strategy."""
+    return "mig-" + profile_name.replace("+", ".")
+
+
+def whole_instance(mig: MigDevice) -> bool:
+    """Whether the MIG device's compute instance spans its whole GPU instance (``3g.40gb``),
+    not a part of it (``1c.3g.40gb``): NVIDIA's plugin has resources for these only."""
+    return not mig.profile.split(".", 1)[0].endswith("c")
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,8 @@ AGENT_RULES: tuple[Rule, ...] = (
         "CDI kind must look like vendor.com/class",
     ),
     Rule(
-        "A time-sliced resource must be one of `resources.gpus[].name`.",
+        "A time-sliced resource must be one of `resources.gpus[].name`, or under "
+        "`flags.migStrategy: mixed` a MIG profile's `nvidia.com/mig-<profile>`.",
         {"sharing": {"timeSlicing": {"resources": [{"name": "example.com/gpu", "replicas": 2}]}}},
         "is not one of the GPU resources",
     ),
@@ -167,6 +168,15 @@ AGENT_RULES: tuple[Rule, ...] = (
             }
         },
         "card-level sharing needs whole cards",
+    ),
+    Rule(
+        "`flags.migStrategy: mixed` cannot go with `sharing.gpuShare.enforcement: mps` "
+        "(NVIDIA's plugin refuses mixed with MPS too).",
+        {
+            "flags": {"migStrategy": "mixed"},
+            "sharing": {"gpuShare": {"enabled": True, "enforcement": "mps"}},
+        },
+        "using --mig-strategy=mixed is not supported with MPS",
     ),
     Rule(
         "With `exporter.enabled`, `exporter.listen` and `flags.healthListen` need different "

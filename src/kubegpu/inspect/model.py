@@ -17,6 +17,10 @@ Rules worth knowing:
 * ``--namespace`` narrows the pods listed, never the card figures: a card's free memory does not
   depend on who is looking.
 * CPU-only nodes (no inventory, no advertised GPUs, no GPU pods) are counted, not listed.
+* Cards in MIG mode (under the device plugin's ``single`` or ``mixed``) are not in the
+  inventory; :mod:`kubegpu.inspect.mig` adds them to their node with their MIG devices and the
+  pods holding them. Under ``single`` a plain ``nvidia.com/gpu`` pod on such a node holds MIG
+  devices, not whole cards, and is listed there.
 
 The values live in :mod:`kubegpu.inspect.report`, the JSON accessors in
 :mod:`kubegpu.inspect.reading` and one node's cards, warnings and totals in
@@ -32,6 +36,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kubegpu.inspect.mig import (
+    MigPodFacts,
+    NodeMig,
+    bound_node,
+    mig_in_namespace,
+    mig_pod_facts,
+    node_pod_keys,
+    read_node_mig,
+    with_mig,
+)
 from kubegpu.inspect.node_view import NodeWork, PodFacts, node_view, sum_totals
 from kubegpu.inspect.reading import (
     allocatable_count,
@@ -83,6 +97,7 @@ class ReadCache:
 
     nodes: dict[tuple[str, str], NodeInfo] = field(default_factory=dict)
     pods: dict[tuple[str, str], _PodReading] = field(default_factory=dict)
+    mig: dict[tuple[str, str], NodeMig] = field(default_factory=dict)
 
 
 def build_report(
@@ -103,15 +118,23 @@ def build_report(
     work: dict[str, NodeWork] = {}
     memo = cache if cache is not None else ReadCache()
     node_memo: dict[tuple[str, str], NodeInfo] = {}
+    mig_memo: dict[tuple[str, str], NodeMig] = {}
+    migs: dict[str, NodeMig] = {}
     for node in nodes:
         key = version_key(node, "name")
         info = memo.nodes.get(key) if key else None
         if info is None:
             info = node_inventory(node)
+        mig = memo.mig.get(key) if key else None
+        if mig is None:
+            mig = read_node_mig(node)
         if key:
             node_memo[key] = info
+            mig_memo[key] = mig
         if info.name:
             work[info.name] = NodeWork(node, info)
+            migs[info.name] = mig
+    mig_pods: dict[str, list[MigPodFacts]] = {}
     pending: list[PendingPod] = []
     pod_memo: dict[tuple[str, str], _PodReading] = {}
     for pod in pods:
@@ -128,9 +151,17 @@ def build_report(
         warnings.extend(reading.warnings)
         pending.extend(reading.pending)
         facts = reading.facts
-        if facts is not None and facts.node in work:
+        bound_to = bound_node(pod)
+        mig = migs.get(bound_to)
+        if mig is not None and mig.devices is not None:
+            asked = mig_pod_facts(pod, pod_phase(pod), mig)
+            if asked is not None:
+                mig_pods.setdefault(bound_to, []).append(asked)
+        if facts is None or _holds_mig_devices(facts, migs, names):
+            continue  # such a whole-GPU pod is listed with the MIG devices, not on cards
+        if facts.node in work:
             work[facts.node].pods.append(facts)
-        elif facts is not None:
+        else:
             warnings.append(
                 DriftWarning(
                     WarningKind.DECISION_NODE_MISMATCH,
@@ -148,21 +179,25 @@ def build_report(
         advertised = allocatable_count(item.json, names.whole_gpu) + allocatable_count(
             item.json, names.share_slot
         )
+        mig = migs[name]
         has_gpu_facts = (
             item.info.inventory is not None
             or bool(item.info.inventory_error)
             or advertised > 0
             or bool(item.pods)
+            or mig.devices is not None
+            or bool(mig.error)
         )
         if not has_gpu_facts:
             cpu_only += 1
             continue
         node_usage = None if usage is None else usage.get(name)
-        views.append(
-            node_view(item, allocatable_count(item.json, names.whole_gpu), node_usage, warnings)
-        )
+        view = node_view(item, allocatable_count(item.json, names.whole_gpu), node_usage, warnings)
+        measured = node_usage.usage if node_usage is not None else None
+        views.append(with_mig(view, mig, mig_pods.get(name, []), measured, warnings))
 
-    memo.nodes, memo.pods = node_memo, pod_memo  # forget objects no longer listed
+    # forget objects no longer listed
+    memo.nodes, memo.pods, memo.mig = node_memo, pod_memo, mig_memo
     report_usage = UsageState.OFF if usage is None else UsageState.OK
     return _filtered(
         InspectReport(
@@ -175,6 +210,18 @@ def build_report(
             cpu_only_nodes=cpu_only,
             usage=report_usage,
         )
+    )
+
+
+def _holds_mig_devices(facts: PodFacts, migs: Mapping[str, NodeMig], names: ResourceNames) -> bool:
+    """Whether a whole-GPU pod without a decision is bound to a node whose MIG devices go by the
+    whole-GPU resource (``single``): it holds MIG devices then, not cards."""
+    mig = migs.get(facts.node)
+    return (
+        facts.bound
+        and facts.decision is None
+        and mig is not None
+        and names.whole_gpu in mig.resources
     )
 
 
@@ -286,7 +333,7 @@ def _filtered(report: InspectReport) -> InspectReport:
             unplaced = tuple(u for u in view.unplaced if u.namespace == namespace)
             # A node with none of the namespace's pods stays: its free cards are what that
             # namespace's next pod could get, and hiding it could leave "no GPU nodes match".
-            view = _replace_node(view, cards, unplaced)
+            view = _replace_node(mig_in_namespace(view, namespace), cards, unplaced)
         nodes.append(view)
     shown = {v.name for v in nodes}
 
@@ -323,7 +370,5 @@ def _replace_pods(card: CardView, pods: tuple[PodOnCard, ...]) -> CardView:
 def _replace_node(
     view: NodeView, cards: tuple[CardView, ...], unplaced: tuple[UnplacedPod, ...]
 ) -> NodeView:
-    pods = {p.key for c in cards for p in c.pods} | {u.key for u in unplaced}
-    return replace(
-        view, cards=cards, unplaced=unplaced, totals=replace(view.totals, pods=len(pods))
-    )
+    narrowed = replace(view, cards=cards, unplaced=unplaced)
+    return replace(narrowed, totals=replace(view.totals, pods=len(node_pod_keys(narrowed))))

@@ -14,7 +14,12 @@ from typing import Any
 
 from kubegpu.inspect.report import Filters
 from kubegpu.sharing.accounting import NodeInfo
-from kubegpu.sharing.annotations import INVENTORY_ANNOTATION, AnnotationError, decode_inventory
+from kubegpu.sharing.annotations import (
+    INVENTORY_ANNOTATION,
+    MIG_DEVICES_ANNOTATION,
+    AnnotationError,
+    decode_inventory,
+)
 from kubegpu.sharing.resources import RequestError, ResourceNames, parse_quantity
 
 
@@ -93,9 +98,9 @@ def gpu_node_names(
     filters: Filters = Filters(),
     names: ResourceNames | None = None,
 ) -> list[str]:
-    """Nodes worth asking for usage: they publish an inventory or advertise GPUs, and pass
-    the node filter. Cheap (no annotation is parsed), so usage can be fetched before the
-    report is built."""
+    """Nodes worth asking for usage: they publish an inventory (or MIG devices) or advertise
+    GPUs, and pass the node filter. Cheap (no annotation is parsed), so usage can be fetched
+    before the report is built."""
     names = names or ResourceNames()
     wanted = set(filters.nodes)
     found: list[str] = []
@@ -105,7 +110,9 @@ def gpu_node_names(
         if not isinstance(name, str) or not name or (wanted and name not in wanted):
             continue
         annotations = meta.get("annotations")
-        published = isinstance(annotations, Mapping) and INVENTORY_ANNOTATION in annotations
+        published = isinstance(annotations, Mapping) and (
+            INVENTORY_ANNOTATION in annotations or MIG_DEVICES_ANNOTATION in annotations
+        )
         if (
             published
             or allocatable_count(node, names.whole_gpu)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
+from kubegpu.inspect.mig_render import mig_json, mig_lines, mig_title
 from kubegpu.inspect.report import (
     CardView,
     InspectReport,
@@ -27,11 +28,11 @@ from kubegpu.inspect.report import (
     UnplacedReason,
     UsageState,
 )
+from kubegpu.inspect.table import UNKNOWN, Grid, gib, percent
 from kubegpu.placement.model import MILLI_PER_GPU
 
 API_VERSION = "kubegpu.io/v1alpha1"
 KIND = "GpuInspectReport"
-UNKNOWN = "?"
 
 
 def load_schema() -> dict[str, Any]:
@@ -114,6 +115,7 @@ def _node_json(n: NodeView) -> dict[str, Any]:
         "totals": _totals_json(n.totals),
         "cards": [_card_json(c) for c in n.cards],
         "unplacedPods": [_unplaced_json(u) for u in n.unplaced],
+        **mig_json(n),
     }
 
 
@@ -164,22 +166,6 @@ def report_to_json(report: InspectReport) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- tables
-def gib(mib: int | None) -> str:
-    """MiB as GiB for people: ``81920`` -> ``80Gi``, ``1536`` -> ``1.5Gi``, ``300`` -> ``300Mi``."""
-    if mib is None:
-        return UNKNOWN
-    if mib == 0:
-        return "0"
-    if mib < 1024:
-        return f"{mib}Mi"
-    value = f"{mib / 1024:.1f}".removesuffix(".0")
-    return f"{value}Gi"
-
-
-def percent(part: int, whole: int) -> str:
-    return f"{round(100 * part / whole)}%" if whole else "-"
-
-
 def _compute(milli: int) -> str:
     return percent(milli, MILLI_PER_GPU)
 
@@ -218,50 +204,18 @@ def _node_title(node: NodeView) -> str:
         parts.append(f"no inventory published, {node.advertised_gpus} GPU(s) advertised")
     elif node.inventory is InventoryState.INVALID:
         parts.append("inventory unreadable")
+    if mig_title(node):
+        parts.append(mig_title(node))
     if node.usage is UsageState.UNAVAILABLE:
         parts.append(f"exporter unavailable: {node.usage_error}")
     return " · ".join(parts)
-
-
-class _Grid:
-    """Left-aligned columns, widths from the widest cell: kubectl's plain table look, at a
-    cost per row that stays small for thousands of cards (rich's layout engine did not)."""
-
-    def __init__(self, headers: list[str]) -> None:
-        self.headers = headers
-        self.rows: list[list[str] | None] = []  # None: a section break
-
-    def add(self, cells: list[str]) -> None:
-        self.rows.append(cells)
-
-    def section(self) -> None:
-        self.rows.append(None)
-
-    def lines(self, indent: str = "") -> Iterator[str]:
-        widths = [len(h) for h in self.headers]
-        for row in self.rows:
-            for i, cell in enumerate(row or ()):
-                widths[i] = max(widths[i], len(cell))
-        last = len(self.headers) - 1
-
-        def line(cells: list[str]) -> str:
-            padded = [c if i == last else c.ljust(widths[i]) for i, c in enumerate(cells)]
-            return (indent + "   ".join(padded)).rstrip()
-
-        yield line(self.headers)
-        for row in self.rows:
-            if row is None:
-                # Under the fixed columns only: the pod lists can be very long.
-                yield indent + "-" * (sum(widths[:last]) + 3 * last + len(self.headers[last]))
-            else:
-                yield line(row)
 
 
 def _node_lines(node: NodeView, wide: bool) -> Iterator[str]:
     headers = ["GPU", "MODEL", "MEMORY", "ALLOC MEM", "ALLOC COMPUTE", "USED MEM", "HEALTH"]
     if wide:
         headers += ["FREE MEM", "UTIL", "UUID"]
-    grid = _Grid([*headers, "PODS"])
+    grid = Grid([*headers, "PODS"])
     for card in node.cards:
         share = percent(card.allocated_memory_mib, card.memory_mib)
         health = "ok" if card.healthy else "UNHEALTHY"
@@ -316,7 +270,10 @@ def _node_lines(node: NodeView, wide: bool) -> Iterator[str]:
     grid.section()
     grid.add(row)
     yield _node_title(node)
-    yield from grid.lines("  ")
+    # A node whose every card is in MIG mode has no card figures to show.
+    if node.cards or node.unplaced or not node.mig_cards or node.inventory is not InventoryState.OK:
+        yield from grid.lines("  ")
+    yield from mig_lines(node, wide)
 
 
 _UNPLACED_WHY = {
@@ -327,7 +284,7 @@ _UNPLACED_WHY = {
 
 
 def _pending_lines(pending: tuple[PendingPod, ...]) -> Iterator[str]:
-    grid = _Grid(["POD", "STATE", "NODE", "REQUEST", "CARDS"])
+    grid = Grid(["POD", "STATE", "NODE", "REQUEST", "CARDS"])
     for p in pending:
         if p.whole_gpus:
             request = f"{p.whole_gpus} whole GPU(s)"
@@ -353,6 +310,10 @@ def _cluster_line(report: InspectReport) -> str:
         text += f"; memory used {gib(t.used_memory_mib)}"
     if t.unplaced_whole_gpus:
         text += f"; {t.unplaced_whole_gpus} whole GPU(s) held on cards not known"
+    mig_cards = sum(len(n.mig_cards) for n in report.nodes)
+    if mig_cards:
+        migs = sum(n.mig_devices for n in report.nodes)
+        text += f"; {migs} MIG device(s) on {mig_cards} card(s) in MIG mode"
     if report.cpu_only_nodes:
         text += f"; {report.cpu_only_nodes} node(s) without GPUs not shown"
     return text

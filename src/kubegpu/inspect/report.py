@@ -63,6 +63,7 @@ class WarningKind(enum.Enum):
     NOT_ENOUGH_FREE_CARDS = "not-enough-free-cards"
     OVER_SHARE = "over-share"
     UNREADABLE_POD = "unreadable-pod"
+    INVALID_MIG_DEVICES = "invalid-mig-devices"
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,63 @@ class Totals:
 
 
 @dataclass(frozen=True)
+class MigPod:
+    """A pod holding a MIG device, as the node's kubelet names it (through the exporter)."""
+
+    namespace: str
+    name: str
+    phase: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class MigDeviceView:
+    uuid: str
+    profile: str
+    start: int  # placement: first memory slice, and how many
+    slices: int
+    memory_mib: int
+    gpu_instance_id: int
+    resource: str  # "" when not advertised
+    healthy: bool
+    pods: tuple[MigPod, ...] = ()
+
+
+@dataclass(frozen=True)
+class MigCardView:
+    """A card served by its MIG devices (published in ``kubegpu.io/mig-devices``, not in the
+    inventory: no share or whole-card figure applies to it)."""
+
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    healthy: bool
+    devices: tuple[MigDeviceView, ...]
+
+
+@dataclass(frozen=True)
+class MigRequest:
+    """A pod on the node asking for ``count`` MIG devices of ``resource``, which ones not known
+    (usage not fetched, or the exporter names none for it)."""
+
+    namespace: str
+    name: str
+    phase: str
+    resource: str
+    profile: str  # of the node's MIG devices under that resource ("3g.40gb")
+    count: int
+    memory_mib: int  # one such device's
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
 class NodeView:
     name: str
     address: str
@@ -157,6 +215,13 @@ class NodeView:
     inventory_error: str = ""
     usage: UsageState = UsageState.OFF
     usage_error: str = ""
+    mig_cards: tuple[MigCardView, ...] = ()
+    mig_requests: tuple[MigRequest, ...] = ()
+    mig_error: str = ""  # the MIG devices annotation is unreadable
+
+    @property
+    def mig_devices(self) -> int:
+        return sum(len(c.devices) for c in self.mig_cards)
 
 
 @dataclass(frozen=True)

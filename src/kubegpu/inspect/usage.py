@@ -18,6 +18,8 @@ POD_OVER_SHARE = "kubegpu_pod_gpu_over_share"
 # Which card the kubelet gave each container (PodResources, through the exporter): places
 # whole-GPU pods that have no extender decision.
 POD_ALLOCATED = "kubegpu_pod_gpu_allocated"
+# Which MIG device (by its MIG UUID) the kubelet gave each container.
+POD_MIG_ALLOCATED = "kubegpu_pod_mig_device_allocated"
 _MIB = 2**20
 
 PodCardKey = tuple[str, str, str]  # namespace, pod, GPU uuid
@@ -33,6 +35,8 @@ class NodeUsage:
     pod_over_share: Mapping[PodCardKey, bool] = field(default_factory=dict)
     # (namespace, pod) -> UUIDs of the cards the node's kubelet says the pod's containers hold
     pod_cards: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    # MIG UUID -> (namespace, pod) of the pods whose containers the kubelet gave it
+    mig_pods: Mapping[str, frozenset[tuple[str, str]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,14 @@ class UsageParseError(ValueError):
     """The page is not Prometheus text exposition."""
 
 
-_WANTED = (GPU_MEMORY_USED, GPU_UTILIZATION, POD_MEMORY_USED, POD_OVER_SHARE, POD_ALLOCATED)
+_WANTED = (
+    GPU_MEMORY_USED,
+    GPU_UTILIZATION,
+    POD_MEMORY_USED,
+    POD_OVER_SHARE,
+    POD_ALLOCATED,
+    POD_MIG_ALLOCATED,
+)
 _SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?\s*")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
@@ -72,7 +83,7 @@ def _labels(raw: str, line: str) -> dict[str, str]:
 
 def parse_exporter_metrics(text: str) -> NodeUsage:
     """The series inspect needs from one exporter's ``/metrics`` page (Prometheus text
-    exposition 0.0.4). Only lines of the five wanted metrics are parsed: a page from a node
+    exposition 0.0.4). Only lines of the six wanted metrics are parsed: a page from a node
     with many pods is mostly other series, and a full parse of every page of a large cluster
     would cost more than fetching them."""
     gpu_used: dict[str, int] = {}
@@ -80,6 +91,7 @@ def parse_exporter_metrics(text: str) -> NodeUsage:
     pod_used: dict[PodCardKey, int] = {}
     pod_over: dict[PodCardKey, bool] = {}
     pod_cards: dict[tuple[str, str], set[str]] = {}
+    mig_pods: dict[str, set[tuple[str, str]]] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
@@ -107,6 +119,11 @@ def parse_exporter_metrics(text: str) -> NodeUsage:
             if value > 0:
                 pod = (labels.get("namespace", ""), labels.get("pod", ""))
                 pod_cards.setdefault(pod, set()).add(uuid)
+        elif name == POD_MIG_ALLOCATED:
+            mig_uuid = labels.get("mig_uuid")
+            if value > 0 and mig_uuid:
+                pod = (labels.get("namespace", ""), labels.get("pod", ""))
+                mig_pods.setdefault(mig_uuid, set()).add(pod)
         else:
             key = (labels.get("namespace", ""), labels.get("pod", ""), uuid)
             if name == POD_MEMORY_USED:
@@ -120,4 +137,5 @@ def parse_exporter_metrics(text: str) -> NodeUsage:
         pod_used,
         pod_over,
         {pod: frozenset(cards) for pod, cards in pod_cards.items()},
+        {mig: frozenset(pods) for mig, pods in mig_pods.items()},
     )

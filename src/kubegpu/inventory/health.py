@@ -1,8 +1,12 @@
 """Health monitoring: one thread per physical GPU turns backend events into healthy/unhealthy.
 
 Health is kept per *physical* GPU (UUID). Consumers that expose several logical devices per GPU
-(time-slicing replicas, MIG slices) fan a change out to all of them; keying by logical device is
-the defect NVIDIA's plugin shipped in v0.20.0 (one replica marked, the others left healthy).
+(time-slicing replicas, MIG devices) fan a change out to all of them; keying by logical device is
+the defect NVIDIA's plugin shipped in v0.20.0 (one replica marked, the others left healthy). A
+MIG device has a verdict of its own besides (keyed by its ``MIG-…`` UUID): an Xid that NVML
+reports for one GPU instance (and compute instance) marks only the MIG devices it concerns,
+while one on the whole card marks the card, and with it every MIG device on it (NVIDIA's plugin
+after its fix for issue #1929). An answer again (``RECOVERED``) and quiet checks clear both.
 
 Which events matter is :class:`~kubegpu.core.health.HealthCheckPolicy`'s decision; this module
 only waits, applies it, and writes each verdict into its record, a
@@ -216,26 +220,41 @@ class HealthMonitor:
             if event.kind is HealthEventKind.RECOVERED:
                 with self._lock:
                     self._judging[gpu.uuid].lost = False
-                held_by = self._held_for_reboot(gpu)
-                if held_by is not None:
-                    log.warning(
-                        "node %s: GPU %d (%s) answers again but stays unhealthy: %s needs a "
-                        "node reboot",
-                        self._node,
-                        gpu.index,
-                        gpu.uuid,
-                        describe_xid(held_by),
-                    )
-                    continue
-                self._set(gpu, healthy=True, reason=reason)
+                for key, what in _verdicts_of(gpu):
+                    held_by = self._held_for_reboot(key)
+                    if held_by is not None:
+                        if self._record.healthy(key):
+                            continue
+                        log.warning(
+                            "node %s: GPU %d %s(%s) answers again but stays unhealthy: %s "
+                            "needs a node reboot",
+                            self._node,
+                            gpu.index,
+                            what,
+                            key,
+                            describe_xid(held_by),
+                        )
+                        continue
+                    self._set(gpu, healthy=True, reason=reason, key=key, what=what)
             elif self._policy.is_critical(event):
                 critical_seen = True
                 if event.kind is HealthEventKind.LOST:
                     with self._lock:
                         self._judging[gpu.uuid].lost = True
-                self._set(gpu, healthy=False, reason=reason)
-                if event.xid is not None and self._policy.needs_node_reboot(event):
-                    self._record.hold_for_reboot(gpu.uuid, event.xid)
+                concerned = _concerned(gpu, event)
+                if not concerned:
+                    log.warning(
+                        "node %s: GPU %d (%s): %s names a MIG GPU instance the agent did not "
+                        "find at start; no device marked",
+                        self._node,
+                        gpu.index,
+                        gpu.uuid,
+                        reason,
+                    )
+                for key, what in concerned:
+                    self._set(gpu, healthy=False, reason=reason, key=key, what=what)
+                    if event.xid is not None and self._policy.needs_node_reboot(event):
+                        self._record.hold_for_reboot(key, event.xid)
             else:
                 log.info(
                     "node %s: GPU %d (%s): ignoring %s (not critical under the health policy)",
@@ -270,52 +289,97 @@ class HealthMonitor:
             return
         with self._lock:
             state = self._judging[gpu.uuid]
-            if state.lost or self._record.healthy(gpu.uuid):
-                return
-            if self._held_for_reboot(gpu) is not None:
+            waiting = [
+                (key, what)
+                for key, what in _verdicts_of(gpu)
+                if not self._record.healthy(key)
+                and self._held_for_reboot(key) is None
+                and not (state.lost and key == gpu.uuid)
+            ]
+            if not waiting:
                 return
             state.quiet_checks += 1
             if state.quiet_checks < needed:
                 return
-        self._set(
-            gpu,
-            healthy=True,
-            reason=f"no critical event in {needed} consecutive health checks",
-        )
+        for key, what in waiting:
+            self._set(
+                gpu,
+                healthy=True,
+                reason=f"no critical event in {needed} consecutive health checks",
+                key=key,
+                what=what,
+            )
 
-    def _held_for_reboot(self, gpu: GpuDevice) -> int | None:
-        """The Xid that keeps ``gpu`` unhealthy until a node reboot, if this policy still says
-        so: a reload to a policy that ignores it, or does not hold it, lets the GPU recover as
-        any other."""
-        xid = self._record.held_for_reboot(gpu.uuid)
+    def _held_for_reboot(self, key: GpuUuid) -> int | None:
+        """The Xid that keeps ``key`` (a GPU or a MIG device) unhealthy until a node reboot, if
+        this policy still says so: a reload to a policy that ignores it, or does not hold it,
+        lets it recover as any other."""
+        xid = self._record.held_for_reboot(key)
         if xid is None or not self._policy.needs_node_reboot(
-            HealthEvent(HealthEventKind.XID, gpu.uuid, xid=xid)
+            HealthEvent(HealthEventKind.XID, key, xid=xid)
         ):
             return None
         return xid
 
-    def _set(self, gpu: GpuDevice, *, healthy: bool, reason: str) -> None:
+    def _set(
+        self,
+        gpu: GpuDevice,
+        *,
+        healthy: bool,
+        reason: str,
+        key: GpuUuid | None = None,
+        what: str = "",
+    ) -> None:
+        """Write the verdict on ``key``: the GPU (by default) or one of its MIG devices."""
+        key = gpu.uuid if key is None else key
         with self._lock:
             self._judging[gpu.uuid].quiet_checks = 0
         # Only this GPU's thread judges it, so the verdict cannot change between the look and
         # the write; the line is logged before the record tells its readers (the kubelet).
-        if self._record.healthy(gpu.uuid) == healthy:
+        if self._record.healthy(key) == healthy:
             return
         if healthy:
             log.info(
-                "node %s: GPU %d (%s) healthy again: %s", self._node, gpu.index, gpu.uuid, reason
+                "node %s: GPU %d %s(%s) healthy again: %s",
+                self._node,
+                gpu.index,
+                what,
+                key,
+                reason,
             )
         else:
             log.warning(
-                "node %s: GPU %d (%s) unhealthy: %s", self._node, gpu.index, gpu.uuid, reason
+                "node %s: GPU %d %s(%s) unhealthy: %s", self._node, gpu.index, what, key, reason
             )
-        if not self._record.set_healthy(gpu.uuid, healthy, reason):
+        if not self._record.set_healthy(key, healthy, reason):
             return
         if self._on_change is None:
             return
         try:
-            self._on_change(gpu.uuid, healthy, reason)
+            self._on_change(key, healthy, reason)
         except Exception:
             log.exception(
                 "node %s: health callback failed for GPU %d (%s)", self._node, gpu.index, gpu.uuid
             )
+
+
+def _verdicts_of(gpu: GpuDevice) -> list[tuple[GpuUuid, str]]:
+    """Every verdict the record holds on ``gpu``: its own and each MIG device's, with the words
+    a log line names it by (``"MIG device 0:2 "``, or nothing for the card)."""
+    return [
+        (gpu.uuid, ""),
+        *((GpuUuid(m.uuid), f"MIG device {m.address} ") for m in gpu.mig_devices),
+    ]
+
+
+def _concerned(gpu: GpuDevice, event: HealthEvent) -> list[tuple[GpuUuid, str]]:
+    """Whose verdict a critical event changes: the card's, unless NVML names a GPU instance on
+    a card that has MIG devices; then each MIG device the event concerns (none when it names an
+    instance the inventory does not know, as NVIDIA's plugin marks none)."""
+    if event.gpu_instance_id is None or not gpu.mig_devices:
+        return [(gpu.uuid, "")]
+    return [
+        (GpuUuid(m.uuid), f"MIG device {m.address} ")
+        for m in gpu.mig_devices
+        if event.concerns(m.gpu_instance_id, m.compute_instance_id)
+    ]

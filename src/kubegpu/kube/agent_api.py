@@ -1,8 +1,9 @@
 """The node agent's API server access: the real :class:`~kubegpu.kubelet.cluster.NodeApi`.
 
 This node's pods (a list with its resourceVersion, and a watch from one), annotation patches on
-them, and the node's GPU inventory annotation, over lightkube's async client. The kubelet edge
-declares the port and never imports lightkube; :mod:`kubegpu.roles.node_agent` hands it this.
+them, and the node's GPU inventory and MIG devices annotations, over lightkube's async client.
+The kubelet edge declares the port and never imports lightkube; :mod:`kubegpu.roles.node_agent`
+hands it this.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from lightkube.types import PatchType
 
 from kubegpu.core.apiserver import ConflictError, PodListing
 from kubegpu.kube.client import KubeconfigError, load_kubeconfig_file
-from kubegpu.kube.inventory import publish_node_inventory_async
+from kubegpu.kube.inventory import publish_node_inventory_async, publish_node_mig_devices_async
 from kubegpu.kube.node_capacity import publish_node_capacity_async
-from kubegpu.sharing.annotations import NodeGpuInventory
+from kubegpu.sharing.annotations import NodeGpuInventory, NodeMigDevices
 
 FIELD_MANAGER = "kubegpu-node-agent"
 
@@ -104,6 +105,9 @@ class LightkubeNodeApi:
 
     async def publish_inventory(self, inventory: NodeGpuInventory) -> bool:
         return await publish_node_inventory_async(self.client, self.node, inventory)
+
+    async def publish_mig_devices(self, devices: NodeMigDevices | None) -> bool:
+        return await publish_node_mig_devices_async(self.client, self.node, devices)
 
     async def publish_node_capacity(self, figures: Mapping[str, str]) -> bool:
         return await publish_node_capacity_async(self.client, self.node, figures)

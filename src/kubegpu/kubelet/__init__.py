@@ -1,7 +1,9 @@
 """kubelet edge: device plugin and podresources gRPC APIs, registration and lifecycle.
 
-* ``resources`` — what each resource advertises (whole GPUs, time-slicing replicas, card-level
-  share slots ``<uuid>::slot-<n>``) and how a plain ``Allocate`` is answered;
+* ``resources`` — what each resource advertises (whole GPUs, MIG devices, time-slicing
+  replicas, card-level share slots ``<uuid>::slot-<n>``) and how a plain ``Allocate`` is
+  answered; ``plans`` builds them from the config and the inventory, ``mig`` says under which
+  resource a MIG device goes (NVIDIA's MIG strategies);
 * ``plugin`` — the gRPC servicer and server; ``plugin_set`` — every resource's server, its
   socket claim and registration, and the probes' answers;
 * ``board`` — what the ``ListAndWatch`` streams show: health read from the node's one record

@@ -44,10 +44,11 @@ from kubegpu.kubelet.board import DeviceBoard
 from kubegpu.kubelet.cdi import CdiSpecFile
 from kubegpu.kubelet.exporter_slot import ExporterSlot, RunningService
 from kubegpu.kubelet.inventory_publisher import InventoryPublisher
+from kubegpu.kubelet.plans import all_gpus, all_migs
 from kubegpu.kubelet.plugin import DevicePluginServicer, PluginServer
 from kubegpu.kubelet.plugin_set import PluginSet
 from kubegpu.kubelet.reload import ConfigChange, ReloadRejected, read_change
-from kubegpu.kubelet.resources import ResourcePlan, all_gpus
+from kubegpu.kubelet.resources import ResourcePlan
 from kubegpu.kubelet.retry import RetryBackoff, Sleep
 from kubegpu.kubelet.sharing_runtime import SharingRuntime
 from kubegpu.probes import ProbeServerError, start_probe_server
@@ -185,7 +186,7 @@ class Agent:
                         "node %s: no API access; the GPU inventory is not published", self.node
                     )
                 await self._start_sharing()
-                self.cdi.write(self.config, all_gpus(self.plans))
+                self.cdi.write(self.config, all_gpus(self.plans), all_migs(self.plans))
                 self._kubelet_socket = socket_identity(self.kubelet_socket)
                 await self.plugins.start(self._servicer)
             else:
@@ -347,15 +348,17 @@ class Agent:
     def _on_health_flip(self, uuid: GpuUuid, healthy: bool, reason: str) -> None:
         if self.publisher is not None:
             self.publisher.changed()
-        ids = [d.device_id for p in self.plans for d in p.devices if d.gpu.uuid == uuid]
+        # A MIG device's own verdict reaches only its ids; its card's reaches them all.
+        ids = [d.device_id for p in self.plans for d in p.devices if uuid in d.health_keys]
         resources = sorted(
-            {p.resource_name for p in self.plans if any(g.uuid == uuid for g in p.gpus)}
+            {p.resource_name for p in self.plans if any(uuid in d.health_keys for d in p.devices)}
         )
         log.log(
             logging.INFO if healthy else logging.WARNING,
-            "node %s resource %s: GPU %s is %s (%s); devices %s",
+            "node %s resource %s: %s %s is %s (%s); devices %s",
             self.node,
             ",".join(resources) or "-",
+            "MIG device" if uuid.startswith("MIG-") else "GPU",
             uuid,
             "Healthy" if healthy else "Unhealthy",
             reason,
@@ -419,5 +422,5 @@ class Agent:
         if change.exporter:
             await self._exporter.restart(change.config.exporter, self.node)
         await self._start_sharing()
-        self.cdi.write(self.config, all_gpus(self.plans))
+        self.cdi.write(self.config, all_gpus(self.plans), all_migs(self.plans))
         await self.plugins.start(self._servicer)

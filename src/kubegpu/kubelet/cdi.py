@@ -5,7 +5,9 @@ directory) so the runtime never reads half a spec, at start and on every config 
 *kept* when the agent exits: a container restarted while the agent is down or being rolled out
 still has to resolve the CDI names ``Allocate`` gave it. Device names follow the device-id
 strategy so they match what ``Allocate`` hands out; the kind is our own (``flags.plugin.cdiKind``)
-so the spec never clashes with the ``nvidia.com/gpu`` one nvidia-ctk writes beside it.
+so the spec never clashes with the ``nvidia.com/gpu`` one nvidia-ctk writes beside it. A MIG
+device (``flags.migStrategy`` ``single`` or ``mixed``) is a device of its own, named by its
+``MIG-…`` UUID (or ``<card>:<MIG index>``), with its card's node and its two capability nodes.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from kubegpu.atomic_file import write_atomically
 from kubegpu.config.model import AgentConfig
 from kubegpu.core.container import CONTROL_DEVICE_NODES, host_path
-from kubegpu.core.gpu import GpuDevice
+from kubegpu.core.gpu import GpuDevice, MigDevice
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +29,14 @@ CDI_VERSION = "0.6.0"
 
 
 def cdi_spec(
-    gpus: Sequence[GpuDevice], kind: str, id_strategy: str, dev_root: str = "/"
+    gpus: Sequence[GpuDevice],
+    kind: str,
+    id_strategy: str,
+    dev_root: str = "/",
+    migs: Sequence[MigDevice] = (),
 ) -> dict[str, Any]:
-    """One device per GPU (its ``/dev/nvidiaN``) plus ``all``; control nodes for every one."""
+    """One device per GPU (its ``/dev/nvidiaN``) and per MIG device, plus ``all``; control
+    nodes for every one."""
 
     def node(path: str) -> dict[str, str]:
         entry = {"path": path}
@@ -44,10 +51,20 @@ def cdi_spec(
         }
         for gpu in sorted(gpus, key=lambda g: g.index)
     ]
+    devices += [
+        {
+            "name": mig.uuid if id_strategy == "uuid" else mig.address,
+            "containerEdits": {"deviceNodes": [node(p) for p in mig.device_nodes]},
+        }
+        for mig in sorted(migs, key=lambda m: (m.parent_index, m.index))
+    ]
+    every = dict.fromkeys(
+        [*(g.device_node for g in gpus), *(p for m in migs for p in m.device_nodes)]
+    )
     devices.append(
         {
             "name": "all",
-            "containerEdits": {"deviceNodes": [node(g.device_node) for g in gpus]},
+            "containerEdits": {"deviceNodes": [node(p) for p in every]},
         }
     )
     return {
@@ -80,14 +97,20 @@ class CdiSpecFile:
         self.node = node
         self.path: Path | None = None  # the spec file last written
 
-    def write(self, config: AgentConfig, gpus: Sequence[GpuDevice]) -> None:
+    def write(
+        self, config: AgentConfig, gpus: Sequence[GpuDevice], migs: Sequence[MigDevice] = ()
+    ) -> None:
         plugin = config.flags.plugin
         path: Path | None = None
         if config.uses_cdi:
-            spec = cdi_spec(gpus, plugin.cdi_kind, plugin.device_id_strategy, plugin.dev_root)
+            spec = cdi_spec(gpus, plugin.cdi_kind, plugin.device_id_strategy, plugin.dev_root, migs)
             path = write_spec(Path(plugin.cdi_dir), spec)
             log.info(
-                "node %s: wrote CDI spec %s (%d GPUs)", self.node, path, len(spec["devices"]) - 1
+                "node %s: wrote CDI spec %s (%d GPUs, %d MIG devices)",
+                self.node,
+                path,
+                len(gpus),
+                len(migs),
             )
         previous, self.path = self.path, path
         if previous is not None and previous != path:

@@ -2,9 +2,9 @@
 
 * :class:`NodeApi` — this node's pods (field selector ``spec.nodeName``: a list with its
   resourceVersion, and a watch from one), annotation patches on them, and the node's GPU
-  inventory annotation. A port: the real one is :class:`kubegpu.kube.agent_api.LightkubeNodeApi`
-  (lightkube, async), wired by :mod:`kubegpu.roles.node_agent`; tests run it against the fake
-  API server over HTTP.
+  inventory and MIG devices annotations. A port: the real one is
+  :class:`kubegpu.kube.agent_api.LightkubeNodeApi` (lightkube, async), wired by
+  :mod:`kubegpu.roles.node_agent`; tests run it against the fake API server over HTTP.
 * :class:`PodResourcesApi` — which container holds which device id, from the kubelet's
   PodResources v1 ``List`` over its unix socket; :class:`KubeletPodResourcesApi` is the real
   one (grpc.aio). The kubelet emulator serves the same API in tests.
@@ -15,15 +15,21 @@ Wire types stop here: callers get pod JSON dicts and :class:`DeviceHolding` valu
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from kubegpu.core.apiserver import ConflictError, PodListing
-from kubegpu.core.gpu import NodeInventory
+from kubegpu.core.gpu import GpuDevice, NodeInventory
 from kubegpu.kubelet.api.podresources.v1 import api_pb2, api_pb2_grpc
-from kubegpu.sharing.annotations import GpuRecord, NodeGpuInventory
+from kubegpu.sharing.annotations import (
+    GpuRecord,
+    MigCardRecord,
+    MigDeviceRecord,
+    NodeGpuInventory,
+    NodeMigDevices,
+)
 from kubegpu.unix_channels import unix_aio_channel
 
 log = logging.getLogger(__name__)
@@ -37,6 +43,7 @@ __all__ = [
     "PodResourcesApi",
     "holdings_from_list",
     "inventory_records",
+    "mig_records",
 ]
 
 
@@ -63,6 +70,10 @@ class NodeApi(Protocol):
 
     async def publish_inventory(self, inventory: NodeGpuInventory) -> bool: ...
 
+    async def publish_mig_devices(self, devices: NodeMigDevices | None) -> bool:
+        """Make the node's MIG devices annotation say ``devices`` (None removes it)."""
+        ...
+
 
 def inventory_records(
     inventory: NodeInventory, unhealthy: Collection[str] = ()
@@ -82,6 +93,42 @@ def inventory_records(
             for gpu in sorted(inventory.gpus, key=lambda g: g.index)
         )
     )
+
+
+def mig_records(
+    gpus: Iterable[GpuDevice],
+    unhealthy: Collection[str] = (),
+    resources: Mapping[str, str] | None = None,
+) -> NodeMigDevices | None:
+    """The published form of the cards served by their MIG devices (``gpus``: those the
+    inventory leaves out), None when there are none. ``resources`` maps a MIG UUID to the
+    resource it is advertised under; a MIG device is unhealthy when it or its card is."""
+    bad = {str(u) for u in unhealthy}
+    named = resources or {}
+    cards = tuple(
+        MigCardRecord(
+            uuid=str(gpu.uuid),
+            index=gpu.index,
+            model=gpu.product_name,
+            memory_mib=gpu.memory_total_mib,
+            healthy=str(gpu.uuid) not in bad,
+            devices=tuple(
+                MigDeviceRecord(
+                    uuid=mig.uuid,
+                    profile=mig.profile,
+                    start=mig.start,
+                    slices=mig.memory_slices,
+                    memory_mib=mig.memory_total_mib,
+                    gpu_instance_id=mig.gpu_instance_id,
+                    resource=named.get(mig.uuid, ""),
+                    healthy=str(gpu.uuid) not in bad and mig.uuid not in bad,
+                )
+                for mig in sorted(gpu.mig_devices, key=lambda m: (m.start, m.gpu_instance_id))
+            ),
+        )
+        for gpu in sorted(gpus, key=lambda g: g.index)
+    )
+    return NodeMigDevices(cards) if cards else None
 
 
 @dataclass(frozen=True)

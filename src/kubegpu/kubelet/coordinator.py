@@ -198,7 +198,9 @@ class SharingCoordinator:
     # -- AllocationHooks ---------------------------------------------------------------------
 
     def handles(self, plan: ResourcePlan) -> bool:
-        return True
+        # MIG devices are placed by kube-scheduler alone: the extender decides whole cards and
+        # shares, never a MIG device, so there is no decision to steer them by.
+        return not plan.mig
 
     async def preferred(
         self, plan: ResourcePlan, available: Sequence[str], must_include: Sequence[str], size: int

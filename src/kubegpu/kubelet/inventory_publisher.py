@@ -2,23 +2,32 @@
 
 The whole document is written from what the agent sees now, on start, on every health change
 (the board tells it of each flip) and periodically, so a Node re-created or edited by hand gets
-it back. The extender reads it to know which cards it may place shares on.
+it back. The extender reads it to know which cards it may place shares on: a card in MIG mode
+under ``flags.migStrategy`` ``single`` or ``mixed`` is left out (it is neither whole nor shared
+there; its MIG devices are placed by kube-scheduler alone), as it is from the peers' figures.
+Those cards are published beside it, by their MIG devices, in ``kubegpu.io/mig-devices`` (for
+inspection; removed when there are none), on the same rounds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
 from kubegpu.config.model import AgentConfig
-from kubegpu.core.gpu import NodeInventory
+from kubegpu.core.gpu import GpuDevice, NodeInventory
 from kubegpu.core.health_feed import HealthFeed
+from kubegpu.kubelet.mig import cards_outside_mig
 from kubegpu.kubelet.retry import RetryBackoff, short_error
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from kubegpu.kubelet.cluster import NodeApi
+    from kubegpu.sharing.annotations import NodeMigDevices
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +79,16 @@ class InventoryPublisher:
         while True:
             changed.clear()
             try:
-                records = inventory_records(self.inventory, self.health.unhealthy().keys())
+                cards = cards_outside_mig(self.config.flags.mig_strategy, self.inventory.gpus)
+                placed = dataclasses.replace(self.inventory, gpus=tuple(cards))
+                unhealthy = self.health.unhealthy().keys()
+                records = inventory_records(placed, unhealthy)
                 await self.api.publish_inventory(records)
                 # Re-asserted with it: the kubelet drops patched figures when it re-registers.
                 await publish_peer_capacity(
-                    self.api, self.config, [g.memory_total_mib for g in self.inventory.gpus]
+                    self.api, self.config, [g.memory_total_mib for g in cards]
                 )
+                await self.api.publish_mig_devices(self._mig_devices(cards, unhealthy))
                 self.publications += 1
                 failures = 0
                 wait_s = self.config.sharing.gpu_share.inventory_interval_s
@@ -93,3 +106,25 @@ class InventoryPublisher:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait_s):
                     await changed.wait()
+
+    def _mig_devices(
+        self, outside: list[GpuDevice], unhealthy: Collection[str]
+    ) -> NodeMigDevices | None:
+        """The cards left out of the inventory, by their MIG devices, each device with the
+        resource the device plugin's plans advertise it under."""
+        from kubegpu.kubelet.cluster import mig_records
+        from kubegpu.kubelet.plans import build_plans
+        from kubegpu.kubelet.resources import PlanError
+
+        placed = {g.uuid for g in outside}
+        in_mig = [g for g in self.inventory.gpus if g.uuid not in placed]
+        if not in_mig:
+            return None
+        try:
+            plans = build_plans(self.config, self.inventory)
+        except PlanError:  # the agent does not serve such a layout; show it without resources
+            plans = []
+        resources = {
+            d.mig.uuid: p.resource_name for p in plans for d in p.devices if d.mig is not None
+        }
+        return mig_records(in_mig, unhealthy, resources)

@@ -76,7 +76,8 @@ class RecordKeeper:
             return None
 
     def _resources(self, *, slots: bool) -> set[str]:
-        return {p.resource_name for p in self.plans if p.share_slots == slots}
+        # MIG devices are nobody's decision (the coordinator does not handle them).
+        return {p.resource_name for p in self.plans if p.share_slots == slots and not p.mig}
 
     def note_kubelet_cards(self, holdings: Sequence[DeviceHolding]) -> None:
         """Remember which cards the kubelet reports in use, shared and whole."""
@@ -104,7 +105,9 @@ class RecordKeeper:
         return out
 
     def cards(self) -> dict[str, tuple[int, int]]:
-        return {g.uuid: (g.index, g.memory_total_mib) for p in self.plans for g in p.gpus}
+        return {
+            g.uuid: (g.index, g.memory_total_mib) for p in self.plans if not p.mig for g in p.gpus
+        }
 
     def share_repairs(self, holdings: Sequence[DeviceHolding]) -> list[Repair]:
         return follow_share_holdings(

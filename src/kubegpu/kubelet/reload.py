@@ -17,7 +17,8 @@ from pathlib import Path
 from kubegpu.config.load import ConfigError, load_config
 from kubegpu.config.model import AgentConfig
 from kubegpu.core.gpu import NodeInventory
-from kubegpu.kubelet.resources import PlanError, ResourcePlan, build_plans
+from kubegpu.kubelet.plans import build_plans
+from kubegpu.kubelet.resources import PlanError, ResourcePlan
 
 
 class ReloadRejected(Exception):

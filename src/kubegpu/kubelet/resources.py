@@ -1,8 +1,9 @@
 """What the device plugin advertises and hands out, as our own values (no protobuf here).
 
 A :class:`ResourcePlan` is one extended resource (``nvidia.com/gpu``, ``nvidia.com/gpu.shared``,
-a per-model name…) served on its own socket: its device ids, which GPU each id maps to, and the
-rules for answering ``Allocate``. Plans are built from the config and an inventory snapshot and
+a per-model name, a MIG profile's ``nvidia.com/mig-1g.10gb``…) served on its own socket: its
+device ids, which GPU (or MIG device, :mod:`~kubegpu.kubelet.mig`) each id maps to, and the rules
+for answering ``Allocate``. Plans are built from the config and an inventory snapshot and
 are immutable; a config reload or a new inventory builds new plans. The gRPC servicer only
 converts these values to and from the wire.
 """
@@ -10,14 +11,13 @@ converts these values to and from the wire.
 from __future__ import annotations
 
 import collections
-import fnmatch
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from kubegpu.config.model import CDI_STRATEGIES, AgentConfig, SharedResource
+from kubegpu.config.model import CDI_STRATEGIES, AgentConfig
 from kubegpu.core.container import CONTROL_DEVICE_NODES, host_path
-from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
+from kubegpu.core.gpu import GpuDevice, GpuUuid, MigDevice, NodeInventory
 from kubegpu.placement.topology import (
     ReplicaId,
     ReplicaPolicy,
@@ -70,6 +70,11 @@ class PlanError(ValueError):
     """The config cannot be applied to this node's GPUs (e.g. ``devices`` names no GPU)."""
 
 
+class MigLayoutError(PlanError):
+    """The node's MIG layout does not fit ``flags.migStrategy`` (``single`` on a node that is
+    not uniform): NVIDIA's plugin exits on it, and so does the agent (exit 1)."""
+
+
 @dataclass(frozen=True)
 class AdvertisedDevice:
     """One device id the kubelet sees, and the physical GPU behind it."""
@@ -77,6 +82,44 @@ class AdvertisedDevice:
     device_id: str
     gpu: GpuDevice
     replica: int | None = None  # time-slicing replica number; None for a whole GPU
+    mig: MigDevice | None = None  # the MIG device the id hands out (on card ``gpu``)
+
+    @property
+    def unit(self) -> str:
+        """What the id hands out: the MIG device's UUID, else the card's (replicas share it)."""
+        return self.mig.uuid if self.mig is not None else self.gpu.uuid
+
+    @property
+    def health_keys(self) -> tuple[GpuUuid, ...]:
+        """The verdicts of the health record this id follows: its card's and, for a MIG
+        device, its own. A whole card in MIG mode (``migStrategy: none``) follows every MIG
+        device on it, as NVIDIA's plugin marks the card on an Xid of any of its instances."""
+        if self.mig is not None:
+            return (self.gpu.uuid, GpuUuid(self.mig.uuid))
+        return (self.gpu.uuid, *(GpuUuid(m.uuid) for m in self.gpu.mig_devices))
+
+    def name(self, id_strategy: str) -> str:
+        """What a container is told: UUID (``GPU-…``, ``MIG-…``) or index (``3``, ``3:1``)."""
+        if self.mig is not None:
+            return self.mig.uuid if id_strategy == "uuid" else self.mig.address
+        return self.gpu.uuid if id_strategy == "uuid" else str(self.gpu.index)
+
+    @property
+    def device_nodes(self) -> tuple[str, ...]:
+        """The character devices a container needs (a MIG device's: its card's and two caps)."""
+        return self.mig.device_nodes if self.mig is not None else (self.gpu.device_node,)
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return (self.gpu.index, -1 if self.mig is None else self.mig.index)
+
+
+def _first_reason(keys: Sequence[GpuUuid], verdicts: Mapping[GpuUuid, str]) -> str | None:
+    return next((verdicts[k] for k in keys if k in verdicts), None)
+
+
+def _any_in(keys: Sequence[GpuUuid], uuids: Collection[GpuUuid]) -> bool:
+    return any(k in uuids for k in keys)
 
 
 @dataclass(frozen=True)
@@ -119,7 +162,7 @@ def socket_name_for(resource_name: str) -> str:
     return f"kubegpu-{resource_name.replace('/', '_')}.sock"
 
 
-def replica_id(uuid: GpuUuid, replica: int) -> str:
+def replica_id(uuid: str, replica: int) -> str:
     return f"{uuid}{REPLICA_SEPARATOR}{replica}"
 
 
@@ -149,6 +192,11 @@ class ResourcePlan:
     @property
     def gpus(self) -> tuple[GpuDevice, ...]:
         return tuple({d.gpu.uuid: d.gpu for d in self.devices}.values())
+
+    @cached_property
+    def mig(self) -> bool:
+        """Its ids are MIG devices (``migStrategy`` ``single`` or ``mixed``)."""
+        return any(d.mig is not None for d in self.devices)
 
     @cached_property
     def _by_id(self) -> dict[str, AdvertisedDevice]:
@@ -186,7 +234,7 @@ class ResourcePlan:
             raise AllocationError(f"empty device list for resource {self.resource_name}")
         self.check_ids(device_ids)
         for device_id in device_ids:
-            reason = unhealthy.get(self._by_id[device_id].gpu.uuid)
+            reason = _first_reason(self._by_id[device_id].health_keys, unhealthy)
             if reason is not None:
                 raise AllocationRefused(
                     "FAILED_PRECONDITION",
@@ -219,14 +267,14 @@ class ResourcePlan:
                 f"allocation size {size} is not between {max(1, len(must_include))} and the "
                 f"{len(available)} available ids for resource {self.resource_name}"
             )
-        bad = [i for i in must_include if self._by_id[i].gpu.uuid in unusable]
+        bad = [i for i in must_include if _any_in(self._by_id[i].health_keys, unusable)]
         if bad:
             raise AllocationRefused(
                 "FAILED_PRECONDITION",
                 f"must-include id {shown_list(bad)} of resource {self.resource_name} is on an "
                 "unhealthy or withdrawn GPU",
             )
-        usable = [i for i in available if self._by_id[i].gpu.uuid not in unusable]
+        usable = [i for i in available if not _any_in(self._by_id[i].health_keys, unusable)]
         if len(usable) < size:
             raise AllocationRefused(
                 "FAILED_PRECONDITION",
@@ -236,9 +284,10 @@ class ResourcePlan:
         return usable
 
     def states(self, unhealthy: Collection[GpuUuid]) -> list[DeviceState]:
-        """Every id with its health: all ids of an unhealthy GPU are unhealthy, replicas too."""
+        """Every id with its health: all ids of an unhealthy GPU are unhealthy, replicas and
+        MIG devices too; a MIG device's own verdict reaches its ids only."""
         return [
-            DeviceState(d.device_id, d.gpu.uuid not in unhealthy, d.gpu.numa_node)
+            DeviceState(d.device_id, not _any_in(d.health_keys, unhealthy), d.gpu.numa_node)
             for d in self.devices
         ]
 
@@ -253,8 +302,15 @@ class ResourcePlan:
         """The ids we would like the kubelet to pick (topology-aware for whole GPUs)."""
         for device_id in [*available, *must_include]:
             self.lookup(device_id)
-        if self.shared:
-            replicas = [ReplicaId(d.device_id, d.gpu.uuid, d.replica or 0) for d in self.devices]
+        if self.shared or self.mig:
+            # MIG devices have no topology worth choosing by; like replicas, they are spread
+            # over (or packed into) their cards, and a MIG device's replicas over it.
+            replicas = [
+                ReplicaId(d.device_id, GpuUuid(d.unit), d.replica)
+                if d.replica is not None
+                else ReplicaId(d.device_id, d.gpu.uuid, d.mig.index if d.mig else 0)
+                for d in self.devices
+            ]
             return pick_replicas(replicas, available, must_include, size, policy)
         uuid_to_id = {d.gpu.uuid: d.device_id for d in self.devices}
         choice = best_gpu_set(
@@ -266,19 +322,20 @@ class ResourcePlan:
         return tuple(uuid_to_id[u] for u in choice.uuids)
 
     def allocate(self, config: AgentConfig, device_ids: Sequence[str]) -> AllocateAnswer:
-        """One container's response; replica ids resolve to their GPU, duplicates collapse."""
+        """One container's response; replica ids resolve to their GPU (or MIG device),
+        duplicates collapse."""
         if not device_ids:
             raise AllocationError(f"empty device list for resource {self.resource_name}")
-        gpus_by_uuid = {self.lookup(i).gpu.uuid: self.lookup(i).gpu for i in device_ids}
+        units = {self.lookup(i).unit: self.lookup(i) for i in device_ids}
         if self.shared and self.fail_requests_greater_than_one and len(device_ids) > 1:
             raise AllocationError(
                 "invalid request: maximum request size for shared resources is 1, "
                 f"got {len(device_ids)} for {self.resource_name}"
             )
         # Index order, so the answer never depends on the order the kubelet sent the ids in.
-        gpus = sorted(gpus_by_uuid.values(), key=lambda g: g.index)
+        devices = sorted(units.values(), key=lambda d: d.order)
         plugin = config.flags.plugin
-        names = [g.uuid if plugin.device_id_strategy == "uuid" else str(g.index) for g in gpus]
+        names = [d.name(plugin.device_id_strategy) for d in devices]
         strategies = set(plugin.device_list_strategy)
         envs: dict[str, str] = {}
         mounts: list[BindMount] = []
@@ -298,115 +355,13 @@ class ResourcePlan:
                 annotations[key] = ",".join(cdi_names)
         nodes: tuple[DeviceNode, ...] = ()
         if plugin.pass_device_specs:
-            paths = [*CONTROL_DEVICE_NODES, *(g.device_node for g in gpus)]
+            # Two MIG devices of one card share its node: each path once.
+            paths = dict.fromkeys(
+                [*CONTROL_DEVICE_NODES, *(p for d in devices for p in d.device_nodes)]
+            )
             nodes = tuple(DeviceNode(p, host_path(plugin.dev_root, p)) for p in paths)
         return AllocateAnswer(envs, tuple(mounts), nodes, annotations, cdi)
 
     @property
     def socket_stem(self) -> str:
         return self.socket_name.removeprefix("kubegpu-").removesuffix(".sock")
-
-
-def _select(shared: SharedResource, gpus: Sequence[GpuDevice]) -> list[GpuDevice]:
-    where = f"sharing.timeSlicing.resources[{shared.name}].devices"
-    return select_devices(shared.devices, gpus, where, f"of resource {shared.name}")
-
-
-def select_devices(
-    devices: str | int | Sequence[int | str], gpus: Sequence[GpuDevice], where: str, what: str
-) -> list[GpuDevice]:
-    """``all``, the first N by index, or the GPUs named by index or UUID (in that order)."""
-    if devices == "all":
-        return list(gpus)
-    if isinstance(devices, int):
-        return list(gpus[:devices])
-    chosen: list[GpuDevice] = []
-    for ref in devices:
-        match = [
-            g
-            for g in gpus
-            if (isinstance(ref, int) and g.index == ref)
-            or (isinstance(ref, str) and (g.uuid == ref or ref == str(g.index)))
-        ]
-        if not match:
-            raise PlanError(
-                f"{where}: {ref!r} is not a GPU{' ' + what if what else ''} on this node"
-            )
-        chosen.extend(g for g in match if g not in chosen)
-    return chosen
-
-
-def build_plans(config: AgentConfig, inventory: NodeInventory) -> list[ResourcePlan]:
-    """One plan per advertised resource name; GPUs go to the first resource whose pattern
-    matches their product name, and resources with no GPU are not advertised."""
-    by_resource: dict[str, list[GpuDevice]] = {r.name: [] for r in config.resources.gpus}
-    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
-        for res in config.resources.gpus:
-            if fnmatch.fnmatchcase(gpu.product_name, res.pattern):
-                by_resource[res.name].append(gpu)
-                break
-    slicing = config.sharing.time_slicing
-    sharing = {s.name: s for s in slicing.resources}
-    plans: list[ResourcePlan] = []
-    for name, gpus in by_resource.items():
-        shared = sharing.get(name)
-        if shared is None:
-            whole = gpus
-            shared_gpus: list[GpuDevice] = []
-        else:
-            shared_gpus = _select(shared, gpus)
-            whole = [g for g in gpus if g not in shared_gpus]
-        if whole:
-            devices = tuple(AdvertisedDevice(g.uuid, g) for g in whole)
-            plans.append(ResourcePlan(name, devices))
-        if shared is not None and shared_gpus:
-            shared_name = shared.rename or (f"{name}.shared" if slicing.rename_by_default else name)
-            devices = tuple(
-                AdvertisedDevice(replica_id(g.uuid, k), g, k)
-                for g in shared_gpus
-                for k in range(shared.replicas)
-            )
-            plans.append(
-                ResourcePlan(
-                    shared_name,
-                    devices,
-                    shared=True,
-                    fail_requests_greater_than_one=slicing.fail_requests_greater_than_one,
-                )
-            )
-    share = config.sharing.gpu_share
-    if share.enabled:
-        cards = select_devices(
-            share.devices,
-            sorted(inventory.gpus, key=lambda g: g.index),
-            "sharing.gpuShare.devices",
-            "",
-        )
-        if cards:
-            devices = tuple(
-                AdvertisedDevice(slot_id(g.uuid, k), g, k)
-                for g in cards
-                for k in range(share.slots_per_card)
-            )
-            plans.append(
-                ResourcePlan(
-                    share.resource_name,
-                    devices,
-                    shared=True,
-                    fail_requests_greater_than_one=True,
-                    share_slots=True,
-                )
-            )
-    names = [p.resource_name for p in plans]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise PlanError(f"resource {dupes[0]} would be advertised twice; check rename settings")
-    return plans
-
-
-def all_gpus(plans: Iterable[ResourcePlan]) -> list[GpuDevice]:
-    seen: dict[GpuUuid, GpuDevice] = {}
-    for p in plans:
-        for g in p.gpus:
-            seen.setdefault(g.uuid, g)
-    return sorted(seen.values(), key=lambda g: g.index)

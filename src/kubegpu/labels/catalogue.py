@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from kubegpu.config.model import DEFAULT_RESOURCE, AgentConfig
 from kubegpu.core.gpu import GpuDevice, GpuUuid, NodeInventory
 from kubegpu.core.names import LABEL_VALUE_MAX, sanitise_label_value
+from kubegpu.labels.mig import is_mig_key, mig_labels
 
 _T = TypeVar("_T")
 
@@ -140,8 +141,14 @@ def owns_label(key: str) -> bool:
 
     Exactly the keys :func:`compute_labels` can write: a label under ``kubegpu.io/`` that is
     none of them belongs to whoever set it (an admin, another kubegpu component) and is never
-    changed or removed by the labeller."""
-    return key in GFD_KEYS_WE_WRITE or key in OUR_KEYS or key.startswith(PRODUCT_COUNT_PREFIX)
+    changed or removed by the labeller; nor is one under ``nvidia.com/mig.`` that is not GFD's
+    (the GPU operator's ``nvidia.com/mig.config``)."""
+    return (
+        key in GFD_KEYS_WE_WRITE
+        or key in OUR_KEYS
+        or key.startswith(PRODUCT_COUNT_PREFIX)
+        or is_mig_key(key)
+    )
 
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -182,6 +189,11 @@ class SharingSummary:
     # another resource is the one time-sliced): GFD then leaves ``gpu.product`` alone;
     # otherwise more than one replica makes it ``<product>-SHARED``.
     renamed: bool = False
+    # The device plugin's flags.migStrategy: GFD's MIG labels (kubegpu.labels.mig) under
+    # "single" and "mixed".
+    mig_strategy: str = "none"
+    # Every time-sliced resource: name -> (replicas, renamed), for the MIG resources' labels.
+    replicated: Mapping[str, tuple[int, bool]] = field(default_factory=dict)
 
 
 # sysfs's ``class`` of a GPU that drives displays (VGA controller) and of one that does not (3D
@@ -364,7 +376,13 @@ def compute_labels(
     for name, count in sorted(counts.items()):
         if name:
             labels[_product_count_key(name)] = str(count)
+    labels.update(mig_labels(gpus, sharing.mig_strategy, sharing.replicated, _gfd_join))
     return _with_timestamp(labels, now)
+
+
+def _gfd_join(parts: Sequence[str]) -> str:
+    """GFD's product label from name parts: each sanitised, joined with ``-``."""
+    return sanitise_label_value("-".join(p for p in (gfd_sanitise(x) for x in parts) if p))
 
 
 def _with_timestamp(labels: dict[str, str], now: float | None) -> dict[str, str]:
@@ -389,6 +407,11 @@ def sharing_from_config(config: AgentConfig) -> SharingSummary:
     ``nvidia.com/gpu`` entry (else of the first shared resource), 1 without: gpuShare does not
     replicate the whole-GPU resource, its slots are ``kubegpu.io/gpu-share.slots``."""
     time_slicing = config.sharing.time_slicing
+    replicated = {
+        r.name: (r.replicas, r.rename is not None or time_slicing.rename_by_default)
+        for r in time_slicing.resources
+    }
+    mig = config.flags.mig_strategy
     replicas = 1
     strategy = "none"
     renamed = False
@@ -407,7 +430,13 @@ def sharing_from_config(config: AgentConfig) -> SharingSummary:
         strategy = "time-slicing" if replicas > 1 else "none"
     share = config.sharing.gpu_share
     if not share.enabled:
-        return SharingSummary(strategy=strategy, replicas=replicas, renamed=renamed)
+        return SharingSummary(
+            strategy=strategy,
+            replicas=replicas,
+            renamed=renamed,
+            mig_strategy=mig,
+            replicated=replicated,
+        )
     return SharingSummary(
         strategy="mps" if share.enforcement == "mps" else "time-slicing",
         replicas=replicas,
@@ -415,4 +444,6 @@ def sharing_from_config(config: AgentConfig) -> SharingSummary:
             enforcement=share.enforcement, slots_per_card=share.slots_per_card
         ),
         renamed=renamed,
+        mig_strategy=mig,
+        replicated=replicated,
     )

@@ -29,9 +29,9 @@ from kubegpu.kubelet.board import DeviceBoard
 from kubegpu.kubelet.cdi import CdiSpecFile
 from kubegpu.kubelet.exporter_slot import ExporterSlot, ExporterStarter, RunningService
 from kubegpu.kubelet.inventory_publisher import InventoryPublisher
+from kubegpu.kubelet.plans import build_plans
 from kubegpu.kubelet.plugin_set import PluginSet
 from kubegpu.kubelet.reload import check_api_access
-from kubegpu.kubelet.resources import build_plans
 from kubegpu.kubelet.sharing_runtime import SharingRuntime
 
 __all__ = ["KubeconfigError", "build_agent", "kube_config_for", "run_agent"]

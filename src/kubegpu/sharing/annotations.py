@@ -1,6 +1,6 @@
 """The annotation protocol between node agent, scheduler extender and inspection tools.
 
-Two versioned JSON documents, both keyed by GPU UUID (indices are kept for people and for
+Versioned JSON documents, keyed by GPU UUID (indices are kept for people and for
 ``NVIDIA_VISIBLE_DEVICES`` fallbacks, never trusted alone):
 
 * ``kubegpu.io/gpu-inventory`` on the Node, written by the node agent: every card's UUID, index,
@@ -9,6 +9,11 @@ Two versioned JSON documents, both keyed by GPU UUID (indices are kept for peopl
 * ``kubegpu.io/gpu-allocation`` on the Pod, written by the extender at bind time: node, cards
   with the compute and memory the pod holds on each, the per-container split, decision time and
   policy. It is the durable record the extender rebuilds its accounting from after a restart.
+* ``kubegpu.io/mig-devices`` on the Node, written by the node agent beside the inventory: the
+  cards it serves by their MIG devices (``flags.migStrategy`` ``single`` or ``mixed``), which
+  the inventory leaves out, each with its MIG devices (UUID, profile, placement, memory,
+  GPU-instance id, the resource it is advertised under, health). Absent when there are none.
+  Read by inspection tools only: kube-scheduler places MIG devices, not the extender.
 
 Parsing is strict: anything unexpected raises :class:`AnnotationError`, which names the
 annotation and the offending field, and callers treat the object as having no annotation.
@@ -17,6 +22,7 @@ Pure: strings in, frozen values out.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +30,7 @@ from typing import Any
 
 INVENTORY_ANNOTATION = "kubegpu.io/gpu-inventory"
 ALLOCATION_ANNOTATION = "kubegpu.io/gpu-allocation"
+MIG_DEVICES_ANNOTATION = "kubegpu.io/mig-devices"
 PROTOCOL_VERSION = 1
 # Annotations are limited to 256 KiB in total per object; ours stay far below that.
 MAX_ANNOTATION_BYTES = 64 * 1024
@@ -100,6 +107,136 @@ def decode_inventory(text: object) -> NodeGpuInventory:
     _unique(key, [g.uuid for g in gpus], "uuid")
     _unique(key, [g.index for g in gpus], "index")
     return NodeGpuInventory(tuple(sorted(gpus, key=lambda g: g.index)))
+
+
+# --------------------------------------------------------------------------- node MIG devices
+@dataclass(frozen=True)
+class MigDeviceRecord:
+    """One MIG device as published on its Node (under its parent card)."""
+
+    uuid: str  # "MIG-…"
+    profile: str  # "3g.40gb"
+    start: int  # placement: the first memory slice
+    slices: int  # placement: how many memory slices
+    memory_mib: int
+    gpu_instance_id: int
+    resource: str = ""  # the extended resource it is advertised under; "" when none
+    healthy: bool = True  # neither it nor its card is marked unhealthy
+
+
+@dataclass(frozen=True)
+class MigCardRecord:
+    """A card served by its MIG devices (sorted by placement)."""
+
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+    healthy: bool
+    devices: tuple[MigDeviceRecord, ...]
+
+
+@dataclass(frozen=True)
+class NodeMigDevices:
+    """The node agent's published MIG devices, card by card (sorted by index)."""
+
+    gpus: tuple[MigCardRecord, ...]
+
+    @property
+    def resources(self) -> frozenset[str]:
+        """The resources the node's MIG devices are advertised under."""
+        return frozenset(d.resource for g in self.gpus for d in g.devices if d.resource)
+
+
+def _placement_order(d: MigDeviceRecord) -> tuple[int, int]:
+    return d.start, d.gpu_instance_id
+
+
+def encode_mig_devices(devices: NodeMigDevices) -> str:
+    """Canonical JSON, as :func:`encode_inventory`: cards by index, their devices by
+    placement, sorted keys, no spaces."""
+    doc = {
+        "v": PROTOCOL_VERSION,
+        "gpus": [
+            {
+                "uuid": g.uuid,
+                "index": g.index,
+                "model": g.model,
+                "memoryMiB": g.memory_mib,
+                "healthy": g.healthy,
+                "migDevices": [
+                    {
+                        "uuid": d.uuid,
+                        "profile": d.profile,
+                        "start": d.start,
+                        "slices": d.slices,
+                        "memoryMiB": d.memory_mib,
+                        "gpuInstanceId": d.gpu_instance_id,
+                        "resource": d.resource,
+                        "healthy": d.healthy,
+                    }
+                    for d in sorted(g.devices, key=_placement_order)
+                ],
+            }
+            for g in sorted(devices.gpus, key=lambda g: g.index)
+        ],
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def decode_mig_devices(text: object) -> NodeMigDevices:
+    key = MIG_DEVICES_ANNOTATION
+    doc = _load(key, text)
+    cards: list[MigCardRecord] = []
+    for i, raw in enumerate(_field(key, doc, "gpus", list)):
+        where = f"gpus[{i}]"
+        item = _object(key, raw, where)
+        devices: list[MigDeviceRecord] = []
+        for j, raw_device in enumerate(_field(key, item, "migDevices", list, where)):
+            here = f"{where}.migDevices[{j}]"
+            devices.append(_mig_device(key, _object(key, raw_device, here), here))
+        ids = [d.gpu_instance_id for d in devices]
+        for gi in ids:
+            if ids.count(gi) > 1:
+                raise AnnotationError(key, f"{where}: duplicate gpuInstanceId {gi}")
+        ordered = sorted(devices, key=_placement_order)
+        for before, after in itertools.pairwise(ordered):
+            if after.start < before.start + before.slices:
+                raise AnnotationError(
+                    key,
+                    f"{where}: MIG devices {before.uuid} and {after.uuid} share memory slice "
+                    f"{after.start}",
+                )
+        cards.append(
+            MigCardRecord(
+                uuid=_uuid(key, item, where),
+                index=_int(key, item, "index", where),
+                model=_string(key, item, "model", where, allow_empty=True),
+                memory_mib=_int(key, item, "memoryMiB", where),
+                healthy=_field(key, item, "healthy", bool, where),
+                devices=tuple(ordered),
+            )
+        )
+    _unique(key, [g.uuid for g in cards], "uuid")
+    _unique(key, [g.index for g in cards], "index")
+    _unique(key, [d.uuid for g in cards for d in g.devices], "MIG device uuid")
+    return NodeMigDevices(tuple(sorted(cards, key=lambda g: g.index)))
+
+
+def _mig_device(key: str, item: Mapping[str, Any], where: str) -> MigDeviceRecord:
+    slices = _int(key, item, "slices", where)
+    if slices < 1:
+        raise AnnotationError(key, f"{where}.slices must be at least 1, got {slices}")
+    return MigDeviceRecord(
+        uuid=_uuid(key, item, where),
+        profile=_string(key, item, "profile", where),
+        start=_int(key, item, "start", where),
+        slices=slices,
+        memory_mib=_int(key, item, "memoryMiB", where),
+        gpu_instance_id=_int(key, item, "gpuInstanceId", where),
+        resource=_string(key, item, "resource", where, allow_empty=True),
+        healthy=_field(key, item, "healthy", bool, where),
+    )
 
 
 # --------------------------------------------------------------------------- pod allocation

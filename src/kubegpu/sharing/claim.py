@@ -16,14 +16,16 @@ a pod's GPU resources and of those annotations (through their codecs:
 :mod:`~kubegpu.sharing.annotations`, :mod:`~kubegpu.sharing.ledger`,
 :mod:`~kubegpu.sharing.findings`); :func:`decide`, :func:`release`, :func:`grant` and
 :func:`reconcile` are the transitions, and :func:`annotation_patch` the only writer, turning a
-transition into the merge patch that records it. Pure: pod JSON in, values and patches out.
+transition into the merge patch that records it. :func:`device_requests` reads, by the same
+arithmetic, what a pod asks of devices outside the protocol (MIG devices, which kube-scheduler
+places alone). Pure: pod JSON in, values and patches out.
 docs/allocation-protocol.md draws the whole protocol.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -54,6 +56,7 @@ from kubegpu.sharing.resources import (
     PodTotals,
     RequestError,
     ResourceNames,
+    parse_quantity,
     pod_key,
     pod_totals,
     request_from_totals,
@@ -265,6 +268,53 @@ def mentions_gpu(pod: Mapping[str, Any], names: ResourceNames) -> bool:
                 if isinstance(amounts, Mapping) and any(n in amounts for n in wanted):
                     return True
     return False
+
+
+def device_requests(pod: Mapping[str, Any], resources: Collection[str]) -> dict[str, int]:
+    """The pod's effective request of each of ``resources`` (extended resources another plan
+    hands out, such as MIG devices), by kube-scheduler's arithmetic: app containers and
+    sidecars add up, an init container counts alone beside the sidecars started before it.
+    Only the positive ones; tolerant: an amount that does not parse counts as none (the API
+    server would not have admitted it)."""
+    if not resources:
+        return {}
+    spec = _mapping(pod.get("spec"))
+
+    def amounts(container: object) -> dict[str, int]:
+        res = _mapping(container.get("resources") if isinstance(container, Mapping) else None)
+        limits, requests = _mapping(res.get("limits")), _mapping(res.get("requests"))
+        found: dict[str, int] = {}
+        for name in resources:
+            raw = requests.get(name, limits.get(name))
+            try:
+                found[name] = int(parse_quantity(raw)) if raw is not None else 0
+            except RequestError:
+                found[name] = 0
+        return found
+
+    def items(group: str) -> list[object]:
+        listed = spec.get(group)
+        return listed if isinstance(listed, list) else []
+
+    totals = dict.fromkeys(resources, 0)
+    peak = dict.fromkeys(resources, 0)
+    sidecars = dict.fromkeys(resources, 0)
+    for container in items("initContainers"):
+        asked = amounts(container)
+        if _mapping(container).get("restartPolicy") == "Always":
+            for name in resources:
+                sidecars[name] += asked[name]
+                totals[name] += asked[name]
+                peak[name] = max(peak[name], sidecars[name])
+        else:
+            for name in resources:
+                peak[name] = max(peak[name], asked[name] + sidecars[name])
+    for container in items("containers"):
+        asked = amounts(container)
+        for name in resources:
+            totals[name] += asked[name]
+    effective = {name: max(totals[name], peak[name]) for name in resources}
+    return {name: count for name, count in effective.items() if count > 0}
 
 
 def _mapping(value: object) -> Mapping[str, Any]:

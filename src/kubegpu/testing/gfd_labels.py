@@ -12,7 +12,9 @@ Apache-2.0):
 * ``tests/e2e/gpu-feature-discovery_test.go``, ``expectedLabelPatterns``: the labels its e2e
   suite requires on a GPU node, a regular expression per value;
 * ``tests/expected-output.txt``: its golden file, a regular expression per ``key=value`` line;
-  ``cmd/gpu-feature-discovery/main_test.go`` requires every line GFD writes to match one.
+  ``cmd/gpu-feature-discovery/main_test.go`` requires every line GFD writes to match one;
+  ``tests/expected-output-mig-mixed.txt`` and ``-mig-single.txt``: the same under the MIG
+  strategies.
 
 NVIDIA's matchers are looser than they look, and this check is stricter in three ways. Go's
 ``MatchString`` is unanchored and the bracketed alternatives are character classes
@@ -78,6 +80,43 @@ EXPECTED_OUTPUT: tuple[str, ...] = (
     r"nvidia\.com\/mps\.capable=[true|false]",
 )
 
+# The MIG strategies' golden files: the lines of expected-output.txt but its gpu.mode line
+# (single writes "[compute]"), then each strategy's own (NVIDIA, unchanged).
+_MIG_COMMON = tuple(line for line in EXPECTED_OUTPUT if "gpu\\.mode" not in line)
+EXPECTED_OUTPUT_MIG: Mapping[str, tuple[str, ...]] = {
+    "mixed": (
+        *_MIG_COMMON,
+        r"nvidia\.com\/gpu\.mode=[unknown|compute|graphics]",
+        r"nvidia\.com\/mig\.strategy=[a-z_-]+",
+        r"nvidia\.com\/mig-[0-9]+g\.[0-9]+gb\.product=[A-Za-z_-]+",
+        r"nvidia\.com\/mig-[0-9]+g\.[0-9]+gb\.count=[0-9]+",
+        r"nvidia\.com\/mig-[0-9]+g\.[0-9]+gb\.replicas=[0-9]+",
+        r"nvidia\.com\/mig-[0-9]+g\.[0-9]+gb\.sharing-strategy=[none|mps|time-slicing]",
+        r"nvidia\.com\/mig-[0-9]+g\.[0-9]+gb\.memory=[0-9]+",
+        r"nvidia\.com\/mig-[0-9]+g\.[0-9]+gb\.multiprocessors=[0-9]+",
+        r"nvidia\.com\/mig-[0-9]+g\.[0-9]+gb\.engines\.copy=[0-9]+",
+        r"nvidia\.com\/mig-[0-9]+g\.[0-9]+gb\.engines\.decoder=[0-9]+",
+        r"nvidia\.com\/mig-[0-9]+g\.[0-9]+gb\.engines\.encoder=[0-9]+",
+        r"nvidia\.com\/mig-[0-9]+g\.[0-9]+gb\.engines\.jpeg=[0-9]+",
+        r"nvidia\.com\/mig-[0-9]+g\.[0-9]+gb\.engines\.ofa=[0-9]+",
+        r"nvidia\.com\/mig-[0-9]+g\.[0-9]+gb\.slices\.gi=[0-9]+",
+        r"nvidia\.com\/mig-[0-9]+g\.[0-9]+gb\.slices\.ci=[0-9]+",
+    ),
+    "single": (
+        *_MIG_COMMON,
+        r"nvidia\.com\/mig\.strategy=[a-z_-]+",
+        r"nvidia\.com\/gpu\.multiprocessors=[0-9]+",
+        r"nvidia\.com\/gpu\.engines\.copy=[0-9]+",
+        r"nvidia\.com\/gpu\.engines\.decoder=[0-9]+",
+        r"nvidia\.com\/gpu\.engines\.encoder=[0-9]+",
+        r"nvidia\.com\/gpu\.engines\.jpeg=[0-9]+",
+        r"nvidia\.com\/gpu\.engines\.ofa=[0-9]+",
+        r"nvidia\.com\/gpu\.slices\.gi=[0-9]+",
+        r"nvidia\.com\/gpu\.slices\.ci=[0-9]+",
+        r"nvidia\.com\/gpu\.mode=[compute]",
+    ),
+}
+
 _NUMBER = "[0-9]+"
 
 # Ours, not NVIDIA's: each value as GFD's source writes it, matched whole (fmt "%d" numbers,
@@ -109,6 +148,43 @@ EXACT_FORMS: Mapping[str, str] = {
     "nvidia.com/gpu.compute.major": _NUMBER,
     "nvidia.com/gpu.compute.minor": _NUMBER,
     "nvidia.com/mps.capable": "true|false",
+    # Under the MIG strategies (internal/lm/mig-strategy.go).
+    "nvidia.com/mig.strategy": "single|mixed",
+    **{
+        f"nvidia.com/gpu.{suffix}": _NUMBER
+        for suffix in (
+            "multiprocessors",
+            "slices.gi",
+            "slices.ci",
+            "engines.copy",
+            "engines.decoder",
+            "engines.encoder",
+            "engines.jpeg",
+            "engines.ofa",
+        )
+    },
+}
+# Ours too: a mixed profile's labels, by the key's suffix.
+_MIG_KEY = re.compile(r"^nvidia\.com/mig-[0-9]+g\.[0-9]+gb(\.me)?\.(?P<suffix>.+)$")
+MIG_EXACT_FORMS: Mapping[str, str] = {
+    "count": _NUMBER,
+    "replicas": _NUMBER,
+    "sharing-strategy": "none|mps|time-slicing",
+    "product": r"[A-Za-z0-9_.-]+-MIG-[0-9]+g\.[0-9]+gb(\.me)?(-SHARED)?",
+    **dict.fromkeys(
+        (
+            "memory",
+            "multiprocessors",
+            "slices.gi",
+            "slices.ci",
+            "engines.copy",
+            "engines.decoder",
+            "engines.encoder",
+            "engines.jpeg",
+            "engines.ofa",
+        ),
+        _NUMBER,
+    ),
 }
 
 _GFD_PREFIX = "nvidia.com/"
@@ -125,26 +201,31 @@ def _value_gap(labels: Mapping[str, str], key: str, pattern: str) -> str:
     return f"{labels[key]!r} does not match {pattern!r}"
 
 
-def gfd_label_gaps(labels: Mapping[str, str]) -> dict[str, str]:
+def gfd_label_gaps(labels: Mapping[str, str], mig_strategy: str = "none") -> dict[str, str]:
     """Every way ``labels`` falls short of NVIDIA's expectations of GFD, by label key: missing,
     a value that does not match, or an ``nvidia.com/`` label GFD does not write. Empty when
     none. ``labels`` are the labeller's own (on a Node, only those it owns: other components
-    put ``nvidia.com/`` labels there too)."""
+    put ``nvidia.com/`` labels there too). ``mig_strategy`` ``single`` or ``mixed`` holds them
+    to that strategy's golden file (of a node whose MIG devices are valid for it)."""
+    golden = EXPECTED_OUTPUT_MIG.get(mig_strategy, EXPECTED_OUTPUT)
     gaps: dict[str, str] = {}
     for key, pattern in E2E_LABEL_PATTERNS.items():
         if key not in labels or not re.search(pattern, labels[key]):
             gaps[key] = _value_gap(labels, key, pattern)
     lines = [f"{key}={value}" for key, value in labels.items()]
-    for line in EXPECTED_OUTPUT:
+    for line in golden:
         if not any(re.search(line, written) for written in lines):
             key = _key_of(line)
             gaps.setdefault(key, _value_gap(labels, key, line))
     for key, value in labels.items():
         if key.startswith(_GFD_PREFIX) and not any(
-            re.search(line, f"{key}={value}") for line in EXPECTED_OUTPUT
+            re.search(line, f"{key}={value}") for line in golden
         ):
-            gaps.setdefault(key, "not a label GFD writes on a GPU without MIG")
-    for key, form in EXACT_FORMS.items():
-        if key in labels and not re.fullmatch(form, labels[key]):
-            gaps.setdefault(key, f"{labels[key]!r} is not GFD's form {form!r}")
+            where = "on a GPU without MIG" if golden is EXPECTED_OUTPUT else f"for {mig_strategy}"
+            gaps.setdefault(key, f"not a label GFD writes {where}")
+    for key, value in labels.items():
+        mig = _MIG_KEY.match(key)
+        form = MIG_EXACT_FORMS.get(mig["suffix"], "") if mig else EXACT_FORMS.get(key)
+        if form is not None and not re.fullmatch(form, value):
+            gaps.setdefault(key, f"{value!r} is not GFD's form {form!r}")
     return gaps
