@@ -71,20 +71,19 @@ def encode_inventory(inventory: NodeGpuInventory) -> str:
     """Canonical JSON (sorted cards, sorted keys, no spaces): equal inventories give equal
     strings, so a publisher can tell that nothing changed without parsing."""
     gpus = sorted(inventory.gpus, key=lambda g: g.index)
-    doc = {
-        "v": PROTOCOL_VERSION,
-        "gpus": [
-            {
-                "uuid": g.uuid,
-                "index": g.index,
-                "model": g.model,
-                "memoryMiB": g.memory_mib,
-                "healthy": g.healthy,
-            }
-            for g in gpus
-        ],
-    }
+    doc = {"v": PROTOCOL_VERSION, "gpus": [_card_fields(g) for g in gpus]}
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def _card_fields(card: GpuRecord | MigCardRecord) -> dict[str, Any]:
+    """A card's fields as both node annotations write them."""
+    return {
+        "uuid": card.uuid,
+        "index": card.index,
+        "model": card.model,
+        "memoryMiB": card.memory_mib,
+        "healthy": card.healthy,
+    }
 
 
 def decode_inventory(text: object) -> NodeGpuInventory:
@@ -159,11 +158,7 @@ def encode_mig_devices(devices: NodeMigDevices) -> str:
         "v": PROTOCOL_VERSION,
         "gpus": [
             {
-                "uuid": g.uuid,
-                "index": g.index,
-                "model": g.model,
-                "memoryMiB": g.memory_mib,
-                "healthy": g.healthy,
+                **_card_fields(g),
                 "migDevices": [
                     {
                         "uuid": d.uuid,
