@@ -372,12 +372,8 @@ class FakeGpuBackend:
         gi = _optional_int(request, "gpu_instance_id")
         if gi is None:
             raise ValueError("op 'mig-destroy' needs an integer 'gpu_instance_id'")
-        gone = next((m for m in device.mig_devices if m.gpu_instance_id == gi), None)
-        if gone is None:
-            held = ", ".join(str(m.gpu_instance_id) for m in device.mig_devices) or "none"
-            raise ValueError(f"GPU {device.index} has no GPU instance {gi} (it holds: {held})")
-        self.destroy_mig_device(device.uuid, gi)
-        return {"ok": True, "mig": _mig_json(gone)}
+        # FakeMig.destroy refuses an id the card does not hold, naming the ids it does.
+        return {"ok": True, "mig": _mig_json(self._mig.destroy(device, gi))}
 
 
 _OPS = ("xid", "lose", "restore", "mig-mode", "mig-create", "mig-destroy")
