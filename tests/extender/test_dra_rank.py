@@ -112,12 +112,12 @@ def test_card_state_from_the_slice_and_the_allocated_claims(
     results: list[dict[str, Any]], expected: list[tuple[int, int, int]]
 ) -> None:
     state = card_states(devices("n1", 2), allocated(claim("c", results=results)))
-    assert state == tuple(GpuState(i, milli, mib, A100) for i, milli, mib in expected)
+    assert state == tuple(GpuState(i, milli, mib, A100, 81920) for i, milli, mib in expected)
 
 
 def test_a_tainted_card_has_nothing_free() -> None:
     state = card_states(devices("n1", 2, unhealthy={"GPU-00": "xid"}), [])
-    assert state == (GpuState(0, 0, 0, A100), GpuState(1, 1000, 81920, A100))
+    assert state == (GpuState(0, 0, 0, A100, 81920), GpuState(1, 1000, 81920, A100, 81920))
 
 
 # ---------------------------------------------------------------- claims -> demand
@@ -332,7 +332,7 @@ def expected_states(view: NodeView) -> list[NodeState]:
                 cpu - taken,
                 512 * 1024,
                 A100,
-                tuple(GpuState(i, m, mib, A100) for i, (m, mib) in enumerate(cards)),
+                tuple(GpuState(i, m, mib, A100, 81920) for i, (m, mib) in enumerate(cards)),
             )
         )
     return states

@@ -40,10 +40,10 @@ def test_node_state_subtracts_shares_and_offers_nothing_on_unhealthy_cards() -> 
     )
     assert (state.cpu_free_milli, state.memory_free_mib) == (6000, 63488)
     assert state.gpus == (
-        GpuState(0, 500, 26624, "A100"),
-        GpuState(1, 1000, 40960, "A100"),
-        GpuState(2, 0, 0, "A100"),
-        GpuState(3, 1000, 40960, "A100"),
+        GpuState(0, 500, 26624, "A100", 40960),
+        GpuState(1, 1000, 40960, "A100", 40960),
+        GpuState(2, 0, 0, "A100", 40960),
+        GpuState(3, 1000, 40960, "A100", 40960),
     )
     assert state.gpu_model == "A100"
 
@@ -63,8 +63,8 @@ def test_node_state_keeps_each_cards_model_on_a_node_mixing_models() -> None:
     assert state.gpu_model == ""
     # In the label spelling, the one the pods' model lists are parsed into.
     assert state.card_models == ("Tesla-V100-SXM2-16GB",) * 2 + ("Tesla-T4",) * 2
-    assert state.gpus[2] == GpuState(2, 750, 11264, "Tesla-T4")
-    assert state.gpus[3] == GpuState(3, 0, 0, "Tesla-T4")
+    assert state.gpus[2] == GpuState(2, 750, 11264, "Tesla-T4", 15360)
+    assert state.gpus[3] == GpuState(3, 0, 0, "Tesla-T4", 15360)
 
 
 def test_pods_without_a_decision_take_the_highest_free_cards() -> None:

@@ -86,13 +86,14 @@ def card_states(
             continue
         key = (device.pool, device.name)
         compute_used, memory_used = used.get(key, (0, 0))
+        memory_mib = device.memory_bytes // _MIB
         if device.tainted or key in whole or device.compute_milli <= 0:
-            cards.append(GpuState(index, 0, 0, device.model))
+            cards.append(GpuState(index, 0, 0, device.model, memory_mib))
             continue
         compute_left = max(0, device.compute_milli - compute_used)
         free_milli = min(MILLI_PER_GPU, compute_left * MILLI_PER_GPU // device.compute_milli)
         free_memory = max(0, device.memory_bytes - memory_used) // _MIB
-        cards.append(GpuState(index, free_milli, free_memory, device.model))
+        cards.append(GpuState(index, free_milli, free_memory, device.model, memory_mib))
     return tuple(sorted(cards, key=lambda g: g.index))
 
 

@@ -267,7 +267,7 @@ def explain_rows_coded(
     cpu_short = cpu < pod.cpu_milli
     memory_short = memory < pod.memory_mib
     count = engine.gpu_count[rows]
-    free = engine.card_free[rows]
+    free = engine.card_compute[rows]
     valid = np.arange(free.shape[1])[None, :] < count[:, None]
     if pod.gpu_milli >= MILLI_PER_GPU:
         whole = ((free == MILLI_PER_GPU) & valid).sum(axis=1)

@@ -16,7 +16,7 @@ import operator
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,7 +37,7 @@ from kubegpu.placement.engine import PlacementEngine, RowShapeChanged
 from kubegpu.placement.fragmentation import ClassKey, TypicalWorkload, class_key
 from kubegpu.placement.model import MILLI_PER_GPU
 from kubegpu.placement.policies import extender_policy
-from kubegpu.placement.target import target_workload
+from kubegpu.placement.target import reference_card_memory, target_workload
 from kubegpu.sharing.accounting import NodeInfo, PodUsage, node_state
 from kubegpu.sharing.annotations import (
     AllocationDecision,
@@ -128,12 +128,19 @@ class GpuScheduler:
         workload makes every node equally unfragmented."""
         if self.configured_workload is not None:
             return self.configured_workload
+        # Shares are classed at their level on the cluster's most common card (memory too).
+        card_memory = reference_card_memory(
+            g.memory_mib
+            for info in self.view.nodes.values()
+            if info.inventory is not None
+            for g in info.inventory.gpus
+        )
         classes: list[ClassKey] = []
         for pod in self.view.pod_json.values():
             request = read_claim(pod, self.view.names).request
             if request is None:
                 continue
-            classes.append(class_key(request.to_placement()))
+            classes.append(class_key(request.to_placement(), card_memory_mib=card_memory))
         return target_workload(self.engine_policy, classes)
 
     def engine(self) -> PlacementEngine:
@@ -305,12 +312,9 @@ class GpuScheduler:
         if request.kind is RequestKind.NONE:
             return empty, empty, empty
         engine = self.engine()
+        # The engine scores a share at its level on each card, memory included
+        # (PlacementEngine.levelled): a pod asking only memory is ranked by its memory.
         pod = request.to_placement()
-        if self._needs_workload() and pod.gpu_memory_mib is not None:
-            # Fragmentation is scored on compute only: the engine's memory-aware FGD walks
-            # nodes one by one (~25 µs each), too slow for a 5 ms budget. Filter already
-            # removed nodes without a card that has the memory; bind picks the card with it.
-            pod = replace(pod, gpu_memory_mib=None)
         rows = self.rows(node_names)
         feasible = np.zeros(len(engine.names) + 1, dtype=bool)
         feasible[engine.feasible_rows(pod)] = True

@@ -24,7 +24,7 @@ variant, beside it.)
   (docs/benchmarks.md, "Placement quality under DRA").
 
 Either way the allocator's accounting stays the authority: a card is taken only if the pod
-fits it now (:func:`~kubegpu.placement.feasibility.eligible_cards`), the order only says which
+fits it now (:func:`~kubegpu.placement.feasibility.fitting_cards`), the order only says which
 of the fitting cards comes first, so no order can over-commit a card.
 """
 
@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kubegpu.placement.engine import PlacementEngine
-from kubegpu.placement.feasibility import eligible_cards
+from kubegpu.placement.feasibility import fitting_cards
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import MILLI_PER_GPU, NodeState, PodRequest
 from kubegpu.placement.policies import POLICIES, PolicySpec
@@ -175,8 +175,17 @@ class DeviceOrderEngine(PlacementEngine):
             or rows.size == 0
         ):
             return super().best_position(pod, rows)
-        values = chooser.scorer.share_card_values(pod, rows)
-        taken = self.first_fit_columns(rows, eligible_cards(self, rows, pod))
+        groups, _ = self.levelled(pod, rows)
+        if len(groups) == 1 and groups[0][1].size == rows.size:
+            values = chooser.scorer.share_card_values(groups[0][0], rows)
+        else:
+            # Rows of other card memories at the pod's level on each; rows where it is at its
+            # level on no card are never preferred (see PlacementEngine.levelled).
+            values = np.full(self.card_free[rows].shape, np.inf)
+            for scored, where in groups:
+                if where.size:
+                    values[where] = chooser.scorer.share_card_values(scored, rows[where])
+        taken = self.first_fit_columns(rows, fitting_cards(self, rows, pod))
         best = int(values[np.arange(rows.size), taken].argmin())  # first least: rank order
         return best, 100
 

@@ -15,6 +15,7 @@ connected: ``kubegpu.placement.topology``.)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
@@ -24,14 +25,22 @@ from kubegpu.placement.explain import (
     FITS,
     FITS_WITHOUT_GPU,
 )
-from kubegpu.placement.feasibility import feasible_rows
+from kubegpu.placement.feasibility import eligible_cards, feasible_rows, fitting_cards
 from kubegpu.placement.fragmentation import TypicalWorkload
-from kubegpu.placement.model import MILLI_PER_GPU, Fit, NodeState, Placement, PodRequest
+from kubegpu.placement.model import (
+    MILLI_PER_GPU,
+    Fit,
+    NodeState,
+    Placement,
+    PodRequest,
+    share_milli,
+)
 from kubegpu.placement.policies import PolicySpec, get_policy
-from kubegpu.placement.policies.cards import eligible_row, lowest_full_cards
+from kubegpu.placement.policies.cards import first_by_keys, lowest_full_cards
 from kubegpu.placement.policies.kubegpu import order_scores
 from kubegpu.placement.policy import PolicyInputs
 from kubegpu.placement.state import (
+    NO_ROWS,
     ClusterState,
     IntArray,
     RowShapeChanged,
@@ -92,18 +101,88 @@ class PlacementEngine(ClusterState):
         (``FITS``/``FITS_WITHOUT_GPU``, "")."""
         return _explain.explain_row(self, i, pod)
 
+    # ----------------------------------------------------------------- levels
+    def share_levels(self, pod: PodRequest, rows: IntArray) -> IntArray:
+        """Per row of ``rows``, how much of a card there ``pod`` takes, in milli of the card
+        (:func:`~kubegpu.placement.model.share_milli` against the row's card memory): what
+        the policies score a share by. Its ``gpu_milli`` where levels do not apply."""
+        if not self._levels(pod):
+            return np.full(rows.size, pod.gpu_milli, dtype=np.int64)
+        totals = self.row_card_memory[rows]
+        known = np.unique(totals)
+        if known.size == 1:  # one card memory among the rows: the common case
+            return np.full(rows.size, self._share(pod, int(known[0])), dtype=np.int64)
+        by_total = np.array([self._share(pod, int(t)) for t in known], dtype=np.int64)
+        levels: IntArray = by_total[np.searchsorted(known, totals)]
+        return levels
+
+    def _levels(self, pod: PodRequest) -> bool:
+        return self.levels_memory and pod.is_gpu_share
+
+    @staticmethod
+    def _share(pod: PodRequest, card_memory_mib: int) -> int:
+        return share_milli(pod.gpu_milli, pod.gpu_memory_mib, card_memory_mib or None)
+
+    def levelled(
+        self, pod: PodRequest, rows: IntArray
+    ) -> tuple[list[tuple[PodRequest, IntArray]], IntArray]:
+        """``pod`` as the policies score it on ``rows`` (feasible, in rank order): a list of
+        (the pod at one level, the positions in ``rows`` where that is its level and a card
+        fits it there), and the positions where it fits as asked but at its level on no
+        card (a card with compute left and memory not, for a pod asking compute alone): the
+        policies cannot score those, so they rank last, and :meth:`pick_columns` takes the
+        tightest card that fits.
+
+        The pod scored carries no memory: its level holds it (filter and bind check the
+        memory itself), and the policies' per-state tables need no per-row memory check.
+        Where levels do not apply (no card memory known, or not a share) it is the pod on
+        every row."""
+        every = np.arange(rows.size, dtype=np.int64)
+        if not self._levels(pod):
+            return [(pod, every)], NO_ROWS
+        levels = self.share_levels(pod, rows)
+        groups: list[tuple[PodRequest, IntArray]] = []
+        left: list[IntArray] = []
+        distinct = np.unique(levels).tolist()
+        for level in distinct:
+            where = every if len(distinct) == 1 else every[levels == level]
+            at_level = replace(pod, gpu_milli=level)
+            fits = eligible_cards(self, rows[where], at_level).any(axis=1)
+            groups.append((replace(at_level, gpu_memory_mib=None), where[fits]))
+            left.append(where[~fits])
+        return groups, np.concatenate(left) if left else NO_ROWS
+
     # ----------------------------------------------------------------- scoring
     def scores(self, pod: PodRequest, rows: IntArray) -> IntArray:
         """The policy's integer score (higher is better) of each of ``rows``, all feasible."""
         if rows.size == 0:
             return np.zeros(0, dtype=np.int64)
-        return self.node_scorer.scores(pod, rows)
+        groups, left = self.levelled(pod, rows)
+        if len(groups) == 1 and not left.size:
+            return self.node_scorer.scores(groups[0][0], rows)
+        out = np.zeros(rows.size, dtype=np.int64)
+        for scored, where in groups:
+            if where.size:
+                out[where] = self.node_scorer.scores(scored, rows[where])
+        return out
 
     def best_position(self, pod: PodRequest, rows: IntArray) -> tuple[int, int]:
         """The position in ``rows`` (feasible, in rank order) of the node the engine places
         ``pod`` on, and its score: the policy's choice (a DRA variant also weighs the card
-        the allocator will take, :mod:`kubegpu.placement.device_order`)."""
-        return self.node_scorer.choose(pod, rows)
+        the allocator will take, :mod:`kubegpu.placement.device_order`). Rows of different
+        card memory are scored at the pod's level on each, best score first, ties to rank
+        order; if the pod is at its level on no card, the first row."""
+        groups, left = self.levelled(pod, rows)
+        if len(groups) == 1 and not left.size:
+            return self.node_scorer.choose(groups[0][0], rows)
+        best: tuple[int, int] | None = None
+        for scored, where in groups:
+            if where.size:
+                k, score = self.node_scorer.choose(scored, rows[where])
+                position = int(where[k])
+                if best is None or (score, -position) > (best[1], -best[0]):
+                    best = (position, score)
+        return best if best is not None else (0, 0)
 
     # ----------------------------------------------------------------- card choice
     def pick_columns(self, i: int, pod: PodRequest) -> tuple[int, ...]:
@@ -113,10 +192,19 @@ class PlacementEngine(ClusterState):
         if pod.gpu_milli >= MILLI_PER_GPU:
             # Whole cards: every policy takes the lowest-index fully free ones.
             return lowest_full_cards(self, i, pod)
-        return self.card_chooser.choose(i, pod)
+        if not self._levels(pod):
+            return self.card_chooser.choose(i, pod)
+        row = np.array([i])
+        at_level = replace(pod, gpu_milli=int(self.share_levels(pod, row)[0]))
+        if eligible_cards(self, row, at_level)[0].any():
+            return self.card_chooser.choose(i, at_level)
+        # It fits as asked but at its level on no card (see levelled): the tightest that fits.
+        return (first_by_keys((self.card_free[i],), fitting_cards(self, row, pod)[0]),)
 
     def _eligible_row(self, i: int, pod: PodRequest) -> npt.NDArray[np.bool_]:
-        return eligible_row(self, i, pod)
+        """Which card columns of row ``i`` fit ``pod`` as asked (what an allocator checks)."""
+        row: npt.NDArray[np.bool_] = fitting_cards(self, np.array([i]), pod)[0]
+        return row
 
     # ----------------------------------------------------------------- public, by name
     def filter(self, pod: PodRequest) -> list[Fit]:

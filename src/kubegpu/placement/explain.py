@@ -33,7 +33,7 @@ def explain_row(state: ClusterState, i: int, pod: PodRequest) -> tuple[int, str]
     if state.gpu_count[i] == 0:
         return CHECK_NO_GPU, f"{node}: has no GPU"
     count = int(state.gpu_count[i])
-    free = state.card_free[i, :count]
+    free = state.card_compute[i, :count]
     if pod.gpu_models:
         selection = state.model_selection(pod.gpu_models)
         if not selection.rows[i]:
@@ -72,7 +72,7 @@ def _explain_some_models(
     same checks over the allowed cards, and reasons that name the model."""
     node = state.names[i]
     count = int(state.gpu_count[i])
-    free = state.card_free[i, :count]
+    free = state.card_compute[i, :count]
     wanted = "|".join(sorted(pod.gpu_models))
     if pod.gpu_milli >= MILLI_PER_GPU:
         full = free == MILLI_PER_GPU

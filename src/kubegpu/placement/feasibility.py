@@ -15,8 +15,23 @@ from kubegpu.placement.state import NO_ROWS, ClusterState, IntArray
 
 
 def eligible_cards(state: ClusterState, rows: IntArray, pod: PodRequest) -> npt.NDArray[np.bool_]:
-    """Per (row, card): can this card take one of the pod's cards?"""
-    free = state.card_free[rows]
+    """Per (row, card): can this card take one of the pod's cards, in the policies' terms:
+    its level (:attr:`ClusterState.card_free`) at least the pod's ``gpu_milli`` (a share's
+    level, from the engine) and, where asked, the memory. Such a card also fits the pod as
+    it is (a level is at most the compute); see :func:`fitting_cards` for the converse."""
+    return _cards(state, state.card_free, rows, pod)
+
+
+def fitting_cards(state: ClusterState, rows: IntArray, pod: PodRequest) -> npt.NDArray[np.bool_]:
+    """Per (row, card): does the card have the compute and memory the pod asks for, as they
+    are: what filter and bind go by."""
+    return _cards(state, state.card_compute, rows, pod)
+
+
+def _cards(
+    state: ClusterState, compute: IntArray, rows: IntArray, pod: PodRequest
+) -> npt.NDArray[np.bool_]:
+    free = compute[rows]
     if pod.gpu_milli >= MILLI_PER_GPU:
         ok: npt.NDArray[np.bool_] = free == MILLI_PER_GPU  # whole cards: fully free only
     else:
@@ -48,10 +63,10 @@ def feasible_rows(state: ClusterState, pod: PodRequest) -> IntArray:
         mask &= state.largest_card >= pod.gpu_milli
         rows = np.flatnonzero(mask)
         if pod.gpu_memory_mib is not None:
-            rows = rows[eligible_cards(state, rows, pod).any(axis=1)]
+            rows = rows[fitting_cards(state, rows, pod).any(axis=1)]
     if partial.size:
         # Nodes mixing models where only some cards are allowed: count those cards.
-        fits = eligible_cards(state, partial, pod).sum(axis=1) >= pod.gpu_count
+        fits = fitting_cards(state, partial, pod).sum(axis=1) >= pod.gpu_count
         if fits.any():
             rows = np.union1d(rows, partial[fits])
     return rows

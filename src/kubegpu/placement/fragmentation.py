@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
+from kubegpu.placement.model import MILLI_PER_GPU, PodRequest, share_milli
 
 # Fragment categories in the simulator's accumulation order (Q3 "satisfied" is index 2 and is
 # not fragment). The final sum runs over the others in index order.
@@ -42,11 +42,19 @@ def spec_models(spec: str) -> frozenset[str]:
     return frozenset(m for m in spec.split("|") if m)
 
 
-def class_key(pod: PodRequest, gpu_spec: str | None = None) -> ClassKey:
+def class_key(
+    pod: PodRequest, gpu_spec: str | None = None, card_memory_mib: int | None = None
+) -> ClassKey:
     """``pod``'s class; its models spelt ``gpu_spec`` (as written in a trace) when given,
-    else in one canonical spelling (sorted, ``|``-joined)."""
+    else in one canonical spelling (sorted, ``|``-joined). A share's milli is its level on a
+    card of ``card_memory_mib`` (:func:`~kubegpu.placement.model.share_milli`; the
+    workload's reference card, :func:`~kubegpu.placement.target.reference_card_memory`), so a
+    share asking only memory is the class of what it holds."""
     spec = "|".join(sorted(pod.gpu_models)) if gpu_spec is None else gpu_spec
-    return (pod.cpu_milli, pod.gpu_milli, pod.gpu_count, spec)
+    milli = pod.gpu_milli
+    if pod.is_gpu_share:
+        milli = share_milli(milli, pod.gpu_memory_mib, card_memory_mib)
+    return (pod.cpu_milli, milli, pod.gpu_count, spec)
 
 
 @dataclass(frozen=True)

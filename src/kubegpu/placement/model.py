@@ -64,16 +64,42 @@ class PodRequest:
         return not self.gpu_models or model in self.gpu_models
 
 
+def share_milli(gpu_milli: int, gpu_memory_mib: int | None, card_memory_mib: int | None) -> int:
+    """How much of a card a share takes, in milli of the card: the larger of its compute and
+    its memory as a fraction of the card's (``card_memory_mib``; ``None``: memory not
+    tracked, the compute alone). The one definition every policy scores a share by, so a
+    share asking only memory (1 milli of compute, every peer pod) weighs what it holds.
+
+    Rounded down, as :func:`card_level` is: a card whose memory fits the share then has at
+    least its level. Capped below a whole card, so a share stays a share."""
+    if gpu_memory_mib is None or not card_memory_mib or card_memory_mib <= 0:
+        return gpu_milli
+    by_memory = gpu_memory_mib * MILLI_PER_GPU // card_memory_mib
+    return min(max(gpu_milli, by_memory), MILLI_PER_GPU - 1)
+
+
+def card_level(free_milli: int, free_memory_mib: int | None, memory_mib: int | None) -> int:
+    """How much of a card is free, in milli of the card: the smaller of its free compute and
+    its free memory as a fraction of its memory (``memory_mib``; ``None``: not tracked, the
+    compute alone). What policies score a card by (:func:`share_milli` is the other side)."""
+    if free_memory_mib is None or not memory_mib or memory_mib <= 0:
+        return free_milli
+    return max(0, min(free_milli, free_memory_mib * MILLI_PER_GPU // memory_mib))
+
+
 @dataclass(frozen=True)
 class GpuState:
     """One card's free capacity. ``free_memory_mib`` is ``None`` when memory is not tracked;
-    ``model`` is the card's model, ``""`` for the node's :attr:`NodeState.gpu_model` (so a
-    node of one model names it once, and a node of several names it on each card)."""
+    ``memory_mib`` is the card's whole memory (``None``: not known, and then policies weigh
+    the card by compute alone, see :func:`card_level`); ``model`` is the card's model, ``""``
+    for the node's :attr:`NodeState.gpu_model` (so a node of one model names it once, and a
+    node of several names it on each card)."""
 
     index: int
     free_milli: int = MILLI_PER_GPU
     free_memory_mib: int | None = None
     model: str = ""
+    memory_mib: int | None = None
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,14 @@ Node order: rows are sorted by (rank, name) once, so "highest score, ties to the
 rank" is simply the first maximum (``np.argmax``). Card order: columns are the node's cards
 sorted by device index, so "lowest index" is the first column.
 
+Card levels: a card has two free amounts, compute (milli) and memory (MiB), and a pod may ask
+for either or both. Feasibility checks both as they are (:attr:`ClusterState.card_compute`,
+:attr:`ClusterState.card_memory`); policies score one number per card, its *level*
+(:attr:`ClusterState.card_free`): the smaller of the two as milli of the card
+(:func:`~kubegpu.placement.model.card_level`), and a share by the larger of its two
+(:func:`~kubegpu.placement.model.share_milli`). Where no card's memory is known (the traces)
+the level is the compute, and :attr:`card_free` *is* :attr:`card_compute`.
+
 Card models: each card carries its model (a node may mix models, e.g. two V100 and two T4). A
 pod restricted to models may use only cards of those models. Most nodes have one model, and
 for them a restriction is a per-row yes or no; only rows that mix models, where some but not
@@ -65,6 +73,11 @@ class ModelSelection:
 class ClusterState:
     """Every node's free CPU, memory and per-card milli and memory, in rank order.
 
+    ``card_compute``: each card's free compute (milli); ``card_memory`` its free memory (MiB,
+    :data:`UNTRACKED_MEMORY` when not tracked); ``card_memory_total`` its whole memory (0:
+    not known); ``card_free`` its level, what policies score (see the module's docstring).
+    ``levels_memory``: some card's memory is known, so levels can differ from compute.
+
     ``track_states``: also intern each row's fragmentation state (:data:`StateKey`) to a small
     id in :attr:`state_id`, which FGD and our policy cache their per-state values on.
     """
@@ -86,8 +99,9 @@ class ClusterState:
         self.cpu_free = np.array([x.cpu_free_milli for x in ordered], dtype=np.int64)
         self.memory_free = np.array([x.memory_free_mib for x in ordered], dtype=np.int64)
         self.gpu_count = np.array([len(x.gpus) for x in ordered], dtype=np.int64)
-        self.card_free = np.full((n, width), NO_CARD, dtype=np.int64)
+        self.card_compute = np.full((n, width), NO_CARD, dtype=np.int64)
         self.card_memory = np.full((n, width), NO_CARD, dtype=np.int64)
+        self.card_memory_total = np.zeros((n, width), dtype=np.int64)
         self.card_index: list[tuple[int, ...]] = []
         for i, node in enumerate(ordered):
             gpus = sorted(node.gpus, key=lambda g: g.index)
@@ -99,9 +113,20 @@ class ClusterState:
             self.models.append(name)
             self.mixed.append(mixed)
             for j, gpu in enumerate(gpus):
-                self.card_free[i, j] = gpu.free_milli
+                self.card_compute[i, j] = gpu.free_milli
                 mem = gpu.free_memory_mib
                 self.card_memory[i, j] = UNTRACKED_MEMORY if mem is None else mem
+                if mem is not None and gpu.memory_mib:
+                    self.card_memory_total[i, j] = gpu.memory_mib
+        self.levels_memory = bool(self.card_memory_total.any())
+        # Without a known card memory the level is the compute: one array, kept in step by
+        # every change for free (and every trace replay scores exactly as before levels).
+        self.card_free = self.card_compute.copy() if self.levels_memory else self.card_compute
+        # Per row, the smallest known card memory (0: none known): a share's level on the row.
+        self.row_card_memory = np.where(
+            self.card_memory_total > 0, self.card_memory_total, np.iinfo(np.int64).max
+        ).min(axis=1, initial=np.iinfo(np.int64).max)
+        self.row_card_memory[self.row_card_memory == np.iinfo(np.int64).max] = 0
         self.affinity: list[dict[str, int]] = [dict(x.affinity_counts) for x in ordered]
         self.affinity_arrays: dict[str, IntArray] = {}  # per tag: each row's count, kept fresh
         self.distinct_tags = np.array([len(a) for a in self.affinity], dtype=np.int64)
@@ -129,10 +154,19 @@ class ClusterState:
 
     def refresh_row(self, i: int) -> None:
         """Recompute row ``i``'s derived columns after its free resources changed."""
-        free = self.card_free[i, : self.gpu_count[i]]
+        count = self.gpu_count[i]
+        compute = self.card_compute[i, :count]
+        if self.levels_memory:
+            total = self.card_memory_total[i, :count]
+            by_memory = self.card_memory[i, :count] * MILLI_PER_GPU // np.maximum(total, 1)
+            self.card_free[i, :count] = np.where(
+                total > 0, np.maximum(np.minimum(compute, by_memory), 0), compute
+            )
+        free = self.card_free[i, :count]
         self.gpu_free_total[i] = int(free.sum())
         self.full_cards[i] = int((free == MILLI_PER_GPU).sum())
-        self.largest_card[i] = int(free.max()) if free.size else NO_CARD
+        # Feasibility's quick bound: the most compute any one card has free.
+        self.largest_card[i] = int(compute.max()) if compute.size else NO_CARD
         for tag, array in self.affinity_arrays.items():
             array[i] = self.affinity[i].get(tag, 0)
         self.distinct_tags[i] = len(self.affinity[i])
@@ -200,11 +234,12 @@ class ClusterState:
         gpus = tuple(
             GpuState(
                 index,
-                int(self.card_free[i, j]),
+                int(self.card_compute[i, j]),
                 None
                 if self.card_memory[i, j] >= UNTRACKED_MEMORY // 2
                 else int(self.card_memory[i, j]),
                 self.card_models[i][j] if mixed else "",
+                int(self.card_memory_total[i, j]) or None,
             )
             for j, index in enumerate(self.card_index[i])
         )
@@ -236,10 +271,10 @@ class ClusterState:
         self.cpu_free[i] += sign * pod.cpu_milli
         self.memory_free[i] += sign * pod.memory_mib
         for col in cols:
-            value = int(self.card_free[i, col]) + sign * pod.gpu_milli
+            value = int(self.card_compute[i, col]) + sign * pod.gpu_milli
             if not 0 <= value <= MILLI_PER_GPU or col >= self.gpu_count[i]:
                 raise ValueError(f"node {self.names[i]}: card {col} cannot hold pod {pod.name}")
-            self.card_free[i, col] = value
+            self.card_compute[i, col] = value
             if pod.gpu_memory_mib is not None:
                 self.card_memory[i, col] += sign * pod.gpu_memory_mib
         if pod.gpu_count:
@@ -263,7 +298,7 @@ class ClusterState:
         self.cpu_free[i] = state.cpu_free_milli
         self.memory_free[i] = state.memory_free_mib
         for j, gpu in enumerate(gpus):
-            self.card_free[i, j] = gpu.free_milli
+            self.card_compute[i, j] = gpu.free_milli
             mem = gpu.free_memory_mib
             self.card_memory[i, j] = UNTRACKED_MEMORY if mem is None else mem
         self.affinity[i] = dict(state.affinity_counts)
@@ -271,10 +306,13 @@ class ClusterState:
 
     def same_shape(self, i: int, state: NodeState) -> bool:
         """Whether ``state`` keeps row ``i``'s cards (indices and models) and CPU capacity,
-        the row's constants: only then can :meth:`update_node` take it."""
+        the row's constants: only then can :meth:`update_node` take it. A card's whole
+        memory is one too (it makes the card's level)."""
         gpus = sorted(state.gpus, key=lambda g: g.index)
+        totals = tuple((g.memory_mib or 0) if g.free_memory_mib is not None else 0 for g in gpus)
         return (
             tuple(g.index for g in gpus) == self.card_index[i]
+            and totals == tuple(self.card_memory_total[i, : len(gpus)].tolist())
             and tuple(g.model or state.gpu_model for g in gpus) == self.card_models[i]
             # Without cards the node's own model is the row's (equal cards imply it otherwise).
             and (bool(gpus) or state.gpu_model == self.models[i])

@@ -10,10 +10,31 @@ placement, offline and live (``tests/extender/test_workload_definition.py``).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 from kubegpu.placement.fragmentation import ClassKey, TypicalWorkload
+from kubegpu.placement.model import NodeState
 from kubegpu.placement.policy import PolicySpec
+
+
+def reference_card_memory(card_memories: Iterable[int | None]) -> int | None:
+    """The card memory (MiB) a workload's shares are classed against
+    (:func:`~kubegpu.placement.fragmentation.class_key`): the most common among the
+    cluster's cards, the smaller on a tie; ``None`` when no card's memory is known (the
+    traces: shares are then classed by compute alone, as the paper's simulator does).
+
+    One class per share, however many card sizes: the engine scores each node at the share's
+    level on that node's cards; the workload only says which shares to expect."""
+    counts = Counter(m for m in card_memories if m)
+    if not counts:
+        return None
+    return min(counts, key=lambda m: (-counts[m], m))
+
+
+def node_card_memories(nodes: Iterable[NodeState]) -> Iterable[int | None]:
+    """Each card's memory (MiB, ``None`` where unknown), over ``nodes``."""
+    return (g.memory_mib for n in nodes for g in n.gpus)
 
 
 def target_workload(policy: PolicySpec, classes: Iterable[ClassKey]) -> TypicalWorkload:

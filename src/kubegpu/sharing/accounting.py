@@ -123,10 +123,11 @@ def node_state(info: NodeInfo, usages: Iterable[PodUsage]) -> NodeState:
                         max(0, MILLI_PER_GPU - milli),
                         max(0, gpu.memory_mib - memory),
                         model_key(gpu.model),
+                        gpu.memory_mib,
                     )
                 )
             else:
-                gpus.append(GpuState(gpu.index, 0, 0, model_key(gpu.model)))
+                gpus.append(GpuState(gpu.index, 0, 0, model_key(gpu.model), gpu.memory_mib))
     return NodeState(
         info.name,
         cpu_capacity_milli=info.cpu_milli,

@@ -35,6 +35,8 @@ from kubegpu.placement.policies import (
 from kubegpu.simulate.arrivals import load_fixture
 from kubegpu.simulate.bound import SolverMissing, solver
 from kubegpu.simulate.jobs import MIG_LABELS, Job, JobResult, run_job
+from kubegpu.simulate.memory_only import VARIANTS as MEMORY_VARIANTS
+from kubegpu.simulate.memory_only import UnknownModel, with_card_memory
 from kubegpu.simulate.replay import COLUMNS
 from kubegpu.simulate.traces import TraceError, load_nodes, load_pods
 
@@ -339,6 +341,15 @@ def _card_choice_help() -> str:
     "smallest profile with its compute, a whole GPU for the 7g instance.",
 )
 @click.option(
+    "--memory-only",
+    type=click.Choice(MEMORY_VARIANTS),
+    default=None,
+    help="Replay the trace with every GPU share asking for card memory alone, as gpushare's "
+    "and Volcano's pods do (docs/sharing.md, 'Memory-only shares'): 'openb' asks the share's "
+    "fraction of the most common card it may use, 'gpushare' a whole number of GiB drawn "
+    "uniformly up to that card's; cards get their models' memory.",
+)
+@click.option(
     "--plot/--no-plot",
     default=True,
     show_default=True,
@@ -359,10 +370,17 @@ def simulate(
     paper_csv: Path | None,
     bound: bool,
     mig: bool,
+    memory_only: str | None,
     plot: bool,
 ) -> None:
     """Replay GPU traces through the placement engine by the FGD paper's method."""
     specs, seed_list = policies, seeds
+    if memory_only is not None and (bound or mig):
+        other = "--bound" if bound else "--mig"
+        raise click.BadParameter(
+            f"cannot be combined with {other}, which model compute shares",
+            param_hint="'--memory-only'",
+        )
     if bound:
         try:
             solver()
@@ -377,9 +395,11 @@ def simulate(
     _prepare_out(out_dir)
     try:
         nodes = load_nodes(nodes_csv)
+        if memory_only is not None:
+            with_card_memory(nodes)  # every model's memory known, or exit 2 here
         pods_by_file = {p: load_pods(p) for p in pods_csvs}
         paper = read_paper(paper_csv) if paper_csv is not None else {}
-    except TraceError as exc:
+    except (TraceError, UnknownModel) as exc:
         click.echo(f"error: {exc}", err=True)
         ctx.exit(2)
         return
@@ -402,7 +422,16 @@ def simulate(
             for spec in specs:
                 for choice in card_choices:
                     work.append(
-                        Job(nodes_csv, pods_csv, fixture, spec.name, seed, inflation, choice)
+                        Job(
+                            nodes_csv,
+                            pods_csv,
+                            fixture,
+                            spec.name,
+                            seed,
+                            inflation,
+                            choice,
+                            memory_only or "",
+                        )
                     )
             if bound:
                 work += [Job(nodes_csv, pods_csv, fixture, name, seed, inflation)

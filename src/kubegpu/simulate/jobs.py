@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import resource
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +20,7 @@ from kubegpu.placement.model import NodeState
 from kubegpu.placement.policies import get_policy
 from kubegpu.simulate.arrivals import Arrivals, generate_arrivals, load_fixture
 from kubegpu.simulate.hindsight import HINDSIGHT_LABELS, hindsight
+from kubegpu.simulate.memory_only import memory_only, with_card_memory
 from kubegpu.simulate.mig import MIG_POLICIES, MigResult, mig_variant, replay_mig
 from kubegpu.simulate.replay import ReplayResult, discretise, replay, target_workload
 from kubegpu.simulate.traces import TracePod, load_nodes, load_pods
@@ -47,10 +48,13 @@ class Job:
     seed: int
     inflation: float
     card_choice: CardChoice = CardChoice.POLICY
+    # A memory-only variant of the trace (kubegpu.simulate.memory_only.VARIANTS), or "".
+    memory_only: str = ""
 
     @property
     def workload(self) -> str:
-        return self.pods.stem
+        """The pod list's name, with the memory-only variant: ``default-memory-openb``."""
+        return f"{self.pods.stem}-memory-{self.memory_only}" if self.memory_only else self.pods.stem
 
     @property
     def label(self) -> str:
@@ -94,6 +98,11 @@ def run_job(job: Job) -> JobResult:
     cpu_started = time.process_time()
     nodes = _nodes(job.nodes)
     pods = _pods(job.pods)
+    if job.memory_only:
+        # Re-expressed before the arrivals are drawn: they are tuned by what shares hold.
+        nodes = with_card_memory(nodes)
+        requests = memory_only([p.request for p in pods], nodes, job.memory_only, job.seed)
+        pods = [replace(p, request=r) for p, r in zip(pods, requests, strict=True)]
     arrivals: Arrivals
     if job.arrivals is not None:
         arrivals = load_fixture(job.arrivals, pods, nodes)
@@ -112,7 +121,7 @@ def run_job(job: Job) -> JobResult:
             failed = sum(1 for s in found.packing.slots if s is None)
     else:
         spec = get_policy(job.policy)
-        workload = target_workload(spec, pods)
+        workload = target_workload(spec, pods, nodes)
         result = replay(nodes, arrivals, spec, workload, job.seed, card_choice=job.card_choice)
         columns, failed = discretise(result), result.failed_pods
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -18,9 +18,10 @@ from kubegpu.placement.engine import PlacementEngine
 from kubegpu.placement.fragmentation import ClassKey, TypicalWorkload, class_key
 from kubegpu.placement.model import MILLI_PER_GPU, NodeState, PodRequest
 from kubegpu.placement.policies import POLICIES, PolicySpec
+from kubegpu.placement.target import node_card_memories, reference_card_memory
 from kubegpu.placement.target import target_workload as workload_for
 from kubegpu.placement.waste import WasteWeights
-from kubegpu.simulate.arrivals import Arrivals
+from kubegpu.simulate.arrivals import Arrivals, card_demand
 from kubegpu.simulate.traces import TracePod
 
 COLUMNS = tuple(range(131))  # arrived workload 0 … 130 % of cluster GPU capacity
@@ -75,7 +76,12 @@ def replay(
     """Place every arriving pod with ``policy``; record the two counters after each.
     ``waste_weights`` vary our policy's constants (benchmarks only); ``card_choice`` picks
     the card as DRA's allocator would (see ``placement.device_order``; ``allocator_aware``
-    as :func:`ranked_engine`)."""
+    as :func:`ranked_engine`).
+
+    A pod's demand is its cards' milli; a share's, where the cards' memory is known (the
+    memory-only variants, :mod:`kubegpu.simulate.memory_only`), its level on the cluster's
+    most common card (:func:`~kubegpu.placement.model.share_milli`), so a share asking only
+    memory counts what it holds."""
     engine = ranked_engine(
         nodes, arrivals, policy, workload, seed, waste_weights, card_choice, allocator_aware
     )
@@ -84,8 +90,9 @@ def replay(
     used = np.zeros(count, dtype=np.int64)
     arrived_total = used_total = failed = 0
     place = engine.place
+    card_memory = reference_card_memory(node_card_memories(nodes))
     for e, pod in enumerate(arrivals.pods):
-        demand = pod.gpu_count * pod.gpu_milli
+        demand = pod.gpu_count * card_demand(pod, card_memory)
         arrived_total += demand
         if place(pod) is None:
             failed += 1
@@ -127,18 +134,30 @@ def typical_workload(pods: Sequence[PodRequest | TracePod]) -> TypicalWorkload:
     return target_workload(POLICIES["fgd"], pods)
 
 
-def class_keys(pods: Sequence[PodRequest | TracePod]) -> list[ClassKey]:
-    """One class key per pod, a trace pod's models spelt as in the trace."""
+def class_keys(
+    pods: Sequence[PodRequest | TracePod], card_memory_mib: int | None = None
+) -> list[ClassKey]:
+    """One class key per pod, a trace pod's models spelt as in the trace; shares at their
+    level on a card of ``card_memory_mib`` (None: memory not known, by compute)."""
     return [
-        class_key(p.request, p.gpu_spec) if isinstance(p, TracePod) else class_key(p) for p in pods
+        class_key(p.request, p.gpu_spec, card_memory_mib)
+        if isinstance(p, TracePod)
+        else class_key(p, card_memory_mib=card_memory_mib)
+        for p in pods
     ]
 
 
-def target_workload(policy: PolicySpec, pods: Sequence[PodRequest | TracePod]) -> TypicalWorkload:
+def target_workload(
+    policy: PolicySpec,
+    pods: Sequence[PodRequest | TracePod],
+    nodes: Sequence[NodeState] = (),
+) -> TypicalWorkload:
     """The workload ``policy`` measures fragmentation against: every pod of the original
     trace (CPU-only ones too), by the one definition the extender uses as well
-    (:func:`kubegpu.placement.target.target_workload`)."""
-    return workload_for(policy, class_keys(pods))
+    (:func:`kubegpu.placement.target.target_workload`): shares at their level on the most
+    common card of ``nodes`` where their memory is known."""
+    card_memory = reference_card_memory(node_card_memories(nodes))
+    return workload_for(policy, class_keys(pods, card_memory))
 
 
 def capacity_milli(nodes: Sequence[NodeState]) -> int:
