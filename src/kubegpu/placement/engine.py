@@ -80,6 +80,10 @@ class PlacementEngine(ClusterState):
             raise ValueError(f"policy {self.policy.name} needs a target workload")
         self._rng = np.random.default_rng(seed)
         super().__init__(nodes, track_states=workload is not None)
+        self._levelled_memo: (
+            tuple[PodRequest, IntArray, int, tuple[list[tuple[PodRequest, IntArray]], IntArray]]
+            | None
+        ) = None
         inputs = PolicyInputs(self, workload, self._rng, waste_weights)
         self.node_scorer = self.policy.node_scorer(inputs)
         self.card_chooser = self.policy.cards.build(inputs, self.node_scorer)
@@ -108,12 +112,11 @@ class PlacementEngine(ClusterState):
         the policies score a share by. Its ``gpu_milli`` where levels do not apply."""
         if not self._levels(pod):
             return np.full(rows.size, pod.gpu_milli, dtype=np.int64)
-        totals = self.row_card_memory[rows]
-        known = np.unique(totals)
-        if known.size == 1:  # one card memory among the rows: the common case
-            return np.full(rows.size, self._share(pod, int(known[0])), dtype=np.int64)
-        by_total = np.array([self._share(pod, int(t)) for t in known], dtype=np.int64)
-        levels: IntArray = by_total[np.searchsorted(known, totals)]
+        sizes = self.card_memory_sizes.tolist()
+        if len(sizes) == 1:  # one card memory in the cluster: the common case
+            return np.full(rows.size, self._share(pod, sizes[0]), dtype=np.int64)
+        by_size = np.array([self._share(pod, t) for t in sizes], dtype=np.int64)
+        levels: IntArray = by_size[self.row_memory_size[rows]]
         return levels
 
     def _levels(self, pod: PodRequest) -> bool:
@@ -140,6 +143,11 @@ class PlacementEngine(ClusterState):
         every = np.arange(rows.size, dtype=np.int64)
         if not self._levels(pod):
             return [(pod, every)], NO_ROWS
+        memo = self._levelled_memo
+        # The extender's ranking asks for scores and the best node of one pod and row array in
+        # a row: the second call reuses the first's split while nothing has changed.
+        if memo is not None and memo[0] is pod and memo[1] is rows and memo[2] == self.version:
+            return memo[3]
         levels = self.share_levels(pod, rows)
         groups: list[tuple[PodRequest, IntArray]] = []
         left: list[IntArray] = []
@@ -150,7 +158,9 @@ class PlacementEngine(ClusterState):
             fits = eligible_cards(self, rows[where], at_level).any(axis=1)
             groups.append((replace(at_level, gpu_memory_mib=None), where[fits]))
             left.append(where[~fits])
-        return groups, np.concatenate(left) if left else NO_ROWS
+        found = groups, np.concatenate(left) if left else NO_ROWS
+        self._levelled_memo = (pod, rows, self.version, found)
+        return found
 
     # ----------------------------------------------------------------- scoring
     def scores(self, pod: PodRequest, rows: IntArray) -> IntArray:

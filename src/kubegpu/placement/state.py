@@ -127,6 +127,13 @@ class ClusterState:
             self.card_memory_total > 0, self.card_memory_total, np.iinfo(np.int64).max
         ).min(axis=1, initial=np.iinfo(np.int64).max)
         self.row_card_memory[self.row_card_memory == np.iinfo(np.int64).max] = 0
+        # The distinct card memories, and each row's index into them (a share has one level
+        # per card memory, computed once per call rather than per row).
+        self.card_memory_sizes, self.row_memory_size = np.unique(
+            self.row_card_memory, return_inverse=True
+        )
+        # Bumped by every change to a row: what a per-call memo checks it is still current by.
+        self.version = 0
         self.affinity: list[dict[str, int]] = [dict(x.affinity_counts) for x in ordered]
         self.affinity_arrays: dict[str, IntArray] = {}  # per tag: each row's count, kept fresh
         self.distinct_tags = np.array([len(a) for a in self.affinity], dtype=np.int64)
@@ -154,6 +161,7 @@ class ClusterState:
 
     def refresh_row(self, i: int) -> None:
         """Recompute row ``i``'s derived columns after its free resources changed."""
+        self.version += 1
         count = self.gpu_count[i]
         compute = self.card_compute[i, :count]
         if self.levels_memory:
