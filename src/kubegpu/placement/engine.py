@@ -155,7 +155,10 @@ class PlacementEngine(ClusterState):
         for level in distinct:
             where = every if len(distinct) == 1 else every[levels == level]
             at_level = replace(pod, gpu_milli=level)
-            fits = eligible_cards(self, rows[where], at_level).any(axis=1)
+            if pod.gpu_models:  # some cards of a row may not be allowed: check card by card
+                fits = eligible_cards(self, rows[where], at_level).any(axis=1)
+            else:
+                fits = self.largest_level[rows[where]] >= level
             groups.append((replace(at_level, gpu_memory_mib=None), where[fits]))
             left.append(where[~fits])
         found = groups, np.concatenate(left) if left else NO_ROWS

@@ -140,6 +140,7 @@ class ClusterState:
         self.gpu_free_total = np.zeros(n, dtype=np.int64)
         self.full_cards = np.zeros(n, dtype=np.int64)
         self.largest_card = np.zeros(n, dtype=np.int64)
+        self.largest_level = np.zeros(n, dtype=np.int64)
         self.mixed_rows: IntArray = np.flatnonzero(np.array(self.mixed, dtype=bool))
         self._selections: dict[frozenset[str], ModelSelection] = {}
         # Fragmentation state: each row's (free CPU, sorted free milli, model) is interned to a
@@ -173,8 +174,10 @@ class ClusterState:
         free = self.card_free[i, :count]
         self.gpu_free_total[i] = int(free.sum())
         self.full_cards[i] = int((free == MILLI_PER_GPU).sum())
-        # Feasibility's quick bound: the most compute any one card has free.
+        # Feasibility's quick bound: the most compute any one card has free; and the highest
+        # level, whether a share's level fits some card of the row (PlacementEngine.levelled).
         self.largest_card[i] = int(compute.max()) if compute.size else NO_CARD
+        self.largest_level[i] = int(free.max()) if free.size else NO_CARD
         for tag, array in self.affinity_arrays.items():
             array[i] = self.affinity[i].get(tag, 0)
         self.distinct_tags[i] = len(self.affinity[i])
