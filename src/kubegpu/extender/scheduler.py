@@ -2,11 +2,13 @@
 
 :class:`GpuScheduler` keeps one :class:`~kubegpu.placement.engine.PlacementEngine` in step with
 the cluster view (:class:`~kubegpu.extender.view.ClusterState`): rows of nodes whose usage
-changed are rewritten before each call, and the engine is rebuilt when the node set, a node's
-inventory or the target workload changes (the engine has no add/remove-node operation).
-Everything here is synchronous: a decision and its reservation happen in one step of the event
-loop, so two binds can never both take the last room on a card, and no lock (node-wide or
-other) is needed.
+changed are rewritten before each call, and the engine is rebuilt when the node set or a node's
+cards change (the engine has no add/remove-node operation). The target workload is refreshed
+off the request path (:mod:`kubegpu.extender.refresh`): a background thread checks it and, when
+it changed, builds the replacement engine, swapped in at the start of a later call.
+Everything else here is synchronous: a decision and its reservation happen in one step of the
+event loop, so two binds can never both take the last room on a card, and no lock (node-wide
+or other) is needed; the swap happens in such a step too.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import operator
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -32,12 +35,12 @@ from kubegpu.extender.reasons import (
     rows_of,
     structural,
 )
+from kubegpu.extender.refresh import Refresher, ViewCopy
 from kubegpu.extender.view import ClusterState
 from kubegpu.placement.engine import PlacementEngine, RowShapeChanged
-from kubegpu.placement.fragmentation import ClassKey, TypicalWorkload, class_key
+from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import MILLI_PER_GPU
 from kubegpu.placement.policies import extender_policy
-from kubegpu.placement.target import reference_card_memory, target_workload
 from kubegpu.sharing.accounting import NodeInfo, PodUsage, node_state
 from kubegpu.sharing.annotations import (
     AllocationDecision,
@@ -45,7 +48,6 @@ from kubegpu.sharing.annotations import (
     ContainerAllocation,
     NodeGpuInventory,
 )
-from kubegpu.sharing.claim import read_claim
 from kubegpu.sharing.podstate import pod_uid
 from kubegpu.sharing.resources import (
     GpuRequest,
@@ -98,6 +100,7 @@ class GpuScheduler:
         workload: TypicalWorkload | None = None,
         workload_refresh_s: float = 300.0,
         clock: Callable[[], float] = time.time,
+        executor: Executor | None = None,
     ) -> None:
         self.view = view
         self.policy = policy.strip().lower()
@@ -115,8 +118,16 @@ class GpuScheduler:
         self._row_cache: list[tuple[tuple[str, ...], npt.NDArray[np.int64]]] = []
         self._facts: NodeFacts | None = None
         self._built_topology = -1
-        self._built_at = 0.0
-        self.rebuilds = 0
+        # The engine's row names: kept across workload refreshes (same rows), so what is made
+        # per name list (server.py's PriorityEncoder) is made again only on a rebuild.
+        self._names: Sequence[str] = ()
+        self._workload: TypicalWorkload | None = None  # the engine's
+        # ``executor`` runs the refreshes (default: a daemon thread each).
+        self._refresher = Refresher(
+            self.engine_policy, view.names, workload_refresh_s, executor=executor
+        )
+        self.rebuilds = 0  # on the request path: first call, node set or a node's cards
+        self.refreshes = 0  # engines swapped in for a changed workload, built off the path
 
     # ------------------------------------------------------------------ engine upkeep
     def _needs_workload(self) -> bool:
@@ -125,48 +136,83 @@ class GpuScheduler:
     def current_workload(self) -> TypicalWorkload:
         """The configured distribution, else every pod in the cluster, CPU-only ones included,
         by the definition the simulator uses too (``kubegpu.placement.target``); an empty
-        workload makes every node equally unfragmented."""
+        workload makes every node equally unfragmented. Computed now, reading each pod's
+        request once (:class:`~kubegpu.extender.refresh.PodClasses`); the engine's own object
+        when equal to it, so a caller caching on the workload's identity (DRA ranking) keeps
+        its cache."""
         if self.configured_workload is not None:
             return self.configured_workload
-        # Shares are classed at their level on the cluster's most common card (memory too).
-        card_memory = reference_card_memory(
-            g.memory_mib
-            for info in self.view.nodes.values()
-            if info.inventory is not None
-            for g in info.inventory.gpus
-        )
-        classes: list[ClassKey] = []
-        for pod in self.view.pod_json.values():
-            request = read_claim(pod, self.view.names).request
-            if request is None:
-                continue
-            classes.append(class_key(request.to_placement(), card_memory_mib=card_memory))
-        return target_workload(self.engine_policy, classes)
+        found = self._refresher.workload(self.view.pod_json.items(), self.view.nodes.values())
+        return self._workload if self._workload is not None and found == self._workload else found
 
     def engine(self) -> PlacementEngine:
         """The engine, brought up to date with the view."""
         view = self.view
-        stale_workload = (
-            self._needs_workload()
-            and self.configured_workload is None
-            and self.clock() - self._built_at > self.workload_refresh_s
-        )
-        if self._engine is None or view.topology_version != self._built_topology or stale_workload:
+        if self._engine is None or view.topology_version != self._built_topology:
             self._rebuild()
-        else:
+        elif self._swap_refreshed():
             for node in sorted(view.dirty_nodes):
                 if not self._rewrite_row(node):
                     self._rebuild()
                     break
         view.dirty_nodes.clear()
         assert self._engine is not None
+        now = self.clock()
+        if self._refreshes_workload() and self._refresher.due(now):
+            # The engine is in step with the view here; rows rewritten from now on are noted
+            # (_rewrite_row) and written again into the new engine.
+            self._refresher.start(self._engine, self._workload, ViewCopy.of(view), now)
         return self._engine
+
+    def _refreshes_workload(self) -> bool:
+        return self._needs_workload() and self.configured_workload is None
+
+    def _swap_refreshed(self) -> bool:
+        """Swap in the engine a finished refresh built, if any, after writing into it the rows
+        the serving one took since the refresh copied the view. False when the engine was
+        rebuilt instead (a row changed shape meanwhile)."""
+        done = self._refresher.finished()
+        if done is None:
+            return True
+        job, refreshed = done
+        old, new = self._engine, refreshed.engine
+        if job.base is not old or new is None:
+            # Rebuilt on the path meanwhile (with the workload of then), or unchanged.
+            log.debug("target workload checked in %.0f ms", refreshed.seconds * 1000)
+            return True
+        assert old is not None
+        if new.names != old.names:  # the node set is the same (no rebuild since), so never
+            self._rebuild()
+            return False
+        for node in sorted(job.rewritten):
+            info = self.view.nodes.get(node)
+            if info is None:
+                continue  # gone: the topology changed, and the next call rebuilds
+            try:
+                new.update_node(node_state(info, self.view.usages_on(node)))
+            except RowShapeChanged:
+                self._rebuild()
+                return False
+            self._row_versions[self._rows[node]] += 1
+        self._engine = new
+        self._workload = refreshed.workload
+        self.refreshes += 1
+        log.info(
+            "placement engine swapped for a new target workload of %d classes (built in %.0f ms "
+            "off the request path; %d rows written again)",
+            len(refreshed.workload.pods),
+            refreshed.seconds * 1000,
+            len(job.rewritten),
+        )
+        return True
 
     def _rebuild(self) -> None:
         view = self.view
         states = [node_state(info, view.usages_on(name)) for name, info in view.nodes.items()]
         workload = self.current_workload() if self._needs_workload() else None
         self._engine = PlacementEngine(states, self.engine_policy, workload=workload)
+        self._workload = workload
+        self._names = self._engine.names
         self._rows = {name: i for i, name in enumerate(self._engine.names)}
         # Row -> name as an object array: numpy picks thousands of names in C.
         self._row_names = np.empty(len(self._engine.names), dtype=object)
@@ -176,9 +222,11 @@ class GpuScheduler:
         self._row_cache.clear()
         self._facts = NodeFacts.build(self._engine, view.nodes)
         self._built_topology = view.topology_version
-        self._built_at = self.clock()
+        # The workload was found just now. A refresh in flight is dropped when it finishes
+        # (it was not built for this engine).
+        self._refresher.checked_at = self.clock()
         self.rebuilds += 1
-        log.debug("placement engine rebuilt over %d nodes", len(states))
+        log.info("placement engine rebuilt over %d nodes", len(states))
 
     def _rewrite_row(self, node: str) -> bool:
         """Write one node's current free resources into its engine row; False when the row's
@@ -189,6 +237,7 @@ class GpuScheduler:
             return info is None  # a vanished node's row is harmless until the next rebuild
         i = engine.row_of(node)
         state = node_state(info, self.view.usages_on(node))
+        self._refresher.note_rewrite(node)  # a refresh in flight copied the row before this
         try:
             engine.update_node(state)
         except RowShapeChanged:
@@ -301,7 +350,8 @@ class GpuScheduler:
     @property
     def row_names(self) -> Sequence[str]:
         """Node name of each engine row (a new object whenever the engine is rebuilt)."""
-        return self.engine().names
+        self.engine()
+        return self._names
 
     def prioritize_rows(
         self, request: GpuRequest, node_names: Sequence[str]
@@ -315,6 +365,8 @@ class GpuScheduler:
         # The engine scores a share at its level on each card, memory included
         # (PlacementEngine.levelled): a pod asking only memory is ranked by its memory.
         pod = request.to_placement()
+        if self._refreshes_workload():
+            self._refresher.note_shape(pod)  # a refreshed engine is warmed with it
         rows = self.rows(node_names)
         feasible = np.zeros(len(engine.names) + 1, dtype=bool)
         feasible[engine.feasible_rows(pod)] = True
