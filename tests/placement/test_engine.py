@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 
 from kubegpu.placement.engine import PlacementEngine
@@ -132,3 +135,30 @@ def test_update_node_replaces_a_rows_free_resources_in_place() -> None:
     assert "node-b" not in eng.score(PodRequest(1000, 0, 1, 500))
     with pytest.raises(ValueError, match="rebuild"):
         eng.update_node(NodeState("node-b", 32_000, 32_000, 1, "T4", fresh.gpus))
+
+
+def test_a_retired_engine_goes_by_reference_count() -> None:
+    # The extender replaces its engine every workload refresh; its scorers hold it, so without
+    # retire() it waited for a full cyclic collection, a pause of every verb (issue 32).
+    node = NodeState("n", 64000, 64000, 1 << 20, "A100", tuple(GpuState(j) for j in range(4)))
+    pod = PodRequest(1000, 1024, 1, 300)
+    workload = TypicalWorkload.from_pods([pod])
+    for policy in ("kubegpu", "fgd", "bestfit"):
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            kept = PlacementEngine([node], policy, workload)
+            kept.place(pod)
+            unretired = weakref.ref(kept)
+            del kept
+            assert unretired() is not None, policy  # the cycle: only a collection frees it
+            engine = PlacementEngine([node], policy, workload)
+            engine.place(pod)
+            retired = weakref.ref(engine)
+            engine.retire()
+            del engine
+            assert retired() is None, policy
+        finally:
+            if enabled:
+                gc.enable()
+            gc.collect()

@@ -8,6 +8,7 @@ configuration is logged once. Exit codes: 0 stopped by a signal, 2 bad configura
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from collections.abc import Callable
@@ -220,6 +221,16 @@ async def _serve(config: ExtenderConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with ExtenderService(config):
-        await stop.wait()
+    async with ExtenderService(config) as service:
+        synced = asyncio.ensure_future(service.view.synced.wait())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait((synced, stopped), return_when=asyncio.FIRST_COMPLETED)
+        if synced.done():
+            # What the first lists brought (nodes, pods, the view) lives as long as the
+            # process: out of the cyclic collector's sight, its full collections, which pause
+            # every verb, scan only what came since (100-160 ms each at 5,000 nodes before;
+            # issue 32). Frozen objects are still freed by reference count when dropped.
+            gc.freeze()
+        synced.cancel()
+        await stopped
     log.info("kubegpu extender stopped")

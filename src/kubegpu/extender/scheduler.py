@@ -178,6 +178,8 @@ class GpuScheduler:
         old, new = self._engine, refreshed.engine
         if job.base is not old or new is None:
             # Rebuilt on the path meanwhile (with the workload of then), or unchanged.
+            if new is not None:
+                new.retire()
             log.debug("target workload checked in %.0f ms", refreshed.seconds * 1000)
             return True
         assert old is not None
@@ -194,6 +196,7 @@ class GpuScheduler:
                 self._rebuild()
                 return False
             self._row_versions[self._rows[node]] += 1
+        old.retire()
         self._engine = new
         self._workload = refreshed.workload
         self.refreshes += 1
@@ -210,6 +213,8 @@ class GpuScheduler:
         view = self.view
         states = [node_state(info, view.usages_on(name)) for name, info in view.nodes.items()]
         workload = self.current_workload() if self._needs_workload() else None
+        if self._engine is not None:
+            self._engine.retire()
         self._engine = PlacementEngine(states, self.engine_policy, workload=workload)
         self._workload = workload
         self._names = self._engine.names
