@@ -64,6 +64,8 @@ from kubegpu.testing.apiserver import FakeApiServer, ServerThread
 LOG_EVENTS = {
     "swap": "placement engine swapped for a new target workload",
     "rebuild": "placement engine rebuilt over",
+    # kubegpu.kube.list_watch: a watch's resource version fell out of the server's history.
+    "relist": "watch expired at",
 }
 SLOW_FACTOR = 5  # issue 32: max decision ≤ 5× p99
 
