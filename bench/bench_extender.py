@@ -69,19 +69,11 @@ from kubegpu.sharing.annotations import (
     NodeGpuInventory,
     encode_inventory,
 )
+from kubegpu.simulate.memory_only import MODEL_MEMORY_MIB  # the card memory per openb model
 from kubegpu.testing.apiserver import FakeApiServer, ServerThread, make_node, make_pod
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = REPO / "../shared/traces/openb/openb_node_list_gpu_node.csv"
-MODEL_MEMORY_MIB = {
-    "P100": 16384,
-    "T4": 15360,
-    "V100M16": 16384,
-    "V100M32": 32768,
-    "A10": 24576,
-    "G2": 32768,  # anonymised models in the trace: assumed 32 GiB
-    "G3": 32768,
-}
 SYNTHETIC_MODELS = [("A100-80GB", 81920), ("H100-80GB", 81920), ("L40S", 46068), ("T4", 15360)]
 MEMORY, COMPUTE, SLOT, WHOLE = (
     "kubegpu.io/gpu-memory",
