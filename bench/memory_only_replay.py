@@ -45,7 +45,7 @@ from kubegpu.placement.policies import get_policy
 from kubegpu.placement.policies.cards import first_by_keys
 from kubegpu.placement.target import node_card_memories, reference_card_memory
 from kubegpu.placement.target import target_workload as target
-from kubegpu.simulate.arrivals import Arrivals, card_demand, generate_arrivals
+from kubegpu.simulate.arrivals import Arrivals, generate_arrivals
 from kubegpu.simulate.memory_only import memory_only, with_card_memory
 from kubegpu.simulate.replay import ReplayResult, discretise, ranked_engine, target_workload
 from kubegpu.simulate.traces import TracePod, load_nodes, load_pods
@@ -131,7 +131,7 @@ def replay_counts(
     arrived_total = used_total = gpu_pods = placed = 0
     first: int | None = None
     for e, pod in enumerate(arrivals.pods):
-        demand = pod.gpu_count * card_demand(pod, card_memory)
+        demand = pod.gpu_count * pod.card_milli(card_memory)
         arrived_total += demand
         ok = place(pod)
         if pod.gpu_count:

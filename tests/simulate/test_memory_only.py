@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from kubegpu.placement.model import GpuState, NodeState, PodRequest
-from kubegpu.simulate.arrivals import card_demand
 from kubegpu.simulate.memory_only import (
     MEMORY_ONLY_COMPUTE_MILLI,
     MODEL_MEMORY_MIB,
@@ -52,7 +51,7 @@ def test_openb_variant_asks_the_share_fraction_of_the_most_common_card_it_may_us
     assert t4_only.gpu_memory_mib == MODEL_MEMORY_MIB["T4"] // 2
     assert (pair, cpu) == (pods[2], pods[3])
     # Counted at its level on the most common card: the trace's 250 milli again.
-    assert card_demand(share, 32768) == 250
+    assert share.card_milli(32768) == 250
 
 
 def test_gpushare_variant_draws_whole_gib_fixed_by_seed_and_name() -> None:

@@ -33,7 +33,6 @@ from kubegpu.placement.model import (
     NodeState,
     Placement,
     PodRequest,
-    share_milli,
 )
 from kubegpu.placement.policies import PolicySpec, get_policy
 from kubegpu.placement.policies.cards import first_by_keys, lowest_full_cards
@@ -115,23 +114,19 @@ class PlacementEngine(ClusterState):
     # ----------------------------------------------------------------- levels
     def share_levels(self, pod: PodRequest, rows: IntArray) -> IntArray:
         """Per row of ``rows``, how much of a card there ``pod`` takes, in milli of the card
-        (:func:`~kubegpu.placement.model.share_milli` against the row's card memory): what
+        (:meth:`~kubegpu.placement.model.PodRequest.card_milli` against the row's card memory): what
         the policies score a share by. Its ``gpu_milli`` where levels do not apply."""
         if not self._levels(pod):
             return np.full(rows.size, pod.gpu_milli, dtype=np.int64)
         sizes = self.card_memory_sizes.tolist()
         if len(sizes) == 1:  # one card memory in the cluster: the common case
-            return np.full(rows.size, self._share(pod, sizes[0]), dtype=np.int64)
-        by_size = np.array([self._share(pod, t) for t in sizes], dtype=np.int64)
+            return np.full(rows.size, pod.card_milli(sizes[0] or None), dtype=np.int64)
+        by_size = np.array([pod.card_milli(t or None) for t in sizes], dtype=np.int64)
         levels: IntArray = by_size[self.row_memory_size[rows]]
         return levels
 
     def _levels(self, pod: PodRequest) -> bool:
         return self.levels_memory and pod.is_gpu_share
-
-    @staticmethod
-    def _share(pod: PodRequest, card_memory_mib: int) -> int:
-        return share_milli(pod.gpu_milli, pod.gpu_memory_mib, card_memory_mib or None)
 
     def levelled(
         self, pod: PodRequest, rows: IntArray

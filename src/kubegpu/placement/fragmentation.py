@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from kubegpu.placement.model import MILLI_PER_GPU, PodRequest, share_milli
+from kubegpu.placement.model import MILLI_PER_GPU, PodRequest
 
 # Fragment categories in the simulator's accumulation order (Q3 "satisfied" is index 2 and is
 # not fragment). The final sum runs over the others in index order.
@@ -51,10 +51,7 @@ def class_key(
     workload's reference card, :func:`~kubegpu.placement.target.reference_card_memory`), so a
     share asking only memory is the class of what it holds."""
     spec = "|".join(sorted(pod.gpu_models)) if gpu_spec is None else gpu_spec
-    milli = pod.gpu_milli
-    if pod.is_gpu_share:
-        milli = share_milli(milli, pod.gpu_memory_mib, card_memory_mib)
-    return (pod.cpu_milli, milli, pod.gpu_count, spec)
+    return (pod.cpu_milli, pod.card_milli(card_memory_mib), pod.gpu_count, spec)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,13 @@ class PodRequest:
     def allows_model(self, model: str) -> bool:
         return not self.gpu_models or model in self.gpu_models
 
+    def card_milli(self, card_memory_mib: int | None) -> int:
+        """Milli of a card of ``card_memory_mib`` (``None``: memory not known) each of this
+        pod's cards takes: a share's level (:func:`share_milli`), else its ``gpu_milli``."""
+        if not self.is_gpu_share:
+            return self.gpu_milli
+        return share_milli(self.gpu_milli, self.gpu_memory_mib, card_memory_mib)
+
 
 def share_milli(gpu_milli: int, gpu_memory_mib: int | None, card_memory_mib: int | None) -> int:
     """How much of a card a share takes, in milli of the card: the larger of its compute and

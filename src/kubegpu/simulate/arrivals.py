@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kubegpu.placement.model import MILLI_PER_GPU, NodeState, PodRequest, share_milli
+from kubegpu.placement.model import MILLI_PER_GPU, NodeState, PodRequest
 from kubegpu.placement.target import node_card_memories, reference_card_memory
 from kubegpu.simulate.traces import TraceError, TracePod
 
@@ -71,16 +71,6 @@ def _renamed(request: PodRequest, name: str) -> PodRequest:
     )
 
 
-def card_demand(pod: PodRequest, card_memory_mib: int | None) -> int:
-    """Milli of a card each of ``pod``'s cards takes: a share's level on a card of
-    ``card_memory_mib`` (the cluster's most common; ``None``: memory not known, its compute),
-    so a share asking only memory counts what it holds. What arrivals are tuned by and
-    replays count."""
-    if card_memory_mib is None or not pod.is_gpu_share:
-        return pod.gpu_milli
-    return share_milli(pod.gpu_milli, pod.gpu_memory_mib, card_memory_mib)
-
-
 def generate_arrivals(
     pods: Sequence[TracePod], nodes: Sequence[NodeState], seed: int, inflation: float
 ) -> Arrivals:
@@ -90,13 +80,14 @@ def generate_arrivals(
     order = [originals[i].request for i in rng.permutation(len(originals))]
     capacity = sum(len(n.gpus) for n in nodes) * MILLI_PER_GPU
     target = inflation * capacity
+    # Shares count at their level on the most common card (memory-only variants; else compute).
     card_memory = reference_card_memory(node_card_memories(nodes))
-    demand = sum(p.gpu_count * card_demand(p, card_memory) for p in order)
+    demand = sum(p.gpu_count * p.card_milli(card_memory) for p in order)
     if demand < target:
         clone = 0
         while True:
             candidate = originals[int(rng.integers(len(originals)))].request
-            per_card = card_demand(candidate, card_memory)
+            per_card = candidate.card_milli(card_memory)
             # As in the paper: the stop test uses the per-card share, not the total.
             if demand + per_card > target:
                 break
@@ -106,7 +97,7 @@ def generate_arrivals(
     else:
         while demand > target:
             removed = order.pop(int(rng.integers(len(order))))
-            demand -= removed.gpu_count * card_demand(removed, card_memory)
+            demand -= removed.gpu_count * removed.card_milli(card_memory)
     ranks = rng.permutation(len(nodes))
     by_name = sorted(n.name for n in nodes)
     return Arrivals(tuple(order), {name: int(r) for name, r in zip(by_name, ranks, strict=True)})

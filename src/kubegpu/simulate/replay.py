@@ -21,7 +21,7 @@ from kubegpu.placement.policies import POLICIES, PolicySpec
 from kubegpu.placement.target import node_card_memories, reference_card_memory
 from kubegpu.placement.target import target_workload as workload_for
 from kubegpu.placement.waste import WasteWeights
-from kubegpu.simulate.arrivals import Arrivals, card_demand
+from kubegpu.simulate.arrivals import Arrivals
 from kubegpu.simulate.traces import TracePod
 
 COLUMNS = tuple(range(131))  # arrived workload 0 … 130 % of cluster GPU capacity
@@ -80,8 +80,8 @@ def replay(
 
     A pod's demand is its cards' milli; a share's, where the cards' memory is known (the
     memory-only variants, :mod:`kubegpu.simulate.memory_only`), its level on the cluster's
-    most common card (:func:`~kubegpu.placement.model.share_milli`), so a share asking only
-    memory counts what it holds."""
+    most common card (:meth:`~kubegpu.placement.model.PodRequest.card_milli`), so a share
+    asking only memory counts what it holds."""
     engine = ranked_engine(
         nodes, arrivals, policy, workload, seed, waste_weights, card_choice, allocator_aware
     )
@@ -92,7 +92,7 @@ def replay(
     place = engine.place
     card_memory = reference_card_memory(node_card_memories(nodes))
     for e, pod in enumerate(arrivals.pods):
-        demand = pod.gpu_count * card_demand(pod, card_memory)
+        demand = pod.gpu_count * pod.card_milli(card_memory)
         arrived_total += demand
         if place(pod) is None:
             failed += 1
