@@ -102,6 +102,25 @@ async def test_relists_when_the_resume_version_has_expired() -> None:
             assert view.usages_on("n1") == []  # the deletion it missed is reflected
 
 
+async def test_an_idle_watch_kept_current_by_bookmarks_resumes_without_a_relist() -> None:
+    # History of 5 changes: the pods' churn pushes the nodes watch's version out of it. Only
+    # the bookmarks the view asks for (allowWatchBookmarks) move that version on, so the
+    # stream re-opened at the server's timeout resumes instead of relisting 5,000 nodes.
+    async with FakeApiServer(history_size=5, bookmark_interval_s=0.05) as server:
+        server.store.put("nodes", gpu_node("n1"))
+        async with watching(server) as view:
+            await eventually(lambda: server.store.open_watches == 2, "both watches open")
+            for i in range(12):
+                server.store.put("pods", bound(f"p{i}", "n1"))
+            head = str(server.store.resource_version)
+            await eventually(lambda: view._versions.get("nodes") == head, "nodes bookmarked")
+            server.drop_watches()  # as the real server ends a stream at its timeout
+            server.store.put("nodes", gpu_node("n2"))
+            await eventually(lambda: "n2" in view.nodes, "n2 seen on the resumed watch")
+            assert server.count("list", "nodes") == 1
+            assert view.relists == 2  # the first list of nodes and of pods, no more
+
+
 async def test_a_stale_event_never_rolls_a_pod_back() -> None:
     async with FakeApiServer() as server:
         server.store.put("nodes", gpu_node("n1"))

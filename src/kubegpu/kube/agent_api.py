@@ -20,6 +20,7 @@ from lightkube.types import PatchType
 from kubegpu.core.apiserver import ConflictError, PodListing
 from kubegpu.kube.client import KubeconfigError, load_kubeconfig_file
 from kubegpu.kube.inventory import publish_node_inventory_async, publish_node_mig_devices_async
+from kubegpu.kube.list_watch import watch_events
 from kubegpu.kube.node_capacity import publish_node_capacity_async
 from kubegpu.sharing.annotations import NodeGpuInventory, NodeMigDevices
 
@@ -74,7 +75,8 @@ class LightkubeNodeApi:
         self, resource_version: str, timeout_s: int
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         # lightkube re-opens a stream the server ended cleanly, from the last version it saw.
-        stream = self.client.watch(
+        stream = watch_events(
+            self.client,
             Pod,
             namespace="*",
             fields={"spec.nodeName": self.node},

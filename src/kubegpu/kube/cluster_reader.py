@@ -28,6 +28,7 @@ from lightkube.generic_resource import GenericGlobalResource, GenericNamespacedR
 from lightkube.resources.core_v1 import Node, Pod
 
 from kubegpu.kube.client import KubeconfigError, check_context_files, load_kubeconfig_file
+from kubegpu.kube.list_watch import watch_events
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +291,9 @@ async def follow_cluster(
                     if listed >= {"nodes", "pods"}:
                         state.synced.set()
                     state.changed.set()
-                stream = client.watch(kind, resource_version=version, **extra)
+                stream = watch_events(
+                    client, kind, resource_version=version, server_timeout=None, **extra
+                )
                 async for event, item in stream:
                     data: dict[str, Any] = dict(item)
                     rv = (data.get("metadata") or {}).get("resourceVersion")

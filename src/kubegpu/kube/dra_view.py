@@ -25,7 +25,7 @@ import lightkube
 
 from kubegpu.core.dra import KUBEGPU_NAMING, AllocatedDevice, DraNaming
 from kubegpu.core.dra_cluster import DraClaim, NodeSlices, SliceDevice, newest_devices
-from kubegpu.kube.list_watch import Backoff, keep_listing_and_watching
+from kubegpu.kube.list_watch import Backoff, keep_listing_and_watching, watch_events
 from kubegpu.kube.resource_claims import ResourceClaim, claim_from_object
 from kubegpu.kube.resource_slices import ResourceSlice, slice_devices
 
@@ -163,7 +163,8 @@ class DraClusterView:
         return version
 
     async def _watch(self, kind: _Kind, label: str) -> None:
-        stream = self.client.watch(
+        stream = watch_events(
+            self.client,
             kind,
             resource_version=self._versions[label],
             server_timeout=self.watch_timeout_s,

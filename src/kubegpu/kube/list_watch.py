@@ -4,17 +4,24 @@
 Relist when there is no resource version yet (the start, a 410 Gone, a bug), otherwise watch
 from it; failures back off, a successful relist resets the count. The view supplies what to
 do: list (returning the version), watch (returning when the stream ends), and how to wait.
+
+Every watch of kubegpu's opens through :func:`watch_events`, which asks for bookmarks: an idle
+watch (the nodes of a quiet cluster, one node's pods) otherwise holds a resource version the
+server compacts away after a few minutes, and its next re-open costs a 410 and a full relist.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterable, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
+from typing import Any
 
 import httpx2 as httpx
+import lightkube
 from lightkube import ApiError
+from lightkube.core.selector import build_selector
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +38,34 @@ class Backoff:
 
     def delay(self, attempt: int) -> float:
         return float(min(self.max_s, self.initial_s * self.factor ** max(0, attempt - 1)))
+
+
+def watch_events(
+    client: lightkube.AsyncClient,
+    kind: type[Any],
+    *,
+    resource_version: str | None,
+    server_timeout: int | None,
+    namespace: str | None = None,
+    fields: dict[str, Any] | None = None,
+) -> AsyncIterable[tuple[str, Any]]:
+    """``client.watch(kind, ...)`` with ``allowWatchBookmarks=true``: events ``ADDED``,
+    ``MODIFIED``, ``DELETED`` and ``BOOKMARK`` (an object holding only the version reached).
+
+    lightkube re-opens a stream the server ended cleanly from the last version it decoded, a
+    bookmark's included, so an idle watch resumes from a version the server still has. Its
+    ``watch`` has no parameter for bookmarks: the request is prepared here the way it prepares
+    it, with the one parameter added."""
+    params = {
+        "timeoutSeconds": server_timeout,
+        "resourceVersion": resource_version,
+        "fieldSelector": build_selector(fields, for_fields=True) if fields else None,
+        "allowWatchBookmarks": "true",
+    }
+    http = client._client
+    request = http.prepare_request("list", res=kind, namespace=namespace, watch=True, params=params)
+    stream: AsyncIterable[tuple[str, Any]] = http.watch(request)
+    return stream
 
 
 async def keep_listing_and_watching(

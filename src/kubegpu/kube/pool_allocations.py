@@ -32,7 +32,7 @@ from typing import Any
 import lightkube
 
 from kubegpu.core.dra import AllocatedDevice
-from kubegpu.kube.list_watch import Backoff, keep_listing_and_watching
+from kubegpu.kube.list_watch import Backoff, keep_listing_and_watching, watch_events
 from kubegpu.kube.resource_claims import ResourceClaim, pool_devices_from_claims
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,8 @@ class WatchedPoolAllocations:
         return version
 
     async def _watch(self) -> None:
-        stream = self.client.watch(
+        stream = watch_events(
+            self.client,
             ResourceClaim,
             namespace="*",
             resource_version=self._versions[_LABEL],

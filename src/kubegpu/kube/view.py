@@ -31,7 +31,7 @@ from typing import Any
 import lightkube
 from lightkube.resources.core_v1 import Node, Pod
 
-from kubegpu.kube.list_watch import Backoff, keep_listing_and_watching
+from kubegpu.kube.list_watch import Backoff, keep_listing_and_watching, watch_events
 from kubegpu.sharing.accounting import (
     ClusterSnapshot,
     NodeInfo,
@@ -348,11 +348,12 @@ class ClusterView:
     async def _watch(self, kind: type[Node] | type[Pod], label: str) -> None:
         # lightkube re-opens a stream the server closed cleanly, from the last version it saw;
         # errors come out here and _loop resumes from the version recorded below.
-        stream = self.client.watch(
+        stream = watch_events(
+            self.client,
             kind,
             resource_version=self._versions[label],
             server_timeout=self.watch_timeout_s,
-            **_every_namespace(kind),
+            namespace="*" if kind is Pod else None,
         )
         async for event, obj in stream:
             data = obj.to_dict()
