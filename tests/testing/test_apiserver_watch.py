@@ -269,6 +269,41 @@ async def test_bookmarks_carry_the_current_version_when_asked_for(
     ]
 
 
+async def test_a_bookmark_comes_two_seconds_before_the_timeout_with_the_version_then() -> None:
+    # As kube-apiserver's watch cache does: the client re-opening at the timeout resumes from
+    # the newest version, not from the one it opened at. The minute's bookmark is far off.
+    async with FakeApiServer(bookmark_interval_s=60.0) as server:
+        server.store.put("pods", make_pod("a"))
+        task = asyncio.create_task(
+            raw_watch_lines(
+                server,
+                "watch=true&allowWatchBookmarks=true&timeoutSeconds=3"
+                f"&resourceVersion={server.store.resource_version}",
+            )
+        )
+        await server.wait_for_watches(1)
+        server.store.put("nodes", make_node("n1"))  # moves the version; not this watch's kind
+        lines = await task
+    assert [line["type"] for line in lines] == ["BOOKMARK"]
+    assert lines[0]["object"]["metadata"]["resourceVersion"] == str(server.store.resource_version)
+
+
+async def test_bookmarks_keep_coming_while_events_flow() -> None:
+    async with FakeApiServer(bookmark_interval_s=0.3) as server:
+        task = asyncio.create_task(
+            raw_watch_lines(server, "watch=true&allowWatchBookmarks=true&timeoutSeconds=5")
+        )
+        await server.wait_for_watches(1)
+        for i in range(20):  # an event every 0.1 s: the stream is never idle for an interval
+            server.store.put("pods", make_pod(f"p{i}"))
+            await asyncio.sleep(0.1)
+        lines = await task
+    kinds = [line["type"] for line in lines]
+    last_event = max(i for i, kind in enumerate(kinds) if kind == "ADDED")
+    assert kinds.count("ADDED") == 20
+    assert kinds[:last_event].count("BOOKMARK") >= 3
+
+
 async def test_a_watch_on_a_missing_resource_type_is_not_found(server: FakeApiServer) -> None:
     async with (
         aiohttp.ClientSession() as session,

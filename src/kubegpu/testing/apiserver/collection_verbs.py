@@ -82,6 +82,22 @@ def delete_collection(
     }
 
 
+# kube-apiserver's watch cache sends a bookmark (to a watch that asked) about every minute
+# whatever the traffic, and one 2 s before the watch's deadline, so a client re-opening at the
+# timeout resumes from a version the server still holds (k8s.io/apiserver's cacheWatcher).
+PRE_TIMEOUT_BOOKMARK_S = 2.0
+
+
+def _next_bookmark(now: float, deadline: float | None, interval_s: float) -> float | None:
+    """When the next bookmark is due after one sent (or the watch opened) at ``now``: the
+    interval on, or the pre-timeout one when that comes sooner; None when that is past (as the
+    cacher: a watch of under 2 s gets none, one past its pre-timeout bookmark no more)."""
+    due = now + interval_s
+    if deadline is not None:
+        due = min(due, deadline - PRE_TIMEOUT_BOOKMARK_S)
+    return due if due >= now else None
+
+
 async def serve_watch(
     request: web.Request,
     store: Store,
@@ -113,19 +129,20 @@ async def serve_watch(
     await response.prepare(request)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout if timeout else None
+    next_bookmark = (
+        _next_bookmark(loop.time(), deadline, bookmark_interval_s) if bookmarks else None
+    )
     try:
         while True:
-            wait = bookmark_interval_s if bookmarks else None
-            if deadline is not None:
-                left = deadline - loop.time()
-                if left <= 0:
-                    break
-                wait = left if wait is None else min(wait, left)
-            item = await watch.next(wait)
-            if item is None:
-                if deadline is not None and loop.time() >= deadline:
-                    break
+            now = loop.time()
+            if deadline is not None and now >= deadline:
+                break
+            if next_bookmark is not None and now >= next_bookmark:
                 store.bookmark(watch)
+                next_bookmark = _next_bookmark(now, deadline, bookmark_interval_s)
+            waits = [t - now for t in (deadline, next_bookmark) if t is not None]
+            item = await watch.next(max(0.0, min(waits)) if waits else None)
+            if item is None:
                 continue
             if item == END:
                 break
