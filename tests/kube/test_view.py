@@ -173,7 +173,7 @@ async def test_per_pod_state_follows_the_live_pods_through_churn() -> None:
             assert live == 50
             await eventually(lambda: view.bookkeeping()["pods"] == live, "churn applied")
             kept = view.bookkeeping()
-            assert kept["uids"] == kept["versions"] == live
+            assert kept["uids"] == kept["versions"] == kept["claims"] == live
             assert kept["observed"] == kept["on_node"] == live  # all bound: each holds its CPU
             assert kept["tombstones"] == 150  # deletions of the last minute
             # A minute later, one more deletion: the old tombstones are let go.
@@ -181,7 +181,7 @@ async def test_per_pod_state_follows_the_live_pods_through_churn() -> None:
             server.store.remove("pods", "default", "w4-39")
             await eventually(lambda: view.bookkeeping()["pods"] == live - 1, "deletion seen")
             assert view.bookkeeping()["tombstones"] == 1
-            assert view.bookkeeping()["versions"] == live - 1
+            assert view.bookkeeping()["versions"] == view.bookkeeping()["claims"] == live - 1
 
 
 async def test_a_reply_in_flight_when_its_pod_was_deleted_does_not_bring_it_back() -> None:
@@ -288,3 +288,26 @@ def test_a_tentative_reservation_counts_only_while_the_pod_holds_nothing_else() 
     other["metadata"].update(uid="uid-b", resourceVersion="7")
     view.apply_pod(other, deleted=True)
     assert view.tentative == {} and view.usages_on("node-1") == []
+
+
+def test_a_pod_the_view_holds_is_parsed_once_and_reread_when_it_changes() -> None:
+    """A bind reads the pod the watch brought (``claim_of``): the claim the view read when it
+    stored that object, not a second parse; a newer object, or one the view does not hold,
+    is read afresh."""
+    view = ClusterView(None)  # type: ignore[arg-type]  # no I/O
+    pod = whole_pod("a", 1)
+    pod["metadata"].update(uid="uid-a", resourceVersion="5")
+    view.apply_pod(pod)
+    held = view.pod_json[("default", "a")]
+    claim = view.claim_of(held)
+    assert view.claim_of(held) is claim
+    assert (claim.uid, claim.node, claim.request is not None) == ("uid-a", "", True)
+    outside = copy.deepcopy(held)  # equal, but not the object the view holds
+    assert view.claim_of(outside) is not claim and view.claim_of(outside) == claim
+    bound = copy.deepcopy(pod)
+    bound["metadata"]["resourceVersion"] = "6"
+    bound["spec"]["nodeName"] = "node-1"
+    view.apply_pod(bound)
+    assert view.claim_of(view.pod_json[("default", "a")]).node == "node-1"
+    view.apply_pod(bound, deleted=True)
+    assert view.bookkeeping()["claims"] == 0

@@ -399,7 +399,7 @@ class ExtenderApp:
             for attempt in range(1, self.bind_attempts + 1):
                 if pod is None or attempt > 1:
                     pod = await self._read_pod(namespace, name)
-                claim = read_claim(pod, self.view.names)  # the pod spec, parsed once
+                claim = self.view.claim_of(pod)  # the pod spec, parsed once
                 if self._settled(claim, uid, node):
                     return ""
                 request = claim.request

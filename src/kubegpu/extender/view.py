@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from kubegpu.sharing.accounting import NodeInfo, PodUsage
+from kubegpu.sharing.claim import PodClaim
 from kubegpu.sharing.resources import ResourceNames
 
 
@@ -47,3 +48,8 @@ class ClusterState(Protocol):
     def drop_nominated(self, uid: str) -> PodUsage | None: ...
 
     def apply_pod(self, pod: Mapping[str, Any], *, deleted: bool = False) -> None: ...
+
+    def claim_of(self, pod: Mapping[str, Any]) -> PodClaim:
+        """``pod``'s claim (:func:`kubegpu.sharing.claim.read_claim`), parsed once per pod
+        object the view holds."""
+        ...

@@ -40,7 +40,8 @@ from kubegpu.sharing.accounting import (
     snapshot_from,
 )
 from kubegpu.sharing.annotations import INVENTORY_ANNOTATION, AnnotationError, decode_inventory
-from kubegpu.sharing.podstate import pod_uid, read_pod
+from kubegpu.sharing.claim import PodClaim, read_claim
+from kubegpu.sharing.podstate import pod_uid, usage_of
 from kubegpu.sharing.resources import RequestError, ResourceNames, parse_quantity
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ class ClusterView:
         self.tentative: dict[str, PodUsage] = {}  # uid -> where a scored pod is expected
         self.nominated: dict[str, PodUsage] = {}  # uid -> the cards preemption freed for it
         self.pod_json: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> pod
+        # (namespace, name) -> the claim read from pod_json's object when it was stored
+        self._claims: dict[tuple[str, str], PodClaim] = {}
         self._pod_rv: dict[str, int] = {}  # uid -> newest resourceVersion applied, live pods
         # uid -> when its deletion was applied, oldest first; kept tombstone_s (far longer than
         # any API call whose reply could still be applied: a bind's get / patch / clear).
@@ -132,6 +135,18 @@ class ClusterView:
         merged.update(self.reservations)
         return merged
 
+    def claim_of(self, pod: Mapping[str, Any]) -> PodClaim:
+        """``pod``'s claim: the one read when the view stored it, when ``pod`` is the object
+        in :attr:`pod_json` (a bind reads the pod the watch brought, already parsed once);
+        otherwise read now."""
+        meta = pod.get("metadata") or {}
+        key = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+        if self.pod_json.get(key) is pod:
+            claim = self._claims.get(key)
+            if claim is not None:
+                return claim
+        return read_claim(pod, self.names)
+
     def snapshot(self) -> ClusterSnapshot:
         return snapshot_from(self.nodes.values(), self.pods().values())
 
@@ -144,6 +159,7 @@ class ClusterView:
         deletions of the last ``tombstone_s`` seconds."""
         return {
             "pods": len(self.pod_json),
+            "claims": len(self._claims),
             "uids": len(self._uid_key),
             "versions": len(self._pod_rv),
             "observed": len(self.observed),
@@ -235,6 +251,7 @@ class ClusterView:
             self.nominated.pop(uid, None)
             if pod_uid(self.pod_json.get(key) or {}) == uid:
                 self.pod_json.pop(key)  # not a namesake created since
+                self._claims.pop(key, None)
             self._uid_key.pop(uid, None)
             self.problems.pop(uid, None)
             self._pod_rv.pop(uid, None)
@@ -242,9 +259,12 @@ class ClusterView:
         else:
             if rv is not None:
                 self._pod_rv[uid] = rv
-            self.pod_json[key] = dict(pod)
+            stored = dict(pod)
+            claim = read_claim(stored, self.names)
+            self.pod_json[key] = stored
+            self._claims[key] = claim
             self._uid_key[uid] = key
-            reading = read_pod(pod, self.names)
+            reading = usage_of(claim, self.names)
             if reading.problem and self.problems.get(uid) != reading.problem:
                 self.problems[uid] = reading.problem
                 log.warning("%s", reading.problem)
