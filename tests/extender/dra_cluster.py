@@ -166,6 +166,9 @@ class NodeView:
     def usage(self, uid: str) -> PodUsage | None:
         return None
 
+    def usage_stores(self) -> tuple[dict[str, PodUsage], ...]:
+        return ({u.uid: u for usages in self.usages.values() for u in usages},)
+
     def reserve(self, usage: PodUsage) -> None:
         raise AssertionError("ranking reserves nothing")
 

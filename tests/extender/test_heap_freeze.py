@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from kubegpu.cli import extender as cli
+from kubegpu.extender import refresh
 
 
 @pytest.fixture
@@ -52,3 +53,28 @@ async def test_stopping_ends_the_keeper_without_waiting_out_the_interval(
     stopped.set_result(True)
     await asyncio.wait_for(cli._keep_heap_frozen(stopped), 1.0)  # REFREEZE_S is 60 s
     assert gc.get_freeze_count() > 0
+
+
+async def test_no_collection_or_freeze_while_a_refresh_builds_then_one_soon_after(
+    unfrozen: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A workload refresh pauses the collector while its thread builds an engine; a young
+    # collection then would scan the build's objects on the event loop.
+    monkeypatch.setattr(cli, "REFREEZE_RETRY_S", 0.02)
+    collections: list[int] = []
+    real_collect = gc.collect
+
+    def counting_collect(generation: int = 2) -> int:
+        collections.append(generation)
+        return real_collect(generation)
+
+    monkeypatch.setattr(cli.gc, "collect", counting_collect)
+    stopped: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    with refresh.collector_paused():
+        keeper = asyncio.create_task(cli._keep_heap_frozen(stopped))
+        await asyncio.sleep(0.1)
+        assert collections == []  # REFREEZE_S is 60 s: only the start's would have run
+    await asyncio.sleep(0.1)
+    assert collections == [1]  # the build over: collected and frozen within a retry
+    stopped.set_result(True)
+    await asyncio.wait_for(keeper, 1.0)

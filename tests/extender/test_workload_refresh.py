@@ -9,6 +9,7 @@ the default, a daemon thread per refresh.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import sys
@@ -298,3 +299,28 @@ def test_a_refresh_builds_with_the_collector_paused_and_a_short_gil_switch_inter
     assert gc.isenabled()
     assert sys.getswitchinterval() == interval
     assert scheduler.engine() is not None and scheduler.refreshes == 1
+
+
+def test_the_view_copy_groups_each_pod_where_usages_on_counts_it() -> None:
+    """The refresh's copy is four whole-map copies, grouped by node in its thread: a pod
+    counts once, by the first of reservation, observed, tentative, nominated, as in the
+    view."""
+    _, view, _ = cluster()
+    running = pod("running", whole_pod("running", 1))
+    running["spec"]["nodeName"] = NODES[0]
+    view.apply_pod(running)
+    [observed] = view.usages_on(NODES[0])
+    # Its bind to another node in flight: the reservation wins over what the API server says.
+    view.reserve(dataclasses.replace(observed, node=NODES[1]))
+    expected = dataclasses.replace(observed, uid="uid-tentative", key="default/tentative")
+    view.hold_tentative(expected)  # a scored pod that holds nothing else
+    nominated = dataclasses.replace(observed, uid="uid-nominated", key="default/nominated")
+    view.hold_nominated(dataclasses.replace(nominated, node=NODES[1]))
+    view.hold_tentative(nominated)  # the tentative one wins over its nomination
+    grouped = refresh.ViewCopy.of(view).usages()
+    for name in view.nodes:
+        assert sorted(grouped.get(name, []), key=repr) == sorted(view.usages_on(name), key=repr)
+    # running (reserved on node-1), tentative, nominated (by its tentative one), once each;
+    # the cluster's undecided shares hold nothing
+    assert sum(len(u) for u in grouped.values()) == 3
+    assert [u.key for u in grouped[NODES[1]]] == ["default/running"]

@@ -232,8 +232,10 @@ async def _serve(config: ExtenderConfig) -> None:
     log.info("kubegpu extender stopped")
 
 
-# How often the heap is frozen again (see _keep_heap_frozen).
+# How often the heap is frozen again, and how soon to try again when a workload refresh is
+# building (see _keep_heap_frozen).
 REFREEZE_S = 60.0
+REFREEZE_RETRY_S = 1.0
 
 
 async def _keep_heap_frozen(stopped: asyncio.Future[Any]) -> None:
@@ -248,12 +250,20 @@ async def _keep_heap_frozen(stopped: asyncio.Future[Any]) -> None:
     scans at most a minute of churn. The cost: a cycle that became garbage after reaching the
     old generation and before a freeze is never collected; the extender makes few (a replaced
     placement engine is retired, not left to the collector).
+
+    Not while a workload refresh builds an engine in its thread (it pauses the collector,
+    :func:`kubegpu.extender.refresh.collector_paused`): the young generation then holds the
+    build's objects, which a collection here would scan on the event loop. It waits for the
+    build to end instead.
     """
     while True:
-        gc.collect(1)
-        gc.freeze()
+        wait = REFREEZE_RETRY_S
+        if gc.isenabled():
+            gc.collect(1)
+            gc.freeze()
+            wait = REFREEZE_S
         try:
-            await asyncio.wait_for(asyncio.shield(stopped), REFREEZE_S)
+            await asyncio.wait_for(asyncio.shield(stopped), wait)
             return
         except TimeoutError:
             continue

@@ -123,11 +123,21 @@ class ClusterView:
 
     # ------------------------------------------------------------------ reading
     def usage(self, uid: str) -> PodUsage | None:
+        # The order usage_stores gives: keep the two in step.
         return (
             self.reservations.get(uid)
             or self.observed.get(uid)
             or self.tentative.get(uid)
             or self.nominated.get(uid)
+        )
+
+    def usage_stores(self) -> tuple[dict[str, PodUsage], ...]:
+        """Copies of the usage maps in the order :meth:`usage` consults them."""
+        return (
+            dict(self.reservations),
+            dict(self.observed),
+            dict(self.tentative),
+            dict(self.nominated),
         )
 
     def pods(self) -> dict[str, PodUsage]:
