@@ -243,18 +243,23 @@ async def test_lightkube_rewatches_when_the_server_timeout_ends_the_stream(
     assert [(kind, name) for kind, name, _ in await consumer] == [("ADDED", "late")]
 
 
+async def bookmarked_watch(
+    server: FakeApiServer, timeout_s: int, *, from_now: bool = True
+) -> asyncio.Task[list[dict[str, Any]]]:
+    """A pods watch asking for bookmarks, open when this returns; the task gives its lines."""
+    query = f"watch=true&allowWatchBookmarks=true&timeoutSeconds={timeout_s}"
+    if from_now:
+        query += f"&resourceVersion={server.store.resource_version}"
+    task = asyncio.create_task(raw_watch_lines(server, query))
+    await server.wait_for_watches(1)
+    return task
+
+
 async def test_bookmarks_carry_the_current_version_when_asked_for(
     server: FakeApiServer,
 ) -> None:
     server.store.put("nodes", make_node("n1"))
-    task = asyncio.create_task(
-        raw_watch_lines(
-            server,
-            "watch=true&allowWatchBookmarks=true&timeoutSeconds=1"
-            f"&resourceVersion={server.store.resource_version}",
-        )
-    )
-    await server.wait_for_watches(1)
+    task = await bookmarked_watch(server, 1)
     server.store.send_bookmarks()
     lines = await task
     assert lines == [
@@ -274,14 +279,7 @@ async def test_a_bookmark_comes_two_seconds_before_the_timeout_with_the_version_
     # the newest version, not from the one it opened at. The minute's bookmark is far off.
     async with FakeApiServer(bookmark_interval_s=60.0) as server:
         server.store.put("pods", make_pod("a"))
-        task = asyncio.create_task(
-            raw_watch_lines(
-                server,
-                "watch=true&allowWatchBookmarks=true&timeoutSeconds=3"
-                f"&resourceVersion={server.store.resource_version}",
-            )
-        )
-        await server.wait_for_watches(1)
+        task = await bookmarked_watch(server, 3)
         server.store.put("nodes", make_node("n1"))  # moves the version; not this watch's kind
         lines = await task
     assert [line["type"] for line in lines] == ["BOOKMARK"]
@@ -290,10 +288,7 @@ async def test_a_bookmark_comes_two_seconds_before_the_timeout_with_the_version_
 
 async def test_bookmarks_keep_coming_while_events_flow() -> None:
     async with FakeApiServer(bookmark_interval_s=0.3) as server:
-        task = asyncio.create_task(
-            raw_watch_lines(server, "watch=true&allowWatchBookmarks=true&timeoutSeconds=5")
-        )
-        await server.wait_for_watches(1)
+        task = await bookmarked_watch(server, 5, from_now=False)
         for i in range(20):  # an event every 0.1 s: the stream is never idle for an interval
             server.store.put("pods", make_pod(f"p{i}"))
             await asyncio.sleep(0.1)
