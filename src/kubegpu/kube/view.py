@@ -102,6 +102,8 @@ class ClusterView:
         self.reservations: dict[str, PodUsage] = {}  # uid -> a bind in flight
         self.tentative: dict[str, PodUsage] = {}  # uid -> where a scored pod is expected
         self.nominated: dict[str, PodUsage] = {}  # uid -> the cards preemption freed for it
+        # The order a pod's usage is taken from: the first of these that holds it.
+        self._by_precedence = (self.reservations, self.observed, self.tentative, self.nominated)
         self.pod_json: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> pod
         # (namespace, name) -> the claim read from pod_json's object when it was stored
         self._claims: dict[tuple[str, str], PodClaim] = {}
@@ -123,22 +125,15 @@ class ClusterView:
 
     # ------------------------------------------------------------------ reading
     def usage(self, uid: str) -> PodUsage | None:
-        # The order usage_stores gives: keep the two in step.
-        return (
-            self.reservations.get(uid)
-            or self.observed.get(uid)
-            or self.tentative.get(uid)
-            or self.nominated.get(uid)
-        )
+        for store in self._by_precedence:
+            usage = store.get(uid)
+            if usage is not None:
+                return usage
+        return None
 
     def usage_stores(self) -> tuple[dict[str, PodUsage], ...]:
         """Copies of the usage maps in the order :meth:`usage` consults them."""
-        return (
-            dict(self.reservations),
-            dict(self.observed),
-            dict(self.tentative),
-            dict(self.nominated),
-        )
+        return tuple(dict(store) for store in self._by_precedence)
 
     def pods(self) -> dict[str, PodUsage]:
         merged = dict(self.observed)
@@ -383,7 +378,7 @@ class ClusterView:
             kind,
             resource_version=self._versions[label],
             server_timeout=self.watch_timeout_s,
-            namespace="*" if kind is Pod else None,
+            **_every_namespace(kind),
         )
         async for event, obj in stream:
             data = obj.to_dict()
@@ -399,5 +394,6 @@ class ClusterView:
 
 
 def _every_namespace(kind: type[Node] | type[Pod]) -> dict[str, Any]:
-    # lightkube lists a namespaced kind in the client's own namespace unless told "*".
+    # lightkube lists and watches a namespaced kind in the client's own namespace unless told
+    # "*"; a cluster-scoped kind takes no namespace.
     return {"namespace": "*"} if kind is Pod else {}
