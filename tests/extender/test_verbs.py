@@ -433,3 +433,30 @@ async def eventually_seen(ext: Any, name: str) -> None:
         timeout_s=10,
         what=f"the extender's view holding pod {name}",
     )
+
+
+async def test_each_verb_is_marked_as_served_while_it_runs() -> None:
+    """What a workload refresh's build steps aside for (refresh.VerbsInFlight)."""
+    async with FakeApiServer() as server:
+        seed(server, ("nodes", gpu_node("node-a", cards=1, memory_mib=16384)))
+        async with running_extender(server) as ext, http_session() as http:
+            verbs = ext.scheduler._refresher.verbs
+            seen: list[bool] = []
+            real_filter, real_rows = ext.scheduler.filter, ext.scheduler.prioritize_rows
+
+            def filter_(*args: Any) -> Any:
+                seen.append(verbs.idle)
+                return real_filter(*args)
+
+            def prioritize_rows(*args: Any) -> Any:
+                seen.append(verbs.idle)
+                return real_rows(*args)
+
+            ext.scheduler.filter = filter_  # type: ignore[method-assign]
+            ext.scheduler.prioritize_rows = prioritize_rows  # type: ignore[method-assign]
+            pod = shared_pod("p", memory_mib=1024, compute_milli=100)
+            for verb in ("filter", "prioritize"):
+                status, _ = await post(http, f"{ext.url}/{verb}", filter_args(pod, ["node-a"]))
+                assert status == 200
+            assert verbs.idle
+    assert seen == [False, False]

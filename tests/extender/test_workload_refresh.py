@@ -195,12 +195,16 @@ def test_the_default_refresh_runs_in_its_own_thread_while_verbs_go_on(
     clock.now += REFRESH_S + 1
     scheduler.engine()  # starts the refresh
     try:
+        deadline = time.monotonic() + 10
+        while not built_on:  # the build reaches the engine in its own thread
+            assert time.monotonic() < deadline, "the build never reached the engine"
+            time.sleep(0.001)
+        assert built_on[0] is not threading.current_thread()
         # Verbs are answered while the build is held, from the old engine.
         for name in NODES[:3]:
             spec = pod(f"w-{name}", whole_pod(f"w-{name}", 4))
             scheduler.decide(spec, request_of(spec, view), name)
             assert scheduler.engine() is old
-        assert built_on and built_on[0] is not threading.current_thread()
     finally:
         release.set()
     engine = wait_for_swap(scheduler, old)
@@ -208,6 +212,49 @@ def test_the_default_refresh_runs_in_its_own_thread_while_verbs_go_on(
     for name in NODES[:3]:
         assert all(g.free_milli == 0 for g in engine.node_state(name).gpus)
     assert_matches_a_rebuild(scheduler, view)
+
+
+def test_a_refresh_builds_only_while_no_verb_is_served(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The build steps aside for the verbs in flight (refresh.VerbsInFlight): started by a
+    verb, it reaches the engine only once that verb is answered."""
+    monkeypatch.setattr(refresh, "STEP_ASIDE_MAX_S", 30.0)  # no step taken for waiting long
+    scheduler, view, clock = cluster()  # the default executor: a daemon thread per refresh
+    built = threading.Event()
+    real = PlacementEngine
+
+    def observed(*args: Any, **kwargs: Any) -> PlacementEngine:
+        built.set()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(refresh, "PlacementEngine", observed)
+    old = scheduler.engine()
+    change_the_workload(view)
+    clock.now += REFRESH_S + 1
+    with scheduler.serving():
+        assert not scheduler._refresher.verbs.idle
+        assert scheduler.engine() is old  # starts the refresh, as the verb's first call
+        with scheduler.serving():  # a second verb, answered first
+            pass
+        assert not built.wait(0.5), "the build ran while a verb was being served"
+    assert scheduler._refresher.verbs.idle
+    assert built.wait(10), "the build never ran once the verb was answered"
+    wait_for_swap(scheduler, old)
+    assert scheduler.refreshes == 1
+    assert_matches_a_rebuild(scheduler, view)
+
+
+def test_waiting_for_the_verbs_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under verbs that never let up, the build still moves, one step per wait."""
+    monkeypatch.setattr(refresh, "STEP_ASIDE_MAX_S", 0.001)
+    scheduler, view, clock = cluster()
+    old = scheduler.engine()
+    change_the_workload(view)
+    clock.now += REFRESH_S + 1
+    with scheduler.serving():
+        scheduler.engine()
+        assert scheduler._refresher.job is not None
+        assert scheduler._refresher.job.future.result(timeout=10).engine is not None
+    assert wait_for_swap(scheduler, old) is not old
 
 
 def wait_for_swap(scheduler: GpuScheduler, old: PlacementEngine) -> PlacementEngine:

@@ -13,6 +13,7 @@ or other) is needed; the swap happens in such a step too.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import time
@@ -163,6 +164,11 @@ class GpuScheduler:
             # (_rewrite_row) and written again into the new engine.
             self._refresher.start(self._engine, self._workload, ViewCopy.of(view), now)
         return self._engine
+
+    def serving(self) -> contextlib.AbstractContextManager[None]:
+        """Marks a verb being served (the server wraps each): a workload refresh building
+        meanwhile steps aside for it (:class:`~kubegpu.extender.refresh.VerbsInFlight`)."""
+        return self._refresher.verbs.serving()
 
     def _refreshes_workload(self) -> bool:
         return self._needs_workload() and self.configured_workload is None

@@ -191,7 +191,8 @@ class ExtenderApp:
         async def timed(request: web.Request) -> web.StreamResponse:
             start = time.perf_counter()
             try:
-                return await handler(request)
+                with self.scheduler.serving():
+                    return await handler(request)
             finally:
                 histogram.observe(time.perf_counter() - start)
 
