@@ -317,7 +317,36 @@ def test_each_pod_is_read_once_until_it_changes(monkeypatch: pytest.MonkeyPatch)
     assert reads == []  # read when the engine was built; the same pod objects since
     view.apply_pod(pod("small-1", shared_pod("small-1", 8192, 200)))  # a new object
     assert scheduler.current_workload() is first  # same classes: the engine's own object
-    assert reads == ["small-1"]
+    assert reads == []  # classed from the claim the view parsed when it stored the pod
+    # A reader without the view's claims reads a new pod object once.
+    view.apply_pod(pod("small-2", shared_pod("small-2", 8192, 200)))
+    refresher = scheduler._refresher
+    refresher.workload(view.pod_json.items(), view.nodes.values())
+    refresher.workload(view.pod_json.items(), view.nodes.values())
+    assert reads == ["small-2"]
+
+
+def test_a_refresh_classes_new_pods_from_the_views_claims(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refresh's copy carries the claims the view parsed: the thread parses no pod."""
+    held = HeldExecutor()
+    scheduler, view, clock = cluster(held)
+    old = scheduler.engine()
+    reads: list[str] = []
+
+    def counted(spec: Any, names: Any) -> Any:
+        reads.append(spec["metadata"]["name"])
+        return read_claim(spec, names)
+
+    monkeypatch.setattr(refresh, "read_claim", counted)
+    change_the_workload(view)  # new pod objects
+    copy = refresh.ViewCopy.of(view)
+    assert copy.claims.keys() == view.pod_json.keys()
+    clock.now += REFRESH_S + 1
+    scheduler.engine()
+    held.run()
+    assert scheduler.engine() is not old and scheduler.refreshes == 1
+    assert reads == []
+    assert_matches_a_rebuild(scheduler, view)
 
 
 def test_a_refresh_builds_with_the_collector_paused_and_a_short_gil_switch_interval(

@@ -46,9 +46,9 @@ from kubegpu.placement.engine import PlacementEngine
 from kubegpu.placement.fragmentation import ClassKey, TypicalWorkload, class_key
 from kubegpu.placement.model import PodRequest
 from kubegpu.placement.policy import PolicySpec
-from kubegpu.placement.target import reference_card_memory, target_workload
+from kubegpu.placement.target import most_common_memory, target_workload
 from kubegpu.sharing.accounting import NodeInfo, PodUsage, node_state
-from kubegpu.sharing.claim import read_claim
+from kubegpu.sharing.claim import PodClaim, read_claim
 from kubegpu.sharing.resources import ResourceNames
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,10 @@ PodKey = tuple[str, str]  # (namespace, name), the view's key of a pod
 SHAPES_KEPT = 64
 # Nodes made into node states between two of the build's steps aside (~2 ms of work).
 ROWS_PER_YIELD = 100
+# Pods classed, or grouped by node, between two steps aside (~1 ms of work).
+PODS_PER_PACE = 1000
+# Nodes scored for one shape between two steps aside while warming a new engine (~2 ms).
+WARM_ROWS_PER_STEP = 100
 # The longest a build's step aside waits for the verbs in flight to finish: under load that
 # never lets up (binds awaiting the API server back to back) it still moves, a step at a time.
 STEP_ASIDE_MAX_S = 0.05
@@ -82,19 +86,29 @@ class PodClasses:
         self._known: tuple[int | None, _Known] = (None, {})
 
     def classes(
-        self, pods: Iterable[tuple[PodKey, Mapping[str, Any]]], card_memory_mib: int | None
+        self,
+        pods: Iterable[tuple[PodKey, Mapping[str, Any]]],
+        card_memory_mib: int | None,
+        claims: Mapping[PodKey, PodClaim] | None = None,
+        pace: Callable[[], None] | None = None,
     ) -> list[ClassKey]:
         """One class key per pod of ``pods`` that asks for something the extender serves,
-        shares classed on a card of ``card_memory_mib`` (``class_key``)."""
+        shares classed on a card of ``card_memory_mib`` (``class_key``). ``claims``: each
+        pod's claim as the view parsed it (``ClusterState.pod_claims``, taken with ``pods``),
+        so a pod new since the last walk costs a lookup, not a parse; ``pace`` is called every
+        :data:`PODS_PER_PACE` pods."""
         memory, known = self._known
         if memory != card_memory_mib:
             known = {}  # the fleet's most common card changed: every share's class may have
         fresh: _Known = {}
         out: list[ClassKey] = []
-        for key, pod in pods:
+        for i, (key, pod) in enumerate(pods):
+            if pace is not None and i % PODS_PER_PACE == PODS_PER_PACE - 1:
+                pace()
             hit = known.get(key)
             if hit is None or hit[0] is not pod:
-                request = read_claim(pod, self.names).request
+                claim = claims.get(key) if claims is not None else None
+                request = (claim if claim is not None else read_claim(pod, self.names)).request
                 found = (
                     None
                     if request is None
@@ -114,6 +128,7 @@ class ViewCopy:
     the pods' usages by uid."""
 
     pods: list[tuple[PodKey, Mapping[str, Any]]]
+    claims: Mapping[PodKey, PodClaim]  # ClusterState.pod_claims: each of those pods' claim
     nodes: list[tuple[str, NodeInfo]]
     usage_stores: tuple[Mapping[str, PodUsage], ...]  # ClusterState.usage_stores
 
@@ -123,15 +138,22 @@ class ViewCopy:
         are values: replaced, never changed). Whole-map copies only, made in C: asking
         ``usages_on`` for each of 5,000 nodes here held the loop ~40 ms at every refresh (the
         soak's slowest decisions but one); grouping by node is the job's (:meth:`usages`)."""
-        return cls(list(view.pod_json.items()), list(view.nodes.items()), view.usage_stores())
+        return cls(
+            list(view.pod_json.items()),
+            view.pod_claims(),
+            list(view.nodes.items()),
+            view.usage_stores(),
+        )
 
-    def usages(self) -> dict[str, list[PodUsage]]:
+    def usages(self, pace: Callable[[], None] | None = None) -> dict[str, list[PodUsage]]:
         """Each node's pod usages, as ``usages_on`` gives them: a pod counts once, by the
-        first store that holds it."""
+        first store that holds it. ``pace`` is called every :data:`PODS_PER_PACE` pods."""
         seen: set[str] = set()
         by_node: dict[str, list[PodUsage]] = collections.defaultdict(list)
         for store in self.usage_stores:
-            for uid, usage in store.items():
+            for i, (uid, usage) in enumerate(store.items()):
+                if pace is not None and i % PODS_PER_PACE == PODS_PER_PACE - 1:
+                    pace()
                 if uid not in seen:
                     seen.add(uid)
                     by_node[usage.node].append(usage)
@@ -240,18 +262,25 @@ class Refresher:
         self._shapes: collections.OrderedDict[PodRequest, None] = collections.OrderedDict()
 
     def workload(
-        self, pods: Iterable[tuple[PodKey, Mapping[str, Any]]], nodes: Iterable[NodeInfo]
+        self,
+        pods: Iterable[tuple[PodKey, Mapping[str, Any]]],
+        nodes: Iterable[NodeInfo],
+        claims: Mapping[PodKey, PodClaim] | None = None,
+        pace: Callable[[], None] | None = None,
     ) -> TypicalWorkload:
         """The target workload of ``pods`` on ``nodes`` (``kubegpu.placement.target``'s
-        definition)."""
+        definition); ``claims`` and ``pace`` as in :meth:`PodClasses.classes`."""
         # Shares are classed at their level on the cluster's most common card (memory too).
-        card_memory = reference_card_memory(
-            g.memory_mib
-            for info in nodes
-            if info.inventory is not None
-            for g in info.inventory.gpus
+        memories: collections.Counter[int] = collections.Counter()
+        for i, info in enumerate(nodes):
+            if pace is not None and i % ROWS_PER_YIELD == ROWS_PER_YIELD - 1:
+                pace()
+            if info.inventory is not None:
+                memories.update(g.memory_mib for g in info.inventory.gpus if g.memory_mib)
+        card_memory = most_common_memory(memories)
+        return target_workload(
+            self.policy, self.pod_classes.classes(pods, card_memory, claims, pace)
         )
-        return target_workload(self.policy, self.pod_classes.classes(pods, card_memory))
 
     def note_shape(self, pod: PodRequest) -> None:
         """Remember a shape prioritize scored, to warm a new engine's tables with."""
@@ -310,19 +339,20 @@ class Refresher:
         start = time.perf_counter()
         step_aside = self.verbs.step_aside
         step_aside()
-        workload = self.workload(view.pods, (info for _, info in view.nodes))
+        nodes = (info for _, info in view.nodes)
+        workload = self.workload(view.pods, nodes, view.claims, step_aside)
         if workload == current:
             return Refreshed(workload, None, time.perf_counter() - start)
         step_aside()
         # The node states exactly as GpuScheduler._rebuild makes them, from the copy.
         states = []
-        usages = view.usages()
+        usages = view.usages(step_aside)
         for i, (name, info) in enumerate(view.nodes):
             states.append(node_state(info, usages.get(name, ())))
             if i % ROWS_PER_YIELD == ROWS_PER_YIELD - 1:
                 step_aside()
         step_aside()
-        engine = PlacementEngine(states, self.policy, workload=workload)
+        engine = PlacementEngine(states, self.policy, workload=workload, pace=step_aside)
         warm(engine, shapes, step_aside)
         return Refreshed(workload, engine, time.perf_counter() - start)
 
@@ -372,7 +402,12 @@ def warm(
 ) -> None:
     """Score every node that takes each of ``shapes``, as prioritize would: what fills the
     policies' per-state tables that the first decisions on a new engine would otherwise
-    compute. ``step_aside`` runs between two shapes."""
+    compute. ``step_aside`` runs between two pieces of :data:`WARM_ROWS_PER_STEP` rows: a
+    shape's first scoring on 5,000 nodes, its tables empty, takes 10-20 ms, which a decision
+    sharing the GIL with it would wait half of."""
     for pod in shapes:
         step_aside()
-        ranked(engine, pod, engine.feasible_rows(pod))
+        rows = engine.feasible_rows(pod)
+        for start in range(0, rows.size, WARM_ROWS_PER_STEP):
+            step_aside()
+            ranked(engine, pod, rows[start : start + WARM_ROWS_PER_STEP])

@@ -143,7 +143,10 @@ class GpuScheduler:
         its cache."""
         if self.configured_workload is not None:
             return self.configured_workload
-        found = self._refresher.workload(self.view.pod_json.items(), self.view.nodes.values())
+        view = self.view
+        found = self._refresher.workload(
+            view.pod_json.items(), view.nodes.values(), view.pod_claims()
+        )
         return self._workload if self._workload is not None and found == self._workload else found
 
     def engine(self) -> PlacementEngine:

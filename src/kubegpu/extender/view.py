@@ -54,6 +54,11 @@ class ClusterState(Protocol):
 
     def apply_pod(self, pod: Mapping[str, Any], *, deleted: bool = False) -> None: ...
 
+    def pod_claims(self) -> dict[tuple[str, str], PodClaim]:
+        """A copy of each pod's claim in :attr:`pod_json`, by the same key, as parsed when the
+        view stored the pod: for a reader on another thread."""
+        ...
+
     def claim_of(self, pod: Mapping[str, Any]) -> PodClaim:
         """``pod``'s claim (:func:`kubegpu.sharing.claim.read_claim`), parsed once per pod
         object the view holds."""

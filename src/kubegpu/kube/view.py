@@ -140,6 +140,10 @@ class ClusterView:
         merged.update(self.reservations)
         return merged
 
+    def pod_claims(self) -> dict[tuple[str, str], PodClaim]:
+        """A copy of each stored pod's claim, by the key of :attr:`pod_json`."""
+        return dict(self._claims)
+
     def claim_of(self, pod: Mapping[str, Any]) -> PodClaim:
         """``pod``'s claim: the one read when the view stored it, when ``pod`` is the object
         in :attr:`pod_json` (a bind reads the pod the watch brought, already parsed once);

@@ -14,7 +14,7 @@ connected: ``kubegpu.placement.topology``.)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -73,18 +73,23 @@ class PlacementEngine(ClusterState):
         workload: TypicalWorkload | None = None,
         seed: int = 0,
         waste_weights: WasteWeights | None = None,
+        pace: Callable[[], None] | None = None,
     ) -> None:
+        """``pace``: see :class:`~kubegpu.placement.state.ClusterState` (the extender's
+        background build steps aside there)."""
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         if self.policy.needs_workload and workload is None:
             raise ValueError(f"policy {self.policy.name} needs a target workload")
         self._rng = np.random.default_rng(seed)
-        super().__init__(nodes, track_states=workload is not None)
+        super().__init__(nodes, track_states=workload is not None, pace=pace)
         self._levelled_memo: (
             tuple[PodRequest, IntArray, int, tuple[list[tuple[PodRequest, IntArray]], IntArray]]
             | None
         ) = None
         inputs = PolicyInputs(self, workload, self._rng, waste_weights)
         self.node_scorer = self.policy.node_scorer(inputs)
+        if pace is not None:
+            pace()
         self.card_chooser = self.policy.cards.build(inputs, self.node_scorer)
 
     # ----------------------------------------------------------------- feasibility

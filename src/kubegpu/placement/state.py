@@ -28,7 +28,7 @@ fragmentation state names every card's model (see :data:`StateKey`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +44,8 @@ NO_CARD = -1  # free milli of a card slot the node does not have: never fits any
 # Free memory of a card whose memory is not tracked: larger than any request.
 UNTRACKED_MEMORY = np.iinfo(np.int64).max // 4
 NO_ROWS = np.zeros(0, dtype=np.int64)
+# Rows made between two calls of a constructor's ``pace`` (~1-2 ms of work).
+ROWS_PER_PACE = 100
 # A node's fragmentation state: (free CPU, free milli per card, model). On a node of one model
 # the free milli are sorted and the model is a string; on a node mixing models they are in
 # card order and the model is one per card (a tuple), since which card is which now matters.
@@ -70,6 +72,10 @@ class ModelSelection:
     cards: npt.NDArray[np.bool_] | None
 
 
+def _no_pace() -> None:
+    pass
+
+
 class ClusterState:
     """Every node's free CPU, memory and per-card milli and memory, in rank order.
 
@@ -82,14 +88,25 @@ class ClusterState:
     id in :attr:`state_id`, which FGD and our policy cache their per-state values on.
     """
 
-    def __init__(self, nodes: Sequence[NodeState], *, track_states: bool = False) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[NodeState],
+        *,
+        track_states: bool = False,
+        pace: Callable[[], None] | None = None,
+    ) -> None:
+        """``pace``, when given, is called every :data:`ROWS_PER_PACE` rows made: a caller
+        building in a background thread lets another go first there."""
+        tick = pace if pace is not None else _no_pace
         ordered = sorted(nodes, key=lambda n: (n.rank, n.name))
         n = len(ordered)
         width = max((len(node.gpus) for node in ordered), default=0)
+        tick()
         self.names: list[str] = [node.name for node in ordered]
         self._row: dict[str, int] = {name: i for i, name in enumerate(self.names)}
         if len(self._row) != n:
             raise ValueError("node names must be unique")
+        tick()
         # Per row: each card's model (column order), and one name for messages: the model,
         # or on a node mixing models the distinct models joined by "+".
         self.card_models: list[tuple[str, ...]] = []
@@ -97,13 +114,17 @@ class ClusterState:
         self.mixed: list[bool] = []  # the row's cards are of more than one model
         self.cpu_capacity = np.array([x.cpu_capacity_milli for x in ordered], dtype=np.int64)
         self.cpu_free = np.array([x.cpu_free_milli for x in ordered], dtype=np.int64)
+        tick()
         self.memory_free = np.array([x.memory_free_mib for x in ordered], dtype=np.int64)
         self.gpu_count = np.array([len(x.gpus) for x in ordered], dtype=np.int64)
+        tick()
         self.card_compute = np.full((n, width), NO_CARD, dtype=np.int64)
         self.card_memory = np.full((n, width), NO_CARD, dtype=np.int64)
         self.card_memory_total = np.zeros((n, width), dtype=np.int64)
         self.card_index: list[tuple[int, ...]] = []
         for i, node in enumerate(ordered):
+            if i % ROWS_PER_PACE == ROWS_PER_PACE - 1:
+                tick()
             gpus = sorted(node.gpus, key=lambda g: g.index)
             self.card_index.append(tuple(g.index for g in gpus))
             default = node.gpu_model
@@ -149,8 +170,12 @@ class ClusterState:
         self._state_ids: dict[StateKey, int] = {}
         self.state_keys: list[StateKey] = []
         self.state_id = np.zeros(n, dtype=np.int64)
+        tick()
         for i in range(n):
+            if i % ROWS_PER_PACE == ROWS_PER_PACE - 1:
+                tick()
             self.refresh_row(i)
+        tick()
 
     # ----------------------------------------------------------------- derived per row
     def capacity_by_model(self) -> dict[str, int]:

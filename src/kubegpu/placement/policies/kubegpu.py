@@ -12,6 +12,7 @@ score is, so a replay computes each once. The registry's entry takes :func:`node
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -550,8 +551,12 @@ class KubegpuScorer:
 def target(classes: Sequence[ClassKey]) -> TypicalWorkload:
     """Our target workload: every class, models as sets (the scorer cuts to FGD's popular
     classes itself where it needs to, :meth:`KubegpuScorer.keys`)."""
-    as_sets = [(c, m, n, "|".join(sorted(spec_models(s)))) for c, m, n, s in classes]
-    return TypicalWorkload.from_classes(as_sets, popularity_percent=100.0)
+    # Counted first: a cluster's thousands of pods come in a few dozen classes, and spelling
+    # each spec as a set per pod cost the extender's workload refresh ~25 ms at 12,000 pods.
+    as_sets: Counter[ClassKey] = Counter()
+    for (c, m, n, s), count in Counter(classes).items():
+        as_sets[(c, m, n, "|".join(sorted(spec_models(s))))] += count
+    return TypicalWorkload.from_classes(as_sets.elements(), popularity_percent=100.0)
 
 
 def node_scorer(inputs: PolicyInputs) -> KubegpuScorer:
