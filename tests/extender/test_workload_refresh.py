@@ -22,6 +22,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 import pytest
 
 from kubegpu.extender import refresh
+from kubegpu.extender import scheduler as scheduler_module
 from kubegpu.extender.scheduler import GpuScheduler
 from kubegpu.kube.view import ClusterView
 from kubegpu.placement.engine import PlacementEngine
@@ -174,6 +175,51 @@ def test_a_changed_workload_is_built_off_the_verb_and_keeps_the_binds_made_meanw
         assert all(g.free_milli == 0 for g in engine.node_state(name).gpus), name
     assert_matches_a_rebuild(scheduler, view)
     assert scheduler.filter(request_of(whole_pod("next", 4), view), ["node-2"]).passed == ()
+
+
+def test_a_refreshed_engine_takes_the_rows_back_a_few_per_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No call writes a whole refresh's worth of rows: the new engine takes back
+    CATCH_UP_ROWS per call, rows rewritten meanwhile included, and serves only once it holds
+    them all."""
+    monkeypatch.setattr(scheduler_module, "CATCH_UP_ROWS", 1)
+    held = HeldExecutor()
+    scheduler, view, clock = cluster(held)
+    old = scheduler.engine()
+    change_the_workload(view)
+    clock.now += REFRESH_S + 1
+    scheduler.engine()  # starts the refresh
+    for name in NODES[:3]:  # three rows the serving engine takes while it builds
+        spec = pod(f"w-{name}", whole_pod(f"w-{name}", 4))
+        scheduler.decide(spec, request_of(spec, view), name)
+    held.run()
+    assert scheduler.engine() is old  # node-0 taken back
+    bound = pod("bound", whole_pod("bound", 4))  # a fourth row, meanwhile: the watch's
+    bound["spec"]["nodeName"] = NODES[3]
+    view.apply_pod(bound)
+    # node-1 (and node-3 written into the serving engine), node-2, then node-3 and the swap
+    assert [scheduler.engine() is old for _ in range(3)] == [True, True, False]
+    engine = scheduler.engine()
+    assert (scheduler.rebuilds, scheduler.refreshes) == (1, 1)
+    for name in NODES[:4]:
+        assert all(g.free_milli == 0 for g in engine.node_state(name).gpus), name
+    assert_matches_a_rebuild(scheduler, view)
+
+
+def test_a_build_leaves_what_is_alive_frozen() -> None:
+    """Frozen, what was made while the collector was paused is not scanned by the first
+    young collection after it (on whichever thread allocates next)."""
+    gc.collect()
+    frozen = gc.get_freeze_count()
+    try:
+        with refresh.collector_paused():
+            made = [[i] for i in range(1000)]
+        assert gc.isenabled()
+        assert gc.get_freeze_count() >= frozen + len(made)
+        assert gc.get_count()[0] < len(made)
+    finally:
+        gc.unfreeze()
 
 
 def test_the_default_refresh_runs_in_its_own_thread_while_verbs_go_on(

@@ -365,15 +365,22 @@ def collector_paused() -> Iterator[None]:
     Measured at 5,000 nodes, the young collections they set off promoted them, and a full
     collection ran from the building thread at every refresh, 140-300 ms with the GIL held:
     the event loop's decisions waited as long. Paused, the temporaries die by reference count
-    at the end of the build, unexamined. Process-wide, for the build's ~1 s; nothing else in
-    the extender turns the collector off. (Full collections the loop's own allocations set off
-    still happen, refresh or not: 100-160 ms each at this heap.)"""
+    at the end of the build, unexamined. Process-wide, for the build's few seconds; nothing
+    else in the extender turns the collector off.
+
+    What is still alive at the end (the new engine, and what the loop made meanwhile) is then
+    frozen, as the extender's heap is every minute anyway
+    (:func:`kubegpu.cli.extender._keep_heap_frozen`): the first young collection after the
+    pause scanned all of it, 11-17 ms on whichever thread allocated next, most often the
+    loop's inside a verb, and found nothing to collect (issue 32's soak at 5,000 nodes). The
+    cost is that of the freeze: a cycle already garbage then is never collected."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if enabled:
+            gc.freeze()
             gc.enable()
 
 

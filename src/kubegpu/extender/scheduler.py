@@ -36,7 +36,7 @@ from kubegpu.extender.reasons import (
     rows_of,
     structural,
 )
-from kubegpu.extender.refresh import Refresher, ViewCopy
+from kubegpu.extender.refresh import Refreshed, Refresher, RefreshJob, ViewCopy
 from kubegpu.extender.view import ClusterState
 from kubegpu.placement.engine import PlacementEngine, RowShapeChanged
 from kubegpu.placement.fragmentation import TypicalWorkload
@@ -90,6 +90,23 @@ def reason_category(reason: str) -> str:
     return "other"
 
 
+# Rows a refreshed engine takes back per call before it is swapped in (~0.2 ms each).
+CATCH_UP_ROWS = 16
+
+
+@dataclass
+class CatchUp:
+    """A finished refresh's engine, taking back the rows the serving one rewrote since the
+    refresh copied the view (``job.rewritten``, still growing) before it is swapped in."""
+
+    job: RefreshJob
+    refreshed: Refreshed
+    engine: PlacementEngine
+    rows: int = 0
+    calls: int = 0
+    seconds: float = 0.0
+
+
 class GpuScheduler:
     """Filter / prioritize / decide for GPU pods on the current cluster view."""
 
@@ -127,6 +144,7 @@ class GpuScheduler:
         self._refresher = Refresher(
             self.engine_policy, view.names, workload_refresh_s, executor=executor
         )
+        self._catching_up: CatchUp | None = None  # a refreshed engine taking the rows back
         self.rebuilds = 0  # on the request path: first call, node set or a node's cards
         self.refreshes = 0  # engines swapped in for a changed workload, built off the path
 
@@ -177,46 +195,61 @@ class GpuScheduler:
         return self._needs_workload() and self.configured_workload is None
 
     def _swap_refreshed(self) -> bool:
-        """Swap in the engine a finished refresh built, if any, after writing into it the rows
-        the serving one took since the refresh copied the view. False when the engine was
-        rebuilt instead (a row changed shape meanwhile)."""
-        done = self._refresher.finished()
-        if done is None:
-            return True
-        job, refreshed = done
+        """Swap in the engine a finished refresh built, once it holds every row the serving
+        one took since the refresh copied the view. Those rows are written into it a few at a
+        time (:data:`CATCH_UP_ROWS` per call), so no call pays for a whole refresh's worth:
+        5-21 ms at 5,000 nodes after a 300 s refresh, written at once. False when the engine
+        was rebuilt instead (a row changed shape meanwhile)."""
+        if self._catching_up is None:
+            done = self._refresher.finished()
+            if done is None:
+                return True
+            job, refreshed = done
+            old, new = self._engine, refreshed.engine
+            if job.base is not old or new is None:
+                # Rebuilt on the path meanwhile (with the workload of then), or unchanged.
+                if new is not None:
+                    new.retire()
+                log.debug("target workload checked in %.0f ms", refreshed.seconds * 1000)
+                return True
+            assert old is not None
+            if new.names != old.names:  # the node set is the same (no rebuild since), so never
+                self._rebuild()
+                return False
+            self._catching_up = CatchUp(job, refreshed, new)
+        catch_up = self._catching_up
         started = time.perf_counter()
-        old, new = self._engine, refreshed.engine
-        if job.base is not old or new is None:
-            # Rebuilt on the path meanwhile (with the workload of then), or unchanged.
-            if new is not None:
-                new.retire()
-            log.debug("target workload checked in %.0f ms", refreshed.seconds * 1000)
-            return True
-        assert old is not None
-        if new.names != old.names:  # the node set is the same (no rebuild since), so never
-            self._rebuild()
-            return False
-        for node in sorted(job.rewritten):
+        rewritten = catch_up.job.rewritten  # still noted into by _rewrite_row
+        for node in sorted(rewritten)[:CATCH_UP_ROWS]:
+            rewritten.discard(node)
             info = self.view.nodes.get(node)
             if info is None:
                 continue  # gone: the topology changed, and the next call rebuilds
             try:
-                new.update_node(node_state(info, self.view.usages_on(node)))
+                catch_up.engine.update_node(node_state(info, self.view.usages_on(node)))
             except RowShapeChanged:
                 self._rebuild()
                 return False
+            catch_up.rows += 1
             self._row_versions[self._rows[node]] += 1
-        old.retire()
-        self._engine = new
-        self._workload = refreshed.workload
+        catch_up.calls += 1
+        catch_up.seconds += time.perf_counter() - started
+        if rewritten:
+            return True  # more next call; the serving engine stays until then
+        self._catching_up = None
+        assert self._engine is not None
+        self._engine.retire()
+        self._engine = catch_up.engine
+        self._workload = catch_up.refreshed.workload
         self.refreshes += 1
         log.info(
             "placement engine swapped for a new target workload of %d classes (built in %.0f ms "
-            "off the request path; %d rows written again, in %.1f ms on it)",
-            len(refreshed.workload.pods),
-            refreshed.seconds * 1000,
-            len(job.rewritten),
-            (time.perf_counter() - started) * 1000,
+            "off the request path; %d rows written again, in %.1f ms on it over %d calls)",
+            len(catch_up.refreshed.workload.pods),
+            catch_up.refreshed.seconds * 1000,
+            catch_up.rows,
+            catch_up.seconds * 1000,
+            catch_up.calls,
         )
         return True
 
@@ -226,6 +259,9 @@ class GpuScheduler:
         workload = self.current_workload() if self._needs_workload() else None
         if self._engine is not None:
             self._engine.retire()
+        if self._catching_up is not None:  # built for the engine replaced here
+            self._catching_up.engine.retire()
+            self._catching_up = None
         self._engine = PlacementEngine(states, self.engine_policy, workload=workload)
         self._workload = workload
         self._names = self._engine.names
@@ -254,6 +290,8 @@ class GpuScheduler:
         i = engine.row_of(node)
         state = node_state(info, self.view.usages_on(node))
         self._refresher.note_rewrite(node)  # a refresh in flight copied the row before this
+        if self._catching_up is not None:  # and a finished one, until it is swapped in
+            self._catching_up.job.rewritten.add(node)
         try:
             engine.update_node(state)
         except RowShapeChanged:
