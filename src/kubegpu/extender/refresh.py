@@ -7,23 +7,23 @@ request (~0.7 s: quantities are parsed), building a new engine (~0.2 s) and then
 decisions after it, recomputing the policies' per-state score tables the new engine started
 without. Now:
 
-* each pod's class is read once per pod object (:class:`PodClasses`), so finding the workload
-  costs a dictionary walk, not a parse of every pod;
+* each pod's class is read once per pod object (:class:`PodClasses`), from the claim the view
+  parsed when it stored the pod, so finding the workload costs a dictionary walk;
 * the check runs in a background thread (:class:`Refresher`): when the workload is unchanged
   (the usual case) nothing else happens; when it changed, the thread builds the replacement
   engine, as a rebuild would, and scores on it the pod shapes prioritize saw lately, so its
-  tables are warm; the scheduler swaps it in on the event loop, at the start of its next call,
-  after writing into it every row the old engine took meanwhile
+  tables are warm; once built, the new engine takes back, a few rows per call, the rows the
+  serving one took meanwhile, and is swapped in when it holds them all
   (:meth:`kubegpu.extender.scheduler.GpuScheduler.engine`), so no reservation or bind is lost.
 
-The thread reads only values the event loop does not change: lists of the pods, the nodes and
-each node's pod usages, taken on the loop when the refresh starts (8-15 ms at 5,000 nodes; the
-view's own maps and sets change under a thread walking them). While it runs it keeps out of
-the loop's way: the cyclic garbage collector is paused and the GIL changes hands often
-(:func:`collector_paused`, :func:`gil_handed_back_soon`). Measured with
-``bench/bench_extender_soak.py`` (5,000 nodes, a refresh every 30 s, each finding the workload
-changed): no decision over 36 ms, p99 11.6 ms; without those two, 190-290 ms around each
-refresh.
+The thread reads only values the event loop does not change: lists of the pods, their claims,
+the nodes and each node's pod usages, taken on the loop when the refresh starts (the view's
+own maps and sets change under a thread walking them). While it runs it keeps out of the
+loop's way: it steps aside whenever a verb is being served (:class:`VerbsInFlight`), in steps
+of a few milliseconds at most; the cyclic garbage collector is paused, and what the build
+leaves alive frozen (:func:`collector_paused`); and the GIL changes hands often
+(:func:`gil_handed_back_soon`). ``bench/bench_extender_soak.py`` measures it (docs/benchmarks.md,
+"Soak at 5,000 nodes").
 """
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ PodKey = tuple[str, str]  # (namespace, name), the view's key of a pod
 SHAPES_KEPT = 64
 # Nodes made into node states between two of the build's steps aside (~2 ms of work).
 ROWS_PER_YIELD = 100
-# Pods classed, or grouped by node, between two steps aside (~1 ms of work).
-PODS_PER_PACE = 1000
+# Pods classed, or grouped by node, between two steps aside (~2 ms of work when every pod
+# is new since the last refresh, as after 300 s of churn).
+PODS_PER_PACE = 100
 # Nodes scored for one shape between two steps aside while warming a new engine (~2 ms).
 WARM_ROWS_PER_STEP = 100
 # The longest a build's step aside waits for the verbs in flight to finish: under load that
