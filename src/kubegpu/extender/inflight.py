@@ -42,8 +42,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kubegpu.extender.holdings import usage_of
 from kubegpu.extender.metrics import ExtenderMetrics
-from kubegpu.extender.scheduler import FilterOutcome, GpuScheduler, Unschedulable, usage_of
+from kubegpu.extender.scheduler import FilterOutcome, GpuScheduler, Unschedulable
 from kubegpu.sharing.podstate import pod_uid
 from kubegpu.sharing.resources import GpuRequest, RequestKind
 

@@ -36,9 +36,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from kubegpu.extender.holdings import held_cards
 from kubegpu.extender.leader import LeaderGate
 from kubegpu.extender.metrics import ExtenderMetrics
-from kubegpu.extender.scheduler import GpuScheduler, held_cards
+from kubegpu.extender.scheduler import GpuScheduler
 from kubegpu.extender.victims import VictimView, pod_priority
 from kubegpu.extender.wire import PreemptionArgs
 from kubegpu.sharing.accounting import PodUsage

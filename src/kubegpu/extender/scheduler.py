@@ -18,7 +18,7 @@ import logging
 import operator
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kubegpu.extender.holdings import held_cards, split_whole, usage_of
 from kubegpu.extender.ranking import extender_priorities, ranked
 from kubegpu.extender.reasons import (
     EXPLAIN_CATEGORIES,
@@ -40,20 +41,16 @@ from kubegpu.extender.refresh import Refreshed, Refresher, RefreshJob, ViewCopy
 from kubegpu.extender.view import ClusterState
 from kubegpu.placement.engine import PlacementEngine, RowShapeChanged
 from kubegpu.placement.fragmentation import TypicalWorkload
-from kubegpu.placement.model import MILLI_PER_GPU
 from kubegpu.placement.policies import extender_policy
-from kubegpu.sharing.accounting import NodeInfo, PodUsage, node_state
+from kubegpu.sharing.accounting import NodeInfo, node_state
 from kubegpu.sharing.annotations import (
     AllocationDecision,
     CardShare,
     ContainerAllocation,
-    NodeGpuInventory,
 )
-from kubegpu.sharing.podstate import pod_uid
 from kubegpu.sharing.resources import (
     GpuRequest,
     RequestKind,
-    pod_key,
 )
 
 log = logging.getLogger(__name__)
@@ -469,41 +466,11 @@ class GpuScheduler:
                 if c.compute_milli or c.gpu_memory_mib
             )
         else:
-            containers = _split_whole(request, cards)
+            containers = split_whole(request, cards)
         decided_at = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         return AllocationDecision(
             node, cards, containers, decided_at, self.policy, request.kind is RequestKind.SHARED
         )
-
-
-def held_cards(
-    inventory: NodeGpuInventory, request: GpuRequest, indices: Sequence[int]
-) -> tuple[CardShare, ...]:
-    """What ``request`` holds on the cards ``indices`` of a node: a share's compute and memory
-    on its one card, or whole cards (all of each one's compute and memory)."""
-    by_index = {g.index: g for g in inventory.gpus}
-    if request.kind is RequestKind.SHARED:
-        gpu = by_index[indices[0]]
-        return (CardShare(gpu.uuid, gpu.index, request.compute_milli, request.gpu_memory_mib),)
-    return tuple(
-        CardShare(by_index[i].uuid, i, MILLI_PER_GPU, by_index[i].memory_mib) for i in indices
-    )
-
-
-def usage_of(
-    pod: Mapping[str, Any], request: GpuRequest, decision: AllocationDecision, *, bound: bool
-) -> PodUsage:
-    """What ``pod`` holds once ``decision`` is made: its CPU and memory requests on the node,
-    and the decided cards."""
-    return PodUsage(
-        pod_uid(pod),
-        pod_key(pod),
-        decision.node,
-        request.cpu_milli,
-        request.host_memory_mib,
-        decision.cards,
-        bound=bound,
-    )
 
 
 def _pick(names: Sequence[str], positions: npt.NDArray[np.int64]) -> tuple[str, ...]:
@@ -521,24 +488,3 @@ def _count(counter: Counter[str], labels: Sequence[str], codes: npt.NDArray[np.i
     for code, number in enumerate(np.bincount(codes, minlength=len(labels)).tolist()):
         if number:
             counter[labels[code]] += number
-
-
-def _split_whole(
-    request: GpuRequest, cards: Sequence[CardShare]
-) -> tuple[ContainerAllocation, ...]:
-    """Whole cards per container, in the kubelet's order (init containers, then app ones):
-    sidecars and app containers hold distinct cards; a regular init container borrows the
-    cards after the sidecars', which the app containers then reuse."""
-    out: list[ContainerAllocation] = []
-    position = 0
-    ordered = [c for c in request.containers if c.init] + [
-        c for c in request.containers if not c.init
-    ]
-    for c in ordered:
-        if not c.whole_gpus:
-            continue
-        taken = tuple(cards[position : position + c.whole_gpus])
-        if not c.init or c.sidecar:
-            position += c.whole_gpus
-        out.append(ContainerAllocation(c.name, c.init, taken))
-    return tuple(out)
