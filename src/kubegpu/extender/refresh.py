@@ -46,7 +46,8 @@ from kubegpu.placement.engine import PlacementEngine
 from kubegpu.placement.fragmentation import ClassKey, TypicalWorkload, class_key
 from kubegpu.placement.model import PodRequest
 from kubegpu.placement.policy import PolicySpec
-from kubegpu.placement.target import most_common_memory, target_workload
+from kubegpu.placement.state import paced
+from kubegpu.placement.target import reference_card_memory, target_workload
 from kubegpu.sharing.accounting import NodeInfo, PodUsage, node_state
 from kubegpu.sharing.claim import PodClaim, read_claim
 from kubegpu.sharing.resources import ResourceNames
@@ -103,9 +104,7 @@ class PodClasses:
             known = {}  # the fleet's most common card changed: every share's class may have
         fresh: _Known = {}
         out: list[ClassKey] = []
-        for i, (key, pod) in enumerate(pods):
-            if pace is not None and i % PODS_PER_PACE == PODS_PER_PACE - 1:
-                pace()
+        for key, pod in paced(pods, PODS_PER_PACE, pace):
             hit = known.get(key)
             if hit is None or hit[0] is not pod:
                 claim = claims.get(key) if claims is not None else None
@@ -152,9 +151,7 @@ class ViewCopy:
         seen: set[str] = set()
         by_node: dict[str, list[PodUsage]] = collections.defaultdict(list)
         for store in self.usage_stores:
-            for i, (uid, usage) in enumerate(store.items()):
-                if pace is not None and i % PODS_PER_PACE == PODS_PER_PACE - 1:
-                    pace()
+            for uid, usage in paced(store.items(), PODS_PER_PACE, pace):
                 if uid not in seen:
                     seen.add(uid)
                     by_node[usage.node].append(usage)
@@ -272,13 +269,12 @@ class Refresher:
         """The target workload of ``pods`` on ``nodes`` (``kubegpu.placement.target``'s
         definition); ``claims`` and ``pace`` as in :meth:`PodClasses.classes`."""
         # Shares are classed at their level on the cluster's most common card (memory too).
-        memories: collections.Counter[int] = collections.Counter()
-        for i, info in enumerate(nodes):
-            if pace is not None and i % ROWS_PER_YIELD == ROWS_PER_YIELD - 1:
-                pace()
-            if info.inventory is not None:
-                memories.update(g.memory_mib for g in info.inventory.gpus if g.memory_mib)
-        card_memory = most_common_memory(memories)
+        card_memory = reference_card_memory(
+            g.memory_mib
+            for info in paced(nodes, ROWS_PER_YIELD, pace)
+            if info.inventory is not None
+            for g in info.inventory.gpus
+        )
         return target_workload(
             self.policy, self.pod_classes.classes(pods, card_memory, claims, pace)
         )
@@ -348,10 +344,8 @@ class Refresher:
         # The node states exactly as GpuScheduler._rebuild makes them, from the copy.
         states = []
         usages = view.usages(step_aside)
-        for i, (name, info) in enumerate(view.nodes):
+        for name, info in paced(view.nodes, ROWS_PER_YIELD, step_aside):
             states.append(node_state(info, usages.get(name, ())))
-            if i % ROWS_PER_YIELD == ROWS_PER_YIELD - 1:
-                step_aside()
         step_aside()
         engine = PlacementEngine(states, self.policy, workload=workload, pace=step_aside)
         warm(engine, shapes, step_aside)

@@ -28,8 +28,9 @@ fragmentation state names every card's model (see :data:`StateKey`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +45,7 @@ NO_CARD = -1  # free milli of a card slot the node does not have: never fits any
 # Free memory of a card whose memory is not tracked: larger than any request.
 UNTRACKED_MEMORY = np.iinfo(np.int64).max // 4
 NO_ROWS = np.zeros(0, dtype=np.int64)
+T = TypeVar("T")
 # Rows made between two calls of a constructor's ``pace`` (~1-2 ms of work).
 ROWS_PER_PACE = 100
 # A node's fragmentation state: (free CPU, free milli per card, model). On a node of one model
@@ -70,6 +72,15 @@ class ModelSelection:
     rows: npt.NDArray[np.bool_]
     partial: IntArray
     cards: npt.NDArray[np.bool_] | None
+
+
+def paced(items: Iterable[T], every: int, pace: Callable[[], None] | None) -> Iterator[T]:
+    """``items``, calling ``pace`` (when given) after each ``every`` of them: a builder in a
+    background thread lets another go first there."""
+    for i, item in enumerate(items):
+        if pace is not None and i % every == every - 1:
+            pace()
+        yield item
 
 
 def _no_pace() -> None:
@@ -122,9 +133,7 @@ class ClusterState:
         self.card_memory = np.full((n, width), NO_CARD, dtype=np.int64)
         self.card_memory_total = np.zeros((n, width), dtype=np.int64)
         self.card_index: list[tuple[int, ...]] = []
-        for i, node in enumerate(ordered):
-            if i % ROWS_PER_PACE == ROWS_PER_PACE - 1:
-                tick()
+        for i, node in enumerate(paced(ordered, ROWS_PER_PACE, pace)):
             gpus = sorted(node.gpus, key=lambda g: g.index)
             self.card_index.append(tuple(g.index for g in gpus))
             default = node.gpu_model
@@ -171,9 +180,7 @@ class ClusterState:
         self.state_keys: list[StateKey] = []
         self.state_id = np.zeros(n, dtype=np.int64)
         tick()
-        for i in range(n):
-            if i % ROWS_PER_PACE == ROWS_PER_PACE - 1:
-                tick()
+        for i in paced(range(n), ROWS_PER_PACE, pace):
             self.refresh_row(i)
         tick()
 

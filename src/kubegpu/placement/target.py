@@ -11,7 +11,7 @@ placement, offline and live (``tests/extender/test_workload_definition.py``).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from kubegpu.placement.fragmentation import ClassKey, TypicalWorkload
 from kubegpu.placement.model import NodeState
@@ -26,11 +26,7 @@ def reference_card_memory(card_memories: Iterable[int | None]) -> int | None:
 
     One class per share, however many card sizes: the engine scores each node at the share's
     level on that node's cards; the workload only says which shares to expect."""
-    return most_common_memory(Counter(m for m in card_memories if m))
-
-
-def most_common_memory(counts: Mapping[int, int]) -> int | None:
-    """:func:`reference_card_memory` from the cards counted per memory (MiB, none unknown)."""
+    counts = Counter(m for m in card_memories if m)
     if not counts:
         return None
     return min(counts, key=lambda m: (-counts[m], m))
