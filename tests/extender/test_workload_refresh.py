@@ -15,6 +15,7 @@ import logging
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, ParamSpec, TypeVar, cast
@@ -350,48 +351,44 @@ def test_a_failed_refresh_keeps_the_engine_and_is_tried_again_an_interval_later(
     assert len(held.jobs) == 1
 
 
-def test_each_pod_is_read_once_until_it_changes(monkeypatch: pytest.MonkeyPatch) -> None:
-    scheduler, view, _ = cluster(HeldExecutor())
-    reads: list[str] = []
-
-    def counted(spec: Any, names: Any) -> Any:
-        reads.append(spec["metadata"]["name"])
-        return read_claim(spec, names)
-
-    monkeypatch.setattr(refresh, "read_claim", counted)
-    first = scheduler.current_workload()
-    assert reads == []  # read when the engine was built; the same pod objects since
-    view.apply_pod(pod("small-1", shared_pod("small-1", 8192, 200)))  # a new object
-    assert scheduler.current_workload() is first  # same classes: the engine's own object
-    assert reads == []  # classed from the claim the view parsed when it stored the pod
-    # A reader without the view's claims reads a new pod object once.
-    view.apply_pod(pod("small-2", shared_pod("small-2", 8192, 200)))
-    refresher = scheduler._refresher
-    refresher.workload(view.pod_json.items(), view.nodes.values())
-    refresher.workload(view.pod_json.items(), view.nodes.values())
-    assert reads == ["small-2"]
+class Followed(dict[str, Any]):
+    """A part of a pod spec a weak reference can follow (a plain dict cannot have one)."""
 
 
-def test_a_refresh_classes_new_pods_from_the_views_claims(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The refresh's copy carries the claims the view parsed: the thread parses no pod."""
+def test_a_refresh_keeps_no_deleted_pod_alive() -> None:
+    """Nothing of a refresh outlives it holding pods: once the view drops a pod, the pod is
+    freed then, one at a time, not by the next refresh's thread with every other pod deleted
+    in five minutes (refresh.pod_classes says what that cost)."""
+    held = HeldExecutor()
+    scheduler, view, clock = cluster(held)
+    spec = pod("gone", whole_pod("gone", 2))  # a new class: the engine is built
+    spec["spec"] = Followed(spec["spec"])  # the view stores a copy of the top level only
+    view.apply_pod(spec)
+    followed = weakref.ref(spec["spec"])
+    clock.now += REFRESH_S + 1
+    scheduler.engine()
+    held.run()
+    assert scheduler.engine() is not None and scheduler.refreshes == 1
+    view.apply_pod(spec, deleted=True)
+    del spec
+    gc.collect()
+    assert followed() is None
+
+
+def test_a_refresh_classes_pods_by_the_claims_the_view_parsed() -> None:
+    """The refresh's copy carries the view's claims, one per pod, and the engine it builds
+    matches one rebuilt from the view."""
     held = HeldExecutor()
     scheduler, view, clock = cluster(held)
     old = scheduler.engine()
-    reads: list[str] = []
-
-    def counted(spec: Any, names: Any) -> Any:
-        reads.append(spec["metadata"]["name"])
-        return read_claim(spec, names)
-
-    monkeypatch.setattr(refresh, "read_claim", counted)
     change_the_workload(view)  # new pod objects
     copy = refresh.ViewCopy.of(view)
     assert copy.claims.keys() == view.pod_json.keys()
+    assert [c.key for c in copy.claims.values()] == [f"{ns}/{n}" for ns, n in view.pod_json]
     clock.now += REFRESH_S + 1
     scheduler.engine()
     held.run()
     assert scheduler.engine() is not old and scheduler.refreshes == 1
-    assert reads == []
     assert_matches_a_rebuild(scheduler, view)
 
 

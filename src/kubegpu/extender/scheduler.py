@@ -138,9 +138,7 @@ class GpuScheduler:
         self._names: Sequence[str] = ()
         self._workload: TypicalWorkload | None = None  # the engine's
         # ``executor`` runs the refreshes (default: a daemon thread each).
-        self._refresher = Refresher(
-            self.engine_policy, view.names, workload_refresh_s, executor=executor
-        )
+        self._refresher = Refresher(self.engine_policy, workload_refresh_s, executor=executor)
         self._catching_up: CatchUp | None = None  # a refreshed engine taking the rows back
         self.rebuilds = 0  # on the request path: first call, node set or a node's cards
         self.refreshes = 0  # engines swapped in for a changed workload, built off the path
@@ -152,16 +150,14 @@ class GpuScheduler:
     def current_workload(self) -> TypicalWorkload:
         """The configured distribution, else every pod in the cluster, CPU-only ones included,
         by the definition the simulator uses too (``kubegpu.placement.target``); an empty
-        workload makes every node equally unfragmented. Computed now, reading each pod's
-        request once (:class:`~kubegpu.extender.refresh.PodClasses`); the engine's own object
+        workload makes every node equally unfragmented. Computed now, from the claims the view
+        parsed (:func:`~kubegpu.extender.refresh.pod_classes`); the engine's own object
         when equal to it, so a caller caching on the workload's identity (DRA ranking) keeps
         its cache."""
         if self.configured_workload is not None:
             return self.configured_workload
         view = self.view
-        found = self._refresher.workload(
-            view.pod_json.items(), view.nodes.values(), view.pod_claims()
-        )
+        found = self._refresher.workload(view.pod_claims().values(), view.nodes.values())
         return self._workload if self._workload is not None and found == self._workload else found
 
     def engine(self) -> PlacementEngine:
