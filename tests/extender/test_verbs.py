@@ -3,6 +3,7 @@ the fake API server through lightkube."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -460,3 +461,31 @@ async def test_each_verb_is_marked_as_served_while_it_runs() -> None:
                 assert status == 200
             assert verbs.idle
     assert seen == [False, False]
+
+
+async def test_a_request_is_marked_served_while_its_body_arrives() -> None:
+    """A filter's body at 5,000 nodes arrives in several reads: the mark covers them, so a
+    refresh's build does not share the GIL with the reading either."""
+    async with FakeApiServer() as server:
+        seed(server, ("nodes", gpu_node("node-a", cards=1, memory_mib=16384)))
+        async with running_extender(server) as ext:
+            verbs = ext.scheduler._refresher.verbs
+            body = msgspec.json.encode(filter_args(shared_pod("p", 1024, 100), ["node-a"]))
+            host, port = ext.url.removeprefix("http://").rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(
+                b"POST /filter HTTP/1.1\r\nHost: extender\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body[:10]
+            )
+            await writer.drain()
+            await wait_until_async(
+                lambda: not verbs.idle, timeout_s=10, what="the request marked as served"
+            )
+            writer.write(body[10:])
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200")
+            writer.close()
+            await writer.wait_closed()
+            await wait_until_async(lambda: verbs.idle, timeout_s=10, what="the mark released")

@@ -155,6 +155,7 @@ class ExtenderApp:
             body_bytes=self.metrics.body_bytes_in_flight,
             body_hint="with kube-scheduler's nodeCacheCapable: false, start the extender with "
             "node-cache-capable: false, or raise max-body-bytes",
+            outer=[self._served],
         )
         app.router.add_post("/filter", self._timed("filter", self.handle_filter))
         app.router.add_post("/prioritize", self._timed("prioritize", self.handle_prioritize))
@@ -183,6 +184,18 @@ class ExtenderApp:
         app.router.add_get("/metrics", self.handle_metrics)
         return app
 
+    @web.middleware
+    async def _served(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        """Marks the request served from its head to its answer, its body's reading included
+        (a 100 KB filter body arrives in several reads), so a workload refresh's build steps
+        aside for all of it (:meth:`GpuScheduler.serving`)."""
+        with self.scheduler.serving():
+            return await handler(request)
+
     def _timed(
         self, verb: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -191,8 +204,7 @@ class ExtenderApp:
         async def timed(request: web.Request) -> web.StreamResponse:
             start = time.perf_counter()
             try:
-                with self.scheduler.serving():
-                    return await handler(request)
+                return await handler(request)
             finally:
                 histogram.observe(time.perf_counter() - start)
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from kubegpu.httpd.limits import (
     BODY_KEY,
@@ -181,16 +183,19 @@ def hardened_app(
     refusals: Refusals | None = None,
     body_bytes: BodyBytes | None = None,
     body_hint: str = "",
+    outer: Sequence[Middleware] = (),
 ) -> web.Application:
     """An empty application with the foundation's middlewares; add routes, then serve it with
     :class:`HttpListener` or :class:`HttpThread` under the same ``limits``. ``body_hint``
-    ends the 413 message (what to change when a legitimate body is refused)."""
+    ends the 413 message (what to change when a legitimate body is refused); ``outer``
+    middlewares run first, around the foundation's, so from before the body is read."""
     intake = Intake(
         limits, error_body=error_body, refusals=refusals, body_bytes=body_bytes, body_hint=body_hint
     )
     # aiohttp's own cap is the last word only if ours were bypassed: ours answers first.
     app = web.Application(
-        client_max_size=limits.max_body_bytes + 1, middlewares=[intake.no_crash, intake.bodies]
+        client_max_size=limits.max_body_bytes + 1,
+        middlewares=[*outer, intake.no_crash, intake.bodies],
     )
     app[LIMITS_KEY] = limits
     app[INTAKE_KEY] = intake
