@@ -8,6 +8,7 @@ liked, and sixty such bodies took the process to its memory limit."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -119,9 +120,17 @@ class Intake:
             self._take(declared, held)
         chunks: list[bytes] = []
         size = 0
+        # A body already whole (most are: it came with the head) needs no deadline: setting
+        # and cancelling its timer was 1.7 % of the extender's CPU samples at openb (issue 32).
+        content = request.content
+        deadline = (
+            contextlib.nullcontext()
+            if content.is_eof()
+            else asyncio.timeout(self.limits.body_timeout_s)
+        )
         try:
-            async with asyncio.timeout(self.limits.body_timeout_s):
-                while chunk := await request.content.readany():
+            async with deadline:
+                while chunk := await content.readany():
                     size += len(chunk)
                     self._check_size(size)
                     if size > held[0]:  # no (honest) Content-Length: reserve as it arrives
