@@ -199,8 +199,8 @@ def extender_command(**options: Any) -> None:
     try:
         # uvloop's event loop: the verbs are many small HTTP exchanges, and on asyncio's own
         # loop reading and answering them was a third of the extender's CPU per decision.
-        # With uvloop a decision at openb took 2.22 ms of CPU against 2.44-2.89 (issue 32,
-        # docs/benchmarks.md).
+        # With uvloop a decision at openb took 6-8 % less CPU (medians of five runs each,
+        # issue 32, docs/benchmarks.md).
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(_serve(config))
     except ExtenderConfigError as exc:  # a file, a listener or a scheduler version (service.py)
