@@ -208,6 +208,24 @@ def test_a_refreshed_engine_takes_the_rows_back_a_few_per_call(
     assert_matches_a_rebuild(scheduler, view)
 
 
+def test_the_replaced_engine_is_taken_apart_off_the_loop() -> None:
+    """At the swap, the engine that served is handed to the executor, which retires it
+    stepping aside for the verbs: not freed inside the call that swaps."""
+    held = HeldExecutor()
+    scheduler, view, clock = cluster(held)
+    old = scheduler.engine()
+    change_the_workload(view)
+    clock.now += REFRESH_S + 1
+    scheduler.engine()
+    held.run()
+    assert scheduler.engine() is not old and scheduler.refreshes == 1
+    assert hasattr(old, "node_scorer")  # still whole: its retirement is the executor's job
+    assert len(held.jobs) == 1
+    held.run()
+    assert not hasattr(old, "node_scorer")
+    assert old.state_keys == []
+
+
 def test_a_build_leaves_what_is_alive_frozen() -> None:
     """Frozen, what was made while the collector was paused is not scanned by the first
     young collection after it (on whichever thread allocates next)."""

@@ -7,6 +7,7 @@ import weakref
 
 import pytest
 
+from kubegpu.placement import state as state_module
 from kubegpu.placement.engine import PlacementEngine
 from kubegpu.placement.fragmentation import TypicalWorkload
 from kubegpu.placement.model import GpuState, NodeState, PodRequest
@@ -162,3 +163,23 @@ def test_a_retired_engine_goes_by_reference_count() -> None:
             if enabled:
                 gc.enable()
             gc.collect()
+
+
+def test_a_retired_engine_lets_its_states_go_a_few_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a pace, the states the engine met are freed in steps, the pace called between
+    (the extender's background retirement steps aside for the verbs there)."""
+    monkeypatch.setattr(state_module, "STATES_PER_PACE", 2)
+    node = NodeState("n", 64000, 64000, 1 << 20, "A100", tuple(GpuState(j) for j in range(4)))
+    pod = PodRequest(1000, 1024, 1, 300)
+    engine = PlacementEngine([node], "kubegpu", TypicalWorkload.from_pods([pod]))
+    for _ in range(5):  # each placement is a new state of the node
+        assert engine.place(pod) is not None
+    met = len(engine.state_keys)
+    assert met == 6
+    paces: list[int] = []
+    keys = engine.state_keys
+    engine.retire(lambda: paces.append(len(keys)))
+    assert paces == [4, 2, 0]  # two states let go per step
+    assert engine.state_keys == [] and not hasattr(engine, "node_scorer")

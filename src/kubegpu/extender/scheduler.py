@@ -231,7 +231,7 @@ class GpuScheduler:
             return True  # more next call; the serving engine stays until then
         self._catching_up = None
         assert self._engine is not None
-        self._engine.retire()
+        self._refresher.retire(self._engine)  # taken apart off the loop
         self._engine = catch_up.engine
         self._workload = catch_up.refreshed.workload
         self.refreshes += 1

@@ -48,6 +48,8 @@ NO_ROWS = np.zeros(0, dtype=np.int64)
 T = TypeVar("T")
 # Rows made between two calls of a constructor's ``pace`` (~1-2 ms of work).
 ROWS_PER_PACE = 100
+# Fragmentation states let go between two calls of ``forget_states``'s pace (~0.2 ms).
+STATES_PER_PACE = 1000
 # A node's fragmentation state: (free CPU, free milli per card, model). On a node of one model
 # the free milli are sorted and the model is a string; on a node mixing models they are in
 # card order and the model is one per card (a tuple), since which card is which now matters.
@@ -225,6 +227,18 @@ class ClusterState:
                 self._state_ids[key] = sid
                 self.state_keys.append(key)
             self.state_id[i] = sid
+
+    def forget_states(self, pace: Callable[[], None]) -> None:
+        """Let go of the fragmentation states met so far, a few at a time, calling ``pace``
+        between (for an engine retired: its rows' state ids no longer mean anything)."""
+        keys, ids = self.state_keys, self._state_ids
+        self.state_keys, self._state_ids = [], {}
+        while keys:
+            del keys[-STATES_PER_PACE:]
+            for _ in range(min(STATES_PER_PACE, len(ids))):
+                ids.popitem()
+            pace()
+        ids.clear()
 
     def row_key(self, i: int) -> StateKey:
         """Row ``i``'s fragmentation state (see :data:`StateKey`)."""
