@@ -441,16 +441,16 @@ async def test_each_verb_is_marked_as_served_while_it_runs() -> None:
     async with FakeApiServer() as server:
         seed(server, ("nodes", gpu_node("node-a", cards=1, memory_mib=16384)))
         async with running_extender(server) as ext, http_session() as http:
-            verbs = ext.scheduler._refresher.verbs
+            idle = ext.scheduler.verbs_idle
             seen: list[bool] = []
             real_filter, real_rows = ext.scheduler.filter, ext.scheduler.prioritize_rows
 
             def filter_(*args: Any) -> Any:
-                seen.append(verbs.idle)
+                seen.append(idle())
                 return real_filter(*args)
 
             def prioritize_rows(*args: Any) -> Any:
-                seen.append(verbs.idle)
+                seen.append(idle())
                 return real_rows(*args)
 
             ext.scheduler.filter = filter_  # type: ignore[method-assign]
@@ -459,7 +459,7 @@ async def test_each_verb_is_marked_as_served_while_it_runs() -> None:
             for verb in ("filter", "prioritize"):
                 status, _ = await post(http, f"{ext.url}/{verb}", filter_args(pod, ["node-a"]))
                 assert status == 200
-            assert verbs.idle
+            assert idle()
     assert seen == [False, False]
 
 
@@ -469,7 +469,7 @@ async def test_a_request_is_marked_served_while_its_body_arrives() -> None:
     async with FakeApiServer() as server:
         seed(server, ("nodes", gpu_node("node-a", cards=1, memory_mib=16384)))
         async with running_extender(server) as ext:
-            verbs = ext.scheduler._refresher.verbs
+            idle = ext.scheduler.verbs_idle
             body = msgspec.json.encode(filter_args(shared_pod("p", 1024, 100), ["node-a"]))
             host, port = ext.url.removeprefix("http://").rsplit(":", 1)
             reader, writer = await asyncio.open_connection(host, int(port))
@@ -480,7 +480,7 @@ async def test_a_request_is_marked_served_while_its_body_arrives() -> None:
             )
             await writer.drain()
             await wait_until_async(
-                lambda: not verbs.idle, timeout_s=10, what="the request marked as served"
+                lambda: not idle(), timeout_s=10, what="the request marked as served"
             )
             writer.write(body[10:])
             await writer.drain()
@@ -488,4 +488,4 @@ async def test_a_request_is_marked_served_while_its_body_arrives() -> None:
             assert head.startswith(b"HTTP/1.1 200")
             writer.close()
             await writer.wait_closed()
-            await wait_until_async(lambda: verbs.idle, timeout_s=10, what="the mark released")
+            await wait_until_async(lambda: idle(), timeout_s=10, what="the mark released")

@@ -8,7 +8,6 @@ configuration is logged once. Exit codes: 0 stopped by a signal, 2 bad configura
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 from collections.abc import Callable
@@ -217,6 +216,7 @@ def _opt_path(value: object) -> Path | None:
 
 
 async def _serve(config: ExtenderConfig) -> None:
+    from kubegpu.extender.collector import collect_between_verbs
     from kubegpu.roles.extender import ExtenderService, check_files
 
     # Every file first (TLS, kubeconfig, workload), before listening or connecting: a bad one
@@ -232,44 +232,7 @@ async def _serve(config: ExtenderConfig) -> None:
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait((synced, stopped), return_when=asyncio.FIRST_COMPLETED)
         if synced.done():
-            await _keep_heap_frozen(stopped)
+            await collect_between_verbs(service.scheduler.verbs_idle, stopped)
         synced.cancel()
         await stopped
     log.info("kubegpu extender stopped")
-
-
-# How often the heap is frozen again, and how soon to try again when a workload refresh is
-# building (see _keep_heap_frozen).
-REFREEZE_S = 60.0
-REFREEZE_RETRY_S = 1.0
-
-
-async def _keep_heap_frozen(stopped: asyncio.Future[Any]) -> None:
-    """Keep the long-lived heap out of the cyclic collector's sight until ``stopped``.
-
-    Python's full collections pause every verb while they scan every object not frozen: at
-    5,000 nodes and 12,000 live pods, 100-580 ms every few minutes, the extender's largest
-    pauses (issue 32's 15-minute soak). Most of the heap is the view's pods and nodes, parsed
-    JSON that holds no cycles and is freed by reference count, frozen or not. So once synced,
-    and then every :data:`REFREEZE_S`, the young generations are collected (cycles made by
-    requests die there: milliseconds) and everything older is frozen, so a full collection
-    scans at most a minute of churn. The cost: a cycle that became garbage after reaching the
-    old generation and before a freeze is never collected; the extender makes few (a replaced
-    placement engine is retired, not left to the collector).
-
-    Not while a workload refresh builds an engine in its thread (it pauses the collector,
-    :func:`kubegpu.extender.refresh.collector_paused`): the young generation then holds the
-    build's objects, which a collection here would scan on the event loop. It waits for the
-    build to end instead.
-    """
-    while True:
-        wait = REFREEZE_RETRY_S
-        if gc.isenabled():
-            gc.collect(1)
-            gc.freeze()
-            wait = REFREEZE_S
-        try:
-            await asyncio.wait_for(asyncio.shield(stopped), wait)
-            return
-        except TimeoutError:
-            continue

@@ -342,7 +342,7 @@ def collector_paused() -> Iterator[None]:
 
     What is still alive at the end (the new engine, and what the loop made meanwhile) is then
     frozen, as the extender's heap is every minute anyway
-    (:func:`kubegpu.cli.extender._keep_heap_frozen`): the first young collection after the
+    (:mod:`kubegpu.extender.collector`): the first young collection after the
     pause scanned all of it, 11-17 ms on whichever thread allocated next, most often the
     loop's inside a verb, and found nothing to collect (issue 32's soak at 5,000 nodes). The
     cost is that of the freeze: a cycle already garbage then is never collected."""

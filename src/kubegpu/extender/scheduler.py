@@ -184,6 +184,10 @@ class GpuScheduler:
         meanwhile steps aside for it (:class:`~kubegpu.extender.refresh.VerbsInFlight`)."""
         return self._refresher.verbs.serving()
 
+    def verbs_idle(self) -> bool:
+        """No verb is being served now (:meth:`serving`)."""
+        return self._refresher.verbs.idle
+
     def _refreshes_workload(self) -> bool:
         return self._needs_workload() and self.configured_workload is None
 
