@@ -32,7 +32,7 @@ MARKER = "CORPUS_TEST_CASE"
 NOBODY = 65534
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
@@ -40,7 +40,7 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
-def _self_signed(key: ec.EllipticCurvePrivateKey) -> bytes:
+def self_signed(key: ec.EllipticCurvePrivateKey) -> bytes:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "corpus")])
     now = datetime.datetime.now(datetime.UTC)
     cert = (
@@ -102,9 +102,9 @@ def make_files(root: Path) -> Path:
         f"client-key: {root}/no-such.key}}}}]\n"
     )
     server_key = ec.generate_private_key(ec.SECP256R1())
-    (root / "server.key").write_bytes(_key_pem(server_key))
-    (root / "server.crt").write_bytes(_self_signed(server_key))
-    (root / "other.key").write_bytes(_key_pem(ec.generate_private_key(ec.SECP256R1())))
+    (root / "server.key").write_bytes(key_pem(server_key))
+    (root / "server.crt").write_bytes(self_signed(server_key))
+    (root / "other.key").write_bytes(key_pem(ec.generate_private_key(ec.SECP256R1())))
     return root
 
 

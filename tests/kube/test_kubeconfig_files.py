@@ -5,43 +5,22 @@ naming it, whether the kubeconfig names files or carries them inline (``*-data``
 from __future__ import annotations
 
 import base64
-import datetime
 import ssl
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from kubegpu.kube import client
 from kubegpu.kube.client import KubeconfigError, load_kubeconfig_file
+from tests.cli.corpus import key_pem, self_signed
 
 
-def key_and_cert(name: str) -> tuple[bytes, bytes]:
+def key_and_cert() -> tuple[bytes, bytes]:
     key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    return key_pem, cert.public_bytes(serialization.Encoding.PEM)
+    return key_pem(key), self_signed(key)
 
 
 def write_kubeconfig(folder: Path, cluster: dict[str, Any], user: dict[str, Any]) -> Path:
@@ -64,9 +43,9 @@ def inline(data: bytes) -> str:
 
 @pytest.fixture
 def pki(tmp_path: Path) -> dict[str, bytes]:
-    _, ca = key_and_cert("ca")
-    key, cert = key_and_cert("user")
-    _, other_cert = key_and_cert("other")
+    _, ca = key_and_cert()
+    key, cert = key_and_cert()
+    _, other_cert = key_and_cert()
     files = {"ca.crt": ca, "user.key": key, "user.crt": cert, "other.crt": other_cert}
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
