@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 import weakref
 from collections.abc import Iterator
 
@@ -14,6 +15,7 @@ import pytest
 
 from kubegpu.extender import collector, refresh
 from kubegpu.testing.apiserver import FakeApiServer
+from kubegpu.testing.waiting import wait_until_async
 from tests.extender.cluster import gpu_node, running_extender
 from tests.extender.test_abuse import metric
 
@@ -65,8 +67,7 @@ async def test_a_garbage_cycle_is_collected_within_an_interval_with_automatic_co
     assert gc.get_threshold() == (collector.SAFETY_THRESHOLD, *before[1:])
     dead = garbage_cycle()
     assert dead() is not None  # the automatic collector did not get to it
-    await asyncio.sleep(0.1)
-    assert dead() is None
+    await wait_until_async(lambda: dead() is None, timeout_s=10, what="the cycle collected")
     await stop(task, stopped)
     assert gc.get_threshold() == before
 
@@ -75,17 +76,21 @@ async def test_no_collection_while_a_verb_is_served_until_the_wait_runs_out(
     unfrozen: None, monkeypatch: pytest.MonkeyPatch, counted_collections: list[int]
 ) -> None:
     monkeypatch.setattr(collector, "COLLECT_EVERY_S", 0.01)
-    monkeypatch.setattr(collector, "COLLECT_WAIT_MAX_S", 0.2)
+    monkeypatch.setattr(collector, "COLLECT_WAIT_MAX_S", 0.3)
     serving = True
     stopped: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    started = time.monotonic()
     task = asyncio.create_task(collector.collect_between_verbs(lambda: not serving, stopped))
     await asyncio.sleep(0.1)
     assert counted_collections == []  # busy, and the wait has not run out
-    await asyncio.sleep(0.2)
-    assert counted_collections == [1]  # a loop that is never idle still collects
+    # A loop that is never idle still collects, once the wait has run out.
+    await wait_until_async(lambda: counted_collections, timeout_s=10, what="a collection")
+    assert time.monotonic() - started >= 0.3
     serving = False
-    await asyncio.sleep(0.1)
-    assert len(counted_collections) >= 4  # idle: every interval, young generations only
+    # Idle: every interval, and the young generations only.
+    await wait_until_async(
+        lambda: len(counted_collections) >= 5, timeout_s=10, what="collections while idle"
+    )
     assert set(counted_collections) == {1}
     await stop(task, stopped)
 
@@ -95,24 +100,25 @@ async def test_the_old_generation_is_frozen_at_once_and_again_each_interval(
 ) -> None:
     monkeypatch.setattr(collector, "COLLECT_EVERY_S", 0.01)
     monkeypatch.setattr(collector, "REFREEZE_S", 0.1)
-    freezes: list[int] = []
+    freezes: list[tuple[float, int]] = []  # when, and the frozen count after
     real_freeze = gc.freeze
 
     def counting_freeze() -> None:
         real_freeze()
-        freezes.append(gc.get_freeze_count())
+        freezes.append((time.monotonic(), gc.get_freeze_count()))
 
     monkeypatch.setattr(collector.gc, "freeze", counting_freeze)
     stopped: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
     task = asyncio.create_task(collector.collect_between_verbs(lambda: True, stopped))
-    await asyncio.sleep(0.05)
-    assert len(freezes) == 1  # at once, not at every young collection
+    await wait_until_async(lambda: freezes, timeout_s=10, what="the first freeze")
     made_since = [[k] for k in range(1000)]  # containers, which the collector tracks
-    await asyncio.sleep(0.3)
+    await wait_until_async(lambda: len(freezes) >= 2, timeout_s=10, what="a second freeze")
     await stop(task, stopped)
-    assert 2 <= len(freezes) <= 5
-    # A later freeze took what was made since the first.
-    assert freezes[-1] >= freezes[0] + len(made_since)
+    (first_at, first_count), (second_at, second_count) = freezes[:2]
+    # Not at every young collection (every 10 ms): once the interval has passed.
+    assert second_at - first_at >= 0.1
+    # The second took what was made since the first.
+    assert second_count >= first_count + len(made_since)
 
 
 async def test_stopping_ends_it_without_waiting_out_an_interval(unfrozen: None) -> None:
@@ -132,8 +138,8 @@ async def test_no_collection_while_a_refresh_builds_then_one_soon_after(
         task = asyncio.create_task(collector.collect_between_verbs(lambda: True, stopped))
         await asyncio.sleep(0.1)
         assert counted_collections == []
-    await asyncio.sleep(0.1)
-    assert counted_collections[:1] == [1]  # the build over: collected within an interval
+    await wait_until_async(lambda: counted_collections, timeout_s=10, what="a collection")
+    assert counted_collections[0] == 1  # the build over: collected
     await stop(task, stopped)
 
 
