@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+from memory_only_replay import dense_sizes, seed_list
 from peer_gpushare import SizeBand, draw_sizes, parse_sizes
 
 IntArray = npt.NDArray[np.int64]
@@ -135,15 +136,9 @@ def pack(sizes: Sequence[int], rule: Rule, nodes: int, cards: int, card_gib: int
 
 
 def draw(bands: Sequence[SizeBand], pods: int, seed: int, like_replay: bool) -> list[int]:
-    if not like_replay:
-        return draw_sizes(bands, pods, seed)
-    rng = np.random.default_rng(seed)
-    return [int(g) for g in rng.integers(bands[0].low, bands[0].high + 1, pods)]
-
-
-def seeds(text: str) -> list[int]:
-    first, _, last = text.partition("-")
-    return list(range(int(first), int(last or first) + 1))
+    if like_replay:
+        return dense_sizes(seed, pods, bands[0].low, bands[0].high)
+    return draw_sizes(bands, pods, seed)
 
 
 def main() -> None:
@@ -169,8 +164,9 @@ def main() -> None:
         parser.error(str(exc))
     if max(b.high for b in bands) > args.card_gib:
         parser.error(f"--sizes: a pod over --card-gib ({args.card_gib}) never fits")
-    runs = {name: [] for name in RULES}  # type: dict[str, list[Outcome]]
-    for seed in seeds(args.seeds):
+    seeds = seed_list(parser, args.seeds)
+    runs: dict[str, list[Outcome]] = {name: [] for name in RULES}
+    for seed in seeds:
         sizes = draw(bands, args.pods, seed, args.replay_draw)
         for name, rule in RULES.items():
             runs[name].append(pack(sizes, rule, args.nodes, args.cards, args.card_gib))

@@ -35,6 +35,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import click
 import numpy as np
 
 from kubegpu.placement.engine import PlacementEngine
@@ -46,6 +47,7 @@ from kubegpu.placement.policies.cards import first_by_keys
 from kubegpu.placement.target import node_card_memories, reference_card_memory
 from kubegpu.placement.target import target_workload as target
 from kubegpu.simulate.arrivals import Arrivals, generate_arrivals
+from kubegpu.simulate.command import parse_seeds
 from kubegpu.simulate.memory_only import memory_only, with_card_memory
 from kubegpu.simulate.replay import ReplayResult, discretise, ranked_engine, target_workload
 from kubegpu.simulate.traces import TracePod, load_nodes, load_pods
@@ -152,14 +154,19 @@ def replay_counts(
 DENSE_NODES, DENSE_CARDS, DENSE_CARD_MIB, DENSE_PODS = 50, 8, 81559, 2000
 
 
+def dense_sizes(seed: int, count: int = DENSE_PODS, low: int = 1, high: int = 40) -> list[int]:
+    """The dense row's pod sizes in whole GiB, uniform in ``low``-``high``, in arrival order."""
+    rng = np.random.default_rng(seed)
+    return [int(gib) for gib in rng.integers(low, high + 1, count)]
+
+
 def dense(seed: int, way: str, policy: str) -> Outcome:
     """The issue's dense packing, in process: 2,000 gpushare-style pods of 1-40 GiB (uniform
     whole GiB, seeded) onto 50 nodes of eight 80 GB cards, CPU ample, no arrivals tuning:
     the order drawn is the order placed."""
-    rng = np.random.default_rng(seed)
     pods = [
-        PodRequest(100, 256, 1, 1, int(gib) * 1024, name=f"pod-{k:04d}")
-        for k, gib in enumerate(rng.integers(1, 41, DENSE_PODS))
+        PodRequest(100, 256, 1, 1, gib * 1024, name=f"pod-{k:04d}")
+        for k, gib in enumerate(dense_sizes(seed))
     ]
     total = None if way == "blind" else DENSE_CARD_MIB
     nodes = [
@@ -185,9 +192,13 @@ def dense(seed: int, way: str, policy: str) -> Outcome:
     return Outcome("dense", "gpushare", seed, way, policy, used, DENSE_PODS, placed, first)
 
 
-def seeds(text: str) -> list[int]:
-    first, _, last = text.partition("-")
-    return list(range(int(first), int(last or first) + 1))
+def seed_list(parser: argparse.ArgumentParser, text: str) -> list[int]:
+    """``--seeds`` as ``kubegpu simulate`` reads it (ranges and lists, checked); a bad one ends
+    the script naming it."""
+    try:
+        return parse_seeds(text)
+    except click.BadParameter as exc:
+        parser.error(exc.format_message())
 
 
 def main() -> None:
@@ -199,16 +210,17 @@ def main() -> None:
     parser.add_argument("--policies", default="bestfit,fgd,kubegpu")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
+    seeds = seed_list(parser, args.seeds)
     policies = args.policies.split(",")
     ways = [(way, p) for way in ("levels", "blind") for p in policies] + [(PEER, "")]
     work = [
         (args.traces, w, v, s, way, p)
         for w in args.workloads.split(",")
         for v in args.variants.split(",")
-        for s in seeds(args.seeds)
+        for s in seeds
         for way, p in ways
     ]
-    dense_work = [(s, way, p) for s in seeds(args.seeds) for way, p in ways]
+    dense_work = [(s, way, p) for s in seeds for way, p in ways]
     with ProcessPoolExecutor(args.jobs) as pool:
         results = list(pool.map(run, *zip(*work, strict=True)))
         results += list(pool.map(dense, *zip(*dense_work, strict=True)))

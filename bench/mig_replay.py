@@ -18,6 +18,8 @@ import statistics
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from memory_only_replay import seed_list
+
 from kubegpu.simulate.arrivals import generate_arrivals
 from kubegpu.simulate.mig import MIG_POLICIES, MigResult, mig_variant, replay_mig
 from kubegpu.simulate.traces import load_nodes, load_pods
@@ -30,11 +32,6 @@ def run(traces: Path, workload: str, seed: int, policy: str) -> tuple[str, int, 
     return workload, seed, replay_mig(nodes, mig_variant(arrivals.pods), policy)
 
 
-def seeds(text: str) -> list[int]:
-    first, _, last = text.partition("-")
-    return list(range(int(first), int(last or first) + 1))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=Path, required=True)
@@ -42,10 +39,11 @@ def main() -> None:
     parser.add_argument("--seeds", default="42-44")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
+    seeds = seed_list(parser, args.seeds)
     work = [
         (args.traces, w, s, p)
         for w in args.workloads.split(",")
-        for s in seeds(args.seeds)
+        for s in seeds
         for p in MIG_POLICIES
     ]
     with ProcessPoolExecutor(args.jobs) as pool:
