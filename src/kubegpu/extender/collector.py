@@ -47,12 +47,7 @@ REFREEZE_S = 60.0
 SAFETY_THRESHOLD = 50_000
 
 
-async def collect_between_verbs(
-    idle: Callable[[], bool],
-    stopped: asyncio.Future[Any],
-    *,
-    clock: Callable[[], float] = time.monotonic,
-) -> None:
+async def collect_between_verbs(idle: Callable[[], bool], stopped: asyncio.Future[Any]) -> None:
     """Collect the young generations between verbs and freeze the old one, until ``stopped``.
 
     ``idle`` says whether no verb is being served now. The automatic thresholds are restored
@@ -62,16 +57,16 @@ async def collect_between_verbs(
     try:
         frozen_at: float | None = None
         while not stopped.done():
-            due = clock() + COLLECT_WAIT_MAX_S
-            while not idle() and clock() < due and not stopped.done():
+            due = time.monotonic() + COLLECT_WAIT_MAX_S
+            while not idle() and time.monotonic() < due and not stopped.done():
                 await asyncio.sleep(IDLE_POLL_S)
             if stopped.done():
                 return
             if gc.isenabled():  # not while a refresh builds: its end freezes what it left
                 gc.collect(1)
-                if frozen_at is None or clock() - frozen_at >= REFREEZE_S:
+                if frozen_at is None or time.monotonic() - frozen_at >= REFREEZE_S:
                     gc.freeze()
-                    frozen_at = clock()
+                    frozen_at = time.monotonic()
             await asyncio.sleep(COLLECT_EVERY_S)
     finally:
         gc.set_threshold(*thresholds)
