@@ -38,6 +38,7 @@ from kubegpu_e2e.workloads import (
     pending_reason,
     pod,
     share,
+    wait_running,
 )
 
 from kubegpu.sharing.resources import parse_quantity
@@ -414,11 +415,7 @@ def test_a_gang_admitted_by_quota_but_not_placeable_on_cards_is_evicted_and_requ
     create(
         cluster, pod("filler", namespace, [container("main", {WHOLE: "7"})], scheduler=SCHEDULER)
     )
-    cluster.wait_for(
-        "the filler pod Running",
-        lambda: cluster.get("pod", "-n", namespace, "filler")["status"].get("phase") == "Running",
-        timeout=120,
-    )
+    wait_running(cluster, namespace, "filler", timeout=120)  # says why not (kubectl describe)
     create(cluster, job("gang", namespace, queue, 2, {WHOLE: "1"}))
     wait_workload(cluster, namespace, "gang", "Admitted", "True")
     # One pod runs, the other waits for a card, with the scheduler's words.

@@ -121,6 +121,25 @@ async def test_an_idle_watch_kept_current_by_bookmarks_resumes_without_a_relist(
             assert view.relists == 2  # the first list of nodes and of pods, no more
 
 
+async def test_pod_bookmarks_move_the_pod_watch_on_without_breaking_it(caplog) -> None:  # type: ignore[no-untyped-def]
+    # The server sends a bookmark as the kind's zero value: a Pod's has "containers": null,
+    # which lightkube's Pod model refuses. The view once failed its pods watch on every one
+    # and waited a growing pause (up to 30 s) before resuming, blind to deletions meanwhile.
+    async with FakeApiServer(bookmark_interval_s=0.05) as server:
+        server.store.put("nodes", gpu_node("n1"))
+        server.store.put("pods", bound("a", "n1"))
+        async with watching(server) as view:
+            await eventually(lambda: server.store.open_watches == 2, "both watches open")
+            server.store.put("nodes", gpu_node("n2"))  # moves the head past the pods' version
+            head = str(server.store.resource_version)
+            await eventually(lambda: view._versions.get("pods") == head, "pods bookmarked")
+            server.store.remove("pods", "default", "a")
+            await eventually(lambda: not view.usages_on("n1"), "a's deletion seen")
+            assert server.count("watch", "pods") == 1  # the one stream, never re-opened
+            assert view.relists == 2
+    assert "watch failed" not in caplog.text
+
+
 async def test_a_stale_event_never_rolls_a_pod_back() -> None:
     async with FakeApiServer() as server:
         server.store.put("nodes", gpu_node("n1"))

@@ -369,7 +369,15 @@ WATCH_CONFIG = AgentConfig.model_validate(
 async def watching() -> AsyncIterator[tuple[FakeApiServer, SharingCoordinator, DeviceBoard]]:
     """A coordinator running its loops (no PodResources) against a server that keeps only the
     last 5 changes, so a watch resumed from further back is told 410 Expired."""
-    async with FakeApiServer(history_size=5) as api:
+    async with running_coordinator(FakeApiServer(history_size=5)) as running:
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def running_coordinator(
+    server: FakeApiServer,
+) -> AsyncIterator[tuple[FakeApiServer, SharingCoordinator, DeviceBoard]]:
+    async with server as api:
         api.store.put("nodes", make_node(NODE))
         client = api.async_client()
         board = DeviceBoard(HealthFeed())
@@ -417,6 +425,23 @@ async def test_the_pods_are_kept_current_by_one_list_and_a_watch_not_by_polling(
     server.store.put("pods", shared_pod("t", 3, ("main",)))
     await until(lambda: board.blocked.get("nvidia.com/gpu") == frozenset({CARDS[3]}), "t seen")
     assert server.count("list", "pods") == 1
+
+
+async def test_bookmarks_move_the_pod_watch_on_without_breaking_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # kube-apiserver sends a bookmark as a Pod's zero value ("containers": null), which
+    # lightkube's Pod model refuses: the agent's watch once broke on each, about once a minute,
+    # and was blind for a sync interval or more after it.
+    async with running_coordinator(FakeApiServer(bookmark_interval_s=0.05)) as running:
+        server, coordinator, board = running
+        server.store.put("nodes", make_node("n2"))  # moves the head past the pods' version
+        head = str(server.store.resource_version)
+        await until(lambda: coordinator.view.resume_from == head, "pods bookmarked")
+        server.store.put("pods", shared_pod("s", 1, ("main",)))
+        await until(lambda: board.blocked.get("nvidia.com/gpu") == frozenset({CARDS[1]}), "s")
+        assert server.count("watch", "pods") == 1  # the one stream, never re-opened
+    assert "watching this node's pods failed" not in caplog.text
 
 
 async def test_a_watch_resumed_too_late_for_the_servers_history_lists_again(

@@ -269,6 +269,9 @@ async def test_bookmarks_carry_the_current_version_when_asked_for(
                 "kind": "Pod",
                 "apiVersion": "v1",
                 "metadata": {"resourceVersion": str(server.store.resource_version)},
+                # The Pod's zero value, as kube-apiserver writes it (e2e/tests/test_01_watch.py).
+                "spec": {"containers": None},
+                "status": {},
             },
         }
     ]

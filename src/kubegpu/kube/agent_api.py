@@ -84,7 +84,7 @@ class LightkubeNodeApi:
             server_timeout=timeout_s,
         )
         async for event, pod in stream:
-            yield event, pod.to_dict()
+            yield event, pod
 
     async def patch_pod_annotations(
         self,

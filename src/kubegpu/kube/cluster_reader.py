@@ -294,8 +294,7 @@ async def follow_cluster(
                 stream = watch_events(
                     client, kind, resource_version=version, server_timeout=None, **extra
                 )
-                async for event, item in stream:
-                    data: dict[str, Any] = dict(item)
+                async for event, data in stream:
                     rv = (data.get("metadata") or {}).get("resourceVersion")
                     if rv:
                         version = rv

@@ -170,8 +170,7 @@ class DraClusterView:
             server_timeout=self.watch_timeout_s,
             **self._selector(label),
         )
-        async for event, obj in stream:
-            data = dict(obj)
+        async for event, data in stream:
             rv = (data.get("metadata") or {}).get("resourceVersion")
             if rv:
                 self._versions[label] = rv

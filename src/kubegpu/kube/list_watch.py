@@ -8,6 +8,9 @@ do: list (returning the version), watch (returning when the stream ends), and ho
 Every watch of kubegpu's opens through :func:`watch_events`, which asks for bookmarks: an idle
 watch (the nodes of a quiet cluster, one node's pods) otherwise holds a resource version the
 server compacts away after a few minutes, and its next re-open costs a 410 and a full relist.
+Its events are the objects as the server sent them (plain JSON): kube-apiserver sends a
+bookmark as the kind's zero value, and a Pod's (``"spec": {"containers": null}``) is not a
+valid Pod to lightkube's models.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterable, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx2 as httpx
 import lightkube
@@ -40,6 +43,24 @@ class Backoff:
         return float(min(self.max_s, self.initial_s * self.factor ** max(0, attempt - 1)))
 
 
+class WatchedObject(dict[str, Any]):
+    """One watched object exactly as the server sent it.
+
+    lightkube's watch loop decodes each event's object into the request's response type and
+    resumes a re-opened stream from ``obj.metadata.resourceVersion``; a plain ``dict`` with
+    that one attribute keeps the loop and skips the models (and their validation)."""
+
+    @property
+    def metadata(self) -> _Version:
+        meta = self.get("metadata")
+        version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        return _Version(str(version) if version else None)
+
+
+class _Version(NamedTuple):
+    resourceVersion: str | None  # lightkube's attribute name
+
+
 def watch_events(
     client: lightkube.AsyncClient,
     kind: type[Any],
@@ -48,9 +69,10 @@ def watch_events(
     server_timeout: int | None,
     namespace: str | None = None,
     fields: dict[str, Any] | None = None,
-) -> AsyncIterable[tuple[str, Any]]:
+) -> AsyncIterable[tuple[str, WatchedObject]]:
     """``client.watch(kind, ...)`` with ``allowWatchBookmarks=true``: events ``ADDED``,
-    ``MODIFIED``, ``DELETED`` and ``BOOKMARK`` (an object holding only the version reached).
+    ``MODIFIED``, ``DELETED`` and ``BOOKMARK`` (an object holding only the version reached),
+    each object a :class:`WatchedObject` (plain JSON).
 
     lightkube re-opens a stream the server ended cleanly from the last version it decoded, a
     bookmark's included, so an idle watch resumes from a version the server still has. Its
@@ -64,7 +86,9 @@ def watch_events(
     }
     http = client._client
     request = http.prepare_request("list", res=kind, namespace=namespace, watch=True, params=params)
-    stream: AsyncIterable[tuple[str, Any]] = http.watch(request)
+    # lightkube types it as one of its models; its decoder takes any dict subclass.
+    request.response_type = WatchedObject  # type: ignore[assignment]
+    stream: AsyncIterable[tuple[str, WatchedObject]] = http.watch(request)
     return stream
 
 
@@ -86,11 +110,14 @@ async def keep_listing_and_watching(
 
     failures = 0
     while True:
+        watched_from = versions.get(label)
+        relist_next = False
         try:
-            if versions.get(label) is None:
-                versions[label] = await relist()
+            if watched_from is None:
+                versions[label] = watched_from = await relist()
                 failures = 0
             await watch()
+            continue
         except asyncio.CancelledError:
             raise
         except httpx.HTTPStatusError as exc:
@@ -99,13 +126,16 @@ async def keep_listing_and_watching(
                 log.info("%s watch expired at %s; relisting", label, versions.get(label))
                 versions[label] = None
                 continue
-            failures += 1
-            await pause(failures, f"API error {code}: {exc}")
+            why = f"API error {code}: {exc}"
         except (httpx.HTTPError, OSError, ValueError) as exc:
-            failures += 1
-            await pause(failures, f"{type(exc).__name__}: {exc}")
+            why = f"{type(exc).__name__}: {exc}"
         except Exception as exc:  # a bug must not end the watch and leave the view stale
             log.exception("%s watch loop failed; relisting", label)
+            relist_next = True
+            why = f"{type(exc).__name__}: {exc}"
+        # A watch that got somewhere before it failed starts the backoff over: counting every
+        # failure since the last relist once grew a pause a minute to 30 s.
+        failures = 1 if versions.get(label) != watched_from else failures + 1
+        if relist_next:
             versions[label] = None
-            failures += 1
-            await pause(failures, f"{type(exc).__name__}: {exc}")
+        await pause(failures, why)

@@ -154,8 +154,7 @@ class WatchedPoolAllocations:
             resource_version=self._versions[_LABEL],
             server_timeout=self.watch_timeout_s,
         )
-        async for event, obj in stream:
-            data = dict(obj)
+        async for event, data in stream:
             rv = (data.get("metadata") or {}).get("resourceVersion")
             if rv:
                 self._versions[_LABEL] = rv

@@ -384,8 +384,7 @@ class ClusterView:
             server_timeout=self.watch_timeout_s,
             **_every_namespace(kind),
         )
-        async for event, obj in stream:
-            data = obj.to_dict()
+        async for event, data in stream:
             rv = (data.get("metadata") or {}).get("resourceVersion")
             if rv:
                 self._versions[label] = rv
