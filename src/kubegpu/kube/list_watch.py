@@ -2,8 +2,9 @@
 :mod:`kubegpu.kube.view`, ResourceSlices and ResourceClaims in :mod:`kubegpu.kube.dra_view`).
 
 Relist when there is no resource version yet (the start, a 410 Gone, a bug), otherwise watch
-from it; failures back off, a successful relist resets the count. The view supplies what to
-do: list (returning the version), watch (returning when the stream ends), and how to wait.
+from it; failures back off, and a relist, or a watch that moved the version on before it
+failed, starts the count over. The view supplies what to do: list (returning the version),
+watch (returning when the stream ends), and how to wait.
 
 Every watch of kubegpu's opens through :func:`watch_events`, which asks for bookmarks: an idle
 watch (the nodes of a quiet cluster, one node's pods) otherwise holds a resource version the
@@ -101,7 +102,8 @@ async def keep_listing_and_watching(
     sleep: Callable[[float], Awaitable[None]],
 ) -> None:
     """Until cancelled. ``versions[label]`` is the resource version a watch resumes from,
-    ``None`` to list first; after a failure the loop logs why and sleeps ``backoff``'s delay."""
+    ``None`` to list first; after a failure the loop logs why and sleeps ``backoff``'s delay
+    for the failures in a row that moved the version no further."""
 
     async def pause(failures: int, why: str) -> None:
         delay = backoff.delay(failures)
