@@ -28,14 +28,14 @@ pytestmark = pytest.mark.e2e
 SERVER_TIMEOUT_S = 4  # its bookmark comes 2 s before this deadline
 
 
-async def _first_bookmark(cluster: Cluster, kind: type[Any]) -> dict[str, Any]:
+async def _first_bookmark(cluster: Cluster, kind: type[Any], namespaced: bool) -> dict[str, Any]:
     """The object of the first BOOKMARK event of a watch of ``kind`` from version "0".
 
     From "0" (any version), not from a fresh list's: the watch cache drops a bookmark at a
     version the watch started past, and the version it holds for a kind nobody writes (the
     ResourceClaims of this cluster) can trail a list's for minutes."""
     client = lightkube.AsyncClient(load_kubeconfig_file(cluster.admin))
-    where = {"namespace": "*"} if kind in (Pod, ResourceClaim) else {}
+    where = {"namespace": "*"} if namespaced else {}
     try:
         stream = watch_events(
             client, kind, resource_version="0", server_timeout=SERVER_TIMEOUT_S, **where
@@ -54,11 +54,13 @@ async def _first_bookmark(cluster: Cluster, kind: type[Any]) -> dict[str, Any]:
 def test_a_real_bookmark_reaches_the_watch_as_a_version_and_the_fake_server_sends_the_same(
     cluster: Cluster, kind: type[Any]
 ) -> None:
-    real = asyncio.run(asyncio.wait_for(_first_bookmark(cluster, kind), timeout=60))
+    rtype = next(t for t in RESOURCE_TYPES if t.kind == kind.__name__)
+    real = asyncio.run(
+        asyncio.wait_for(_first_bookmark(cluster, kind, rtype.namespaced), timeout=60)
+    )
     version = real["metadata"]["resourceVersion"]
     assert int(version) > 0
 
-    rtype = next(t for t in RESOURCE_TYPES if t.kind == kind.__name__)
     fake = bookmark_object(rtype, version)
     # The server marks the bookmark that ends a watch's initial events; a resumed watch has none.
     real["metadata"].pop("annotations", None)
