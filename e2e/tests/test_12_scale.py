@@ -9,12 +9,13 @@ may hold more than it has. Runs on its own control plane (no kubelet), after the
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import _results, started_scale_cluster
-from kubegpu_e2e.scale import trace
+from kubegpu_e2e.scale import replay, trace
 from kubegpu_e2e.scale.session import PolicyRun, ScaleCluster
 
 from kubegpu.sharing.resources import parse_quantity
@@ -22,6 +23,8 @@ from kubegpu.sharing.resources import parse_quantity
 E2E = Path(__file__).resolve().parents[1]
 SEED = 42
 AGREEMENT_PP = 0.3
+# One of the extender's reasons, given by at least two nodes ("37 node(s) have ...").
+COUNTED_REASON = re.compile(r"(?:^|[:,] )(?:[2-9]|[1-9][0-9]+) node\(s\) have ")
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +71,14 @@ def test_the_real_scheduler_allocates_what_the_simulator_does(
         "bound"
     ] - _cpu_only_bound(run, small_trace), binds
     assert [k for k in binds if "binds_total" in k and 'result="bound"' not in k] == [], binds
+    # kube-scheduler counts identical reasons into one entry of the refusal message. The
+    # extender's reasons name the check and the pod's ask, never the node, so the message
+    # stays a few entries long whatever the cluster's size (one entry per node made it 6.5 KB
+    # at these 100 nodes).
+    refused = [p for p in run.outcome.pods if p.result == replay.REFUSED and p.gpu_milli]
+    assert refused and all(p.message for p in refused), refused[:3]
+    assert max(len(p.message) for p in refused) < 1500, max(refused, key=lambda p: len(p.message))
+    assert any(COUNTED_REASON.search(p.message) for p in refused), [p.message for p in refused[:3]]
 
 
 def _cpu_only_bound(run: PolicyRun, t: trace.ReplayTrace) -> int:

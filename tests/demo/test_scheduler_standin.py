@@ -82,7 +82,7 @@ async def test_binds_through_the_extender_refuses_with_its_reasons_and_retries_w
             # A share passes the node-level fit; the extender's card-level reason is shown.
             server.store.put("pods", ours(shared_pod("huge", 90000, 500)))
             await eventually(lambda: refusal(server, "huge") is not None, "huge refused")
-            assert "node-a: largest card has 81920 MiB in total, pod needs 90000 MiB" in (
+            assert "2 node(s) have no card with 90000 MiB of GPU memory in total" in (
                 refusal(server, "huge") or ""
             )
             events = [
@@ -140,9 +140,17 @@ async def test_node_resources_fit_runs_before_the_extender_and_other_schedulers_
 
 def test_unschedulable_message_counts_identical_reasons_like_kube_scheduler() -> None:
     message = unschedulable_message(
-        3, {"a": "Insufficient cpu", "b": "Insufficient cpu", "c": "c: has no GPU"}
+        3, {"a": "Insufficient cpu", "b": "Insufficient cpu", "c": "node(s) have no GPU"}
     )
-    assert message == "0/3 nodes are available: 2 Insufficient cpu, 1 c: has no GPU."
+    assert message == "0/3 nodes are available: 1 node(s) have no GPU, 2 Insufficient cpu."
+    # kube-scheduler sorts the "count reason" strings as strings, so 12 comes before 2; and it
+    # lists every distinct reason.
+    reasons = {f"n{i}": "Insufficient cpu" for i in range(12)}
+    reasons |= {"m0": "Insufficient memory", "m1": "Insufficient memory"}
+    reasons |= {f"x{i}": f"reason {i}" for i in range(10)}
+    message = unschedulable_message(24, reasons)
+    assert message.startswith("0/24 nodes are available: 1 reason 0, 1 reason 1, ")
+    assert message.endswith(", 1 reason 9, 12 Insufficient cpu, 2 Insufficient memory.")
 
 
 def test_the_best_score_wins_and_ties_go_to_the_smallest_name() -> None:

@@ -249,14 +249,21 @@ def test_oversized_bodies_are_refused_with_413(extender: Extender) -> None:
     assert status == 413
 
 
-def test_malformed_annotations_become_reasons(fresh_extender: Extender) -> None:
+def test_malformed_annotations_become_reasons(
+    fresh_extender: Extender, caplog: pytest.LogCaptureFixture
+) -> None:
     body = {"Pod": whole_pod("w", 1), "Nodes": None, "NodeNames": ["bad-inventory", "node-0"]}
     status, reply = fresh_extender.post("filter", json.dumps(body).encode())
     assert status == 200
-    reason = reply["FailedAndUnresolvableNodes"]["bad-inventory"]
-    assert reason.startswith(
-        "bad-inventory: GPU inventory unreadable (annotation kubegpu.io/gpu-inventory"
+    assert reply["FailedAndUnresolvableNodes"] == {
+        "bad-inventory": "node(s) have an unreadable GPU inventory (annotation "
+        "kubegpu.io/gpu-inventory; kubectl gpu inspect and the extender's log name the error)"
+    }
+    # The reason kube-scheduler counts names no node; the extender's log names node and error.
+    assert any(
+        record.getMessage().startswith("node bad-inventory: annotation kubegpu.io/gpu-inventory")
+        and "gpus is missing" in record.getMessage()
+        for record in caplog.get_records("setup")
     )
-    assert "gpus is missing" in reason
     # The pod with a malformed decision holds no known card; node-0 still takes a whole GPU.
     assert reply["NodeNames"] == ["node-0"]

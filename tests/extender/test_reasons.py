@@ -1,7 +1,7 @@
-"""The vectorised rejection reasons say exactly what the engine's own ``explain`` says, on
-random cluster states and pods; their metric labels are what ``reason_category`` reads from
-the strings; remembered structural reasons equal freshly formatted ones, also after a node's
-facts change."""
+"""The filter's rejection reasons: the first failing check, computed for many rows at once,
+is exactly the engine's own ``explain_row``; its metric label is what ``reason_category`` reads
+from the engine's reason; the words kube-scheduler counts name the check and the pod's ask,
+never the node, so identical reasons come out identical on every node."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ from kubegpu.extender.reasons import (
     EXPLAIN_CATEGORIES,
     STRUCTURAL_CATEGORIES,
     NodeFacts,
-    ReasonCache,
-    explain_rows,
-    explain_rows_coded,
+    explain_codes,
+    phrases_of,
+    reason_counts,
+    refusal_phrases,
     structural,
+    structural_phrases,
 )
 from kubegpu.extender.scheduler import reason_category
 from kubegpu.placement.engine import PlacementEngine
@@ -67,30 +69,82 @@ def random_pod(rng: random.Random) -> PodRequest:
     return PodRequest(cpu, memory, rng.choice([1, 2, 4]), 1000, None, models)
 
 
+def infeasible_rows(engine: PlacementEngine, pod: PodRequest) -> np.ndarray:
+    feasible = set(engine.feasible_rows(pod).tolist())
+    return np.array([i for i in range(len(engine.names)) if i not in feasible], dtype=np.int64)
+
+
 @pytest.mark.parametrize("seed", range(20))
-def test_vectorised_reasons_equal_the_engines_explain(seed: int) -> None:
+def test_vectorised_checks_equal_the_engines_explain(seed: int) -> None:
     rng = random.Random(seed)
     engine = PlacementEngine(random_cluster(rng), "bestfit")
     for _ in range(25):
         pod = random_pod(rng)
-        feasible = set(engine.feasible_rows(pod).tolist())
-        rows = np.array([i for i in range(len(engine.names)) if i not in feasible], dtype=np.int64)
-        expected = [engine.explain(engine.names[i], pod).reason for i in rows.tolist()]
-        assert explain_rows(engine, pod, rows) == expected
+        rows = infeasible_rows(engine, pod)
+        expected = [engine.explain_row(i, pod)[0] for i in rows.tolist()]
+        assert explain_codes(engine, pod, rows).tolist() == expected
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_explain_codes_give_the_label_reason_category_reads_from_the_reason(seed: int) -> None:
+def test_explain_codes_give_the_label_reason_category_reads_from_the_engines_reason(
+    seed: int,
+) -> None:
     rng = random.Random(seed)
     engine = PlacementEngine(random_cluster(rng), "bestfit")
     for _ in range(25):
         pod = random_pod(rng)
-        feasible = set(engine.feasible_rows(pod).tolist())
-        rows = np.array([i for i in range(len(engine.names)) if i not in feasible], dtype=np.int64)
-        reasons, codes = explain_rows_coded(engine, pod, rows)
-        assert reasons == explain_rows(engine, pod, rows)
-        for reason, code in zip(reasons, codes.tolist(), strict=True):
+        rows = infeasible_rows(engine, pod)
+        for row, code in zip(rows.tolist(), explain_codes(engine, pod, rows).tolist(), strict=True):
+            reason = engine.explain(engine.names[row], pod).reason
             assert EXPLAIN_CATEGORIES[code] == reason_category(reason or "n: does not fit")
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_filter_reasons_name_no_node_and_one_per_failing_check(seed: int) -> None:
+    rng = random.Random(seed)
+    engine = PlacementEngine(random_cluster(rng), "bestfit")
+    for _ in range(25):
+        pod = random_pod(rng)
+        rows = infeasible_rows(engine, pod)
+        codes = explain_codes(engine, pod, rows)
+        reasons = phrases_of(refusal_phrases(pod), codes)
+        assert len(reasons) == rows.size
+        assert all(reasons)
+        assert not any(name in reason for name in engine.names for reason in reasons)
+        # Nodes failing the same check get the very same words, which kube-scheduler counts.
+        by_code: dict[int, set[str]] = {}
+        for code, reason in zip(codes.tolist(), reasons, strict=True):
+            by_code.setdefault(code, set()).add(reason)
+        assert all(len(words) == 1 for words in by_code.values())
+
+
+def test_filter_reasons_name_the_pods_ask() -> None:
+    share = PodRequest(4000, 8192, 1, 300, 10240, frozenset({"T4", "V100"}))
+    phrases = refusal_phrases(share)
+    assert phrases[0] == "node(s) have less than 4000 milli-CPU free"
+    assert phrases[1] == "node(s) have less than 8192 MiB of memory free"
+    assert phrases[3] == "node(s) have no GPU"
+    assert phrases[4] == "node(s) have no GPU of model T4|V100"
+    assert phrases[6] == "node(s) have no card of model T4|V100 with 300 milli of GPU compute free"
+    assert phrases[7] == (
+        "node(s) have no card of model T4|V100 with 300 milli of GPU compute and 10240 MiB of "
+        "GPU memory free"
+    )
+    memory_only = PodRequest(500, 512, 1, 1, 4096)
+    assert (
+        refusal_phrases(memory_only)[7] == "node(s) have no card with 4096 MiB of GPU memory free"
+    )
+    whole = PodRequest(500, 512, 4, 1000)
+    assert refusal_phrases(whole)[5] == "node(s) have fewer than 4 whole GPUs free"
+
+
+def test_reason_counts_read_like_kube_schedulers_message() -> None:
+    failed = {"a": "node(s) have no GPU", "b": "node(s) have no GPU"}
+    failed |= {f"n{i}": "node(s) have fewer than 2 whole GPUs free" for i in range(12)}
+    assert reason_counts(failed, {"c": "node(s) have no healthy GPU of model A100"}) == (
+        "1 node(s) have no healthy GPU of model A100, "
+        "12 node(s) have fewer than 2 whole GPUs free, 2 node(s) have no GPU"
+    )
 
 
 def random_info(rng: random.Random, name: str) -> NodeInfo:
@@ -129,7 +183,9 @@ def random_request(rng: random.Random) -> GpuRequest:
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_remembered_structural_reasons_equal_fresh_ones_as_facts_change(seed: int) -> None:
+def test_structural_codes_say_what_the_node_by_node_reason_says_as_facts_change(
+    seed: int,
+) -> None:
     rng = random.Random(seed)
     states = [NodeState(f"n{i:02d}", 64000, 64000, 262144, "T4") for i in range(40)]
     engine = PlacementEngine(states, "bestfit")
@@ -141,50 +197,22 @@ def test_remembered_structural_reasons_equal_fresh_ones_as_facts_change(seed: in
         rows = np.arange(len(engine.names), dtype=np.int64)
         never = rows[facts.never_fits(rows, request)]
         names = [engine.names[i] for i in never.tolist()]
-        fresh = [
+        per_node = [
             structural(facts, i, name, request)
             for i, name in zip(never.tolist(), names, strict=True)
         ]
-        assert all(fresh)
-        assert facts.structural_reasons(never, names, request) == fresh
-        labels = [STRUCTURAL_CATEGORIES[c] for c in facts.structural_codes(never, request).tolist()]
-        assert labels == [reason_category(reason) for reason in fresh]
+        assert all(per_node)
+        codes = facts.structural_codes(never, request)
+        labels = [STRUCTURAL_CATEGORIES[c] for c in codes.tolist()]
+        assert labels == [reason_category(reason) for reason in per_node]
+        # An unreadable inventory is told apart from a missing one.
+        assert [c == 4 for c in codes.tolist()] == ["unreadable" in r for r in per_node]
+        phrases = phrases_of(structural_phrases(request), codes)
+        assert not any(name in phrase for name in engine.names for phrase in phrases)
         # A node's inventory, health or memory changes (or only its usage: same facts).
         changed = rng.choice(engine.names)
         infos[changed] = random_info(rng, changed) if rng.random() < 0.7 else infos[changed]
         facts.update(engine.row_of(changed), changed, infos[changed])
-
-
-@pytest.mark.parametrize("seed", range(10))
-def test_remembered_reasons_equal_fresh_ones_as_nodes_fill_and_empty(seed: int) -> None:
-    rng = random.Random(seed)
-    engine = PlacementEngine(random_cluster(rng), "bestfit")
-    versions = np.zeros(len(engine.names), dtype=np.int64)
-    cache = ReasonCache(len(engine.names), shapes=4)  # fewer shapes than pods: evictions too
-    shapes = [random_pod(rng) for _ in range(6)]
-    placed: list[tuple[int, PodRequest, tuple[int, ...]]] = []
-    for _ in range(60):
-        pod = rng.choice(shapes)
-        feasible = set(engine.feasible_rows(pod).tolist())
-        rows = np.array([i for i in range(len(engine.names)) if i not in feasible], dtype=np.int64)
-        reasons, codes = cache.explain(engine, pod, rows, versions)
-        fresh, fresh_codes = explain_rows_coded(engine, pod, rows)
-        assert reasons == fresh and codes.tolist() == fresh_codes.tolist()
-        # Between decisions the cluster changes: a pod lands or leaves, and its row's
-        # version moves on (as the scheduler's row rewrite does).
-        if placed and rng.random() < 0.3:
-            row, gone, cols = placed.pop(rng.randrange(len(placed)))
-            engine.release_row(row, gone, cols)
-        else:
-            extra = random_pod(rng)
-            found = engine.feasible_rows(extra)
-            if found.size == 0:
-                continue
-            row = int(found[rng.randrange(found.size)])
-            cols = engine.pick_columns(row, extra)
-            engine.allocate_row(row, extra, cols)
-            placed.append((row, extra, cols))
-        versions[row] += 1
 
 
 def test_structural_reasons_on_a_mixed_node_count_only_the_allowed_models_cards() -> None:
@@ -232,4 +260,12 @@ def test_structural_reasons_on_a_mixed_node_count_only_the_allowed_models_cards(
         reason(t4_share)
         == "node-m: largest card of model T4 has 15360 MiB in total, pod needs 16000 MiB"
     )
-    assert STRUCTURAL_CATEGORIES[int(facts.structural_codes(rows, t4_share)[0])] == "gpu-memory"
+    codes = facts.structural_codes(rows, t4_share)
+    assert STRUCTURAL_CATEGORIES[int(codes[0])] == "gpu-memory"
+    assert phrases_of(structural_phrases(t4_share), codes) == [
+        "node(s) have no card of model T4 with 16000 MiB of GPU memory in total"
+    ]
+    three_v100 = GpuRequest(RequestKind.WHOLE, 1000, 1024, whole_gpus=3, gpu_models=v100)
+    assert phrases_of(structural_phrases(three_v100), facts.structural_codes(rows, three_v100)) == [
+        "node(s) have fewer than 3 healthy GPUs of model V100"
+    ]

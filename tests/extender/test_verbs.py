@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from kubegpu.placement.model import PodRequest
 from kubegpu.sharing.annotations import ALLOCATION_ANNOTATION, decode_allocation
 from kubegpu.testing.apiserver import FakeApiServer, make_pod
 from kubegpu.testing.waiting import wait_until_async
@@ -63,12 +64,15 @@ async def test_unschedulable_pod_gets_a_reason_for_every_node() -> None:
     assert body["NodeNames"] == [] and body["Nodes"] is None and body["Error"] == ""
     unresolvable = body["FailedAndUnresolvableNodes"]
     failed = body["FailedNodes"]
-    assert (
-        unresolvable["node-a"] == "node-a: largest card has 6144 MiB in total, pod needs 10240 MiB"
-    )
-    assert "kubegpu node agent" in unresolvable["node-c"]
-    assert failed["node-b"] == "node-b: 1000 milli-CPU free, pod needs 2000"
-    assert "not yet seen" in failed["node-x"]
+    assert unresolvable == {
+        "node-a": "node(s) have no card with 10240 MiB of GPU memory in total",
+        "node-c": "node(s) have no GPU inventory published (annotation kubegpu.io/gpu-inventory "
+        "missing: is the kubegpu node agent running there?)",
+    }
+    assert failed == {
+        "node-b": "node(s) have less than 2000 milli-CPU free",
+        "node-x": "node(s) not yet seen by the kubegpu extender's node watch",
+    }
 
 
 async def test_filter_names_the_largest_free_card_when_memory_is_taken() -> None:
@@ -94,7 +98,8 @@ async def test_filter_names_the_largest_free_card_when_memory_is_taken() -> None
             again = shared_pod("again", memory_mib=10240, compute_milli=100)
             _, second = await post(http, f"{ext.url}/filter", filter_args(again, ["node-a"]))
     assert second["FailedNodes"] == {
-        "node-a": "node-a: largest free card has 8192 MiB, pod needs 10240 MiB"
+        "node-a": "node(s) have no card with 100 milli of GPU compute and 10240 MiB of GPU memory "
+        "free"
     }
 
 
@@ -317,7 +322,7 @@ async def test_a_card_turning_unhealthy_is_withdrawn_without_rebuilding_the_engi
             assert ext.scheduler.rebuilds == rebuilds
     assert before["NodeNames"] == ["node-a"]
     assert after["FailedAndUnresolvableNodes"] == {
-        "node-a": "node-a: has 1 healthy GPUs, pod needs 2 whole GPUs"
+        "node-a": "node(s) have fewer than 2 healthy GPUs"
     }
     assert share["NodeNames"] == ["node-a"]  # the healthy card still takes shares
 
@@ -424,7 +429,14 @@ async def test_a_node_over_its_cpu_is_reported_with_none_free_not_a_negative_amo
             for pod in pods:
                 _, body = await post(http, f"{ext.url}/filter", filter_args(pod, ["node-a"]))
                 reasons.append(body["FailedNodes"]["node-a"])
-    assert reasons == ["node-a: 0 milli-CPU free, pod needs 1000"] * 2
+            # The node's own figures are in the one-node reason (bind's error, kubectl gpu).
+            engine = ext.scheduler.engine()
+            one_node = [
+                engine.explain("node-a", PodRequest(1000, 0, n, m)).reason
+                for n, m in ((1, 1000), (1, 100))
+            ]
+    assert reasons == ["node(s) have less than 1000 milli-CPU free"] * 2
+    assert one_node == ["node-a: 0 milli-CPU free, pod needs 1000"] * 2
 
 
 async def eventually_seen(ext: Any, name: str) -> None:

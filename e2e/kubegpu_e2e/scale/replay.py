@@ -46,6 +46,7 @@ class PodOutcome:
     result: str = ""
     settled_s: float = 0.0
     node: str = ""
+    message: str = ""  # the real kube-scheduler's last PodScheduled=False message
 
 
 @dataclass
@@ -70,17 +71,18 @@ class ReplayOutcome:
         return sorted(p.settled_s - p.created_s for p in self.pods if p.result == BOUND)
 
 
-def _outcome_of(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+def _outcome_of(pod: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(result, node, refusal message) once the pod is bound or refused."""
     node = (pod.get("spec") or {}).get("nodeName")
     if node:
-        return BOUND, str(node)
+        return BOUND, str(node), ""
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if (
             condition.get("type") == "PodScheduled"
             and condition.get("status") == "False"
             and condition.get("reason") == "Unschedulable"
         ):
-            return REFUSED, ""
+            return REFUSED, "", str(condition.get("message") or "")
     return None
 
 
@@ -130,9 +132,10 @@ class PodWatch:
         settled = _outcome_of(pod)
         if outcome is None or settled is None:
             return
-        result, node = settled
+        result, node, message = settled
         if result == REFUSED:
             self.refusals_seen += 1
+            outcome.message = message
         if outcome.result == REFUSED and result == BOUND:
             self.late_binds.append(name)
             outcome.node = node

@@ -1,26 +1,28 @@
 """Why a pod does not fit, for many nodes at once.
 
 kube-scheduler wants a reason for every node the extender rejects, and on a busy cluster that
-is most of them; asking :meth:`PlacementEngine.explain` node by node costs ~20 µs each, too
-slow for a 5 ms filter on 1,000+ nodes. This module computes the same first failing check for
-a whole array of rows with the engine's public arrays and formats only the strings. Its wording
-and order are the engine's, and a test holds it equal to ``explain`` on random states.
+is most of them. It counts identical reasons into one line of the pod's ``PodScheduled``
+condition and its ``FailedScheduling`` event ("0/1213 nodes are available: 900 node(s) have no
+card with 10240 MiB of GPU memory free, 313 ..."), as it does for its own plugins' reasons. So
+the filter's reasons name the failing check and the pod's ask, never the node or the node's
+own figures: one reason per node naming both would make that message one entry per node
+(6.5 KB at 100 nodes on the real kube-scheduler, ~300 KB at 5,000, written into the pod's
+status on every attempt) and cost a formatted string per node per filter.
+
+Which check fails first is the engine's (:meth:`PlacementEngine.explain_row`), computed here for
+a whole array of rows with the engine's public arrays (:func:`explain_codes`); a test holds it
+equal to the engine's. A single node's reason naming its figures (the bind path, ``kubectl gpu``
+and the simulator) is still :meth:`PlacementEngine.explain`'s.
 
 ``NodeFacts`` adds what never changes with usage (is there an inventory, how many healthy
 cards, the biggest card, the models), so "can never fit here" is told apart from "does not fit
 now": kube-scheduler may preempt for the second, never for the first. On a node mixing card
 models, a pod restricted to models counts only the healthy cards of those models.
-
-Formatting thousands of strings per filter is itself most of a 5 ms budget, so both kinds of
-reason are remembered: structural ones per request shape until a node's facts change,
-usage ones per (pod shape, row) until the row is rewritten (:class:`ReasonCache`). Tests hold
-the remembered reasons equal to fresh ones while nodes change.
 """
 
 from __future__ import annotations
 
-import operator
-from collections import OrderedDict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -50,9 +52,10 @@ EXPLAIN_CATEGORIES = (
     "gpu-memory",
     "other",  # fits after all
 )
-STRUCTURAL_CATEGORIES = ("no-inventory", "gpu-model", "whole-gpus", "gpu-memory")
-_STRUCTURAL_CACHE_SHAPES = 64
-_StructuralKey = tuple[frozenset[str], RequestKind, int, int]
+# Structural code 4 is an inventory that is published but unreadable (metric label as 0).
+STRUCTURAL_CATEGORIES = ("no-inventory", "gpu-model", "whole-gpus", "gpu-memory", "no-inventory")
+# A node the extender's node watch has not delivered yet (the metric's "unknown-node").
+UNSEEN_NODE = "node(s) not yet seen by the kubegpu extender's node watch"
 
 
 @dataclass(frozen=True)
@@ -73,12 +76,10 @@ class NodeFacts:
     biggest_mib: IntArray  # memory of the biggest healthy card
     models: list[frozenset[str]]  # models of healthy cards
     missing_flags: npt.NDArray[np.bool_]  # missing[i] != ""
+    unreadable_flags: npt.NDArray[np.bool_]  # an inventory is published but unreadable
     # Rows whose healthy cards mix models: each healthy card's (model, memory MiB).
     mixed_cards: dict[int, tuple[tuple[str, int], ...]] = field(default_factory=dict)
     _model_facts: dict[frozenset[str], ModelFacts] = field(default_factory=dict)
-    # Per request shape, each row's structural reason once computed (None: not yet). The
-    # reasons change only with the facts, so update() drops them all.
-    _reasons: OrderedDict[_StructuralKey, list[str | None]] = field(default_factory=OrderedDict)
 
     def for_models(self, models: frozenset[str]) -> ModelFacts:
         """The healthy cards ``models`` allows, per row (cached until the facts change)."""
@@ -116,7 +117,7 @@ class NodeFacts:
 
     def structural_codes(self, rows: IntArray, request: GpuRequest) -> IntArray:
         """Per row (all with a structural reason): which check of :func:`structural` fails,
-        as an index into :data:`STRUCTURAL_CATEGORIES`."""
+        as an index into :data:`STRUCTURAL_CATEGORIES` and :func:`structural_phrases`."""
         model_bad = (
             ~self.for_models(request.gpu_models).allowed[rows]
             if request.gpu_models
@@ -128,40 +129,11 @@ class NodeFacts:
             else np.zeros(rows.size, dtype=bool)
         )
         codes: IntArray = np.select(
-            [self.missing_flags[rows], model_bad, whole_bad], [0, 1, 2], default=3
+            [self.unreadable_flags[rows], self.missing_flags[rows], model_bad, whole_bad],
+            [4, 0, 1, 2],
+            default=3,
         ).astype(np.int64)
         return codes
-
-    def structural_reasons(
-        self, rows: IntArray, names: Sequence[str], request: GpuRequest
-    ) -> list[str]:
-        """:func:`structural` of each (row, name) pair, remembered per request shape (the same
-        few shapes come again and again; formatting hundreds of strings each time does not
-        fit a 5 ms filter). ``names`` must be the rows' engine names."""
-        key = (request.gpu_models, request.kind, request.whole_gpus, request.gpu_memory_mib)
-        cached = self._reasons.get(key)
-        if cached is None:
-            cached = [None] * len(self.missing)
-            self._reasons[key] = cached
-            if len(self._reasons) > _STRUCTURAL_CACHE_SHAPES:
-                self._reasons.popitem(last=False)
-        else:
-            self._reasons.move_to_end(key)
-        positions = rows.tolist()
-        if not positions:
-            return []
-        found = (
-            list(operator.itemgetter(*positions)(cached))
-            if len(positions) > 1
-            else [cached[positions[0]]]
-        )
-        if None in found:
-            for k, (row, name) in enumerate(zip(positions, names, strict=True)):
-                if found[k] is None:
-                    reason = structural(self, row, name, request)
-                    cached[row] = reason
-                    found[k] = reason
-        return found  # no None left
 
     @classmethod
     def build(cls, engine: PlacementEngine, nodes: Mapping[str, NodeInfo]) -> NodeFacts:
@@ -171,6 +143,7 @@ class NodeFacts:
             np.zeros(n, dtype=np.int64),
             np.zeros(n, dtype=np.int64),
             [frozenset()] * n,
+            np.zeros(n, dtype=bool),
             np.zeros(n, dtype=bool),
         )
         for row, name in enumerate(engine.names):
@@ -207,14 +180,16 @@ class NodeFacts:
             self.models[row],
             self.mixed_cards.get(row),
         ):
-            return  # usage changed, not the facts: the cached masks and reasons still hold
+            return  # usage changed, not the facts: the cached masks still hold
         self._model_facts.clear()
-        self._reasons.clear()
         self.missing[row] = missing
         self.healthy[row] = healthy
         self.biggest_mib[row] = biggest
         self.models[row] = models
         self.missing_flags[row] = bool(missing)
+        self.unreadable_flags[row] = (
+            bool(missing) and info is not None and bool(info.inventory_error)
+        )
         if cards is None:
             self.mixed_cards.pop(row, None)
         else:
@@ -249,174 +224,101 @@ def structural(facts: NodeFacts, row: int, name: str, request: GpuRequest) -> st
     return ""
 
 
-def explain_rows(engine: PlacementEngine, pod: PodRequest, rows: IntArray) -> list[str]:
-    """``engine.explain(name, pod).reason`` for each of ``rows`` (all infeasible), vectorised."""
-    return explain_rows_coded(engine, pod, rows)[0]
+def structural_phrases(request: GpuRequest) -> tuple[str, ...]:
+    """The filter's reason for each :meth:`NodeFacts.structural_codes` code: the check and
+    the pod's ask, the same words on every node (see the module's docstring)."""
+    allowed = ",".join(sorted(request.gpu_models))
+    of_model = f" of model {allowed}" if request.gpu_models else ""
+    return (
+        f"node(s) have no GPU inventory published (annotation {INVENTORY_ANNOTATION} missing: "
+        "is the kubegpu node agent running there?)",
+        f"node(s) have no healthy GPU of model {allowed}",
+        f"node(s) have fewer than {request.whole_gpus} healthy GPUs{of_model}",
+        f"node(s) have no card{of_model} with {request.gpu_memory_mib} MiB of GPU memory in total",
+        f"node(s) have an unreadable GPU inventory (annotation {INVENTORY_ANNOTATION}; "
+        "kubectl gpu inspect and the extender's log name the error)",
+    )
 
 
-def explain_rows_coded(
-    engine: PlacementEngine, pod: PodRequest, rows: IntArray
-) -> tuple[list[str], IntArray]:
-    """:func:`explain_rows`, plus per row which check failed (an index into
-    :data:`EXPLAIN_CATEGORIES`; 2 and 8 go with an empty reason)."""
+def refusal_phrases(pod: PodRequest) -> tuple[str, ...]:
+    """The filter's reason for each :func:`explain_codes` code (:data:`EXPLAIN_CATEGORIES`),
+    in the engine's terms but naming only the pod's ask, the same words on every node."""
+    allowed = "|".join(sorted(pod.gpu_models))
+    # With a model list only the cards of those models count (on mixed nodes too).
+    of_model = f" of model {allowed}" if pod.gpu_models else ""
+    # A share asking memory alone holds a token milli of compute: name what it asked.
+    memory = (
+        f"node(s) have no card{of_model} with {pod.gpu_milli} milli of GPU compute and "
+        f"{pod.gpu_memory_mib} MiB of GPU memory free"
+        if pod.gpu_milli > 1
+        else f"node(s) have no card{of_model} with {pod.gpu_memory_mib} MiB of GPU memory free"
+    )
+    does_not_fit = "node(s) do not fit the pod"
+    return (
+        f"node(s) have less than {pod.cpu_milli} milli-CPU free",
+        f"node(s) have less than {pod.memory_mib} MiB of memory free",
+        does_not_fit,  # a pod asking no GPU that fits: not asked for
+        "node(s) have no GPU",
+        f"node(s) have no GPU of model {allowed}",
+        f"node(s) have fewer than {pod.gpu_count} whole GPUs{of_model} free",
+        f"node(s) have no card{of_model} with {pod.gpu_milli} milli of GPU compute free",
+        memory,
+        does_not_fit,  # fits after all (the state moved between checks)
+    )
+
+
+def phrases_of(phrases: Sequence[str], codes: IntArray) -> list[str]:
+    """``[phrases[c] for c in codes]``, picked in C (thousands of rejected nodes)."""
+    table = np.empty(len(phrases), dtype=object)
+    table[:] = phrases
+    picked: list[str] = table[codes].tolist()
+    return picked
+
+
+def reason_counts(*by_node: Mapping[str, str]) -> str:
+    """The rejections as kube-scheduler words them in the pod's event: each reason once with
+    its count, as sorted strings ("313 node(s) have ..., 900 node(s) have ...")."""
+    counts = Counter(reason for reasons in by_node for reason in reasons.values())
+    return ", ".join(sorted(f"{n} {reason}" for reason, n in counts.items()))
+
+
+def explain_codes(engine: PlacementEngine, pod: PodRequest, rows: IntArray) -> IntArray:
+    """``engine.explain_row(row, pod)[0]`` for each of ``rows`` (all infeasible), vectorised:
+    the first failing check, an index into :data:`EXPLAIN_CATEGORIES`."""
     if rows.size == 0:
-        return [], np.zeros(0, dtype=np.int64)
-    names = engine.names
-    cpu = engine.cpu_free[rows]
-    memory = engine.memory_free[rows]
-    cpu_short = cpu < pod.cpu_milli
-    memory_short = memory < pod.memory_mib
+        return np.zeros(0, dtype=np.int64)
+    cpu_short = engine.cpu_free[rows] < pod.cpu_milli
+    memory_short = engine.memory_free[rows] < pod.memory_mib
     count = engine.gpu_count[rows]
-    free = engine.card_compute[rows]
-    valid = np.arange(free.shape[1])[None, :] < count[:, None]
-    if pod.gpu_milli >= MILLI_PER_GPU:
-        whole = ((free == MILLI_PER_GPU) & valid).sum(axis=1)
-        largest = np.zeros(rows.size, dtype=np.int64)
-        best_memory = largest
-    else:
-        whole = np.zeros(rows.size, dtype=np.int64)
-        largest = (
-            np.where(valid, free, -1).max(axis=1)
-            if free.size
-            else np.zeros(rows.size, dtype=np.int64)
-        )
-        if pod.gpu_memory_mib is not None:
-            enough = (free >= pod.gpu_milli) & valid
-            best_memory = np.where(enough, engine.card_memory[rows], -1).max(axis=1)
-        else:
-            best_memory = np.zeros(rows.size, dtype=np.int64)
     # The first failing check, in explain's order: assigned from the last check to the first
     # so that earlier checks win (np.select does the same, at several times the cost).
     codes = np.full(rows.size, 7 if pod.gpu_memory_mib is not None else 8, dtype=np.int64)
-    codes[largest < pod.gpu_milli] = 6
     if pod.gpu_milli >= MILLI_PER_GPU:
         codes[:] = 5
+    else:
+        free = engine.card_compute[rows]
+        if free.size:
+            valid = np.arange(free.shape[1])[None, :] < count[:, None]
+            codes[np.where(valid, free, -1).max(axis=1) < pod.gpu_milli] = 6
+        else:
+            codes[:] = 6
     # Nodes mixing models with only some cards allowed: the engine checks those cards itself
     # (few nodes mix models, so its per-row explain costs little here).
-    by_engine: npt.NDArray[np.bool_] | None = None
+    by_engine: IntArray | None = None
     if pod.gpu_models:
         selection = engine.model_selection(pod.gpu_models)
         codes[~selection.rows[rows]] = 4
         if selection.partial.size and pod.gpu_count:
-            by_engine = np.isin(rows, selection.partial)
-            if not by_engine.any():
-                by_engine = None
+            by_engine = np.flatnonzero(np.isin(rows, selection.partial))
     codes[count == 0] = 3
     if pod.gpu_count == 0:
         codes[:] = 2
     codes[memory_short] = 1
     codes[cpu_short] = 0
-    engine_reasons: dict[int, str] = {}
     if by_engine is not None:
-        for k in np.flatnonzero(by_engine).tolist():
-            codes[k], engine_reasons[k] = engine.explain_row(int(rows[k]), pod)
-        ours = ~by_engine
-    # The strings are the point, so one f-string per row is unavoidable; but the branch is
-    # decided above, so each kind of reason is formatted by its own comprehension over just
-    # its rows (no per-row branching or indexing), then put back in row order.
-    row_list = rows.tolist()
-    picked = operator.itemgetter(*row_list)(names) if len(row_list) > 1 else (names[row_list[0]],)
-    row_names = np.empty(rows.size, dtype=object)
-    row_names[:] = picked
-    out = np.full(rows.size, "", dtype=object)
-    for code in np.unique(codes if by_engine is None else codes[ours]).tolist():
-        where = np.flatnonzero(codes == code if by_engine is None else (codes == code) & ours)
-        who = row_names[where].tolist()
-        if code == 0:
-            tail = f" milli-CPU free, pod needs {pod.cpu_milli}"
-            out[where] = [f"{n}: {v}{tail}" for n, v in zip(who, cpu[where].tolist(), strict=True)]
-        elif code == 1:
-            tail = f" MiB memory free, pod needs {pod.memory_mib}"
-            out[where] = [
-                f"{n}: {v}{tail}" for n, v in zip(who, memory[where].tolist(), strict=True)
-            ]
-        elif code == 3:
-            out[where] = [f"{n}: has no GPU" for n in who]
-        elif code == 4:
-            allowed = "|".join(sorted(pod.gpu_models))
-            models = [
-                ("models " if engine.mixed[i] else "model ") + engine.models[i]
-                for i in rows[where].tolist()
-            ]
-            out[where] = [
-                f"{n}: GPU {m}, pod allows {allowed}" for n, m in zip(who, models, strict=True)
-            ]
-        elif code == 5:
-            head = f": needs {pod.gpu_count} whole GPUs, "
-            out[where] = [
-                f"{n}{head}{v} free" for n, v in zip(who, whole[where].tolist(), strict=True)
-            ]
-        elif code == 6:
-            tail = f" milli, pod needs {pod.gpu_milli}"
-            out[where] = [
-                f"{n}: largest free card share is {v}{tail}"
-                for n, v in zip(who, largest[where].tolist(), strict=True)
-            ]
-        elif code == 7:
-            tail = f" MiB, pod needs {pod.gpu_memory_mib} MiB"
-            out[where] = [
-                f"{n}: largest free card has {v}{tail}"
-                for n, v in zip(who, best_memory[where].tolist(), strict=True)
-            ]
-    for k, reason in engine_reasons.items():
-        out[k] = reason
-    reasons: list[str] = out.tolist()
-    return reasons, codes
-
-
-_PodShape = tuple[int, int, int, int, int | None, frozenset[str]]
-
-
-class ReasonCache:
-    """:func:`explain_rows_coded` remembered per (pod shape, row) while the row is unchanged.
-
-    A row's reason depends only on its free resources and the pod's shape, and between two
-    decisions a bind changes one node; pods come in replica sets of one shape. The caller
-    keeps ``versions`` (one counter per engine row, bumped whenever the row is rewritten) and
-    drops the cache when the engine is rebuilt.
-    """
-
-    def __init__(self, rows: int, shapes: int = 32) -> None:
-        self.rows = rows
-        self.shapes = shapes
-        # Per shape: reasons (object), codes (-1: not computed), row version when computed.
-        self._entries: OrderedDict[
-            _PodShape, tuple[npt.NDArray[np.object_], IntArray, IntArray]
-        ] = OrderedDict()
-
-    def explain(
-        self, engine: PlacementEngine, pod: PodRequest, rows: IntArray, versions: IntArray
-    ) -> tuple[list[str], IntArray]:
-        """What :func:`explain_rows_coded` gives for ``rows`` (all infeasible) now."""
-        shape = (
-            pod.cpu_milli,
-            pod.memory_mib,
-            pod.gpu_count,
-            pod.gpu_milli,
-            pod.gpu_memory_mib,
-            pod.gpu_models,
-        )
-        entry = self._entries.get(shape)
-        if entry is None:
-            entry = (
-                np.full(self.rows, "", dtype=object),
-                np.full(self.rows, -1, dtype=np.int64),
-                np.zeros(self.rows, dtype=np.int64),
-            )
-            self._entries[shape] = entry
-            if len(self._entries) > self.shapes:
-                self._entries.popitem(last=False)
-        else:
-            self._entries.move_to_end(shape)
-        reasons, codes, seen = entry
-        stale = rows[(codes[rows] < 0) | (seen[rows] != versions[rows])]
-        if stale.size:
-            fresh, fresh_codes = explain_rows_coded(engine, pod, stale)
-            reasons[stale] = fresh
-            codes[stale] = fresh_codes
-            seen[stale] = versions[stale]
-        out: list[str] = reasons[rows].tolist()
-        return out, codes[rows]
+        for k in by_engine.tolist():
+            codes[k] = engine.explain_row(int(rows[k]), pod)[0]
+    return codes
 
 
 def rows_of(engine_rows: Mapping[str, int], names: Sequence[str]) -> IntArray:

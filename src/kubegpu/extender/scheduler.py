@@ -32,10 +32,14 @@ from kubegpu.extender.ranking import extender_priorities, ranked
 from kubegpu.extender.reasons import (
     EXPLAIN_CATEGORIES,
     STRUCTURAL_CATEGORIES,
+    UNSEEN_NODE,
     NodeFacts,
-    ReasonCache,
+    explain_codes,
+    phrases_of,
+    refusal_phrases,
     rows_of,
     structural,
+    structural_phrases,
 )
 from kubegpu.extender.refresh import Refreshed, Refresher, RefreshJob, ViewCopy
 from kubegpu.extender.view import ClusterState
@@ -127,9 +131,6 @@ class GpuScheduler:
         self._engine: PlacementEngine | None = None
         self._rows: dict[str, int] = {}
         self._row_names: npt.NDArray[np.object_] = np.empty(0, dtype=object)
-        # Bumped whenever a row is rewritten: what the reason cache checks its entries against.
-        self._row_versions: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
-        self._reasons = ReasonCache(0)
         self._row_cache: list[tuple[tuple[str, ...], npt.NDArray[np.int64]]] = []
         self._facts: NodeFacts | None = None
         self._built_topology = -1
@@ -228,7 +229,6 @@ class GpuScheduler:
                 self._rebuild()
                 return False
             catch_up.rows += 1
-            self._row_versions[self._rows[node]] += 1
         catch_up.calls += 1
         catch_up.seconds += time.perf_counter() - started
         if rewritten:
@@ -266,8 +266,6 @@ class GpuScheduler:
         # Row -> name as an object array: numpy picks thousands of names in C.
         self._row_names = np.empty(len(self._engine.names), dtype=object)
         self._row_names[:] = self._engine.names
-        self._row_versions = np.zeros(len(self._engine.names), dtype=np.int64)
-        self._reasons = ReasonCache(len(self._engine.names))
         self._row_cache.clear()
         self._facts = NodeFacts.build(self._engine, view.nodes)
         self._built_topology = view.topology_version
@@ -297,7 +295,6 @@ class GpuScheduler:
             return False
         if self._facts is not None:
             self._facts.update(i, node, info)
-        self._row_versions[i] += 1
         return True
 
     # ------------------------------------------------------------------ verbs
@@ -336,33 +333,29 @@ class GpuScheduler:
         unknown = failing_rows < 0
         never = np.zeros(failing.size, dtype=bool)
         never[~unknown] = facts.never_fits(failing_rows[~unknown], request)
-        # Reasons are built with C-level dict(zip(...)) over names picked in one step: on a
-        # busy cluster most of thousands of nodes are rejected, each with its own reason.
+        # One reason per failing check, the same words on every node (reasons.py says why),
+        # picked per node in C: on a busy cluster most of thousands of nodes are rejected.
         if unknown.any():
-            for name in _pick(node_names, failing[unknown]):
-                out.failed[name] = f"{name}: not yet seen by the kubegpu extender's node watch"
+            out.failed.update(dict.fromkeys(_pick(node_names, failing[unknown]), UNSEEN_NODE))
             out.categories["unknown-node"] += int(unknown.sum())
         if never.any():
             never_rows = failing_rows[never]
-            never_names = self._names_of(never_rows)
+            codes = facts.structural_codes(never_rows, request)
             out.unresolvable = dict(
                 zip(
-                    never_names,
-                    facts.structural_reasons(never_rows, never_names, request),
+                    self._names_of(never_rows),
+                    phrases_of(structural_phrases(request), codes),
                     strict=True,
                 )
             )
-            _count(
-                out.categories, STRUCTURAL_CATEGORIES, facts.structural_codes(never_rows, request)
-            )
+            _count(out.categories, STRUCTURAL_CATEGORIES, codes)
         now = failing[~unknown & ~never]
         if now.size:
-            reasons, codes = self._reasons.explain(engine, pod, rows[now], self._row_versions)
-            now_names = self._names_of(rows[now])
-            out.failed.update(zip(now_names, reasons, strict=True))
+            codes = explain_codes(engine, pod, rows[now])
+            out.failed.update(
+                zip(self._names_of(rows[now]), phrases_of(refusal_phrases(pod), codes), strict=True)
+            )
             _count(out.categories, EXPLAIN_CATEGORIES, codes)
-            for k in np.flatnonzero((codes == 2) | (codes == 8)).tolist():
-                out.failed[now_names[k]] = f"{now_names[k]}: does not fit"
         return out
 
     def _names_of(self, rows: npt.NDArray[np.int64]) -> tuple[str, ...]:

@@ -34,6 +34,7 @@ from kubegpu.extender.metrics import ExtenderMetrics, PodLocks
 from kubegpu.extender.pending import PendingGpuPods
 from kubegpu.extender.preemption import Preemption
 from kubegpu.extender.ranking import cpu_pod_priorities, names_with
+from kubegpu.extender.reasons import reason_counts
 from kubegpu.extender.scheduler import GpuScheduler, Unschedulable, reason_category
 from kubegpu.extender.wire import (
     ExtenderArgs,
@@ -295,7 +296,7 @@ class ExtenderApp:
                     "pod %s fits none of %d nodes: %s",
                     pod_key(args.pod),
                     len(args.node_names),
-                    "; ".join(list({**outcome.failed, **outcome.unresolvable}.values())[:3]),
+                    reason_counts(outcome.failed, outcome.unresolvable),
                 )
         if args.nodes is None:
             # Node-cache mode (kube-scheduler's usual): written directly, and the passed list

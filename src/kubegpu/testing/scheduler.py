@@ -56,8 +56,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SCHEDULER_NAME = "kubegpu-scheduler"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-# kube-scheduler caps the reasons it lists in a FailedScheduling message; so do we.
-MAX_REASONS_IN_MESSAGE = 8
 
 
 class SchedulingError(Exception):
@@ -81,13 +79,11 @@ def node_ready(node: Mapping[str, Any]) -> bool:
 
 
 def unschedulable_message(total_nodes: int, reasons: Mapping[str, str]) -> str:
-    """kube-scheduler's FitError wording: identical reasons counted, most frequent first."""
+    """kube-scheduler's FitError wording (framework/types.go): each distinct reason once,
+    prefixed by how many nodes gave it, the "count reason" strings sorted as strings."""
     counts = Counter(reasons.values())
-    ordered = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-    shown = [f"{count} {reason}" for reason, count in ordered[:MAX_REASONS_IN_MESSAGE]]
-    more = len(ordered) - len(shown)
-    tail = f" (and {more} more)" if more > 0 else ""
-    return f"0/{total_nodes} nodes are available: {', '.join(shown)}{tail}."
+    shown = sorted(f"{count} {reason}" for reason, count in counts.items())
+    return f"0/{total_nodes} nodes are available: {', '.join(shown)}."
 
 
 def pick_node(scores: Mapping[str, int]) -> str:
