@@ -30,8 +30,16 @@ cards are partly used and node states differ. Then, for ``--requests`` pods of m
   the watch events its binds cause) divided by the binds, less one pair's CPU as measured in
   the latency phase: what a bind costs beyond the decision before it (the patch, the Binding,
   the pod's watch events).
+* **extender CPU per bind, binds alone**: ``--bind-pods`` more pods are created and decided
+  (each leaving its tentative hold, as kube-scheduler's cycle does), then bound one after
+  another with nothing else asked of the extender: its CPU over the binds and the second after
+  them (the Binding, the pod's watch events), less what it spends idle over as long, per bind.
+  A direct measure, where the warm-up's figure is a difference of two larger ones.
 * **time to Ready**: from starting the extender process to its first ``/readyz`` 200 (polled
   every 10 ms): imports, the node and pod lists, the view.
+
+``--extender-src PATH`` runs another checkout's extender (its ``src``) against this bench, for
+before-and-after figures of one machine and hour; this process keeps its own code.
 
 The client writes compact JSON and reads replies into typed structs with msgspec, as
 kube-scheduler's Go encoder and decoder do.
@@ -213,6 +221,50 @@ async def decide(
     return middle - start, end - middle, scores
 
 
+async def bind(http: aiohttp.ClientSession, url: str, pod: dict[str, Any], node: str) -> bool:
+    """kube-scheduler's bind call; True when the extender bound the pod."""
+    body = {
+        "PodName": pod["metadata"]["name"],
+        "PodNamespace": "default",
+        "PodUID": pod["metadata"]["uid"],
+        "Node": node,
+    }
+    async with http.post(f"{url}/bind", json=body) as response:
+        return bool((await response.json())["Error"] == "")
+
+
+async def binds_alone(
+    http: aiohttp.ClientSession,
+    url: str,
+    api: ServerThread,
+    names: list[str],
+    args: argparse.Namespace,
+    rng: random.Random,
+    pid: int,
+) -> tuple[float, int]:
+    """The extender's CPU per bind with nothing else asked of it (ms), and the binds made."""
+    pods = [random_pod(f"bind-{i}", rng) for i in range(args.bind_pods)]
+    for pod in pods:
+        api.store.put("pods", pod)
+    await asyncio.sleep(1.0)  # the pods' ADDED events, before anything is measured
+    targets = []
+    for pod in pods:
+        _, _, scores = await decide(http, url, pod, names)
+        if scores:
+            targets.append((pod, max(scores, key=lambda s: s.Score).Host))
+    settle_s = 1.0  # the binds' watch events, handled by the extender
+    idle_before = process_cpu_s(pid)
+    await asyncio.sleep(settle_s)
+    idle_ms = (sum(process_cpu_s(pid)) - sum(idle_before)) * 1000
+    cpu_before = process_cpu_s(pid)
+    bound = 0
+    for pod, node in targets:
+        bound += await bind(http, url, pod, node)
+    await asyncio.sleep(settle_s)
+    spent_ms = (sum(process_cpu_s(pid)) - sum(cpu_before)) * 1000 - idle_ms
+    return spent_ms / max(bound, 1), bound
+
+
 def process_cpu_s(pid: int) -> tuple[float, float]:
     """User and system CPU seconds of ``pid`` so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -243,17 +295,7 @@ async def drive(
             binding_pair_s.append(f + p)
             if not scores:
                 continue
-            best = max(scores, key=lambda s: s.Score).Host
-            async with http.post(
-                f"{url}/bind",
-                json={
-                    "PodName": pod["metadata"]["name"],
-                    "PodNamespace": "default",
-                    "PodUID": pod["metadata"]["uid"],
-                    "Node": best,
-                },
-            ) as response:
-                bound += (await response.json())["Error"] == ""
+            bound += await bind(http, url, pod, max(scores, key=lambda s: s.Score).Host)
         await asyncio.sleep(1.0)  # the binds' watch events, handled by the extender
         warmup_cpu_ms = (sum(process_cpu_s(pid)) - sum(warmup_cpu_before)) * 1000
         pods = [random_pod(f"bench-{i}", rng) for i in range(args.requests)]
@@ -284,6 +326,7 @@ async def drive(
         elapsed = time.perf_counter() - start
         concurrent_ms = (sum(process_cpu_s(pid)) - sum(cpu_before)) / done * 1000
         client_ms = (time.process_time() - own_before) / done * 1000
+        bind_alone_ms, bound_alone = await binds_alone(http, url, api, names, args, rng, pid)
     pair_cpu_ms = user_ms + sys_ms
     return {
         "nodes": len(names),
@@ -296,6 +339,8 @@ async def drive(
         "filter_ms": _pcts(filter_s),
         "prioritize_ms": _pcts(prioritize_s),
         "pair_ms": _pcts(pair_s),
+        "extender_cpu_ms_per_bind_alone": round(bind_alone_ms, 2),
+        "bound_alone": bound_alone,
         "extender_cpu_ms_per_pair": round(user_ms + sys_ms, 2),
         "extender_sys_ms_per_pair": round(sys_ms, 2),  # of which in the kernel (sockets)
         "decisions_per_s": round(done / elapsed, 1),
@@ -350,7 +395,7 @@ def run_cluster(
                 "--leader-lease",
                 "none",
             ],
-            env={**os.environ, "NO_PROXY": "*"},
+            env=extender_env(args.extender_src),
         )
         try:
             result = asyncio.run(
@@ -370,6 +415,16 @@ def run_cluster(
     return {"cluster": label, "policy": args.policy, **result}
 
 
+def extender_env(src: Path | None) -> dict[str, str]:
+    """The extender's environment: this one, or with another checkout's ``src`` first."""
+    env = {**os.environ, "NO_PROXY": "*"}
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(src.resolve()), env.get("PYTHONPATH", "")) if p
+        )
+    return env
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes-csv", type=Path, default=DEFAULT_CSV)
@@ -378,6 +433,13 @@ def main() -> None:
     parser.add_argument("--warmup-pods", type=int, default=1000)
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--bind-pods", type=int, default=300)
+    parser.add_argument(
+        "--extender-src",
+        type=Path,
+        metavar="PATH",
+        help="run the extender from another checkout's src directory (before/after figures)",
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--no-openb", action="store_true", help="skip the openb cluster")
     parser.add_argument(
@@ -412,7 +474,8 @@ def main() -> None:
             f"{r['extender_cpu_ms_per_pair_concurrent']} ms CPU each)  "
             f"warm-up bound {r['warmup_bound']}, its pairs "
             f"{r['pair_ms_while_binding']['p50']}/{r['pair_ms_while_binding']['p99']} ms  "
-            f"extender CPU {r['extender_cpu_ms_per_bind']} ms/bind  "
+            f"extender CPU {r['extender_cpu_ms_per_bind']} ms/bind "
+            f"({r['extender_cpu_ms_per_bind_alone']} ms alone, {r['bound_alone']} binds)  "
             f"ready after {r['time_to_ready_s']} s"
         )
 
