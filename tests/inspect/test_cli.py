@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 from kubegpu.cli.main import cli
 from kubegpu.inspect.command import kubectl_gpu
 from kubegpu.inspect.render import load_schema
-from kubegpu.kube.cluster_reader import RawPod
+from kubegpu.kube.list_watch import RawPod
 from kubegpu.testing.apiserver import ServerThread, make_pod
 from kubegpu.testing.kubeconfig import write_kubeconfig
 from tests.inspect import mixed_cluster as mc

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kubegpu.kube.cluster_reader import RawPod
+from kubegpu.kube.list_watch import RawPod
 from kubegpu.testing.apiserver import ServerThread
 from tests.inspect import mixed_cluster as mc
 

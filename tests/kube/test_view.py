@@ -140,6 +140,21 @@ async def test_pod_bookmarks_move_the_pod_watch_on_without_breaking_it(caplog) -
     assert "watch failed" not in caplog.text
 
 
+async def test_lists_read_the_json_as_sent_like_the_watches(caplog) -> None:  # type: ignore[no-untyped-def]
+    # A listed pod lightkube's Pod model refuses ("containers": null, as in a bookmark) once
+    # failed the whole relist, and the view never synced; the list now gives plain JSON.
+    async with FakeApiServer() as server:
+        server.store.put("nodes", gpu_node("n1"))
+        server.store.put("pods", bound("a", "n1"))
+        odd = bound("odd", "n1")
+        odd["spec"]["containers"] = None  # type: ignore[index]
+        server.store.put("pods", odd)
+        async with watching(server) as view:
+            assert view.relists == 2
+            assert "default/a" in [u.key for u in view.usages_on("n1")]
+    assert "relist failed" not in caplog.text and "list failed" not in caplog.text
+
+
 async def test_a_stale_event_never_rolls_a_pod_back() -> None:
     async with FakeApiServer() as server:
         server.store.put("nodes", gpu_node("n1"))

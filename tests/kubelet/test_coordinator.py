@@ -444,6 +444,23 @@ async def test_bookmarks_move_the_pod_watch_on_without_breaking_it(
     assert "watching this node's pods failed" not in caplog.text
 
 
+async def test_the_nodes_pods_are_listed_as_the_json_sent() -> None:
+    # As the watch gives them: a pod lightkube's Pod model refuses ("containers": null) once
+    # failed the agent's whole list of its node's pods.
+    odd = shared_pod("odd", 0, ("main",))
+    odd["spec"]["containers"] = None  # type: ignore[index]
+    async with FakeApiServer() as server:
+        server.store.put("pods", odd)
+        server.store.put("pods", shared_pod("s", 1, ("main",)))
+        client = server.async_client()
+        try:
+            listing = await LightkubeNodeApi(client, NODE).list_node_pods()
+        finally:
+            await client.close()
+    assert sorted(p["metadata"]["name"] for p in listing.pods) == ["odd", "s"]
+    assert listing.resource_version == str(server.store.resource_version)
+
+
 async def test_a_watch_resumed_too_late_for_the_servers_history_lists_again(
     watching: tuple[FakeApiServer, SharingCoordinator, DeviceBoard],
     caplog: pytest.LogCaptureFixture,

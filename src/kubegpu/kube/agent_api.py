@@ -20,7 +20,7 @@ from lightkube.types import PatchType
 from kubegpu.core.apiserver import ConflictError, PodListing
 from kubegpu.kube.client import KubeconfigError, load_kubeconfig_file
 from kubegpu.kube.inventory import publish_node_inventory_async, publish_node_mig_devices_async
-from kubegpu.kube.list_watch import watch_events
+from kubegpu.kube.list_watch import RawPod, watch_events
 from kubegpu.kube.node_capacity import publish_node_capacity_async
 from kubegpu.sharing.annotations import NodeGpuInventory, NodeMigDevices
 
@@ -67,8 +67,8 @@ class LightkubeNodeApi:
         self.node = node_name
 
     async def list_node_pods(self) -> PodListing:
-        listing = self.client.list(Pod, namespace="*", fields={"spec.nodeName": self.node})
-        pods = [pod.to_dict() async for pod in listing]
+        listing = self.client.list(RawPod, namespace="*", fields={"spec.nodeName": self.node})
+        pods = [dict(pod) async for pod in listing]  # plain JSON, as the watch gives it
         return PodListing(pods, listing.resourceVersion)
 
     async def watch_node_pods(

@@ -24,11 +24,9 @@ import lightkube
 import yaml
 from lightkube import ApiError, ConfigError
 from lightkube.config.kubeconfig import SERVICE_ACCOUNT, KubeConfig
-from lightkube.generic_resource import GenericGlobalResource, GenericNamespacedResource
-from lightkube.resources.core_v1 import Node, Pod
 
 from kubegpu.kube.client import KubeconfigError, check_context_files, load_kubeconfig_file
-from kubegpu.kube.list_watch import watch_events
+from kubegpu.kube.list_watch import RawNode, RawPod, watch_events
 
 log = logging.getLogger(__name__)
 
@@ -176,20 +174,6 @@ _FAILURES = (httpx.HTTPError, OSError, ApiError, ConfigError, ValueError)
 
 
 # --------------------------------------------------------------------------- one list
-class RawNode(GenericGlobalResource):
-    """Nodes as plain JSON: inspect reads a few fields, so decoding every object into typed
-    models (and refusing a cluster whose objects miss a field the models require) buys
-    nothing and costs most of a large listing's time."""
-
-    _api_info = Node._api_info
-
-
-class RawPod(GenericNamespacedResource):
-    """Pods as plain JSON (see :class:`RawNode`)."""
-
-    _api_info = Pod._api_info
-
-
 @dataclass(frozen=True)
 class ClusterListing:
     nodes: list[dict[str, Any]]

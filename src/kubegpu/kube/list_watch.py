@@ -11,7 +11,8 @@ watch (the nodes of a quiet cluster, one node's pods) otherwise holds a resource
 server compacts away after a few minutes, and its next re-open costs a 410 and a full relist.
 Its events are the objects as the server sent them (plain JSON): kube-apiserver sends a
 bookmark as the kind's zero value, and a Pod's (``"spec": {"containers": null}``) is not a
-valid Pod to lightkube's models.
+valid Pod to lightkube's models. Lists give the same form (:class:`RawNode`,
+:class:`RawPod`).
 """
 
 from __future__ import annotations
@@ -26,8 +27,24 @@ import httpx2 as httpx
 import lightkube
 from lightkube import ApiError
 from lightkube.core.selector import build_selector
+from lightkube.generic_resource import GenericGlobalResource, GenericNamespacedResource
+from lightkube.resources.core_v1 import Node, Pod
 
 log = logging.getLogger(__name__)
+
+
+class RawNode(GenericGlobalResource):
+    """Nodes listed as plain JSON, the form :func:`watch_events` gives: the views read a few
+    fields, so decoding every object into lightkube's typed models buys nothing, costs most of
+    a large listing's time, and refuses an object the models find incomplete."""
+
+    _api_info = Node._api_info
+
+
+class RawPod(GenericNamespacedResource):
+    """Pods as plain JSON (see :class:`RawNode`)."""
+
+    _api_info = Pod._api_info
 
 
 @dataclass(frozen=True)

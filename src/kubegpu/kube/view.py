@@ -31,7 +31,13 @@ from typing import Any
 import lightkube
 from lightkube.resources.core_v1 import Node, Pod
 
-from kubegpu.kube.list_watch import Backoff, keep_listing_and_watching, watch_events
+from kubegpu.kube.list_watch import (
+    Backoff,
+    RawNode,
+    RawPod,
+    keep_listing_and_watching,
+    watch_events,
+)
 from kubegpu.sharing.accounting import (
     ClusterSnapshot,
     NodeInfo,
@@ -342,8 +348,9 @@ class ClusterView:
         )
 
     async def _relist(self, kind: type[Node] | type[Pod], label: str) -> str:
-        listing = self.client.list(kind, **_every_namespace(kind))
-        objects = [obj.to_dict() async for obj in listing]
+        # Listed as plain JSON, the form the watch gives (list_watch.RawNode).
+        listing = self.client.list(RawNode if kind is Node else RawPod, **_every_namespace(kind))
+        objects = [dict(obj) async for obj in listing]
         version = listing.resourceVersion
         listed_rv = int(version) if version.isdigit() else None
         if kind is Node:
