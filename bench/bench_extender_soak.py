@@ -50,6 +50,7 @@ import aiohttp
 
 # Run as a script, this folder is on sys.path: the extender bench's set-up serves both.
 from bench_extender import (
+    bind,
     decide,
     free_port,
     process_cpu_s,
@@ -92,17 +93,6 @@ class LogWatch:
             for kind, needle in LOG_EVENTS.items():
                 if needle in line:
                     self.events.append({"at_s": round(now_s, 1), "kind": kind, "line": line})
-
-
-async def bind(http: aiohttp.ClientSession, url: str, pod: dict[str, Any], node: str) -> bool:
-    body = {
-        "PodName": pod["metadata"]["name"],
-        "PodNamespace": "default",
-        "PodUID": pod["metadata"]["uid"],
-        "Node": node,
-    }
-    async with http.post(f"{url}/bind", json=body) as response:
-        return bool((await response.json())["Error"] == "")
 
 
 async def soak(

@@ -6,8 +6,10 @@ never the node, so identical reasons come out identical on every node."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from kubegpu.extender.reasons import (
@@ -69,18 +71,22 @@ def random_pod(rng: random.Random) -> PodRequest:
     return PodRequest(cpu, memory, rng.choice([1, 2, 4]), 1000, None, models)
 
 
-def infeasible_rows(engine: PlacementEngine, pod: PodRequest) -> np.ndarray:
-    feasible = set(engine.feasible_rows(pod).tolist())
-    return np.array([i for i in range(len(engine.names)) if i not in feasible], dtype=np.int64)
+def rejections(
+    seed: int, pods: int = 25
+) -> Iterator[tuple[PlacementEngine, PodRequest, npt.NDArray[np.int64]]]:
+    """A random cluster, then random pods each with the rows that cannot take it."""
+    rng = random.Random(seed)
+    engine = PlacementEngine(random_cluster(rng), "bestfit")
+    for _ in range(pods):
+        pod = random_pod(rng)
+        feasible = set(engine.feasible_rows(pod).tolist())
+        rows = [i for i in range(len(engine.names)) if i not in feasible]
+        yield engine, pod, np.array(rows, dtype=np.int64)
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_vectorised_checks_equal_the_engines_explain(seed: int) -> None:
-    rng = random.Random(seed)
-    engine = PlacementEngine(random_cluster(rng), "bestfit")
-    for _ in range(25):
-        pod = random_pod(rng)
-        rows = infeasible_rows(engine, pod)
+    for engine, pod, rows in rejections(seed):
         expected = [engine.explain_row(i, pod)[0] for i in rows.tolist()]
         assert explain_codes(engine, pod, rows).tolist() == expected
 
@@ -89,11 +95,7 @@ def test_vectorised_checks_equal_the_engines_explain(seed: int) -> None:
 def test_explain_codes_give_the_label_reason_category_reads_from_the_engines_reason(
     seed: int,
 ) -> None:
-    rng = random.Random(seed)
-    engine = PlacementEngine(random_cluster(rng), "bestfit")
-    for _ in range(25):
-        pod = random_pod(rng)
-        rows = infeasible_rows(engine, pod)
+    for engine, pod, rows in rejections(seed):
         for row, code in zip(rows.tolist(), explain_codes(engine, pod, rows).tolist(), strict=True):
             reason = engine.explain(engine.names[row], pod).reason
             assert EXPLAIN_CATEGORIES[code] == reason_category(reason or "n: does not fit")
@@ -101,11 +103,7 @@ def test_explain_codes_give_the_label_reason_category_reads_from_the_engines_rea
 
 @pytest.mark.parametrize("seed", range(10))
 def test_filter_reasons_name_no_node_and_one_per_failing_check(seed: int) -> None:
-    rng = random.Random(seed)
-    engine = PlacementEngine(random_cluster(rng), "bestfit")
-    for _ in range(25):
-        pod = random_pod(rng)
-        rows = infeasible_rows(engine, pod)
+    for engine, pod, rows in rejections(seed):
         codes = explain_codes(engine, pod, rows)
         reasons = phrases_of(refusal_phrases(pod), codes)
         assert len(reasons) == rows.size
