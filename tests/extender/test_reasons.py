@@ -122,10 +122,10 @@ def test_filter_reasons_name_the_pods_ask() -> None:
     assert phrases[0] == "node(s) have less than 4000 milli-CPU free"
     assert phrases[1] == "node(s) have less than 8192 MiB of memory free"
     assert phrases[3] == "node(s) have no GPU"
-    assert phrases[4] == "node(s) have no GPU of model T4|V100"
-    assert phrases[6] == "node(s) have no card of model T4|V100 with 300 milli of GPU compute free"
+    assert phrases[4] == "node(s) have no GPU of model T4,V100"
+    assert phrases[6] == "node(s) have no card of model T4,V100 with 300 milli of GPU compute free"
     assert phrases[7] == (
-        "node(s) have no card of model T4|V100 with 300 milli of GPU compute and 10240 MiB of "
+        "node(s) have no card of model T4,V100 with 300 milli of GPU compute and 10240 MiB of "
         "GPU memory free"
     )
     memory_only = PodRequest(500, 512, 1, 1, 4096)

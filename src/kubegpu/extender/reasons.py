@@ -242,8 +242,9 @@ def structural_phrases(request: GpuRequest) -> tuple[str, ...]:
 
 def refusal_phrases(pod: PodRequest) -> tuple[str, ...]:
     """The filter's reason for each :func:`explain_codes` code (:data:`EXPLAIN_CATEGORIES`),
-    in the engine's terms but naming only the pod's ask, the same words on every node."""
-    allowed = "|".join(sorted(pod.gpu_models))
+    in the engine's terms but naming only the pod's ask, the same words on every node. Models
+    are listed as in ``kubegpu.io/gpu-models`` and :func:`structural_phrases`, comma-separated."""
+    allowed = ",".join(sorted(pod.gpu_models))
     # With a model list only the cards of those models count (on mixed nodes too).
     of_model = f" of model {allowed}" if pod.gpu_models else ""
     # A share asking memory alone holds a token milli of compute: name what it asked.
