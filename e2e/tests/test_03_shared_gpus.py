@@ -94,9 +94,8 @@ def test_a_share_that_fits_no_card_waits_with_the_extenders_reason(
     assert phase(cluster, namespace, "too-big") == "Pending"
     described = cluster.kubectl("describe", "pod", "-n", namespace, "too-big").stdout
     assert "FailedScheduling" in described
-    # The extender's own words (per node) reach the pod through the real kube-scheduler.
-    words = (
-        f"largest card has {CARD_MEMORY_MIB} MiB in total, pod needs {CARD_MEMORY_MIB + 1024} MiB"
-    )
+    # The extender's own words reach the pod through the real kube-scheduler, counted per
+    # reason as it counts its own plugins' (the reason names no node, so nodes add up).
+    words = f"1 node(s) have no card with {CARD_MEMORY_MIB + 1024} MiB of GPU memory in total"
     assert words in reason, reason
     assert words in " ".join(described.split()), described
