@@ -35,7 +35,6 @@ import contextlib
 import json
 import logging
 import secrets
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -47,6 +46,7 @@ from lightkube import ApiError
 from lightkube.resources.core_v1 import Event, Node, Pod, PodStatus
 from lightkube.types import PatchType
 
+from kubegpu.extender.reasons import reason_counts
 from kubegpu.sharing.annotations import INVENTORY_ANNOTATION
 from kubegpu.sharing.claim import read_claim
 from kubegpu.sharing.podstate import pod_uid
@@ -80,10 +80,9 @@ def node_ready(node: Mapping[str, Any]) -> bool:
 
 def unschedulable_message(total_nodes: int, reasons: Mapping[str, str]) -> str:
     """kube-scheduler's FitError wording (framework/types.go): each distinct reason once,
-    prefixed by how many nodes gave it, the "count reason" strings sorted as strings."""
-    counts = Counter(reasons.values())
-    shown = sorted(f"{count} {reason}" for reason, count in counts.items())
-    return f"0/{total_nodes} nodes are available: {', '.join(shown)}."
+    prefixed by how many nodes gave it, the "count reason" strings sorted as strings (the
+    extender's log counts its rejections the same way, with the same function)."""
+    return f"0/{total_nodes} nodes are available: {reason_counts(reasons)}."
 
 
 def pick_node(scores: Mapping[str, int]) -> str:
